@@ -1,0 +1,81 @@
+"""One exception hierarchy for everything pyggml refuses to do.
+
+Where ggml aborts the process, pyggml raises one of these, with a message
+that names the tensor, buffer, sizes and what was expected.
+"""
+
+
+class GGMLError(Exception):
+    """Base of every pyggml error."""
+
+
+class ShapeError(GGMLError, ValueError):
+    """An op got tensors whose shapes do not fit together."""
+
+
+class TypeError(GGMLError, TypeError):  # noqa: A001 - ggml's word, kept on purpose
+    """An op or a conversion got a tensor type it does not accept."""
+
+
+class UnsupportedTypeError(TypeError):
+    """A ggml type is unknown, or this operation has no implementation for it."""
+
+
+class GraphError(GGMLError):
+    """A graph is malformed or used in a way its contract forbids."""
+
+
+class GraphSizeError(GraphError):
+    """A graph grew beyond the size it was created with."""
+
+
+class AllocationError(GGMLError):
+    """Memory could not be planned, allocated or bound."""
+
+
+class OutOfBufferSpace(AllocationError):
+    """A tensor does not fit in the space left in a buffer."""
+
+
+class BufferError(GGMLError):
+    """A buffer was used wrongly: freed, out of bounds, or the wrong kind."""
+
+
+class BufferFreedError(BufferError):
+    """A buffer was used after free() (or freed twice)."""
+
+
+class OutOfBoundsError(BufferError, IndexError):
+    """A read, write or placement falls outside a tensor or a buffer."""
+
+
+class NotAllocatedError(BufferError):
+    """A tensor has no buffer or no data yet."""
+
+
+class LayoutError(BufferError):
+    """Two tensors that must share a layout (type, ne, nb) do not."""
+
+
+class BackendError(GGMLError):
+    """A backend, device or registry call failed."""
+
+
+class UnsupportedOpError(BackendError):
+    """A backend was asked to compute an op (or op/type combination) it has no kernel for."""
+
+
+class ComputeAborted(BackendError):
+    """A graph compute was cancelled by an abort or eval callback."""
+
+
+class SchedulerError(GGMLError):
+    """The scheduler cannot place or split a graph."""
+
+
+class GGUFError(GGMLError, ValueError):
+    """A GGUF file is truncated, corrupt, or uses something pyggml does not support."""
+
+
+class RPCError(BackendError):
+    """A remote backend answered wrongly, too late, or not at all."""
