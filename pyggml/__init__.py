@@ -1,0 +1,9 @@
+"""pyggml: ggml's tensor runtime in Python."""
+
+from pyggml import errors
+from pyggml.core import (Context, EvalOrder, GGMLType, Graph, GluOp, LoadedGraph, Op, Tensor, TensorFlag, UnaryOp,
+                         load_graph_json, save_graph_json)
+
+__version__ = "0.1.0"
+__all__ = ["Context", "EvalOrder", "GGMLType", "Graph", "GluOp", "LoadedGraph", "Op", "Tensor", "TensorFlag",
+           "UnaryOp", "errors", "load_graph_json", "save_graph_json"]

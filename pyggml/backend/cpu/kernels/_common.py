@@ -1,0 +1,33 @@
+"""Helpers every CPU kernel uses: typed views of tensors and conversion of results into the destination."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pyggml.core import types as T
+from pyggml.core.tensor import Tensor, host_ndarray
+
+FLOAT_TYPES = frozenset({T.GGMLType.F32, T.GGMLType.F16, T.GGMLType.BF16})
+
+
+def view(t: Tensor) -> np.ndarray:
+    """Zero-copy view of t's memory (shape ne[::-1]; raw uint8 rows for block types)."""
+    return host_ndarray(t)
+
+
+def as_f32(t: Tensor) -> np.ndarray:
+    """t's values as float32 with shape ne[::-1]: a view for F32, a converted copy otherwise."""
+    v = host_ndarray(t)
+    if t.type == T.GGMLType.F32:
+        return v
+    return T.to_float(t.type, v).reshape(tuple(reversed(t.ne)))
+
+
+def store(dst: Tensor, values: np.ndarray) -> None:
+    """Write values (broadcastable to dst's shape) into dst's memory, converting to dst's type."""
+    out = host_ndarray(dst)
+    if dst.type == T.GGMLType.F32 or not (T.is_quantized(dst.type) or dst.type == T.GGMLType.BF16):
+        np.copyto(out, values, casting="unsafe")
+    else:
+        full = np.broadcast_to(np.asarray(values, dtype=np.float32), tuple(reversed(dst.ne)))
+        out[...] = T.from_float(dst.type, full).reshape(out.shape)

