@@ -120,6 +120,12 @@ def tokenization_refs(llm, vocab):
     return refs
 
 
+def last_logits(llm):
+    """The logits of the last evaluated token, read from the context (no logits_all copy)."""
+    ptr = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+    return np.ctypeslib.as_array(ptr, shape=(llm.n_vocab(),)).copy()
+
+
 def top_k(row):
     order = np.argsort(-row, kind="stable")[:TOP_K]
     return [int(i) for i in order], [float(row[i]) for i in order]
@@ -133,7 +139,7 @@ def generation_refs(llm):
         llm.eval(ids)
         generated, steps = [], []
         for _ in range(N_GENERATE):
-            row = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+            row = last_logits(llm)
             top_ids, top_logits = top_k(row)
             steps.append({"top_ids": top_ids, "top_logits": top_logits})
             generated.append(top_ids[0])
