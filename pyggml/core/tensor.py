@@ -230,7 +230,7 @@ class Tensor:
 
     # ----- op params (raw int32 words, floats bit-cast like ggml) -------------------------------
     def set_op_params_i32(self, i: int, value: int) -> None:
-        self.op_params[i] = struct.unpack("<i", struct.pack("<i", int(value)))[0]
+        self.op_params[i] = (int(value) + 2**31) % 2**32 - 2**31  # wrap like a C int32
 
     def set_op_params_f32(self, i: int, value: float) -> None:
         self.op_params[i] = struct.unpack("<i", struct.pack("<f", float(value)))[0]
@@ -266,8 +266,12 @@ class Tensor:
         return buf if buf is not None else self._arena
 
     def numpy(self) -> np.ndarray:
-        """A zero-copy NumPy view of a host tensor (plain types in ggml's reversed shape; block types as raw rows)."""
-        return host_ndarray(self)
+        """A zero-copy NumPy view of a host tensor, shaped ne[:n_dims] reversed (block types: raw uint8 rows).
+
+        Leading size-1 dims are dropped for convenience; `host_ndarray` gives the full 4-D view.
+        """
+        v = host_ndarray(self)
+        return v.reshape(v.shape[MAX_DIMS - self.n_dims:])
 
     def __repr__(self) -> str:
         dims = "x".join(str(n) for n in self.ne[: self.n_dims])
