@@ -1,0 +1,94 @@
+"""Float32 copies of non-F32 matrix operands (quantized, F16, BF16 weights), reused while their bytes are unchanged.
+
+Dequantizing a Q4_K matrix costs ~200x a BLAS matrix-vector product over it, so decode-style graphs
+would be dominated by it. An entry is keyed by the tensor's address and layout, and is trusted
+only if a CRC-32 of the raw bytes still matches: any write (tensor_set, a kernel, a memset)
+invalidates it without hooks, at the cost of reading the raw bytes once per use (~6 GB/s).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import OrderedDict
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from pyggml.core import types as T
+from pyggml.core.tensor import Tensor, host_ndarray
+from pyggml.errors import UnsupportedTypeError
+
+DEFAULT_BUDGET_BYTES = 2 << 30
+
+
+@lru_cache(maxsize=None)
+def dequantizable(type_) -> bool:
+    """Whether values of this type can be read as float32 here (plain float types, and what gguf dequantizes)."""
+    type_ = T.as_type(type_)
+    if type_ in (T.GGMLType.F32, T.GGMLType.F16, T.GGMLType.BF16):
+        return True
+    if not T.is_quantized(type_):
+        return False
+    try:
+        T.to_float(type_, np.zeros(T.type_size(type_), dtype=np.uint8))
+    except UnsupportedTypeError:
+        return False
+    return True
+
+
+@dataclass
+class _Entry:
+    crc: int
+    values: np.ndarray
+
+
+class DequantCache:
+    """LRU of float32 copies, bounded by `budget_bytes` of float32 data."""
+
+    def __init__(self, budget_bytes: int = DEFAULT_BUDGET_BYTES):
+        self.budget_bytes = budget_bytes
+        self._entries: OrderedDict[tuple, _Entry] = OrderedDict()
+        self._bytes = 0
+        self.hits = 0
+        self.misses = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._bytes = 0
+
+    def get(self, t: Tensor) -> np.ndarray:
+        """t's values as float32 (shape ne[::-1], read-only): cached if t's bytes are those seen last time."""
+        raw = host_ndarray(t)
+        key = (t.data, t.type, tuple(t.ne), tuple(t.nb))
+        crc = zlib.crc32(raw if raw.flags.c_contiguous else np.ascontiguousarray(raw))
+        entry = self._entries.get(key)
+        if entry is not None and entry.crc == crc:
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return entry.values
+        self.misses += 1
+        values = T.to_float(t.type, raw).reshape(tuple(reversed(t.ne)))
+        values = np.ascontiguousarray(values, dtype=np.float32)
+        values.flags.writeable = False
+        self._put(key, _Entry(crc, values))
+        return values
+
+    def _put(self, key: tuple, entry: _Entry) -> None:
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self._bytes -= old.values.nbytes
+        if entry.values.nbytes > self.budget_bytes:
+            return
+        self._entries[key] = entry
+        self._bytes += entry.values.nbytes
+        while self._bytes > self.budget_bytes:
+            _, evicted = self._entries.popitem(last=False)
+            self._bytes -= evicted.values.nbytes
+
+
+DEQUANT_CACHE = DequantCache()

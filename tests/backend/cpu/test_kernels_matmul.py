@@ -1,0 +1,67 @@
+"""CPU kernels for mul_mat, mul_mat_id, out_prod against float64 NumPy references, plus the dequant cache."""
+
+import numpy as np
+import pytest
+from opcases_matmul import CASES, QUANT_TYPES
+from opcheck import check
+
+from pyggml.backend.cpu import kernels
+from pyggml.backend.cpu.kernels._dequant_cache import DequantCache
+from pyggml.core import ops
+from pyggml.core.context import Context
+from pyggml.core.tensor import host_ndarray
+from pyggml.core.types import GGMLType
+from pyggml.errors import OutOfBoundsError
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_matches_reference(case):
+    check(case)
+
+
+def test_quant_types_covered():
+    assert {GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.IQ4_NL} <= set(QUANT_TYPES)
+
+
+def test_supports_tells_the_truth():
+    ctx = Context(no_alloc=True)
+    a = ctx.new_tensor(GGMLType.I32, (8, 4))
+    b = ctx.new_tensor(GGMLType.F32, (8, 2))
+    assert not kernels.supports(ops.mul_mat(ctx, a, b))
+    assert kernels.supports(ops.mul_mat(ctx, ctx.new_tensor(GGMLType.Q4_K, (256, 4)), ctx.new_tensor(GGMLType.F32, (256, 2))))
+
+
+def test_mul_mat_id_rejects_bad_expert_ids():
+    ctx = Context()
+    as_ = ctx.new_tensor(GGMLType.F32, (4, 3, 2))
+    b = ctx.new_tensor(GGMLType.F32, (4, 1, 2))
+    ids = ctx.new_tensor(GGMLType.I32, (1, 2))
+    host_ndarray(ids)[...] = 5
+    with pytest.raises(OutOfBoundsError, match="outside"):
+        kernels.compute(ops.mul_mat_id(ctx, as_, b, ids))
+
+
+def test_dequant_cache_reuses_and_sees_writes():
+    ctx = Context()
+    w = ctx.new_tensor(GGMLType.Q8_0, (32, 4))
+    host_ndarray(w)[...] = np.random.default_rng(0).integers(0, 256, host_ndarray(w).shape, dtype=np.uint8) & 0xBF
+    cache = DequantCache()
+    first = cache.get(w)
+    assert cache.get(w) is first and cache.hits == 1
+    host_ndarray(w)[0, 0, 0, 5] ^= 1  # one quant changes: the copy must not be reused
+    second = cache.get(w)
+    assert cache.misses == 2 and not np.array_equal(first, second)
+
+
+def test_dequant_cache_budget_evicts_oldest():
+    ctx = Context()
+    ts = [ctx.new_tensor(GGMLType.F16, (64, 4)) for _ in range(3)]
+    for i, t in enumerate(ts):
+        host_ndarray(t)[...] = i
+    cache = DequantCache(budget_bytes=2 * 64 * 4 * 4)
+    for t in ts:
+        cache.get(t)
+    assert cache.nbytes == 2 * 64 * 4 * 4
+    cache.get(ts[0])
+    assert cache.misses == 4
+
