@@ -1,0 +1,536 @@
+"""Tokenizers built from a GGUF file's vocabulary, matching llama.cpp token for token.
+
+Two vocabulary kinds, as llama.cpp names them:
+
+- SPM (``tokenizer.ggml.model = "llama"``, e.g. Llama 2, Gemma): spaces become
+  ``▁``, adjacent symbols merge by highest token score, and text no token covers
+  falls back to ``<0xXX>`` byte tokens.
+- BPE (``"gpt2"``, e.g. GPT-2, Llama 3, Qwen 2): a pre-tokenizer regex splits the
+  text into words, bytes map to printable characters, and pairs merge by rank.
+
+Both first cut special tokens (control, user-defined, unknown) out of the text, as
+llama.cpp's ``tokenizer_st_partition`` does, and both detokenize like
+``llama_detokenize``. The file is laid out as the algorithm runs: vocabulary,
+special-token partition, the SPM and BPE sessions, then pieces and detokenize.
+"""
+
+import heapq
+from enum import IntEnum, IntFlag
+
+from gguf import GGUFValueType
+
+from pyggml.errors import GGMLError, GGUFError
+
+SPACE_ESCAPE = "\u2581"  # ▁, SentencePiece's visible space
+C_SPACES = " \t\n\v\f\r"  # what C's isspace() accepts, used by lstrip/rstrip
+
+
+class TokenType(IntEnum):
+    """``tokenizer.ggml.token_type`` values (llama_token_type)."""
+
+    UNDEFINED = 0
+    NORMAL = 1
+    UNKNOWN = 2
+    CONTROL = 3
+    USER_DEFINED = 4
+    UNUSED = 5
+    BYTE = 6
+
+
+class TokenAttr(IntFlag):
+    """llama.cpp's per-token attributes (llama_token_attr)."""
+
+    UNDEFINED = 0
+    UNKNOWN = 1 << 0
+    UNUSED = 1 << 1
+    NORMAL = 1 << 2
+    CONTROL = 1 << 3
+    USER_DEFINED = 1 << 4
+    BYTE = 1 << 5
+    NORMALIZED = 1 << 6
+    LSTRIP = 1 << 7
+    RSTRIP = 1 << 8
+    SINGLE_WORD = 1 << 9
+
+
+# Attributes are kept as plain ints: enum arithmetic over 262k tokens costs a second.
+_ATTR_OF_TYPE = {int(TokenType[a.name]): int(a) for a in (
+    TokenAttr.UNKNOWN, TokenAttr.UNUSED, TokenAttr.NORMAL, TokenAttr.CONTROL, TokenAttr.USER_DEFINED, TokenAttr.BYTE)}
+_CONTROL = int(TokenAttr.CONTROL)
+_UNUSED = int(TokenAttr.UNUSED)
+_SPECIAL = int(TokenAttr.CONTROL | TokenAttr.USER_DEFINED | TokenAttr.UNKNOWN)
+_HIDDEN_UNLESS_SPECIAL = int(TokenAttr.CONTROL | TokenAttr.UNKNOWN)
+
+# Token texts llama.cpp treats as end-of-turn / end-of-generation when the file does not say.
+_EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
+              "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>")
+_EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+              "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+              "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+              "<｜end▁of▁sentence｜>", "[e~[")
+
+# BPE pre-tokenizers (llama.cpp's llm_tokenizer_bpe): each regex splits every piece the previous one left.
+_GPT2_WORDS = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_LLAMA3_WORDS = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_WORDS = _LLAMA3_WORDS.replace(r"\p{N}{1,3}", r"\p{N}")
+_PRE_TOKENIZERS = {
+    # name: (regexes, ignore_merges, add_bos, clean_spaces)
+    "default": ((r"[\p{P}\$\+<=>\^~\|]+", _GPT2_WORDS, r"\p{N}+", r"[0-9][0-9][0-9]"), False, None, True),
+    "gpt-2": ((_GPT2_WORDS,), False, None, True),
+    "llama3": ((_LLAMA3_WORDS,), True, True, True),
+    "qwen2": ((_QWEN2_WORDS,), False, None, False),
+    "starcoder": ((r"\p{N}", _GPT2_WORDS), False, None, True),
+}
+_PRE_ALIASES = {"phi-2": "gpt-2", "mpt": "gpt-2", "olmo": "gpt-2", "jais": "gpt-2",
+                "llama-v3": "llama3", "llama-bpe": "llama3", "falcon3": "llama3", "pixtral": "llama3",
+                "deepseek-r1-qwen": "qwen2", "refact": "starcoder", "smollm": "starcoder"}
+
+
+def _array(gguf, key, element_types, required=True):
+    """A metadata array, checked the way llama.cpp checks vocabulary arrays."""
+    if key not in gguf.metadata:
+        if required:
+            raise GGUFError(f"{gguf.path}: tokenizer metadata '{key}' is missing")
+        return None
+    ftype = gguf.field_types[key]
+    if ftype.type != GGUFValueType.ARRAY or ftype.element_type not in element_types:
+        names = " or ".join(t.name for t in element_types)
+        raise GGUFError(f"{gguf.path}: '{key}' must be an array of {names}")
+    return gguf.metadata[key]
+
+
+def _flag(gguf, key, default):
+    value = gguf.get(key, default)
+    if not isinstance(value, bool):
+        raise GGUFError(f"{gguf.path}: '{key}' is {value!r}, expected a bool")
+    return value
+
+
+def _bytes_to_unicode():
+    """GPT-2's reversible map from bytes to printable characters (so no byte is whitespace or control)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    mapping, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            mapping[b] = chr(b)
+        else:
+            mapping[b] = chr(256 + extra)
+            extra += 1
+    return mapping
+
+
+class Tokenizer:
+    """Vocabulary, special tokens and detokenization shared by the SPM and BPE tokenizers."""
+
+    add_space_prefix = False
+    clean_spaces = False
+
+    def __init__(self, gguf):
+        tokens = _array(gguf, "tokenizer.ggml.tokens", (GGUFValueType.STRING,))
+        n = len(tokens)
+        scores = _array(gguf, "tokenizer.ggml.scores", (GGUFValueType.FLOAT32, GGUFValueType.INT32), required=False)
+        types = _array(gguf, "tokenizer.ggml.token_type", (GGUFValueType.INT32,), required=False)
+        for key, values in (("tokenizer.ggml.scores", scores), ("tokenizer.ggml.token_type", types)):
+            if values is not None and len(values) < n:
+                raise GGUFError(f"{gguf.path}: '{key}' has {len(values)} entries for {n} tokens")
+        self.tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+        self.token_to_id = {t: i for i, t in enumerate(self.tokens)}
+        if len(self.token_to_id) != n:
+            self._raise_duplicate(gguf)
+        self.scores = list(map(float, scores[:n])) if scores is not None else [0.0] * n
+        if types is None:
+            self.attrs = [int(TokenAttr.NORMAL)] * n
+        else:
+            self.attrs = [_ATTR_OF_TYPE.get(t, 0) for t in types[:n]]
+        self.bos_id = self._special_id(gguf, "bos_token_id", self.default_bos)
+        self.eos_id = self._special_id(gguf, "eos_token_id", self.default_eos)
+        self.unk_id = self._special_id(gguf, "unknown_token_id", self.default_unk)
+        self.eot_id = self._special_id(gguf, "eot_token_id", None)
+        self.eom_id = self._special_id(gguf, "eom_token_id", None)
+        self.sep_id = self._special_id(gguf, "seperator_token_id", None)
+        self.pad_id = self._special_id(gguf, "padding_token_id", None)
+        self.add_bos = _flag(gguf, "tokenizer.ggml.add_bos_token", self.add_bos)
+        self.add_eos = _flag(gguf, "tokenizer.ggml.add_eos_token", self.add_eos)
+        self.add_space_prefix = _flag(gguf, "tokenizer.ggml.add_space_prefix", self.add_space_prefix)
+        for flag, token_id, name in ((self.add_bos, self.bos_id, "bos"), (self.add_eos, self.eos_id, "eos")):
+            if flag and token_id is None:
+                raise GGUFError(f"{gguf.path}: tokenizer.ggml.add_{name}_token is true but there is no {name} token")
+        self._find_end_of_generation()
+        self._mark_unused()
+        special = [i for i, a in enumerate(self.attrs) if a & _SPECIAL]
+        self.special_ids = sorted(special, key=lambda i: -len(self.tokens[i]))
+
+    def _raise_duplicate(self, gguf):
+        seen = {}
+        for i, t in enumerate(self.tokens):
+            if t in seen:
+                raise GGUFError(f"{gguf.path}: tokenizer.ggml.tokens[{i}] duplicates token {seen[t]} ({t!r})")
+            seen[t] = i
+
+    def _special_id(self, gguf, name, default):
+        """A special token id from metadata; out-of-range ids keep the default, as llama.cpp does."""
+        if default is not None and default >= len(self.tokens):
+            default = None
+        value = gguf.get(f"tokenizer.ggml.{name}")
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < len(self.tokens):
+            return value
+        return default
+
+    def _find_end_of_generation(self):
+        """End-of-turn and end-of-generation tokens, found by text where the file is silent."""
+        if self.eot_id is None:
+            self.eot_id = next((self.token_to_id[t] for t in _EOT_TEXTS if t in self.token_to_id), None)
+        self.eog_ids = {self.token_to_id[t] for t in _EOG_TEXTS if t in self.token_to_id}
+        self.eog_ids |= {i for i in (self.eos_id, self.eot_id, self.eom_id) if i is not None}
+        for i in self.eog_ids | ({self.eot_id} - {None}):
+            self.attrs[i] |= _CONTROL
+
+    def _mark_unused(self):
+        for i, attr in enumerate(self.attrs):
+            if attr & _CONTROL and "unused" in self.tokens[i]:
+                self.attrs[i] = attr | _UNUSED
+
+    @property
+    def n_vocab(self):
+        return len(self.tokens)
+
+    def is_eog(self, token_id):
+        return token_id in self.eog_ids
+
+    def _check_id(self, token_id):
+        if not 0 <= token_id < len(self.tokens):
+            raise GGMLError(f"token id {token_id} is outside the vocabulary of {len(self.tokens)} tokens")
+
+    # -- special-token partition (tokenizer_st_partition) --------------------------
+
+    def _partition(self, text, parse_special):
+        """Split text into raw strings and special token ids, longest special tokens first."""
+        fragments = [text] if text else []
+        for token_id in self.special_ids:
+            attr = self.attrs[token_id]
+            if not parse_special and attr & _HIDDEN_UNLESS_SPECIAL:
+                continue
+            piece = self.tokens[token_id]
+            if not any(isinstance(f, str) and piece in f for f in fragments):
+                continue
+            split = []
+            for fragment in fragments:
+                if isinstance(fragment, str) and piece in fragment:
+                    split.extend(self._split_on(fragment, piece, token_id, attr))
+                else:
+                    split.append(fragment)
+            fragments = split
+        return fragments
+
+    @staticmethod
+    def _split_on(text, piece, token_id, attr):
+        out, pos = [], 0
+        while (match := text.find(piece, pos)) >= 0:
+            left = text[pos:match]
+            if attr & TokenAttr.LSTRIP:
+                left = left.rstrip(C_SPACES)
+            if left:
+                out.append(left)
+            out.append(token_id)
+            pos = match + len(piece)
+            if attr & TokenAttr.RSTRIP:
+                while pos < len(text) and text[pos] in C_SPACES:
+                    pos += 1
+        if pos < len(text):
+            out.append(text[pos:])
+        return out
+
+    # -- pieces and detokenization -------------------------------------------------
+
+    def token_to_piece(self, token_id, special=False):
+        """The bytes one token stands for (llama_token_to_piece with lstrip 0); may be partial UTF-8."""
+        self._check_id(token_id)
+        attr = self.attrs[token_id]
+        if not special and attr & _HIDDEN_UNLESS_SPECIAL:
+            return b""
+        text = self.tokens[token_id]
+        if attr & (_HIDDEN_UNLESS_SPECIAL | TokenAttr.USER_DEFINED):
+            return text.encode("utf-8")
+        if attr & TokenAttr.NORMAL:
+            return self._normal_piece(text)
+        if attr & TokenAttr.BYTE:
+            return bytes([_hex_byte(text)])
+        return b""
+
+    def decode_bytes(self, ids, remove_special=False, unparse_special=False):
+        """Concatenated pieces, as llama_detokenize returns them."""
+        ids = list(ids)
+        remove_space = self.add_space_prefix
+        if remove_special and self.add_bos and ids and ids[0] == self.bos_id:
+            remove_space = False
+            ids = ids[1:]
+        if remove_special and self.add_eos and ids and ids[-1] == self.eos_id:
+            ids = ids[:-1]
+        out = bytearray()
+        for token_id in ids:
+            piece = self.token_to_piece(token_id, unparse_special)
+            if remove_space and piece.startswith(b" "):
+                piece = piece[1:]
+            remove_space = False
+            out += piece
+        return _clean_spaces(out) if self.clean_spaces else bytes(out)
+
+    def decode(self, ids, remove_special=False, unparse_special=False):
+        """Text of the ids; bytes that are not valid UTF-8 (e.g. a cut emoji) become U+FFFD."""
+        return self.decode_bytes(ids, remove_special, unparse_special).decode("utf-8", "replace")
+
+    def encode(self, text, add_special=True, parse_special=False):
+        """Token ids of text, as llama_tokenize returns them."""
+        out = []
+        if add_special and self.add_bos:
+            out.append(self.bos_id)
+        self._encode_fragments(self._partition(text, parse_special), out)
+        if add_special and self.add_eos:
+            out.append(self.eos_id)
+        return out
+
+
+class SPMTokenizer(Tokenizer):
+    """SentencePiece-style tokenizer: merges by score over the whole fragment, byte fallback."""
+
+    default_bos, default_eos, default_unk = 1, 2, 0
+    add_bos, add_eos, add_space_prefix = True, False, True
+
+    def __init__(self, gguf):
+        super().__init__(gguf)
+        self._byte_ids = [self._byte_token(b) for b in range(256)]
+
+    def _byte_token(self, b):
+        token_id = self.token_to_id.get(f"<0x{b:02X}>")
+        if token_id is None and b < 0x80:
+            token_id = self.token_to_id.get(chr(b))
+        return token_id
+
+    def _encode_fragments(self, fragments, out):
+        prev_special = True
+        for fragment in fragments:
+            if isinstance(fragment, int):
+                out.append(fragment)
+                prev_special = True
+                continue
+            if self.add_space_prefix and prev_special:
+                fragment = " " + fragment
+            self._merge(fragment.replace(" ", SPACE_ESCAPE), out)
+            prev_special = False
+
+    def _merge(self, text, out):
+        """llm_tokenizer_spm_session: merge the best-scoring adjacent pair until none forms a token."""
+        n = len(text)
+        if n == 0:
+            return
+        token_to_id, scores = self.token_to_id, self.scores
+        length = [1] * n
+        prev = list(range(-1, n - 1))
+        nxt = list(range(1, n + 1))
+        nxt[-1] = -1
+
+        def pair(left, right):
+            size = length[left] + length[right]
+            token_id = token_to_id.get(text[left : left + size])
+            return None if token_id is None else (-scores[token_id], left, right, size)
+
+        queue = [p for p in (pair(i - 1, i) for i in range(1, n)) if p is not None]
+        heapq.heapify(queue)
+        while queue:
+            _, left, right, size = heapq.heappop(queue)
+            if length[left] == 0 or length[right] == 0 or length[left] + length[right] != size:
+                continue  # stale: one side merged since this pair was queued
+            length[left] = size
+            length[right] = 0
+            nxt[left] = nxt[right]
+            if nxt[right] >= 0:
+                prev[nxt[right]] = left
+            for a, b in ((prev[left], left), (left, nxt[left])):
+                if a >= 0 and b >= 0 and (p := pair(a, b)) is not None:
+                    heapq.heappush(queue, p)
+        i = 0
+        while i != -1:
+            # Every merged symbol is a token by construction, so only single characters can miss
+            # (llama.cpp's rev_merge resegmentation never finds anything to split).
+            symbol = text[i : i + length[i]]
+            token_id = token_to_id.get(symbol)
+            if token_id is not None:
+                out.append(token_id)
+            else:
+                out.extend(self._byte_id(b, symbol) for b in symbol.encode("utf-8"))
+            i = nxt[i]
+
+    def _byte_id(self, b, symbol):
+        token_id = self._byte_ids[b]
+        if token_id is None:
+            raise GGUFError(f"vocabulary has no byte token <0x{b:02X}> for {symbol!r} (byte fallback)")
+        return token_id
+
+    def _normal_piece(self, text):
+        return text.replace(SPACE_ESCAPE, " ").encode("utf-8")
+
+
+class BPETokenizer(Tokenizer):
+    """GPT-2-style byte-level BPE: regex pre-tokenizer, byte-to-unicode map, merges by rank."""
+
+    default_bos, default_eos, default_unk = 11, 11, None
+    add_bos, add_eos = False, False
+    clean_spaces = True
+
+    def __init__(self, gguf):
+        pre = gguf.get("tokenizer.ggml.pre", "default")
+        name = _PRE_ALIASES.get(pre, pre)
+        if name not in _PRE_TOKENIZERS:
+            raise GGUFError(f"{gguf.path}: tokenizer.ggml.pre '{pre}' is not supported "
+                            f"(supported: {', '.join(sorted({*_PRE_TOKENIZERS, *_PRE_ALIASES}))})")
+        patterns, self.ignore_merges, add_bos, self.clean_spaces = _PRE_TOKENIZERS[name]
+        if add_bos is not None:
+            self.add_bos = add_bos
+        super().__init__(gguf)
+        import regex  # only BPE needs \p{..} classes
+
+        self.pre_tokenizer = name
+        self._patterns = [regex.compile(p) for p in patterns]
+        self.ranks = {}
+        for rank, merge in enumerate(_array(gguf, "tokenizer.ggml.merges", (GGUFValueType.STRING,))):
+            cut = merge.find(" ", 1)
+            pair = (merge[:cut], merge[cut + 1 :]) if cut >= 0 else ("", "")
+            self.ranks.setdefault(pair, rank)
+        self._byte_to_char = _bytes_to_unicode()
+        self._char_to_byte = {c: b for b, c in self._byte_to_char.items()}
+
+    def _words(self, text):
+        """Pre-tokenize: every regex splits each piece into matches and the gaps between them."""
+        pieces = [text]
+        for pattern in self._patterns:
+            split = []
+            for piece in pieces:
+                pos = 0
+                for m in pattern.finditer(piece):
+                    if m.start() > pos:
+                        split.append(piece[pos : m.start()])
+                    if m.end() > m.start():
+                        split.append(m.group())
+                    pos = m.end()
+                if pos < len(piece):
+                    split.append(piece[pos:])
+            pieces = split
+        to_char = self._byte_to_char
+        return ["".join(to_char[b] for b in piece.encode("utf-8")) for piece in pieces]
+
+    def _encode_fragments(self, fragments, out):
+        for fragment in fragments:
+            if isinstance(fragment, int):
+                out.append(fragment)
+            else:
+                for word in self._words(fragment):
+                    self._merge(word, out)
+
+    def _merge(self, word, out):
+        """llm_tokenizer_bpe_session for one word: merge the lowest-ranked pair until none is left."""
+        token_to_id = self.token_to_id
+        if self.ignore_merges and word in token_to_id:
+            out.append(token_to_id[word])
+            return
+        symbols = list(word)
+        nxt = list(range(1, len(symbols) + 1))
+        nxt[-1] = -1
+        prev = list(range(-1, len(symbols) - 1))
+        queue = []
+
+        def try_pair(left, right):
+            if left < 0 or right < 0:
+                return
+            rank = self.ranks.get((symbols[left], symbols[right]))
+            if rank is not None:
+                heapq.heappush(queue, (rank, left, right, symbols[left] + symbols[right]))
+
+        for i in range(1, len(symbols)):
+            try_pair(i - 1, i)
+        while queue:
+            _, left, right, text = heapq.heappop(queue)
+            if not symbols[left] or not symbols[right] or symbols[left] + symbols[right] != text:
+                continue  # stale: one side merged since this pair was queued
+            symbols[left], symbols[right] = text, ""
+            nxt[left] = nxt[right]
+            if nxt[right] >= 0:
+                prev[nxt[right]] = left
+            try_pair(prev[left], left)
+            try_pair(left, nxt[left])
+        for symbol in symbols:
+            if not symbol:
+                continue
+            token_id = token_to_id.get(symbol)
+            if token_id is not None:
+                out.append(token_id)
+            else:  # llama.cpp looks each UTF-8 byte up alone; only ASCII can ever be found
+                out.extend(token_to_id[c] for c in symbol if c < "\x80" and c in token_to_id)
+
+    def _normal_piece(self, text):
+        out = bytearray()
+        for c in text:
+            b = self._char_to_byte.get(c)
+            if b is None:
+                utf8 = c.encode("utf-8")
+                out += b"[UNK_BYTE_0x" + utf8.hex().encode() + text.encode("utf-8") + b"]"
+            else:
+                out.append(b)
+        return bytes(out)
+
+
+def load_tokenizer(gguf):
+    """The tokenizer a GGUF file's ``tokenizer.ggml.model`` names."""
+    model = gguf.require("tokenizer.ggml.model", GGUFValueType.STRING)
+    if model == "llama":
+        return SPMTokenizer(gguf)
+    if model == "gpt2":
+        return BPETokenizer(gguf)
+    raise GGUFError(f"{gguf.path}: tokenizer.ggml.model '{model}' is not supported (expected 'llama' or 'gpt2')")
+
+
+def _hex_byte(text):
+    """The byte of a '<0xXX>' token, read like strtol: leading hex digits only, 0 when there are none."""
+    digits = ""
+    for c in text[3:5]:
+        if c not in "0123456789abcdefABCDEF":
+            break
+        digits += c
+    return int(digits, 16) if digits else 0
+
+
+def _clean_spaces(text):
+    """llama.cpp's clean_up_tokenization_spaces, pass for pass on the raw bytes."""
+    buf = bytearray(text)
+    # " ?", " !", " .", " ,": drop the space
+    total, n = (1 if buf else 0), len(buf)
+    for i in range(1, n):
+        x = buf[i]
+        if buf[i - 1] == 0x20 and x in b"?!.,":
+            total -= 1
+        buf[total] = x
+        total += 1
+    # " ' ": drop both spaces
+    n, total, i = total, (1 if total else 0), 1
+    while i < n:
+        x = buf[i]
+        if x == 0x27 and i + 1 < n and buf[i - 1] == 0x20 and buf[i + 1] == 0x20:
+            total -= 1
+            i += 1
+            buf[i] = 0
+        buf[total] = x
+        total += 1
+        i += 1
+    # " 's", " 'm", " 're", " 've": drop the space
+    n, total = total, (1 if total else 0)
+    for i in range(1, n):
+        x = buf[i]
+        if buf[i - 1] == 0x20 and x == 0x27 and i + 1 < n:
+            x1 = buf[i + 1]
+            if x1 in b"sm":
+                total -= 1
+            elif x1 not in b"td" and i + 2 < n and (x1, buf[i + 2]) in ((0x72, 0x65), (0x76, 0x65)):
+                total -= 1
+        buf[total] = x
+        total += 1
+    return bytes(buf[:total])
