@@ -1,2 +1,81 @@
-"""(being written)"""
-__all__: list[str] = []
+"""Unary activations (Op.UNARY, op_params[0] = UnaryOp) and gated linear units (Op.GLU).
+
+ggml has one named builder per activation (ggml_relu, ggml_relu_inplace, ggml_swiglu, ...);
+they are generated here from the UnaryOp / GluOp enums so that the two lists cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from pyggml.core.context import Context
+from pyggml.core.ops._build import check_shape, check_type, new_result
+from pyggml.core.ops.elementwise import same_as
+from pyggml.core.tensor import GluOp, Op, Tensor, UnaryOp
+
+__all__ = ["unary", "unary_inplace", "glu", "glu_split", "swiglu_oai"]
+
+
+def unary(ctx: Context, a: Tensor, op: UnaryOp) -> Tensor:
+    check_shape(a.is_contiguous_rows, "unary", "a's rows must be contiguous", a)
+    return same_as(ctx, Op.UNARY, a, (a,), (int(UnaryOp(op)),))
+
+
+def unary_inplace(ctx: Context, a: Tensor, op: UnaryOp) -> Tensor:
+    check_shape(a.is_contiguous_rows, "unary", "a's rows must be contiguous", a)
+    return same_as(ctx, Op.UNARY, a, (a,), (int(UnaryOp(op)),), inplace=True)
+
+
+def _glu(ctx: Context, a: Tensor, b: Tensor | None, op: GluOp, swapped: bool) -> Tensor:
+    """One tensor: the halves of a's rows are (x, gate) (or (gate, x) when swapped); two tensors: a is x, b the gate."""
+    name = GluOp(op).name.lower()
+    check_shape(a.is_contiguous_n(1), name, "a must be contiguous apart from its rows' stride", a)
+    if b is not None:
+        check_shape(b.is_contiguous_n(1), name, "b must be contiguous apart from its rows' stride", b)
+        check_shape(a.same_shape(b), name, "a and b must have the same shape", a, b)
+        check_type(a.type == b.type, name, "a and b must have the same type", a, b)
+        ne = a.ne
+    else:
+        ne = [a.ne[0] // 2, *a.ne[1:]]
+    return new_result(ctx, Op.GLU, a.type, ne, (a, b) if b is not None else (a,), (int(GluOp(op)), int(swapped)))
+
+
+def glu(ctx: Context, a: Tensor, op: GluOp, swapped: bool) -> Tensor:
+    return _glu(ctx, a, None, op, swapped)
+
+
+def glu_split(ctx: Context, a: Tensor, b: Tensor, op: GluOp) -> Tensor:
+    return _glu(ctx, a, b, op, False)
+
+
+def swiglu_oai(ctx: Context, a: Tensor, b: Tensor | None, alpha: float, limit: float) -> Tensor:
+    """gpt-oss's clamped SwiGLU: x*sigmoid(alpha*x) * (gate + 1) with x <= limit, |gate| <= limit."""
+    t = _glu(ctx, a, b, GluOp.SWIGLU_OAI, False)
+    t.set_op_params_f32(2, alpha)
+    t.set_op_params_f32(3, limit)
+    return t
+
+
+def _define(name: str, fn) -> None:
+    fn.__name__ = fn.__qualname__ = name
+    globals()[name] = fn
+    __all__.append(name)
+
+
+def _define_unary(op: UnaryOp) -> None:
+    name = op.name.lower()
+    _define(name, lambda ctx, a: unary(ctx, a, op))
+    _define(f"{name}_inplace", lambda ctx, a: unary_inplace(ctx, a, op))
+
+
+def _define_glu(op: GluOp) -> None:
+    name = op.name.lower()
+    _define(name, lambda ctx, a: glu(ctx, a, op, False))
+    _define(f"{name}_swapped", lambda ctx, a: glu(ctx, a, op, True))
+    _define(f"{name}_split", lambda ctx, a, b: glu_split(ctx, a, b, op))
+
+
+for _op in UnaryOp:
+    if _op != UnaryOp.XIELU:  # xielu takes parameters and is not in this family's scope
+        _define_unary(_op)
+for _op in GluOp:
+    if _op != GluOp.SWIGLU_OAI:  # has its own builder with alpha and limit
+        _define_glu(_op)

@@ -1,1 +1,119 @@
-"""(being written)"""
+"""Element-wise kernels: add/sub/mul/div with ggml's repeat broadcasting, add1, add_id, scale, clamp,
+sqr/sqrt/log/sin/cos, fill, leaky_relu. Values are computed in float32 and stored in dst's type."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pyggml.backend.cpu.kernels import kernel
+from pyggml.backend.cpu.kernels._common import as_f32, store, view
+from pyggml.core.tensor import Op, Tensor
+from pyggml.core.types import GGMLType as G
+from pyggml.errors import OutOfBoundsError
+
+# (src0, dst) pairs ggml's CPU unary template accepts; the binary template adds src1 (same type or F32).
+UNARY_TYPES = frozenset({(G.F32, G.F32), (G.F16, G.F16), (G.BF16, G.BF16), (G.BF16, G.F32), (G.F16, G.F32)})
+BINARY_TYPES = frozenset({(G.F32, G.F32, G.F32), (G.F16, G.F16, G.F16), (G.BF16, G.BF16, G.BF16),
+                          (G.BF16, G.F32, G.BF16), (G.BF16, G.F32, G.F32), (G.F16, G.F32, G.F16),
+                          (G.F16, G.F32, G.F32)})
+
+
+def unary_types_ok(t: Tensor) -> bool:
+    return (t.src[0].type, t.type) in UNARY_TYPES
+
+
+def binary_types_ok(t: Tensor) -> bool:
+    return (t.src[0].type, t.src[1].type, t.type) in BINARY_TYPES
+
+
+def f32_or_f16(t: Tensor) -> bool:
+    return t.src[0].type in (G.F32, G.F16) and t.type == t.src[0].type
+
+
+def split_for_repeat(big: np.ndarray, small_shape) -> np.ndarray:
+    """View `big` as (n3/m3, m3, n2/m2, m2, ...) so that a (1, m3, 1, m2, ...) array broadcasts over it as
+    ggml's repeat does (element i of a dim reads element i % m). Never copies, so it works for outputs too."""
+    shape, strides = [], []
+    for n, m, st in zip(big.shape, small_shape, big.strides):
+        shape += [n // m, m]
+        strides += [st * m, st]
+    return np.lib.stride_tricks.as_strided(big, shape, strides, writeable=big.flags.writeable)
+
+
+def as_repeated(small: np.ndarray) -> np.ndarray:
+    """`small` with a unit axis before each dim, the partner of split_for_repeat."""
+    return small[None, :, None, :, None, :, None, :]
+
+
+_BINARY_UFUNCS = {Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.DIV: np.divide}
+
+
+@kernel(Op.ADD, Op.SUB, Op.MUL, Op.DIV, supports=binary_types_ok)
+def binary(dst: Tensor) -> None:
+    """dst = src0 (op) src1 repeated to src0's shape; F32 goes straight into dst's memory."""
+    a, b = dst.src[0], dst.src[1]
+    ufunc = _BINARY_UFUNCS[dst.op]
+    b8 = as_repeated(as_f32(b))
+    if dst.type == G.F32:
+        ufunc(split_for_repeat(as_f32(a), b.ne[::-1]), b8, out=split_for_repeat(view(dst), b.ne[::-1]))
+    else:
+        result = ufunc(split_for_repeat(as_f32(a), b.ne[::-1]), b8)
+        store(dst, result.reshape(dst.ne[::-1]))
+
+
+@kernel(Op.ADD1, supports=lambda t: t.type == t.src[0].type and (
+        (t.src[0].type, t.src[1].type) in {(G.F32, G.F32), (G.F16, G.F16), (G.F16, G.F32), (G.BF16, G.BF16),
+                                           (G.BF16, G.F32)}))
+def add1(dst: Tensor) -> None:
+    store(dst, as_f32(dst.src[0]) + as_f32(dst.src[1]).reshape(()))
+
+
+@kernel(Op.ADD_ID, supports=lambda t: (t.type, t.src[0].type, t.src[1].type, t.src[2].type) ==
+        (G.F32, G.F32, G.F32, G.I32))
+def add_id(dst: Tensor) -> None:
+    """dst[i3, i2, i1] = src0[i3, i2, i1] + src1 row ids[i2, i1]."""
+    a, b, ids = dst.src[0], dst.src[1], dst.src[2]
+    rows = view(ids)[0, 0, : a.ne[2], : a.ne[1]]
+    if rows.size and (rows.min() < 0 or rows.max() >= b.ne[1]):
+        raise OutOfBoundsError(f"add_id {dst.name!r}: ids in {ids.name!r} must lie in [0, {b.ne[1]}), "
+                               f"got [{rows.min()}, {rows.max()}]")
+    np.add(view(a), view(b)[0, 0][rows][None], out=view(dst))
+
+
+@kernel(Op.SCALE, supports=lambda t: t.type == t.src[0].type == G.F32)
+def scale(dst: Tensor) -> None:
+    s, bias = dst.op_params_f32(0), dst.op_params_f32(1)
+    out = view(dst)
+    np.multiply(view(dst.src[0]), np.float32(s), out=out)
+    if bias != 0.0:
+        out += np.float32(bias)
+
+
+@kernel(Op.CLAMP, supports=f32_or_f16)
+def clamp(dst: Tensor) -> None:
+    lo, hi = np.float32(dst.op_params_f32(0)), np.float32(dst.op_params_f32(1))
+    store(dst, np.maximum(np.minimum(as_f32(dst.src[0]), hi), lo))
+
+
+@kernel(Op.FILL, supports=f32_or_f16)
+def fill(dst: Tensor) -> None:
+    store(dst, np.float32(dst.op_params_f32(0)))
+
+
+@kernel(Op.LEAKY_RELU, supports=f32_or_f16)
+def leaky_relu(dst: Tensor) -> None:
+    x = as_f32(dst.src[0])
+    store(dst, np.maximum(x, 0) + np.float32(dst.op_params_f32(0)) * np.minimum(x, 0))
+
+
+def _sqr(x):
+    return x * x
+
+
+_MATH = {Op.SQR: _sqr, Op.SQRT: np.sqrt, Op.LOG: np.log, Op.SIN: np.sin, Op.COS: np.cos}
+
+
+@kernel(Op.SQR, Op.SQRT, Op.LOG, Op.SIN, Op.COS, supports=unary_types_ok)
+def math_op(dst: Tensor) -> None:
+    with np.errstate(invalid="ignore", divide="ignore"):  # log/sqrt of negatives give NaN/-inf, as in C
+        store(dst, _MATH[dst.op](as_f32(dst.src[0])))

@@ -1,1 +1,152 @@
-"""(being written)"""
+"""Kernels that move data: dup/cpy/cont (with type conversion and quantization), repeat, repeat_back,
+concat, pad, get_rows, set_rows, diag."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import numpy as np
+
+from pyggml.backend.cpu.kernels import kernel
+from pyggml.backend.cpu.kernels._common import FLOAT_TYPES, as_f32, store, view
+from pyggml.backend.cpu.kernels.elementwise import as_repeated, split_for_repeat
+from pyggml.core import types as T
+from pyggml.core.tensor import Op, Tensor
+from pyggml.core.types import GGMLType as G
+from pyggml.errors import OutOfBoundsError, UnsupportedTypeError
+
+
+@cache
+def can_quantize(t: G) -> bool:
+    """Whether rows of type t can be produced from float (gguf.quants has a quantizer for it)."""
+    try:
+        T.from_float(t, np.zeros((1, T.blck_size(t)), np.float32))
+    except UnsupportedTypeError:
+        return False
+    return True
+
+
+@cache
+def can_dequantize(t: G) -> bool:
+    try:
+        T.to_float(t, np.zeros((1, T.type_size(t)), np.uint8))
+    except UnsupportedTypeError:
+        return False
+    return True
+
+
+def copy_supported(src: G, dst: G) -> bool:
+    """The (src, dst) type pairs of ggml_compute_forward_dup."""
+    if src == dst:
+        return True
+    if src in FLOAT_TYPES:
+        return dst in FLOAT_TYPES or (src == G.F32 and dst == G.I32) or (T.is_quantized(dst) and can_quantize(dst))
+    if src == G.I32:
+        return dst == G.F32
+    return T.is_quantized(src) and dst == G.F32 and can_dequantize(src)
+
+
+def blocks(t: Tensor) -> np.ndarray:
+    """A quantized tensor as an array of whole blocks, shape (ne3, ne2, ne1, blocks per row, block bytes)."""
+    rows = view(t)
+    ts = T.type_size(t.type)
+    shape = (*rows.shape[:3], rows.shape[3] // ts, ts)
+    return np.lib.stride_tricks.as_strided(rows, shape, (*rows.strides[:3], ts, 1))
+
+
+@kernel(Op.DUP, Op.CPY, Op.CONT, supports=lambda t: copy_supported(t.src[0].type, t.type))
+def copy(dst: Tensor) -> None:
+    """dst's elements, in row-major order, are src0's elements in row-major order (shapes may differ)."""
+    src = dst.src[0]
+    if src.type == dst.type and T.is_quantized(src.type):
+        out = blocks(dst)
+        out[...] = blocks(src).reshape(out.shape)
+    elif src.type == dst.type:
+        out = view(dst)
+        out[...] = view(src).reshape(out.shape)
+    else:
+        store(dst, as_f32(src).reshape(dst.ne[::-1]))
+
+
+def plain_same_type(t: Tensor) -> bool:
+    return t.type == t.src[0].type and not T.is_quantized(t.type)
+
+
+@kernel(Op.REPEAT, supports=plain_same_type)
+def repeat(dst: Tensor) -> None:
+    src = dst.src[0]
+    split_for_repeat(view(dst), src.ne[::-1])[...] = as_repeated(view(src))
+
+
+@kernel(Op.REPEAT_BACK, supports=lambda t: t.type == t.src[0].type == G.F32)
+def repeat_back(dst: Tensor) -> None:
+    """Each element of dst is the sum of the src0 elements that a repeat would have copied from it."""
+    np.sum(split_for_repeat(view(dst.src[0]), dst.ne[::-1]), axis=(0, 2, 4, 6), out=view(dst))
+
+
+@kernel(Op.CONCAT, supports=lambda t: plain_same_type(t) and t.src[1].type == t.type)
+def concat(dst: Tensor) -> None:
+    a, b = dst.src[0], dst.src[1]
+    axis = 3 - dst.op_params[0]
+    out = view(dst)
+    n = a.ne[dst.op_params[0]]
+    np.copyto(out[(slice(None),) * axis + (slice(0, n),)], view(a))
+    np.copyto(out[(slice(None),) * axis + (slice(n, None),)], view(b))
+
+
+@kernel(Op.PAD, supports=lambda t: t.type == t.src[0].type == G.F32)
+def pad(dst: Tensor) -> None:
+    """op_params: [lp0, rp0, lp1, rp1, lp2, rp2, lp3, rp3, circular]; zeros outside, or wrapped when circular."""
+    src, out = view(dst.src[0]), view(dst)
+    left = [dst.op_params[2 * d] for d in range(4)][::-1]  # in NumPy axis order
+    if dst.op_params[8]:
+        index = [(np.arange(n) - lp) % m for n, lp, m in zip(out.shape, left, src.shape)]
+        out[...] = src[np.ix_(*index)]
+    else:
+        out[...] = 0
+        out[tuple(slice(lp, lp + m) for lp, m in zip(left, src.shape))] = src
+
+
+def _checked_ids(dst: Tensor, ids_tensor: Tensor, ids: np.ndarray, n_rows: int) -> np.ndarray:
+    if ids.size and (ids.min() < 0 or ids.max() >= n_rows):
+        raise OutOfBoundsError(f"{dst.op.name.lower()} {dst.name!r}: row ids in {ids_tensor.name!r} must lie in "
+                               f"[0, {n_rows}), got [{ids.min()}, {ids.max()}]")
+    return ids
+
+
+def _get_rows_supported(t: Tensor) -> bool:
+    src = t.src[0].type
+    if src == G.I32:
+        return t.type == G.I32
+    return t.type == G.F32 and (src in FLOAT_TYPES or (T.is_quantized(src) and can_dequantize(src)))
+
+
+@kernel(Op.GET_ROWS, supports=_get_rows_supported)
+def get_rows(dst: Tensor) -> None:
+    """dst[i12, i11, i10] = src0 row ids[i12, i11, i10] of plane (i12, i11); quantized rows are dequantized."""
+    a, b = dst.src[0], dst.src[1]
+    ids = _checked_ids(dst, b, view(b)[0], a.ne[1])
+    n12, n11 = ids.shape[:2]
+    picked = view(a)[np.arange(n12)[:, None, None], np.arange(n11)[None, :, None], ids]
+    if a.type == G.I32:
+        view(dst)[...] = picked
+    else:
+        store(dst, T.to_float(a.type, picked))
+
+
+@kernel(Op.SET_ROWS, supports=lambda t: t.src[0].type == G.F32 and t.src[1].type in (G.I32, G.I64) and (
+        t.type in FLOAT_TYPES or (T.is_quantized(t.type) and can_quantize(t.type))))
+def set_rows(dst: Tensor) -> None:
+    """dst row ids[i3 % n12, i2 % n11, i] of plane (i3, i2) = src0 row i of plane (i3, i2), converted."""
+    rows, c = view(dst.src[0]), dst.src[1]
+    ids3 = view(c)[0]
+    n3, n2 = rows.shape[:2]
+    ids = _checked_ids(dst, c, np.tile(ids3, (n3 // ids3.shape[0], n2 // ids3.shape[1], 1)), dst.ne[1])
+    values = rows if dst.type == G.F32 else T.from_float(dst.type, rows)
+    view(dst)[np.arange(n3)[:, None, None], np.arange(n2)[None, :, None], ids] = values
+
+
+@kernel(Op.DIAG, supports=lambda t: t.type == t.src[0].type == G.F32)
+def diag(dst: Tensor) -> None:
+    n = dst.ne[0]
+    np.multiply(np.eye(n, dtype=np.float32), view(dst.src[0]), out=view(dst))

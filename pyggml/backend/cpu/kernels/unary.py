@@ -1,1 +1,178 @@
-"""(being written)"""
+"""Unary activations (Op.UNARY) and gated linear units (Op.GLU), in float32 like ggml's CPU.
+
+ggml's CPU evaluates GELU and GELU_QUICK through a table indexed by the input rounded to F16
+(GGML_GELU_FP16, GGML_GELU_QUICK_FP16); the same tables are built here so results agree to the bit
+pattern of the table, not only to an NMSE.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import numpy as np
+
+from pyggml.backend.cpu.kernels import kernel
+from pyggml.backend.cpu.kernels._common import as_f32, store
+from pyggml.backend.cpu.kernels.elementwise import unary_types_ok
+from pyggml.core.tensor import GluOp, Op, Tensor, UnaryOp
+from pyggml.core.types import GGMLType as G
+
+GELU_COEF_A = np.float32(0.044715)
+GELU_QUICK_COEF = np.float32(-1.702)
+SQRT_2_OVER_PI = np.float32(0.79788456080286535587989211986876)
+SQRT_2_INV = 0.70710678118654752440084436210484
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """ggml_gelu_f32: the tanh approximation, evaluated in float32."""
+    return np.float32(0.5) * x * (np.float32(1) + np.tanh(SQRT_2_OVER_PI * x * (np.float32(1) + GELU_COEF_A * x * x)))
+
+
+def gelu_quick_exact(x: np.ndarray) -> np.ndarray:
+    """ggml_gelu_quick_f32: x * sigmoid(1.702 x)."""
+    with np.errstate(over="ignore"):
+        return x * (np.float32(1) / (np.float32(1) + np.exp(GELU_QUICK_COEF * x)))
+
+
+@cache
+def f16_table(fn) -> np.ndarray:
+    """fn over every F16 bit pattern, rounded to F16 and widened back: ggml's ggml_table_*_f16."""
+    x = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return fn(x).astype(np.float16).astype(np.float32)
+
+
+def by_f16_table(fn, x: np.ndarray) -> np.ndarray:
+    return f16_table(fn)[x.astype(np.float16).view(np.uint16)]
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """ggml_vec_gelu_f32 with GGML_GELU_FP16: the table, except 0 below -10 and x above 10."""
+    return np.where(x <= -10, np.float32(0), np.where(x >= 10, x, by_f16_table(gelu_tanh, x)))
+
+
+def gelu_quick(x: np.ndarray) -> np.ndarray:
+    return by_f16_table(gelu_quick_exact, x)
+
+
+def erfc(x: np.ndarray) -> np.ndarray:
+    """Complementary error function to a relative 1.2e-7 (Numerical Recipes' Chebyshev fit), in float64.
+
+    NumPy has no erf; this keeps 1 + erf(x) = erfc(-x) accurate relative to itself for every x.
+    """
+    z = np.abs(x.astype(np.float64))
+    t = 1.0 / (1.0 + 0.5 * z)
+    poly = -z * z - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (
+        -0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277))))))))
+    r = t * np.exp(poly)
+    return np.where(x >= 0, r, 2.0 - r)
+
+
+def gelu_erf(x: np.ndarray) -> np.ndarray:
+    """0.5 x (1 + erf(x / sqrt 2))."""
+    return (0.5 * x * erfc(-x * SQRT_2_INV)).astype(np.float32)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return x / (np.float32(1) + np.exp(-x))
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return np.float32(1) / (np.float32(1) + np.exp(-x))
+
+
+def hardsigmoid(x: np.ndarray) -> np.ndarray:
+    return np.minimum(np.float32(1), np.maximum(np.float32(0), (x + np.float32(3)) / np.float32(6)))
+
+
+def round_half_away(x: np.ndarray) -> np.ndarray:
+    """C roundf (halves away from zero), unlike np.round's halves to even."""
+    r = np.trunc(x)
+    return np.where(np.abs(x - r) >= 0.5, r + np.sign(x), r)
+
+
+def softplus(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return np.where(x > 20, x, np.log(np.float32(1) + np.exp(np.minimum(x, 20))))
+
+
+def _exp(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return np.exp(x)
+
+
+def _expm1(x: np.ndarray) -> np.ndarray:
+    """ggml computes expf(x) - 1, not expm1f."""
+    with np.errstate(over="ignore"):
+        return np.exp(x) - np.float32(1)
+
+
+UNARY_FUNCS = {
+    UnaryOp.ABS: np.abs,
+    UnaryOp.SGN: np.sign,
+    UnaryOp.NEG: np.negative,
+    UnaryOp.STEP: lambda x: (x > 0).astype(np.float32),
+    UnaryOp.TANH: np.tanh,
+    UnaryOp.ELU: lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, 0))),
+    UnaryOp.RELU: lambda x: np.where(x > 0, x, np.float32(0)),
+    UnaryOp.SIGMOID: sigmoid,
+    UnaryOp.GELU: gelu,
+    UnaryOp.GELU_ERF: gelu_erf,
+    UnaryOp.GELU_QUICK: gelu_quick,
+    UnaryOp.SILU: silu,
+    UnaryOp.HARDSWISH: lambda x: x * hardsigmoid(x),
+    UnaryOp.HARDSIGMOID: hardsigmoid,
+    UnaryOp.EXP: _exp,
+    UnaryOp.EXPM1: _expm1,
+    UnaryOp.SOFTPLUS: softplus,
+    UnaryOp.FLOOR: np.floor,
+    UnaryOp.CEIL: np.ceil,
+    UnaryOp.ROUND: round_half_away,
+    UnaryOp.TRUNC: np.trunc,
+}
+
+
+@kernel(Op.UNARY, supports=lambda t: t.op_params[0] in UNARY_FUNCS.keys() and unary_types_ok(t))
+def unary(dst: Tensor) -> None:
+    store(dst, UNARY_FUNCS[dst.unary_op](as_f32(dst.src[0])))
+
+
+def _swiglu_oai(x: np.ndarray, g: np.ndarray, alpha: float, limit: float) -> np.ndarray:
+    x = np.minimum(x, np.float32(limit))
+    g = np.clip(g, np.float32(-limit), np.float32(limit))
+    with np.errstate(over="ignore"):
+        return x / (np.float32(1) + np.exp(np.float32(alpha) * -x)) * (g + np.float32(1))
+
+
+GLU_ACTIVATIONS = {
+    GluOp.REGLU: UNARY_FUNCS[UnaryOp.RELU],
+    GluOp.GEGLU: gelu,
+    GluOp.SWIGLU: silu,
+    GluOp.GEGLU_ERF: gelu_erf,
+    GluOp.GEGLU_QUICK: gelu_quick,
+}
+
+
+def _glu_supported(t: Tensor) -> bool:
+    if t.op_params[0] == GluOp.SWIGLU_OAI:
+        return t.type == t.src[0].type == G.F32
+    return t.op_params[0] in GLU_ACTIVATIONS.keys() and t.type == t.src[0].type and t.type in (G.F32, G.F16)
+
+
+@kernel(Op.GLU, supports=_glu_supported)
+def glu(dst: Tensor) -> None:
+    """act(x) * gate, with x and gate the two halves of src0's rows or src0 and src1."""
+    a = as_f32(dst.src[0])
+    if dst.src[1] is not None:
+        x, g = a, as_f32(dst.src[1])
+    else:
+        n = dst.ne[0]
+        x, g = a[..., :n], a[..., n: 2 * n]
+        if dst.op_params[1]:
+            x, g = g, x
+    if dst.glu_op == GluOp.SWIGLU_OAI:
+        store(dst, _swiglu_oai(x, g, dst.op_params_f32(2), dst.op_params_f32(3)))
+    else:
+        store(dst, GLU_ACTIVATIONS[dst.glu_op](x) * g)
