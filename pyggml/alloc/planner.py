@@ -1,0 +1,590 @@
+"""Offset planners: where each buffer of a known lifetime lives inside a chunked arena.
+
+The module is pure algorithms over integers, usable without tensors. Read top to bottom:
+
+1. `DynAllocator`, ggml's `ggml_dyn_tallocr` reproduced exactly (the graph allocator drives it
+   node by node to get ggml's own offsets and buffer sizes);
+2. `Interval`, `load_csv` and `lower_bound` (LOAD, the peak of simultaneously live bytes);
+3. `PlanResult` and `verify_offsets`;
+4. the planners behind `plan_offsets`: ``"ggml"`` (online best fit in time order), ``"best"``
+   (offline greedy placement over several orderings plus culprit promotion, never worse than
+   ``"ggml"``) and ``"search"`` (randomised iterated greedy under a time budget).
+
+Lifetimes are half-open steps ``[start, end)``: a buffer is live at every step ``t`` with
+``start <= t < end``. A graph's inclusive lifetime ``[birth, last_use]`` is
+``Interval(id, birth, last_use + 1, size)``. The planners have no in-place concept: the graph
+allocator merges a chain of in-place tensors (a tensor that takes over its parent's bytes) into
+one interval before calling them.
+"""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Hashable, Sequence
+
+import numpy as np
+
+from pyggml.errors import AllocationError
+
+SIZE_MAX = 2**64 - 1
+MAX_CHUNKS = 16  # GGML_VBUFFER_MAX_CHUNKS
+MAX_FREE_BLOCKS = 256  # per chunk
+_UNBOUNDED = SIZE_MAX // 2  # ggml's "infinite" block size, chosen so sums cannot overflow
+PLANNERS = ("ggml", "best", "search")
+
+
+def _align(size: int, alignment: int) -> int:
+    return -(-size // alignment) * alignment
+
+
+# ----------------------------------------------------------------------------------------------
+# 1. ggml's dynamic allocator
+# ----------------------------------------------------------------------------------------------
+
+
+class _Chunk:
+    """One future backend buffer: free blocks sorted by offset, and its high-water mark."""
+
+    __slots__ = ("offsets", "sizes", "max_size")
+
+    def __init__(self, size: int):
+        self.offsets = [0]
+        self.sizes = [size]
+        self.max_size = 0
+
+
+class DynAllocator:
+    """ggml's `ggml_dyn_tallocr`: best fit over free blocks in up to 16 chunks, no memory behind it.
+
+    Every quirk is kept on purpose because the graph allocator must reproduce ggml's offsets:
+    a chunk's last block is only used when no hole fits, holes tie to the later block, a later
+    chunk with any fitting hole overrides an earlier one, and tails are ranked by the signed
+    reuse factor of llama.cpp PR #16788.
+    """
+
+    def __init__(self, alignment: int, max_size: int | None = None):
+        if alignment < 1:
+            raise ValueError(f"alignment must be >= 1, got {alignment}")
+        if max_size is not None and max_size < 1:
+            raise ValueError(f"max_size must be >= 1 or None, got {max_size}")
+        self.alignment = alignment
+        self.max_chunk_size = _UNBOUNDED if max_size is None else min(max_size, _UNBOUNDED)
+        self._chunks: list[_Chunk] = []
+
+    def reset(self) -> None:
+        """Forget every chunk, as ggml does before each reserve."""
+        self._chunks = []
+
+    @property
+    def chunk_sizes(self) -> list[int]:
+        """Per-chunk high-water marks: the sizes of the backend buffers ggml would allocate."""
+        return [chunk.max_size for chunk in self._chunks]
+
+    @property
+    def total_size(self) -> int:
+        return sum(chunk.max_size for chunk in self._chunks)
+
+    def alloc(self, size: int) -> tuple[int, int]:
+        """Plan `size` bytes (rounded up to the alignment) and return (chunk, offset)."""
+        size = _align(size, self.alignment)
+        chunk_index, block_index = self._best_hole(size)
+        if block_index < 0:
+            chunk_index, block_index = self._best_tail(size)
+        if block_index < 0:
+            chunk_index, block_index = self._new_chunk(size), 0
+        chunk = self._chunks[chunk_index]
+        offset = chunk.offsets[block_index]
+        chunk.offsets[block_index] += size
+        chunk.sizes[block_index] -= size
+        if chunk.sizes[block_index] == 0:
+            del chunk.offsets[block_index], chunk.sizes[block_index]
+        chunk.max_size = max(chunk.max_size, offset + size)
+        return chunk_index, offset
+
+    def _best_hole(self, size: int) -> tuple[int, int]:
+        """Smallest fitting block other than each chunk's last; ties and later chunks win."""
+        best_chunk = best_block = -1
+        for c, chunk in enumerate(self._chunks):
+            best_size = SIZE_MAX  # reset per chunk: the "later chunk overrides" quirk
+            sizes = chunk.sizes
+            for i in range(len(sizes) - 1):
+                block_size = sizes[i]
+                if size <= block_size <= best_size:
+                    best_chunk, best_block, best_size = c, i, block_size
+        return best_chunk, best_block
+
+    def _best_tail(self, size: int) -> tuple[int, int]:
+        """Last block that needs no growth and fits tightest, else the one needing least growth."""
+        best_chunk = best_block = -1
+        best_reuse = None  # INT64_MIN
+        for c, chunk in enumerate(self._chunks):
+            if not chunk.sizes or chunk.sizes[-1] < size:
+                continue
+            reuse = chunk.max_size - chunk.offsets[-1] - size
+            better_reuse = best_reuse is None or (best_reuse < 0 and reuse > best_reuse)
+            better_fit = best_reuse is not None and 0 <= reuse < best_reuse
+            if better_reuse or better_fit:
+                best_chunk, best_block, best_reuse = c, len(chunk.sizes) - 1, reuse
+        return best_chunk, best_block
+
+    def _new_chunk(self, size: int) -> int:
+        """Open a chunk of at least `size` bytes; the 16th is unbounded so that planning never fails."""
+        if len(self._chunks) >= MAX_CHUNKS:
+            raise AllocationError(f"graph allocation: no chunk left for {size} bytes "
+                                  f"({MAX_CHUNKS} chunks in use)")
+        block = max(size, self.max_chunk_size)
+        if len(self._chunks) == MAX_CHUNKS - 1:
+            block = _UNBOUNDED
+        if block < size:
+            raise AllocationError(f"graph allocation: {size} bytes exceed the largest possible chunk ({block})")
+        self._chunks.append(_Chunk(block))
+        return len(self._chunks) - 1
+
+    def free(self, chunk: int, offset: int, size: int) -> None:
+        """Give bytes back, merging with the free block that ends at `offset` or starts right after.
+
+        The free list of a chunk holds at most 256 blocks; ggml asserts, pyggml raises AllocationError.
+        """
+        if not 0 <= chunk < len(self._chunks):
+            raise AllocationError(f"free of {size} bytes at offset {offset} names chunk {chunk}, "
+                                  f"but only {len(self._chunks)} chunks exist")
+        size = _align(size, self.alignment)
+        block = self._chunks[chunk]
+        offsets, sizes = block.offsets, block.sizes
+        after = bisect.bisect_right(offsets, offset)
+        if (after > 0 and offsets[after - 1] + sizes[after - 1] > offset) or \
+                (after < len(offsets) and offsets[after] < offset + size):
+            raise AllocationError(f"free of {size} bytes at offset {offset} in chunk {chunk} overlaps a free block "
+                                  f"(double free?)")
+        # ggml scans the sorted blocks and acts on the first one that ends at `offset` or starts at
+        # `offset + size`; the bisections find that same block (zero-size blocks included).
+        ends_here = after - 1
+        first_ending = -1
+        while ends_here >= 0 and offsets[ends_here] + sizes[ends_here] == offset:
+            first_ending, ends_here = ends_here, ends_here - 1
+        starting = bisect.bisect_left(offsets, offset + size)
+        if starting == len(offsets) or offsets[starting] != offset + size:
+            starting = -1
+        candidates = [i for i in (first_ending, starting) if i >= 0]
+        if not candidates:
+            if len(offsets) >= MAX_FREE_BLOCKS:
+                raise AllocationError(f"chunk {chunk} is out of free blocks ({MAX_FREE_BLOCKS}) while freeing "
+                                      f"{size} bytes at offset {offset}")
+            at = bisect.bisect_left(offsets, offset)
+            offsets.insert(at, offset)
+            sizes.insert(at, size)
+            return
+        i = min(candidates)
+        if i == first_ending:
+            sizes[i] += size
+            if i + 1 < len(offsets) and offsets[i] + sizes[i] == offsets[i + 1]:
+                sizes[i] += sizes[i + 1]
+                del offsets[i + 1], sizes[i + 1]
+        else:
+            offsets[i] = offset
+            sizes[i] += size
+            if i > 0 and offsets[i - 1] + sizes[i - 1] == offset:
+                sizes[i - 1] += sizes[i]
+                del offsets[i], sizes[i]
+
+
+# ----------------------------------------------------------------------------------------------
+# 2. Intervals and the lower bound
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Interval:
+    """A buffer of `size` bytes live over the half-open steps [start, end)."""
+
+    id: Hashable
+    start: int
+    end: int
+    size: int
+
+    def __post_init__(self):
+        if self.end <= self.start:
+            raise ValueError(f"interval {self.id!r}: end {self.end} must be greater than start {self.start}")
+        if self.size < 0:
+            raise ValueError(f"interval {self.id!r}: size {self.size} is negative")
+
+
+def load_csv(path: str | Path) -> list[Interval]:
+    """Read a planning-bench CSV (`id,lower,upper,size`); decimal ids become ints."""
+    path = Path(path)
+    intervals = []
+    with path.open(newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if header is None or [h.strip() for h in header] != ["id", "lower", "upper", "size"]:
+            raise ValueError(f"{path}:1: expected the header 'id,lower,upper,size', got {header!r}")
+        for row in reader:
+            line = reader.line_num
+            if not row:
+                continue
+            if len(row) != 4:
+                raise ValueError(f"{path}:{line}: expected 4 fields (id,lower,upper,size), got {len(row)}: {row!r}")
+            ident = row[0].strip()
+            try:
+                start, end, size = (int(v) for v in row[1:])
+                intervals.append(Interval(int(ident) if ident.isdecimal() else ident, start, end, size))
+            except ValueError as exc:
+                raise ValueError(f"{path}:{line}: bad row {row!r}: {exc}") from None
+    return intervals
+
+
+class _Problem:
+    """Intervals as NumPy arrays: time compressed to event ranks, sizes padded to the alignment."""
+
+    def __init__(self, intervals: Sequence[Interval], alignment: int):
+        if alignment < 1:
+            raise ValueError(f"alignment must be >= 1, got {alignment}")
+        self.ids = [iv.id for iv in intervals]
+        if len(set(self.ids)) != len(self.ids):
+            raise ValueError(f"interval ids must be unique; {len(self.ids) - len(set(self.ids))} duplicates")
+        self.alignment = alignment
+        self.n = len(intervals)
+        starts = np.fromiter((iv.start for iv in intervals), np.int64, self.n)
+        ends = np.fromiter((iv.end for iv in intervals), np.int64, self.n)
+        self.times = np.unique(np.concatenate([starts, ends]))
+        self.start = np.searchsorted(self.times, starts)
+        self.end = np.searchsorted(self.times, ends)
+        self.size = np.fromiter((_align(iv.size, alignment) for iv in intervals), np.int64, self.n)
+        self.steps = len(self.times)
+
+    def load_profile(self) -> np.ndarray:
+        """Live bytes at every compressed step."""
+        delta = np.zeros(self.steps + 1, np.int64)
+        np.add.at(delta, self.start, self.size)
+        np.add.at(delta, self.end, -self.size)
+        return np.cumsum(delta)[:-1]
+
+    def lower_bound(self) -> int:
+        return int(self.load_profile().max()) if self.n else 0
+
+    def peak_load_over_lifetime(self) -> np.ndarray:
+        """For each interval, the largest live total during its lifetime (a sparse-table range max)."""
+        levels = [self.load_profile()]
+        while 2 ** len(levels) <= self.steps:
+            prev, half = levels[-1], 2 ** (len(levels) - 1)
+            levels.append(np.maximum(prev[:-half], prev[half:]))
+        length = self.end - self.start
+        level = np.floor(np.log2(length)).astype(np.int64)
+        result = np.empty(self.n, np.int64)
+        for k in np.unique(level):
+            sel = np.flatnonzero(level == k)
+            table = levels[k]
+            result[sel] = np.maximum(table[self.start[sel]], table[self.end[sel] - 2 ** k])
+        return result
+
+
+def lower_bound(intervals: Sequence[Interval], alignment: int = 1) -> int:
+    """LOAD: the peak over steps of the summed (padded) sizes of live intervals."""
+    return _Problem(intervals, alignment).lower_bound()
+
+
+# ----------------------------------------------------------------------------------------------
+# 3. Results and their verification
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PlanResult:
+    """Where every interval lives: `offsets[id]` inside chunk `chunks[id]`; `height` = sum of chunk sizes."""
+
+    offsets: dict[Hashable, int]
+    chunks: dict[Hashable, int]
+    chunk_sizes: list[int]
+    lower_bound: int
+    planner: str
+    alignment: int = 1
+    max_size: int | None = None
+    time_s: float = 0.0
+    height: int = field(init=False)
+
+    def __post_init__(self):
+        self.height = sum(self.chunk_sizes)
+
+
+def verify_offsets(intervals: Sequence[Interval], result: PlanResult) -> None:
+    """Raise AllocationError naming the culprits if two live intervals share bytes or one leaves its chunk."""
+    problem = _Problem(intervals, result.alignment)
+    missing = [i for i in problem.ids if i not in result.offsets or i not in result.chunks]
+    if missing:
+        raise AllocationError(f"{len(missing)} intervals have no placement, e.g. {missing[0]!r}")
+    offset = np.fromiter((result.offsets[i] for i in problem.ids), np.int64, problem.n)
+    chunk = np.fromiter((result.chunks[i] for i in problem.ids), np.int64, problem.n)
+    top = offset + problem.size
+    chunk_sizes = np.asarray(result.chunk_sizes + [0], np.int64)
+    outside = (offset < 0) | (chunk < 0) | (chunk >= len(result.chunk_sizes)) | (offset % result.alignment != 0)
+    outside |= top > chunk_sizes[np.clip(chunk, 0, len(result.chunk_sizes))]
+    if result.max_size is not None:
+        # A chunk may exceed max_size only to hold one bigger interval, or by being the unbounded 16th.
+        largest = np.zeros(len(result.chunk_sizes) + 1, np.int64)
+        np.maximum.at(largest, np.clip(chunk, 0, len(result.chunk_sizes)), problem.size)
+        capacity = np.maximum(largest[:-1], result.max_size)
+        capacity[MAX_CHUNKS - 1:] = _UNBOUNDED
+        over = np.flatnonzero(np.asarray(result.chunk_sizes, np.int64) > capacity)
+        if over.size:
+            c = int(over[0])
+            raise AllocationError(f"chunk {c} holds {result.chunk_sizes[c]} bytes, more than max_size "
+                                  f"{result.max_size} and more than its largest interval ({largest[c]})")
+    if outside.any():
+        i = int(np.flatnonzero(outside)[0])
+        raise AllocationError(f"interval {problem.ids[i]!r} at chunk {chunk[i]} offset {offset[i]} size "
+                              f"{problem.size[i]} does not fit its chunk (chunk sizes {result.chunk_sizes}, "
+                              f"alignment {result.alignment})")
+    # Every time-overlapping pair has one member starting inside the other's lifetime: walk the
+    # intervals by start and compare each with those that start before it ends, in batches.
+    order = np.argsort(problem.start, kind="stable")
+    starts = problem.start[order]
+    last = np.searchsorted(starts, problem.end[order])  # exclusive bound of the later starters
+    count = last - np.arange(problem.n) - 1
+    batch_start = 0
+    while batch_start < problem.n:
+        batch_end = batch_start + max(1, int(np.searchsorted(np.cumsum(count[batch_start:]), 1 << 21)))
+        first = np.arange(batch_start, batch_end)
+        per_first = count[batch_start:batch_end]
+        group_start = np.cumsum(per_first) - per_first
+        a = order[np.repeat(first, per_first)]
+        b = order[np.arange(per_first.sum()) + np.repeat(first + 1 - group_start, per_first)]
+        clash = (chunk[a] == chunk[b]) & (offset[a] < top[b]) & (offset[b] < top[a])
+        clash &= (problem.size[a] > 0) & (problem.size[b] > 0)
+        if clash.any():
+            k = int(np.flatnonzero(clash)[0])
+            x, y = int(a[k]), int(b[k])
+            raise AllocationError(
+                f"intervals {problem.ids[x]!r} and {problem.ids[y]!r} are live together and share bytes in chunk "
+                f"{chunk[x]}: [{offset[x]}, {top[x]}) and [{offset[y]}, {top[y]})")
+        batch_start = batch_end
+
+
+# ----------------------------------------------------------------------------------------------
+# 4. Offline greedy placement
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Placement:
+    offset: np.ndarray
+    chunk: np.ndarray
+    chunk_sizes: list[int]
+
+    @property
+    def height(self) -> int:
+        return sum(self.chunk_sizes)
+
+    def culprits(self, size: np.ndarray) -> np.ndarray:
+        """The intervals whose tops define their chunk's size: moving them earlier may lower it."""
+        tops = self.offset + size
+        return np.flatnonzero(tops == np.asarray(self.chunk_sizes, np.int64)[self.chunk])
+
+
+class _Placer:
+    """Places intervals one by one, in a given order, into the smallest free gap that fits.
+
+    This is greedy by size of Pisarchyk & Lee 2020 when the order is by size. The placed
+    intervals that overlap a query in time lie in a window of the start-sorted list: those that
+    start before the query ends, after the last one whose predecessors all end before it starts.
+    """
+
+    def __init__(self, problem: _Problem):
+        self.problem = problem
+        self.by_start = np.argsort(problem.start, kind="stable")
+        self.slot = np.empty(problem.n, np.int64)
+        self.slot[self.by_start] = np.arange(problem.n)
+        ends_so_far = np.maximum.accumulate(problem.end[self.by_start])
+        self.window_lo = np.searchsorted(ends_so_far, problem.start, side="right").tolist()
+        self.window_hi = np.searchsorted(problem.start[self.by_start], problem.end).tolist()
+
+    def place(self, order: Sequence[int], max_size: int | None) -> _Placement:
+        p = self.problem
+        end, size = p.end.tolist(), p.size.tolist()
+        # In start order: end (-1 until placed, so unplaced intervals never overlap), offset, top, chunk.
+        placed_end = np.full(p.n, -1, np.int64)
+        placed_off = np.zeros(p.n, np.int64)
+        placed_top = np.zeros(p.n, np.int64)
+        placed_chunk = np.zeros(p.n, np.int64)
+        offset = np.zeros(p.n, np.int64)
+        chunk = np.zeros(p.n, np.int64)
+        capacities: list[int] = []
+        chunk_sizes: list[int] = []
+        start, slots, lows, highs = p.start.tolist(), self.slot.tolist(), self.window_lo, self.window_hi
+        for i in order:
+            z = size[i]
+            lo, hi = lows[i], highs[i]
+            live = placed_end[lo:hi] > start[i]
+            offs, tops = placed_off[lo:hi][live], placed_top[lo:hi][live]
+            c, o = 0, -1
+            if len(capacities) == 1:
+                o = _best_gap(offs, tops, z, capacities[0])
+            elif capacities:
+                chunks = placed_chunk[lo:hi][live]
+                for c, capacity in enumerate(capacities):
+                    mine = chunks == c
+                    o = _best_gap(offs[mine], tops[mine], z, capacity)
+                    if o >= 0:
+                        break
+            if o < 0:
+                c, o = len(capacities), 0
+                unbounded = max_size is None or c == MAX_CHUNKS - 1
+                capacities.append(_UNBOUNDED if unbounded else max(max_size, z))
+                chunk_sizes.append(0)
+            offset[i], chunk[i] = o, c
+            chunk_sizes[c] = max(chunk_sizes[c], o + z)
+            k = slots[i]
+            placed_end[k], placed_off[k], placed_top[k], placed_chunk[k] = end[i], o, o + z, c
+        return _Placement(offset, chunk, chunk_sizes)
+
+
+def _best_gap(offs: np.ndarray, tops: np.ndarray, size: int, capacity: int) -> int:
+    """Lowest offset of the smallest hole below the busy ranges that fits `size`, else above them (-1: full)."""
+    if offs.size == 0:
+        return 0 if size <= capacity else -1
+    by_offset = offs.argsort()
+    busy_from = offs[by_offset]
+    busy_to = np.maximum.accumulate(tops[by_offset])
+    best_hole, best_at = _UNBOUNDED, -1
+    first_hole = int(busy_from[0])
+    if first_hole >= size:
+        best_hole, best_at = first_hole, 0
+    if busy_from.size > 1:
+        holes = busy_from[1:] - busy_to[:-1]
+        j = int(np.where(holes >= size, holes, _UNBOUNDED).argmin())
+        if holes[j] >= size and holes[j] < best_hole:
+            best_hole, best_at = int(holes[j]), int(busy_to[j])
+    if best_at >= 0:
+        return best_at
+    highest = int(busy_to[-1])
+    return highest if highest + size <= capacity else -1
+
+
+# ----------------------------------------------------------------------------------------------
+# 5. The planners
+# ----------------------------------------------------------------------------------------------
+
+
+def _plan_ggml(problem: _Problem, max_size: int | None) -> _Placement:
+    """ggml's online best fit in time order.
+
+    At each step the intervals that end there are freed first, then those that start there are
+    allocated; ties go by input order. This is gallocr's order: node i is allocated, then the
+    srcs whose last consumer is i are freed, and they end at i + 1.
+    """
+    allocator = DynAllocator(problem.alignment, max_size)
+    offset = np.zeros(problem.n, np.int64)
+    chunk = np.zeros(problem.n, np.int64)
+    # Event keys: 2 * step for a free, 2 * step + 1 for an allocation; the stable sort keeps input order.
+    events = np.argsort(np.concatenate((2 * problem.end, 2 * problem.start + 1)), kind="stable")
+    size = problem.size.tolist()
+    for i, allocating in zip((events % problem.n).tolist(), (events >= problem.n).tolist()):
+        if allocating:
+            chunk[i], offset[i] = allocator.alloc(size[i])
+        else:
+            allocator.free(int(chunk[i]), int(offset[i]), size[i])
+    return _Placement(offset, chunk, allocator.chunk_sizes)
+
+
+def _orderings(problem: _Problem) -> list[list[int]]:
+    """Placement orders worth trying: busiest lifetime first (breadth), then largest first (size)."""
+    peak = problem.peak_load_over_lifetime()
+    by_breadth = np.lexsort((problem.start, -problem.size, -peak))
+    by_size = np.lexsort((problem.start, -problem.size))
+    return [by_breadth.tolist(), by_size.tolist()]
+
+
+def _promoted(order: list[int], culprits: np.ndarray) -> list[int]:
+    """The same order with the culprits moved to the front."""
+    front = culprits.tolist()
+    moved = set(front)
+    return front + [i for i in order if i not in moved]
+
+
+def _plan_best(problem: _Problem, placer: _Placer, max_size: int | None, target: int,
+               rounds: int = 2) -> tuple[_Placement, list[int]]:
+    """Greedy placement over several orders, each followed by a few rounds of culprit promotion.
+
+    A round moves the intervals that define the height to the front of the order and places
+    everything again. Stops as soon as the height reaches `target` (the lower bound).
+    """
+    best = best_order = None
+    for order in _orderings(problem):
+        for _ in range(rounds + 1):
+            placement = placer.place(order, max_size)
+            if best is None or placement.height < best.height:
+                best, best_order = placement, order
+            if best.height <= target:
+                return best, best_order
+            order = _promoted(order, placement.culprits(problem.size))
+    return best, best_order
+
+
+def _plan_search(problem: _Problem, placer: _Placer, max_size: int | None, target: int,
+                 start: tuple[_Placement, list[int]], budget_s: float, seed: int,
+                 max_iterations: int | None) -> _Placement:
+    """Iterated greedy: perturb the placement order, place again, keep changes that are no worse.
+
+    Moves: promote the culprits, or move a few random intervals to random earlier positions.
+    The sequence of tries depends only on `seed`; the budget decides how many run.
+    """
+    rng = random.Random(seed)
+    deadline = time.perf_counter() + budget_s
+    best, order = start
+    current = best
+    iteration = 0
+    while best.height > target and time.perf_counter() < deadline and iteration != max_iterations:
+        iteration += 1
+        if rng.random() < 0.2:
+            candidate_order = _promoted(order, current.culprits(problem.size))
+        else:
+            candidate_order = list(order)
+            for _ in range(rng.randint(1, 3)):
+                item = candidate_order.pop(rng.randrange(len(candidate_order)))
+                candidate_order.insert(rng.randrange(len(candidate_order) + 1), item)
+        placement = placer.place(candidate_order, max_size)
+        if placement.height <= current.height:
+            current, order = placement, candidate_order
+            if placement.height < best.height:
+                best = placement
+    return best
+
+
+def plan_offsets(intervals: Sequence[Interval], alignment: int = 1, planner: str = "best",
+                 budget_s: float | None = None, max_size: int | None = None, seed: int = 0,
+                 max_iterations: int | None = None) -> PlanResult:
+    """Give every interval a chunk and an offset so that no two live intervals share bytes.
+
+    Sizes are padded to `alignment`; chunks hold at most `max_size` bytes, except that an interval
+    bigger than that gets a chunk of its own size and the 16th chunk is unbounded, as in ggml.
+    ``"best"`` and ``"search"`` fall back to ggml's plan if it is smaller. ``"search"`` runs for
+    `budget_s` seconds (default 3) or `max_iterations` tries, whichever ends first.
+    """
+    if planner not in PLANNERS:
+        raise ValueError(f"unknown planner {planner!r}; choose one of {', '.join(map(repr, PLANNERS))}")
+    if max_size is not None and max_size < 1:
+        raise ValueError(f"max_size must be >= 1 or None, got {max_size}")
+    began = time.perf_counter()
+    problem = _Problem(intervals, alignment)
+    target = problem.lower_bound()
+    if planner == "ggml":
+        placement = _plan_ggml(problem, max_size)
+    else:
+        placer = _Placer(problem)
+        start = _plan_best(problem, placer, max_size, target)
+        placement = start[0]
+        if planner == "search":
+            placement = _plan_search(problem, placer, max_size, target, start,
+                                     3.0 if budget_s is None else budget_s, seed, max_iterations)
+        if placement.height > target:
+            online = _plan_ggml(problem, max_size)
+            if online.height < placement.height:
+                placement = online
+    return PlanResult(offsets=dict(zip(problem.ids, placement.offset.tolist())),
+                      chunks=dict(zip(problem.ids, placement.chunk.tolist())),
+                      chunk_sizes=placement.chunk_sizes, lower_bound=target, planner=planner,
+                      alignment=alignment, max_size=max_size, time_s=time.perf_counter() - began)
