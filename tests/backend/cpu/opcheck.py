@@ -14,6 +14,7 @@ from typing import Callable
 import numpy as np
 
 from pyggml.backend.cpu import kernels
+from pyggml.core import ops
 from pyggml.core import types as T
 from pyggml.core.context import Context
 from pyggml.core.graph import Graph
@@ -58,8 +59,9 @@ def _inputs(graph: Graph) -> list[Tensor]:
     return [t for t in graph.leafs if t.op == Op.NONE and t.view_src is None]
 
 
-def run(case: OpCase, seed: int = 0) -> Tensor:
-    """Build the case in an allocating context, fill untouched inputs, compute every node on the CPU."""
+def prepare(case: OpCase, seed: int = 0) -> tuple[Tensor, Graph]:
+    """Build the case in an allocating context and fill untouched inputs: the state before any kernel
+    runs (the ggml peer harness replays it on real ggml)."""
     ctx = Context(no_alloc=False)
     out = case.build(ctx)
     graph = Graph().build_forward_expand(out)
@@ -68,6 +70,12 @@ def run(case: OpCase, seed: int = 0) -> Tensor:
         if T.is_quantized(t.type) or t.type in (T.GGMLType.F32, T.GGMLType.F16, T.GGMLType.BF16):
             if not host_ndarray(t).any():
                 fill_random(t, rng)
+    return out, graph
+
+
+def run(case: OpCase, seed: int = 0) -> Tensor:
+    """Prepare the case, then compute every node on the CPU."""
+    out, graph = prepare(case, seed)
     for node in graph.nodes:
         kernels.compute(node)
     return out
@@ -86,3 +94,32 @@ def check(case: OpCase, seed: int = 0) -> float:
     err = nmse(expected[~inf], actual[~inf])
     assert err <= case.tol, f"{case.name}: NMSE {err:.3g} > {case.tol:g}"
     return err
+
+
+LAYOUTS = ("cont", "perm", "pad")
+
+
+def new_input(ctx: Context, type_, ne, layout: str = "cont", name: str = "x") -> Tensor:
+    """An input tensor of shape ne whose memory is laid out as asked: "cont" (contiguous), "perm" (dims 0 and 1
+    swapped in memory: strided rows) or "pad" (contiguous rows with a gap after each: a strided view)."""
+    ne = list(ne) + [1] * (4 - len(ne))
+    if layout == "cont":
+        return ctx.new_tensor(type_, ne, name=name)
+    if layout == "perm":
+        base = ctx.new_tensor(type_, [ne[1], ne[0], *ne[2:]], name=f"{name}_base")
+        return ops.permute(ctx, base, 1, 0, 2, 3)
+    if layout == "pad":
+        gap = T.blck_size(type_)
+        base = ctx.new_tensor(type_, [ne[0] + gap, *ne[1:]], name=f"{name}_base")
+        return ops.view_4d(ctx, base, *ne, base.nb[1], base.nb[2], base.nb[3], T.type_size(type_))
+    raise ValueError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
+
+
+def stored_as(t: Tensor, x: np.ndarray) -> np.ndarray:
+    """Exact values x rounded the way storing them into t's type rounds them (F16, BF16, ints); float64 out."""
+    x = np.asarray(x, dtype=np.float64)
+    if t.type == T.GGMLType.F32:
+        return x.astype(np.float32).astype(np.float64)
+    if t.type in (T.GGMLType.F16, T.GGMLType.BF16):
+        return T.to_float(t.type, T.from_float(t.type, x.astype(np.float32))).astype(np.float64)
+    return x

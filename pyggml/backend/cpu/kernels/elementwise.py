@@ -53,12 +53,12 @@ def binary(dst: Tensor) -> None:
     """dst = src0 (op) src1 repeated to src0's shape; F32 goes straight into dst's memory."""
     a, b = dst.src[0], dst.src[1]
     ufunc = _BINARY_UFUNCS[dst.op]
-    b8 = as_repeated(as_f32(b))
-    if dst.type == G.F32:
-        ufunc(split_for_repeat(as_f32(a), b.ne[::-1]), b8, out=split_for_repeat(view(dst), b.ne[::-1]))
-    else:
-        result = ufunc(split_for_repeat(as_f32(a), b.ne[::-1]), b8)
-        store(dst, result.reshape(dst.ne[::-1]))
+    a8, b8 = split_for_repeat(as_f32(a), b.ne[::-1]), as_repeated(as_f32(b))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # inf and NaN as C float arithmetic gives
+        if dst.type == G.F32:
+            ufunc(a8, b8, out=split_for_repeat(view(dst), b.ne[::-1]))
+        else:
+            store(dst, ufunc(a8, b8).reshape(dst.ne[::-1]))
 
 
 @kernel(Op.ADD1, supports=lambda t: t.type == t.src[0].type and (
