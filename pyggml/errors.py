@@ -37,6 +37,10 @@ class OutOfBufferSpace(AllocationError):
     """A tensor does not fit in the space left in a buffer."""
 
 
+class BufferIdError(AllocationError, ValueError):
+    """A graph allocator got a buffer id outside its buffers, or a list of ids that does not match the graph."""
+
+
 class BufferError(GGMLError):
     """A buffer was used wrongly: freed, out of bounds, or the wrong kind."""
 

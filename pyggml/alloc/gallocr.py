@@ -1,0 +1,565 @@
+"""GraphAllocator: ggml's graph allocator (gallocr), which plans a graph's compute memory before it runs.
+
+Read top to bottom, as ggml-alloc.c: the in-place op list, the planning pass (ggml's `alloc_graph_impl`:
+leafs first, then INPUT tensors, then every node in order with in-place reuse and freeing after the last
+consumer), the offline re-placement of the same lifetimes, the virtual buffer (up to 16 backend buffers,
+one per chunk) and the allocator itself (reserve, automatic re-plan, alloc_graph).
+
+`planner="ggml"` drives ggml's dynamic allocator node by node and gives ggml's offsets and buffer sizes
+exactly. `planner="best"` (the default) keeps the same lifetimes and in-place decisions, merges every
+in-place chain into one interval and places the intervals offline with `planner.plan_offsets`; it keeps
+ggml's placement whenever that is not larger, so it is never worse than ggml.
+
+Where ggml is unsafe, this allocator is safe:
+
+* The root of an OUTPUT view is never freed, because `Tensor.set_output` flags the root too (ggml HEAD;
+  0.15.3 flags only the view and can overwrite it).
+* ggml compares only node counts and sizes before reusing a plan, so a graph with the same sizes but other
+  edges silently runs on stale offsets. The plan here also records a fingerprint of the graph's edges,
+  ops, INPUT/OUTPUT flags, views and same-layout relations; a changed fingerprint is re-planned (one
+  buffer) or refused with False and a logged reason (several buffers), like any other needed re-plan.
+* `reserve_n_size` followed by `alloc_graph` allocates the planned buffers instead of dereferencing the
+  buffers that `reserve_n_size` released (a crash in ggml 0.15.3).
+* Asserts are exceptions: bad buffer ids or id lists of the wrong length raise BufferIdError before any
+  state changes. A failed buffer allocation returns False as in ggml; the plan stays, and the next
+  `alloc_graph` tries to allocate its buffers again.
+* ggml's in-place branch for view parents is unreachable (a view never owns planned memory) and is left out.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import numpy as np
+
+from pyggml.alloc import planner as offsets
+from pyggml.alloc.plan import BufferPlan, Plan, TensorPlan
+from pyggml.backend.base import SIZE_MAX, BufferType, BufferUsage
+from pyggml.backend.tensor_io import tensor_alloc, view_init
+from pyggml.core.graph import Graph
+from pyggml.core.tensor import Op, Tensor, TensorFlag
+from pyggml.errors import AllocationError, BufferIdError
+
+log = logging.getLogger("pyggml.alloc")
+
+MAX_CHUNKS = offsets.MAX_CHUNKS
+PLANNERS = ("ggml", "best")
+
+INPLACE_OPS = frozenset({
+    Op.FILL, Op.SCALE, Op.DIAG_MASK_ZERO, Op.DIAG_MASK_INF, Op.ADD, Op.ADD_ID, Op.ADD1, Op.SUB, Op.MUL, Op.DIV,
+    Op.SQR, Op.SQRT, Op.LOG, Op.UNARY, Op.ROPE, Op.ROPE_BACK, Op.SILU_BACK, Op.RMS_NORM, Op.RMS_NORM_BACK,
+    Op.SOFT_MAX, Op.SOFT_MAX_BACK,
+})
+"""ggml_op_can_inplace: the ops whose kernels may write over a source."""
+
+_OUTPUT = TensorFlag.OUTPUT
+_INPUT = TensorFlag.INPUT
+_IO = TensorFlag.INPUT | TensorFlag.OUTPUT
+
+
+def _align(size: int, alignment: int) -> int:
+    return -(-size // alignment) * alignment
+
+
+# ----------------------------------------------------------------------------------------------
+# 1. The planning pass (ggml_gallocr_alloc_graph_impl)
+# ----------------------------------------------------------------------------------------------
+
+
+class _Chain:
+    """Bytes handed from tensor to tensor in place: one interval for the offline planner."""
+
+    __slots__ = ("group", "size", "start", "end", "chunk", "offset")
+
+    def __init__(self, group: int, size: int, start: int):
+        self.group, self.size, self.start, self.end = group, size, start, -1
+
+
+class _HashNode:
+    """ggml's hash_node (children, views, buffer id, address, ownership) plus the lifetime it records."""
+
+    __slots__ = ("tensor", "n_children", "n_views", "buffer_id", "chunk", "offset", "allocated", "size",
+                 "first", "last", "handed_over", "parent", "chain")
+
+    def __init__(self, tensor: Tensor):
+        self.tensor = tensor
+        self.n_children = self.n_views = self.buffer_id = 0
+        self.allocated = False
+        self.chain = None
+        self.parent = None
+        self.last = -1
+        self.handed_over = False
+
+
+class _PlanningPass:
+    """One run of ggml's planning over a graph: ggml's offsets in the dynamic allocators, and the lifetimes."""
+
+    def __init__(self, bufts: list[BufferType], groups: list[int], allocators: dict[int, offsets.DynAllocator]):
+        self.bufts, self.groups, self.allocators = bufts, groups, allocators
+        self.hash: dict[int, _HashNode] = {}
+        self.placed: list[_HashNode] = []
+        self.step = 0
+
+    def get(self, t: Tensor) -> _HashNode:
+        hn = self.hash.get(id(t))
+        if hn is None:
+            hn = self.hash[id(t)] = _HashNode(t)
+        return hn
+
+    def allocate_node(self, t: Tensor, buffer_id: int) -> None:
+        hn = self.get(t)
+        if hn.allocated or t.data is not None or t.buffer is not None or t.view_src is not None:
+            return
+        hn.allocated = True
+        hn.first = self.step
+        self.placed.append(hn)
+        if t.op in INPLACE_OPS and self._reuse_parent(t, hn):
+            return
+        hn.size = self.bufts[buffer_id].alloc_size(t)
+        hn.buffer_id = buffer_id
+        hn.chunk, hn.offset = self.allocators[self.groups[buffer_id]].alloc(hn.size)
+        hn.chain = _Chain(self.groups[buffer_id], hn.size, self.step)
+
+    def _reuse_parent(self, t: Tensor, hn: _HashNode) -> bool:
+        """Take over the first source that this node is the last user of (ggml's in-place rules)."""
+        for p in t.src:
+            if p is None:
+                continue
+            p_hn = self.hash.get(id(p))
+            if p_hn is None or not p_hn.allocated:
+                continue  # external memory, a view, or already released
+            if p.flags & _OUTPUT or (p.view_src is not None and p.view_src.flags & _OUTPUT):
+                continue
+            if p.type != t.type or p.ne != t.ne or p.nb != t.nb:
+                continue
+            if p_hn.n_children == 1 and p_hn.n_views == 0:
+                hn.buffer_id, hn.chunk, hn.offset = p_hn.buffer_id, p_hn.chunk, p_hn.offset
+                hn.chain, hn.parent = p_hn.chain, p
+                hn.size = self.bufts[hn.buffer_id].alloc_size(t)
+                p_hn.allocated = False
+                p_hn.last, p_hn.handed_over = self.step, True
+                self._free_extra_space(hn, p_hn)
+                return True
+        return False
+
+    def _free_extra_space(self, hn: _HashNode, p_hn: _HashNode) -> None:
+        """A smaller child gives the tail of its parent's bytes back (only when a buffer type pads sizes)."""
+        alignment = self.bufts[p_hn.buffer_id].alignment
+        if hn.size > p_hn.size:
+            raise AllocationError(f"in-place tensor {hn.tensor.name!r} needs {hn.size} bytes, more than the "
+                                  f"{p_hn.size} bytes of its parent {p_hn.tensor.name!r}")
+        parent_size, node_size = _align(p_hn.size, alignment), _align(hn.size, alignment)
+        if parent_size > node_size:
+            self.allocators[self.groups[p_hn.buffer_id]].free(p_hn.chunk, p_hn.offset + node_size,
+                                                              parent_size - node_size)
+
+    def free_node(self, t: Tensor, hn: _HashNode) -> None:
+        if t.flags & _OUTPUT:
+            return  # outputs are never freed
+        self.allocators[self.groups[hn.buffer_id]].free(hn.chunk, hn.offset, hn.size)
+        hn.allocated = False
+        hn.last = self.step
+        hn.chain.end = self.step
+
+    def run(self, graph: Graph, node_ids: list[int] | None, leaf_ids: list[int] | None) -> None:
+        get, allocate = self.get, self.allocate_node
+        for i, leaf in enumerate(graph.leafs):
+            allocate(leaf, leaf_ids[i] if leaf_ids else 0)
+        # count children and views; place INPUT tensors before anything else so nothing overwrites them
+        for i, node in enumerate(graph.nodes):
+            buffer_id = node_ids[i] if node_ids else 0
+            if node.view_src is not None and node.op != Op.NONE:
+                get(node.view_src).n_views += 1
+            if node.flags & _INPUT:
+                allocate(node, buffer_id)
+            for src in node.src:
+                if src is not None:
+                    get(src).n_children += 1
+                    if src.flags & _INPUT:
+                        allocate(src, buffer_id)
+        hash_ = self.hash
+        for i, node in enumerate(graph.nodes):
+            self.step = i
+            buffer_id = node_ids[i] if node_ids else 0
+            srcs = [s for s in node.src if s is not None]
+            for src in srcs:
+                allocate(src, buffer_id)
+            allocate(node, buffer_id)
+            for p in srcs:
+                p_hn = hash_[id(p)]
+                p_hn.n_children -= 1
+                if p_hn.n_children == 0 and p_hn.n_views == 0:
+                    if p.view_src is not None:
+                        root = p.view_src
+                        r_hn = get(root)
+                        r_hn.n_views -= 1
+                        if r_hn.n_views == 0 and r_hn.n_children == 0 and r_hn.allocated:
+                            self.free_node(root, r_hn)
+                    elif p_hn.allocated:
+                        self.free_node(p, p_hn)
+
+
+# ----------------------------------------------------------------------------------------------
+# 2. From a planning pass to a Plan (ggml's offsets, or the offline planner's when smaller)
+# ----------------------------------------------------------------------------------------------
+
+
+def _close_lifetimes(placed: list[_HashNode], n_steps: int) -> None:
+    """Tensors and chains that were never released live to the last step."""
+    last_step = n_steps - 1
+    for hn in placed:
+        if hn.last < 0:
+            hn.last = max(last_step, hn.first)
+        if hn.chain.end < 0:
+            hn.chain.end = max(last_step, hn.chain.start)
+
+
+def _lower_bound(members: list[_HashNode], alignment: int) -> int:
+    """Peak of live padded bytes; a parent handed over in place stops counting the step before its child."""
+    n = len(members)
+    if not n:
+        return 0
+    first = np.fromiter((hn.first for hn in members), np.int64, n)
+    last = np.fromiter((hn.last - hn.handed_over for hn in members), np.int64, n)
+    size = np.fromiter((_align(hn.size, alignment) for hn in members), np.int64, n)
+    keep = last >= first
+    delta = np.zeros(int(last.max()) + 2, np.int64)
+    np.add.at(delta, first[keep], size[keep])
+    np.add.at(delta, last[keep] + 1, -size[keep])
+    return int(np.cumsum(delta).max())
+
+
+def _unbounded(max_size: int) -> int | None:
+    return None if max_size >= SIZE_MAX // 2 else max_size
+
+
+def _place_offline(members: list[_HashNode], buft: BufferType) -> offsets.PlanResult:
+    """The offline planner over the in-place chains of one allocator (each chain is one interval)."""
+    chains = list({id(hn.chain): hn.chain for hn in members}.values())
+    intervals = [offsets.Interval(k, c.start, c.end + 1, c.size) for k, c in enumerate(chains)]
+    result = offsets.plan_offsets(intervals, alignment=buft.alignment, planner="best",
+                                  max_size=_unbounded(buft.max_size))
+    for k, c in enumerate(chains):
+        c.chunk, c.offset = result.chunks[k], result.offsets[k]
+    return result
+
+
+def _make_plan(run: _PlanningPass, n_steps: int, planner: str) -> Plan:
+    """Collect the pass into a Plan, re-placing each allocator's chains offline when that is smaller."""
+    placed, bufts, groups = run.placed, run.bufts, run.groups
+    _close_lifetimes(placed, n_steps)
+    members: dict[int, list[_HashNode]] = {g: [] for g in run.allocators}
+    for hn in placed:
+        members[groups[hn.buffer_id]].append(hn)
+    buffers = []
+    for i, buft in enumerate(bufts):
+        if groups[i] != i:
+            buffers.append(BufferPlan([], 0, 0, buffers[groups[i]].planner, groups[i]))
+            continue
+        ggml_chunks = run.allocators[i].chunk_sizes
+        chunks, chosen = ggml_chunks, "ggml"
+        if planner == "best" and members[i]:
+            result = _place_offline(members[i], buft)
+            if result.height < sum(ggml_chunks):
+                chunks, chosen = list(result.chunk_sizes), "best"
+                for hn in members[i]:
+                    hn.chunk, hn.offset = hn.chain.chunk, hn.chain.offset
+        buffers.append(BufferPlan(chunks, _lower_bound(members[i], buft.alignment), sum(ggml_chunks), chosen, i))
+    tensors = [TensorPlan(hn.tensor, hn.buffer_id, hn.chunk, hn.offset, _align(hn.size, bufts[hn.buffer_id].alignment),
+                          hn.first, hn.last, hn.parent) for hn in placed]
+    return Plan(tensors, buffers, n_steps, planner)
+
+
+# ----------------------------------------------------------------------------------------------
+# 3. What alloc_graph needs to reuse a plan: ggml's per-position records, and the topology fingerprint
+# ----------------------------------------------------------------------------------------------
+
+TensorAlloc = tuple  # (buffer_id, chunk, offset, size_max); None for views, preallocated and empty slots
+
+
+class _Record:
+    """ggml's node_allocs/leaf_allocs (by graph position) and the fingerprint of the planned graph."""
+
+    def __init__(self, graph: Graph, hash_: dict[int, _HashNode]):
+        def alloc_of(t: Tensor | None) -> TensorAlloc | None:
+            if t is None or t.view_src is not None or t.data is not None:
+                return None
+            hn = hash_.get(id(t))
+            if hn is None or hn.chain is None:
+                return None
+            return hn.buffer_id, hn.chunk, hn.offset, hn.size
+
+        self.leafs = [alloc_of(t) for t in graph.leafs]
+        self.nodes = [(alloc_of(t), tuple(alloc_of(s) for s in _used_slots(t))) for t in graph.nodes]
+        self.fingerprint = fingerprint(graph)
+
+
+def _used_slots(t: Tensor) -> list[Tensor | None]:
+    """The source slots up to the last non-empty one (interior empty slots kept)."""
+    src = t.src
+    n = len(src)
+    while n and src[n - 1] is None:
+        n -= 1
+    return src[:n]
+
+
+def fingerprint(graph: Graph) -> tuple:
+    """What a plan depends on beyond sizes: edges by position, ops, INPUT/OUTPUT flags, views and,
+    for in-place ops, which sources share the node's layout. Tensor identities, data and view
+    offsets are left out, so a rebuilt graph of the same shape (e.g. the next token) matches."""
+    index: dict[int, object] = {id(t): ~i for i, t in enumerate(graph.leafs)}
+    index.update((id(t), i) for i, t in enumerate(graph.nodes))
+
+    def ref(t: Tensor | None):
+        if t is None:
+            return None
+        k = index.get(id(t))
+        if k is None:
+            k = index[id(t)] = ("external", len(index))
+        return k
+
+    leafs = tuple((t.flags & _IO, ref(t.view_src)) for t in graph.leafs)
+    nodes = []
+    for t in graph.nodes:
+        slots = _used_slots(t)
+        same = ()
+        if t.op in INPLACE_OPS:
+            same = tuple(s is not None and s.type == t.type and s.ne == t.ne and s.nb == t.nb for s in slots)
+        nodes.append((t.op, t.flags & _IO, ref(t.view_src), tuple(map(ref, slots)), same))
+    return leafs, tuple(nodes)
+
+
+# ----------------------------------------------------------------------------------------------
+# 4. Virtual buffer: one backend buffer per planned chunk
+# ----------------------------------------------------------------------------------------------
+
+
+class VirtualBuffer:
+    """ggml's vbuffer: the chunks of one buffer id as separate backend buffers (tensors never straddle)."""
+
+    def __init__(self, buft: BufferType, chunk_sizes: list[int]):
+        self.chunks = []
+        try:
+            for size in chunk_sizes:
+                buffer = buft.alloc_buffer(size)
+                buffer.usage = BufferUsage.COMPUTE
+                self.chunks.append(buffer)
+        except BaseException:
+            self.free()
+            raise
+
+    @property
+    def size(self) -> int:
+        return sum(b.size for b in self.chunks)
+
+    def chunk_size(self, chunk: int) -> int:
+        return self.chunks[chunk].size if chunk < len(self.chunks) else 0
+
+    def tensor_alloc(self, t: Tensor, chunk: int, offset: int) -> None:
+        buffer = self.chunks[chunk]
+        tensor_alloc(buffer, t, (buffer.base or 0) + offset)
+
+    def reset(self) -> None:
+        for b in self.chunks:
+            b.reset()
+
+    def free(self) -> None:
+        for b in self.chunks:
+            if not b.is_freed:
+                b.free()
+        self.chunks = []
+
+
+# ----------------------------------------------------------------------------------------------
+# 5. The graph allocator
+# ----------------------------------------------------------------------------------------------
+
+
+class GraphAllocator:
+    """Plans and allocates graphs into one compute buffer per buffer type (ggml_gallocr).
+
+    `GraphAllocator(buft)` or `GraphAllocator([buft0, buft1, ...])`; the same buffer type object given
+    twice shares one allocator and one buffer. `debug=True` (or PYGGML_DEBUG_ALLOC=1) verifies every plan.
+    """
+
+    def __init__(self, bufts: BufferType | list[BufferType], planner: str = "best", debug: bool | None = None):
+        bufts = list(bufts) if isinstance(bufts, (list, tuple)) else [bufts]
+        if not bufts:
+            raise AllocationError("a graph allocator needs at least one buffer type")
+        if planner not in PLANNERS:
+            raise AllocationError(f"unknown planner {planner!r}; expected one of {PLANNERS}")
+        self.bufts = bufts
+        self.planner = planner
+        self.debug = os.environ.get("PYGGML_DEBUG_ALLOC") == "1" if debug is None else debug
+        self._groups = [next(j for j in range(i + 1) if bufts[j] is bufts[i]) for i in range(len(bufts))]
+        self._buffers: list[VirtualBuffer | None] = [None] * len(bufts)
+        self._plan: Plan | None = None
+        self._record: _Record | None = None
+
+    def __repr__(self) -> str:
+        return f"GraphAllocator({[b.name for b in self.bufts]}, planner={self.planner!r})"
+
+    @property
+    def n_buffers(self) -> int:
+        return len(self.bufts)
+
+    @property
+    def plan(self) -> Plan | None:
+        """The latest plan (None before the first reserve)."""
+        return self._plan
+
+    # ----- reserve ---------------------------------------------------------------------------------
+
+    def reserve(self, graph: Graph) -> bool:
+        """Plan the graph with everything on buffer 0 and allocate the buffers; False if allocation failed."""
+        return self.reserve_n(graph)
+
+    def reserve_n(self, graph: Graph, node_buffer_ids: list[int] | None = None,
+                  leaf_buffer_ids: list[int] | None = None) -> bool:
+        """Plan with a buffer id per node and per leaf (None: all 0) and grow the buffers that need it."""
+        self._replan(graph, node_buffer_ids, leaf_buffer_ids)
+        return self._realloc(no_alloc=False)
+
+    def reserve_n_size(self, graph: Graph, node_buffer_ids: list[int] | None = None,
+                       leaf_buffer_ids: list[int] | None = None) -> list[int]:
+        """Plan without allocating and return the size per buffer id (shared buffers are counted per id,
+        as in ggml). Buffers that would have to grow are released; the next alloc_graph allocates them."""
+        self._replan(graph, node_buffer_ids, leaf_buffer_ids)
+        self._realloc(no_alloc=True)
+        return [self._plan.buffers[g].size for g in self._groups]
+
+    def _check_ids(self, graph: Graph, ids: list[int] | None, n: int, what: str) -> list[int] | None:
+        if ids is None:
+            return None
+        ids = [int(i) for i in ids]
+        if len(ids) != n:
+            raise BufferIdError(f"{what}_buffer_ids has {len(ids)} entries, but the graph has {n} {what}s")
+        bad = next((k for k, b in enumerate(ids) if not 0 <= b < self.n_buffers), None)
+        if bad is not None:
+            tensors = graph.nodes if what == "node" else graph.leafs
+            raise BufferIdError(f"{what} {bad} ({tensors[bad].name!r}) has buffer id {ids[bad]}, but the allocator "
+                                f"has {self.n_buffers} buffers (ids 0..{self.n_buffers - 1})")
+        return ids
+
+    def _replan(self, graph: Graph, node_ids, leaf_ids) -> None:
+        node_ids = self._check_ids(graph, node_ids, graph.n_nodes, "node")
+        leaf_ids = self._check_ids(graph, leaf_ids, graph.n_leafs, "leaf")
+        started = time.perf_counter()
+        allocators = {g: offsets.DynAllocator(self.bufts[g].alignment, self.bufts[g].max_size)
+                      for g in sorted(set(self._groups))}
+        run = _PlanningPass(self.bufts, self._groups, allocators)
+        run.run(graph, node_ids, leaf_ids)
+        plan = _make_plan(run, max(graph.n_nodes, 1), self.planner)
+        record = _Record(graph, run.hash)
+        plan.time_s = time.perf_counter() - started
+        if self.debug:
+            plan.verify()
+        self._plan, self._record = plan, record
+
+    def _realloc(self, no_alloc: bool) -> bool:
+        """Grow the buffers whose planned chunks no longer fit (a re-allocation re-creates every chunk)."""
+        ok = True
+        for i in sorted(set(self._groups)):
+            new = self._plan.buffers[i].chunk_sizes
+            current = self._buffers[i]
+            if current is not None and all(size <= current.chunk_size(c) for c, size in enumerate(new)):
+                continue
+            if current is not None:
+                log.debug("reallocating %s buffer from %d to %d bytes", self.bufts[i].name, current.size, sum(new))
+                current.free()
+            self._buffers[i] = None
+            if no_alloc:
+                continue
+            try:
+                self._buffers[i] = VirtualBuffer(self.bufts[i], new)
+            except (AllocationError, MemoryError) as e:
+                log.error("failed to allocate %s buffer of size %d: %s", self.bufts[i].name, sum(new), e)
+                ok = False
+                break
+        for i, g in enumerate(self._groups):
+            self._buffers[i] = self._buffers[g]
+        return ok
+
+    # ----- alloc_graph ----------------------------------------------------------------------------
+
+    def _realloc_reason(self, graph: Graph) -> str | None:
+        """Why the recorded plan cannot be reused for this graph (ggml's needs_realloc, plus topology)."""
+        rec = self._record
+        if rec is None:
+            return "nothing was reserved yet"
+        if graph.n_nodes != len(rec.nodes) or graph.n_leafs != len(rec.leafs):
+            return (f"the graph has {graph.n_nodes} nodes and {graph.n_leafs} leafs, the plan "
+                    f"{len(rec.nodes)} and {len(rec.leafs)}")
+        for i, node in enumerate(graph.nodes):
+            dst, srcs = rec.nodes[i]
+            if not self._fits(node, dst):
+                return f"node {i} ({node.name!r}) does not fit its planned memory"
+            for j, src in enumerate(node.src):
+                if src is not None and not self._fits(src, srcs[j] if j < len(srcs) else None):
+                    return f"source {j} ({src.name!r}) of node {i} ({node.name!r}) does not fit its planned memory"
+        if fingerprint(graph) != rec.fingerprint:
+            return "the graph's topology (edges, ops, flags or views) differs from the planned one"
+        return None
+
+    def _fits(self, t: Tensor, ta: TensorAlloc | None) -> bool:
+        if t.data is not None or t.view_src is not None:
+            return True
+        if ta is None:
+            return t.buffer is not None
+        return ta[3] >= self.bufts[ta[0]].alloc_size(t)
+
+    def alloc_graph(self, graph: Graph) -> bool:
+        """Give every tensor of the graph its planned memory, re-planning first if needed (one buffer only).
+
+        Returns False when a re-plan is needed with several buffers (call reserve_n) or allocation failed.
+        """
+        reason = self._realloc_reason(graph)
+        if reason is not None:
+            if self.n_buffers > 1:
+                log.warning("cannot re-plan a graph with %d buffers automatically (%s); call reserve_n",
+                            self.n_buffers, reason)
+                return False
+            log.debug("re-planning automatically: %s", reason)
+            if not self.reserve(graph):
+                return False
+        elif any(b is None for b in self._buffers) and not self._realloc(no_alloc=False):
+            return False
+        for g in sorted(set(self._groups)):
+            self._buffers[g].reset()
+        rec = self._record
+        for leaf, ta in zip(graph.leafs, rec.leafs):
+            self._init_tensor(leaf, ta)
+        for node, (dst, srcs) in zip(graph.nodes, rec.nodes):
+            for j, src in enumerate(node.src):
+                if src is not None:
+                    self._init_tensor(src, srcs[j] if j < len(srcs) else None)
+            self._init_tensor(node, dst)
+        return True
+
+    def _init_tensor(self, t: Tensor, ta: TensorAlloc | None) -> None:
+        if t.view_src is not None:
+            if t.buffer is None and t.view_src.buffer is not None:
+                view_init(t)
+        elif t.data is None and ta is not None:
+            self._buffers[ta[0]].tensor_alloc(t, ta[1], ta[2])
+
+    # ----- sizes and cleanup ------------------------------------------------------------------------
+
+    def get_buffer_size(self, buffer_id: int) -> int:
+        """Bytes allocated for a buffer id; 0 before allocation and for ids sharing an earlier id's buffer."""
+        if not 0 <= buffer_id < self.n_buffers:
+            raise BufferIdError(f"buffer id {buffer_id} is outside 0..{self.n_buffers - 1}")
+        buffer = self._buffers[buffer_id]
+        if buffer is None or self._groups[buffer_id] != buffer_id:
+            return 0
+        return buffer.size
+
+    def free(self) -> None:
+        """Release every buffer (shared ones once) and forget the plan."""
+        for g in sorted(set(self._groups)):
+            if self._buffers[g] is not None:
+                self._buffers[g].free()
+        self._buffers = [None] * self.n_buffers
+        self._plan = self._record = None
