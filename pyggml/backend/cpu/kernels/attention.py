@@ -1,1 +1,208 @@
-"""(being written)"""
+"""CPU kernels for DIAG_MASK_*, SOFT_MAX, ROPE and FLASH_ATTN_EXT, following ggml's float32 steps where it matters.
+
+Softmax sums in float64 as ggml does; rope rebuilds ggml's angle cache exactly (theta *= theta_scale in
+float32, one factor per pair of dims), since angles of long positions amplify any rounding difference.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from pyggml.backend.cpu.kernels import kernel
+from pyggml.backend.cpu.kernels._common import as_f32, store, view
+from pyggml.core.ops.attention import RopeType, rope_yarn_corr_dims
+from pyggml.core.tensor import Op, Tensor
+from pyggml.core.types import GGMLType
+
+F32, F16, BF16 = GGMLType.F32, GGMLType.F16, GGMLType.BF16
+
+
+# ----- causal masks -------------------------------------------------------------------------------
+
+def _supports_diag_mask(dst: Tensor) -> bool:
+    return dst.type == F32 and dst.src[0].type == F32
+
+
+def _diag_mask(dst: Tensor, value: float) -> None:
+    """Copy src into dst (a no-op in place) and write value where column i > n_past + row j."""
+    out = view(dst)
+    np.copyto(out, view(dst.src[0]))
+    n_past = dst.op_params_i32(0)
+    cols, rows = dst.ne[0], dst.ne[1]
+    out[:, :, np.arange(cols)[None, :] > n_past + np.arange(rows)[:, None]] = value
+
+
+@kernel(Op.DIAG_MASK_INF, supports=_supports_diag_mask)
+def diag_mask_inf(dst: Tensor) -> None:
+    _diag_mask(dst, -np.inf)
+
+
+@kernel(Op.DIAG_MASK_ZERO, supports=_supports_diag_mask)
+def diag_mask_zero(dst: Tensor) -> None:
+    _diag_mask(dst, 0.0)
+
+
+# ----- softmax ------------------------------------------------------------------------------------
+
+def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
+    """ALiBi's per-head slope (1 for every head when max_bias is 0), as ggml's soft_max and flash_attn compute it."""
+    if max_bias <= 0.0:
+        return np.ones(n_head, dtype=np.float32)
+    n_head_log2 = 1 << int(math.floor(math.log2(n_head)))
+    m0 = np.float32(2.0 ** (-max_bias / n_head_log2))
+    m1 = np.float32(2.0 ** (-(max_bias / 2.0) / n_head_log2))
+    h = np.arange(n_head)
+    slopes = np.where(h < n_head_log2, np.float64(m0) ** (h + 1), np.float64(m1) ** (2 * (h - n_head_log2) + 1))
+    return slopes.astype(np.float32)
+
+
+def _tiled(x: np.ndarray, reps_shape) -> np.ndarray:
+    """x (ne3, ne2, ..) split so that a (m3, m2, ..) tensor broadcasts over it by index modulo (ggml's mask reuse)."""
+    m3, m2 = reps_shape
+    return np.reshape(x, (x.shape[0] // m3, m3, x.shape[1] // m2, m2, *x.shape[2:]), copy=False)
+
+
+def _supports_soft_max(dst: Tensor) -> bool:
+    a, mask, sinks = dst.src[0], dst.src[1], dst.src[2]
+    return (dst.type == F32 and a.type == F32 and (mask is None or mask.type in (F32, F16))
+            and (sinks is None or sinks.type == F32))
+
+
+@kernel(Op.SOFT_MAX, supports=_supports_soft_max)
+def soft_max(dst: Tensor) -> None:
+    """softmax(a*scale + slope[head]*mask) over each row, with optional per-head sinks in the denominator."""
+    a, mask, sinks = dst.src[0], dst.src[1], dst.src[2]
+    scale, max_bias = dst.op_params_f32(0), dst.op_params_f32(1)
+    out = view(dst)
+    np.multiply(view(a), np.float32(scale), out=out)
+    if mask is not None:
+        m = as_f32(mask)[:, :, : a.ne[1], :]
+        m3, m2 = m.shape[:2]
+        slopes = alibi_slopes(a.ne[2], max_bias).reshape(1, 1, a.ne[2] // m2, m2, 1, 1)
+        tiled = _tiled(out, (m3, m2))
+        tiled += slopes * m[None, :, None, :, :, :]
+    peak = out.max(axis=-1, keepdims=True)
+    sink = as_f32(sinks).reshape(1, -1, 1, 1) if sinks is not None else None
+    if sink is not None:
+        np.maximum(peak, sink, out=peak)
+    out -= peak
+    np.exp(out, out=out)
+    total = out.sum(axis=-1, keepdims=True, dtype=np.float64)
+    if sink is not None:
+        total += np.exp(sink - peak)
+    out *= (1.0 / total).astype(np.float32)
+
+
+# ----- rotary position embedding -------------------------------------------------------------------
+
+def _supports_rope(dst: Tensor) -> bool:
+    a, pos, factors = dst.src[0], dst.src[1], dst.src[2]
+    return (a.type in (F32, F16) and dst.type == a.type and pos.type == GGMLType.I32
+            and dst.op_params_i32(2) in (RopeType.NORMAL, RopeType.NEOX)
+            and (factors is None or factors.type == F32))
+
+
+def _yarn_ramp(low: float, high: float, n_pairs: int) -> np.ndarray:
+    """rope_yarn_ramp for pair i (ggml's i0/2): 1 below `low`, 0 above `high`, linear between (float32)."""
+    y = (np.arange(n_pairs, dtype=np.float32) - np.float32(low)) / np.float32(max(0.001, high - low))
+    return np.float32(1) - np.minimum(np.float32(1), np.maximum(np.float32(0), y))
+
+
+def rope_cos_sin(dst: Tensor, positions: np.ndarray, freq_factors: np.ndarray | None):
+    """cos and sin (times the magnitude scale) per (position, pair), as ggml_rope_cache_init + rope_yarn compute them."""
+    n_dims = dst.op_params_i32(1)
+    n_ctx_orig = dst.op_params_i32(4)
+    freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow = (
+        np.float32(dst.op_params_f32(i)) for i in range(5, 11))
+    n_pairs = n_dims // 2
+    theta_scale = np.float32(float(freq_base) ** float(np.float32(-2.0) / np.float32(n_dims)))
+    steps = np.full((len(positions), n_pairs), theta_scale, dtype=np.float32)
+    steps[:, 0] = positions.astype(np.float32)
+    theta_extrap = np.multiply.accumulate(steps, axis=1)   # theta *= theta_scale, in float32, like ggml
+    if freq_factors is not None:
+        theta_extrap /= freq_factors[:n_pairs]
+    theta = freq_scale * theta_extrap
+    mscale = attn_factor
+    if ext_factor != 0:
+        low, high = rope_yarn_corr_dims(n_dims, n_ctx_orig, float(freq_base), float(beta_fast), float(beta_slow))
+        ramp_mix = _yarn_ramp(low, high, n_pairs) * ext_factor
+        theta = theta * (np.float32(1) - ramp_mix) + theta_extrap * ramp_mix
+        mscale = mscale * (np.float32(1) + np.float32(0.1) * np.float32(math.log(np.float32(1) / freq_scale)))
+    theta64 = theta.astype(np.float64)  # cosf/sinf are correctly rounded; float64 then rounding matches them
+    return np.cos(theta64).astype(np.float32) * mscale, np.sin(theta64).astype(np.float32) * mscale
+
+
+@kernel(Op.ROPE, supports=_supports_rope)
+def rope(dst: Tensor) -> None:
+    """Rotate pairs (x0, x1) of the first n_dims of each row by the token's angles; copy the rest."""
+    a, pos, factors = dst.src[0], dst.src[1], dst.src[2]
+    n_dims, mode = dst.op_params_i32(1), dst.op_params_i32(2)
+    cos, sin = rope_cos_sin(dst, view(pos).reshape(-1), as_f32(factors).reshape(-1) if factors is not None else None)
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]        # (1, tokens, 1, pairs) against (ne3, ne2, ne1, ..)
+    x = as_f32(a)
+    first, second = ((slice(0, n_dims, 2), slice(1, n_dims, 2)) if mode == RopeType.NORMAL
+                     else (slice(0, n_dims // 2), slice(n_dims // 2, n_dims)))
+    x0, x1 = x[..., first], x[..., second]
+    rotated0 = x0 * cos - x1 * sin
+    rotated1 = x0 * sin + x1 * cos
+    out = view(dst)
+    if n_dims < a.ne[0]:
+        out[..., n_dims:] = view(a)[..., n_dims:]
+    out[..., first] = rotated0
+    out[..., second] = rotated1
+
+
+# ----- flash attention ------------------------------------------------------------------------------
+
+def _supports_flash_attn(dst: Tensor) -> bool:
+    q, k, v, mask, sinks = dst.src[:5]
+    return (dst.type == F32 and q.type in (F32, F16) and k.type in (F32, F16, BF16) and v.type in (F32, F16, BF16)
+            and (mask is None or mask.type in (F16, F32)) and (sinks is None or sinks.type == F32))
+
+
+def _grouped(x: np.ndarray, n_groups: int) -> np.ndarray:
+    """(ne3, n_head, ..) -> (ne3, n_groups, n_head / n_groups, ..): consecutive heads share one K/V head."""
+    return x.reshape(x.shape[0], n_groups, x.shape[1] // n_groups, *x.shape[2:])
+
+
+@kernel(Op.FLASH_ATTN_EXT, supports=_supports_flash_attn)
+def flash_attn_ext(dst: Tensor) -> None:
+    """softmax(softcap(q·kᵀ*scale) + slope*mask (+ sinks)) · v, written in ggml's permuted [d_v, head, token] order.
+
+    A row whose keys are all masked (and has no sink) gives zeros, as in ggml (S == 0).
+    """
+    q, k, v, mask, sinks = dst.src[:5]
+    scale, max_bias, softcap = (dst.op_params_f32(i) for i in range(3))
+    n_head, n_kv = q.ne[2], k.ne[1]
+    qs = as_f32(q)                                             # (ne3, head, token, d_k)
+    ks = as_f32(k)                                             # (ne3, head_kv, kv, d_k)
+    scores = np.matmul(_grouped(qs, k.ne[2]), ks[:, :, None].swapaxes(-1, -2)).reshape(
+        q.ne[3], n_head, q.ne[1], n_kv)                        # (ne3, head, token, kv)
+    if softcap != 0.0:
+        scores *= np.float32(scale / softcap)
+        np.tanh(scores, out=scores)
+        scores *= np.float32(softcap)
+    else:
+        scores *= np.float32(scale)
+    if mask is not None:
+        m = as_f32(mask)[:, :, : q.ne[1], :n_kv]
+        m3, m2 = m.shape[:2]
+        slopes = alibi_slopes(n_head, max_bias).reshape(1, 1, n_head // m2, m2, 1, 1)
+        tiled = _tiled(scores, (m3, m2))
+        tiled += slopes * m[None, :, None, :, :, :]
+    peak = scores.max(axis=-1, keepdims=True)
+    sink = as_f32(sinks).reshape(1, -1, 1, 1) if sinks is not None else None
+    if sink is not None:
+        np.maximum(peak, sink, out=peak)
+    peak[np.isneginf(peak)] = 0  # a fully masked row: exp() gives zeros (and a zero result), not NaN
+    scores -= peak
+    np.exp(scores, out=scores)
+    total = scores.sum(axis=-1, keepdims=True)
+    if sink is not None:
+        total += np.exp(sink - peak)
+    weighted = np.matmul(_grouped(scores, v.ne[2]), as_f32(v)[:, :, None]).reshape(
+        q.ne[3], n_head, q.ne[1], v.ne[0])                     # (ne3, head, token, d_v)
+    np.divide(weighted, total, out=weighted, where=total != 0)
+    store(dst, weighted.transpose(0, 2, 1, 3))

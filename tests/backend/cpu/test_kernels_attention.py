@@ -1,0 +1,97 @@
+"""CPU kernels for diag_mask, soft_max, rope and flash_attn_ext against float64 NumPy references."""
+
+import numpy as np
+import pytest
+from opcases_attention import CASES, _causal_mask
+from opcheck import check, fill_random, nmse, values
+
+from pyggml.backend.cpu import kernels
+from pyggml.core import ops
+from pyggml.core.context import Context
+from pyggml.core.graph import Graph
+from pyggml.core.tensor import host_ndarray
+from pyggml.core.types import GGMLType
+
+F32, F16 = GGMLType.F32, GGMLType.F16
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_matches_reference(case):
+    check(case)
+
+
+def _compute(out):
+    for node in Graph().build_forward_expand(out).nodes:
+        kernels.compute(node)
+
+
+@pytest.mark.parametrize("inplace, plain", [(ops.soft_max_inplace, ops.soft_max),
+                                            (lambda c, a: ops.diag_mask_inf_inplace(c, a, 1),
+                                             lambda c, a: ops.diag_mask_inf(c, a, 1))])
+def test_inplace_variants_write_into_a(inplace, plain):
+    ctx = Context()
+    a = ctx.new_tensor(F32, (8, 4, 2), name="a")
+    fill_random(a, np.random.default_rng(0))
+    expected = plain(ctx, a)
+    _compute(expected)
+    out = inplace(ctx, a)
+    _compute(out)
+    assert out.view_src is a
+    assert np.array_equal(host_ndarray(a), host_ndarray(expected))
+
+
+def test_rope_inplace_matches_rope():
+    ctx = Context()
+    a = ctx.new_tensor(F32, (16, 2, 3), name="a")
+    pos = ctx.new_tensor(GGMLType.I32, (3,), name="pos")
+    fill_random(a, np.random.default_rng(0))
+    host_ndarray(pos)[...] = [5, 0, 17]
+    expected = ops.rope(ctx, a, pos, 16, ops.RopeType.NEOX)
+    _compute(expected)
+    _compute(ops.rope_inplace(ctx, a, pos, 16, ops.RopeType.NEOX))
+    assert np.array_equal(host_ndarray(a), host_ndarray(expected))
+
+
+def test_flash_attn_matches_soft_max_path():
+    """flash_attn_ext equals mul_mat + soft_max_ext + mul_mat, the unfused graph ggml builds without FA."""
+    ctx = Context()
+    d, n_kv, n_tok, n_head = 16, 12, 4, 2
+    q = ctx.new_tensor(F32, (d, n_tok, n_head), name="q")
+    k = ctx.new_tensor(F32, (d, n_kv, n_head), name="k")
+    v = ctx.new_tensor(F32, (d, n_kv, n_head), name="v")
+    mask = _causal_mask(ctx, F16, n_kv, n_tok)
+    rng = np.random.default_rng(2)
+    for t in (q, k, v):
+        fill_random(t, rng)
+    fa = ops.flash_attn_ext(ctx, q, k, v, mask, 0.25, 0.0, 0.0)
+    kq = ops.soft_max_ext(ctx, ops.mul_mat(ctx, k, q), mask, 0.25, 0.0)
+    vt = ctx.new_tensor(F32, (n_kv, d, n_head), name="vt")
+    host_ndarray(vt)[...] = host_ndarray(v).swapaxes(-1, -2)
+    kqv = ops.mul_mat(ctx, vt, kq)                       # [d, n_tok, n_head]
+    _compute(fa)
+    _compute(kqv)
+    assert nmse(values(kqv).transpose(0, 2, 1, 3), values(fa)) < 1e-10
+
+
+def test_flash_attn_fully_masked_row_is_zero():
+    ctx = Context()
+    q = ctx.new_tensor(F32, (8, 2, 1), name="q")
+    k = ctx.new_tensor(F32, (8, 4, 1), name="k")
+    v = ctx.new_tensor(F32, (8, 4, 1), name="v")
+    mask = ctx.new_tensor(F16, (4, 2), name="mask")
+    host_ndarray(mask)[...] = np.array([[0, 0, -np.inf, -np.inf], [-np.inf] * 4], dtype=np.float16)
+    for t in (q, k, v):
+        fill_random(t, np.random.default_rng(0))
+    out = ops.flash_attn_ext(ctx, q, k, v, mask, 1.0, 0.0, 0.0)
+    _compute(out)
+    res = host_ndarray(out)
+    assert np.all(res[0, 1] == 0) and np.all(np.isfinite(res)) and np.any(res[0, 0] != 0)
+
+
+def test_rope_unsupported_modes_are_reported():
+    ctx = Context(no_alloc=True)
+    a = ctx.new_tensor(F32, (16, 2, 3))
+    pos = ctx.new_tensor(GGMLType.I32, (12,))
+    assert not kernels.supports(ops.attention._rope(ctx, a, pos, None, 16, ops.RopeType.MROPE, 0, 1e4, 1, 0, 1, 0, 0,
+                                                    False))
+    assert kernels.supports(ops.rope(ctx, a, ctx.new_tensor(GGMLType.I32, (3,)), 16, 0))
