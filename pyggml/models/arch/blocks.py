@@ -1,0 +1,124 @@
+"""Graph pieces every decoder architecture shares: the per-step inputs, norms, attention over the KV cache, FFNs.
+
+Each function adds ggml ops to one step's context, in the order llama.cpp's graph builders use,
+so that the graphs (and so the numbers) stay comparable with llama.cpp's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from pyggml.core import Context, GGMLType, Graph, Tensor
+from pyggml.core import ops
+
+ROPE_NORMAL = 0
+ROPE_NEOX = 2
+
+
+@dataclass
+class Step:
+    """One forward graph: its context, graph, sizes and input tensors (filled by the model after allocation).
+
+    Cells [0, n_kv) of the KV cache are attended; this step's tokens go to cells [pos0, pos0 + n_tokens).
+    `out_ids` selects the rows whose logits are computed (None: every row).
+    """
+
+    ctx: Context
+    graph: Graph
+    pos0: int
+    n_tokens: int
+    n_outputs: int
+    tokens: Tensor
+    positions: Tensor
+    out_ids: Tensor | None
+    masks: dict = field(default_factory=dict)  # window (None = full causal) -> F32 [n_kv, n_tokens] input
+
+    @property
+    def n_kv(self) -> int:
+        return self.pos0 + self.n_tokens
+
+    @classmethod
+    def new(cls, pos0: int, n_tokens: int, n_outputs: int, graph_size: int = 8192) -> Step:
+        ctx = Context(no_alloc=True)
+        tokens = ctx.new_tensor_1d(GGMLType.I32, n_tokens, "inp_tokens").set_input()
+        positions = ctx.new_tensor_1d(GGMLType.I32, n_tokens, "inp_pos").set_input()
+        out_ids = None
+        if n_outputs < n_tokens:
+            out_ids = ctx.new_tensor_1d(GGMLType.I32, n_outputs, "inp_out_ids").set_input()
+        return cls(ctx, Graph(graph_size), pos0, n_tokens, n_outputs, tokens, positions, out_ids)
+
+    def mask(self, window: int | None = None) -> Tensor:
+        """The attention mask input for a layer with this sliding window (one tensor per distinct window)."""
+        if window not in self.masks:
+            name = "kq_mask" if window is None else f"kq_mask_swa{window}"
+            self.masks[window] = self.ctx.new_tensor_2d(GGMLType.F32, self.n_kv, self.n_tokens, name).set_input()
+        return self.masks[window]
+
+    def select_outputs(self, *tensors: Tensor) -> list[Tensor]:
+        """Keep only the rows that need logits (llama.cpp's inp_out_ids on the last layer)."""
+        if self.out_ids is None:
+            return list(tensors)
+        return [ops.get_rows(self.ctx, t, self.out_ids) for t in tensors]
+
+
+def rms_norm(ctx: Context, x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    return ops.mul(ctx, ops.rms_norm(ctx, x, eps), weight)
+
+
+def layer_norm(ctx: Context, x: Tensor, weight: Tensor, bias: Tensor | None, eps: float) -> Tensor:
+    x = ops.mul(ctx, ops.norm(ctx, x, eps), weight)
+    return ops.add(ctx, x, bias) if bias is not None else x
+
+
+def linear(ctx: Context, w: Tensor, x: Tensor, bias: Tensor | None = None) -> Tensor:
+    y = ops.mul_mat(ctx, w, x)
+    return ops.add(ctx, y, bias) if bias is not None else y
+
+
+@dataclass(frozen=True)
+class Rope:
+    """ggml_rope_ext's parameters for one layer (no YaRN: ext_factor 0, attn_factor 1)."""
+
+    n_dims: int
+    mode: int
+    freq_base: float
+    freq_scale: float = 1.0
+    n_ctx_orig: int = 0
+
+    def apply(self, step: Step, x: Tensor) -> Tensor:
+        return ops.rope_ext(step.ctx, x, step.positions, None, self.n_dims, self.mode, self.n_ctx_orig,
+                            self.freq_base, self.freq_scale, 0.0, 1.0, 32.0, 1.0)
+
+
+def attention(step: Step, kv, il: int, q: Tensor, k: Tensor, v: Tensor, kq_scale: float,
+              window: int | None = None) -> Tensor:
+    """Store k, v for this step in the cache and attend q over cells [0, n_kv): softmax(scale·qkᵀ + mask)·v.
+
+    q is [head_dim, n_head, n_tokens], k and v [head_dim, n_head_kv, n_tokens]; the result is
+    [head_dim·n_head, n_tokens]. Query head h reads KV head h // (n_head / n_head_kv) (mul_mat broadcasting).
+    """
+    ctx = step.ctx
+    kv.store(step, il, k, v)
+    k_all, v_all = kv.views(ctx, il, step.n_kv)
+    q = ops.permute(ctx, q, 0, 2, 1, 3)                       # [head_dim, n_tokens, n_head]
+    kq = ops.mul_mat(ctx, k_all, q)                           # [n_kv, n_tokens, n_head]
+    kq = ops.soft_max_ext(ctx, kq, step.mask(window), kq_scale, 0.0)
+    kqv = ops.mul_mat(ctx, v_all, kq)                         # [head_dim, n_tokens, n_head]
+    out = ops.permute(ctx, kqv, 0, 2, 1, 3)                   # [head_dim, n_head, n_tokens]
+    return ops.cont_2d(ctx, out, q.ne[0] * q.ne[2], step.n_tokens)
+
+
+def default_kq_scale(head_dim: int) -> float:
+    return 1.0 / math.sqrt(head_dim)
+
+
+_REQUIRED = object()
+
+
+def hparam(gguf, key: str, default=_REQUIRED):
+    """`<architecture>.<key>` from the GGUF metadata; GGUFError names the key when a required one is missing."""
+    full = f"{gguf.architecture}.{key}"
+    if default is _REQUIRED:
+        return gguf.require(full)
+    return gguf.get(full, default)

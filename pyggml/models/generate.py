@@ -1,0 +1,84 @@
+"""Sampling the next token from logits, with llama.cpp's default chain and order:
+repetition penalty, top-k, top-p, min-p, temperature, then a draw (or argmax when temperature <= 0)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    seed: int | None = None
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+def apply_repeat_penalty(logits: np.ndarray, recent, penalty: float) -> np.ndarray:
+    """llama.cpp's penalty: positive logits of recently seen tokens divided by it, negative ones multiplied."""
+    if penalty == 1.0 or not len(recent):
+        return logits
+    out = logits.copy()
+    ids = np.unique(np.asarray(recent, dtype=np.int64))
+    seen = out[ids]
+    out[ids] = np.where(seen <= 0, seen * penalty, seen / penalty)
+    return out
+
+
+def keep_top_k(logits: np.ndarray, k: int) -> np.ndarray:
+    if k <= 0 or k >= logits.size:
+        return logits
+    cut = np.partition(logits, -k)[-k]
+    return np.where(logits >= cut, logits, -np.inf)
+
+
+def keep_top_p(logits: np.ndarray, p: float) -> np.ndarray:
+    """The smallest set of most likely tokens whose probabilities add up to at least p."""
+    if p >= 1.0:
+        return logits
+    order = np.argsort(-logits, kind="stable")
+    cum = np.cumsum(_softmax(logits)[order])
+    n_keep = int(np.searchsorted(cum, p) + 1)
+    out = np.full_like(logits, -np.inf)
+    out[order[:n_keep]] = logits[order[:n_keep]]
+    return out
+
+
+def keep_min_p(logits: np.ndarray, p: float) -> np.ndarray:
+    """Tokens at least p times as likely as the most likely one."""
+    if p <= 0.0:
+        return logits
+    return np.where(logits >= logits.max() + np.log(p), logits, -np.inf)
+
+
+class Sampler:
+    """Picks tokens from logits; keeps the recent tokens for the penalty and its own random generator."""
+
+    def __init__(self, params: SamplingParams = SamplingParams()):
+        self.params = params
+        self.rng = np.random.default_rng(params.seed)
+        self.recent: list[int] = []
+
+    def accept(self, token: int) -> None:
+        """Remember a token for the penalty window (repeat_last_n <= 0 disables the window)."""
+        keep = self.params.repeat_last_n
+        self.recent = (self.recent + [int(token)])[-keep:] if keep > 0 else []
+
+    def sample(self, logits: np.ndarray) -> int:
+        p = self.params
+        x = apply_repeat_penalty(np.asarray(logits, dtype=np.float32).ravel(), self.recent, p.repeat_penalty)
+        if p.temperature <= 0.0:
+            return int(np.argmax(x))
+        x = keep_min_p(keep_top_p(keep_top_k(x, p.top_k), p.top_p), p.min_p)
+        probs = _softmax(x.astype(np.float64) / p.temperature)
+        return int(self.rng.choice(probs.size, p=probs))

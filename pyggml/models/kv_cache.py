@@ -1,0 +1,75 @@
+"""The KV cache: per layer, the keys and values of every position seen so far, in a buffer of its own.
+
+One sequence, cells = positions: a step writes its tokens' K and V into cells [pos0, pos0 + n) with
+`cpy` into views, and its queries read cells [0, pos0 + n). K rows are positions ([n_embd_k, size]);
+V is stored transposed ([size, n_embd_v]) so that softmax(KQ)·V is a plain mul_mat, as in llama.cpp
+without flash attention. Sliding-window layers keep all cells too; their mask hides the old ones.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pyggml.core import Context, GGMLType, Tensor
+from pyggml.core import ops
+from pyggml.core import types as T
+from pyggml.errors import AllocationError
+
+
+class KVCache:
+    def __init__(self, backend, n_layer: int, n_head_kv: int, n_embd_k: int, n_embd_v: int, size: int,
+                 type_=GGMLType.F16):
+        from pyggml.alloc import alloc_ctx_tensors_from_buft
+
+        self.type = T.as_type(type_)
+        self.size = size
+        self.n_head_kv = n_head_kv
+        self.n_embd_k = n_embd_k
+        self.n_embd_v = n_embd_v
+        ctx = Context(no_alloc=True)
+        self.k = [ctx.new_tensor_2d(self.type, n_embd_k, size, f"cache_k_l{il}") for il in range(n_layer)]
+        self.v = [ctx.new_tensor_2d(self.type, size, n_embd_v, f"cache_v_l{il}") for il in range(n_layer)]
+        self.ctx = ctx
+        self.buffer = alloc_ctx_tensors_from_buft(ctx, backend.default_buffer_type)
+        if self.buffer is None:
+            raise AllocationError(f"KV cache of {n_layer} layers x {size} cells could not be allocated")
+        self.buffer.clear(0)
+
+    @property
+    def nbytes(self) -> int:
+        return self.buffer.size
+
+    def check_room(self, pos0: int, n_tokens: int) -> None:
+        if pos0 + n_tokens > self.size:
+            raise AllocationError(f"KV cache full: positions {pos0}..{pos0 + n_tokens - 1} do not fit "
+                                  f"its {self.size} cells (raise n_ctx)")
+
+    def store(self, step, il: int, k: Tensor, v: Tensor) -> None:
+        """Add to the step's graph the copies of k, v ([head_dim, n_head_kv, n_tokens]) into their cells."""
+        ctx, n, pos0 = step.ctx, step.n_tokens, step.pos0
+        self.check_room(pos0, n)
+        cache_k, cache_v = self.k[il], self.v[il]
+        k_cells = ops.view_1d(ctx, cache_k, n * self.n_embd_k, pos0 * cache_k.nb[1])
+        step.graph.build_forward_expand(ops.cpy(ctx, k, k_cells))
+        v_rows = ops.transpose(ctx, ops.reshape_2d(ctx, v, self.n_embd_v, n))
+        v_cells = ops.view_2d(ctx, cache_v, n, self.n_embd_v, cache_v.nb[1], pos0 * cache_v.nb[0])
+        step.graph.build_forward_expand(ops.cpy(ctx, v_rows, v_cells))
+
+    def views(self, ctx: Context, il: int, n_kv: int) -> tuple[Tensor, Tensor]:
+        """K as [head_dim, n_kv, n_head_kv] and Vᵀ as [n_kv, head_dim, n_head_kv] over cells [0, n_kv)."""
+        cache_k, cache_v = self.k[il], self.v[il]
+        hd_k, hd_v = self.n_embd_k // self.n_head_kv, self.n_embd_v // self.n_head_kv
+        k = ops.view_3d(ctx, cache_k, hd_k, n_kv, self.n_head_kv, cache_k.nb[1], T.row_size(self.type, hd_k), 0)
+        v = ops.view_3d(ctx, cache_v, n_kv, hd_v, self.n_head_kv, cache_v.nb[1], cache_v.nb[1] * hd_v, 0)
+        return k, v
+
+
+def causal_mask(pos0: int, n_tokens: int, window: int | None = None) -> np.ndarray:
+    """[n_tokens, pos0 + n_tokens] of 0 (visible) and -inf: a query sees keys at or before it,
+    and with a sliding window only the last `window` of them (llama.cpp's LLAMA_SWA_TYPE_STANDARD)."""
+    q = pos0 + np.arange(n_tokens)[:, None]
+    k = np.arange(pos0 + n_tokens)[None, :]
+    visible = k <= q
+    if window is not None:
+        visible &= q - k < window
+    return np.where(visible, np.float32(0), np.float32(-np.inf)).astype(np.float32)

