@@ -3,8 +3,11 @@
 from pyggml import errors
 from pyggml.core import (Context, EvalOrder, GGMLType, Graph, GluOp, LoadedGraph, Op, Tensor, TensorFlag, UnaryOp,
                          load_graph_json, save_graph_json)
+from pyggml import backend  # noqa: E402 - after core: the backend layer builds on it
+from pyggml.backend import BufferUsage, DeviceType, Status  # noqa: E402
 from pyggml import alloc  # noqa: E402 - after core: alloc builds on it (and brings pyggml.backend)
 
 __version__ = "0.1.0"
-__all__ = ["alloc", "Context", "EvalOrder", "GGMLType", "Graph", "GluOp", "LoadedGraph", "Op", "Tensor", "TensorFlag",
-           "UnaryOp", "errors", "load_graph_json", "save_graph_json"]
+__all__ = ["alloc", "backend", "BufferUsage", "DeviceType", "Status", "Context", "EvalOrder", "GGMLType", "Graph",
+           "GluOp", "LoadedGraph", "Op", "Tensor", "TensorFlag", "UnaryOp", "errors", "load_graph_json",
+           "save_graph_json"]

@@ -181,6 +181,7 @@ class Buffer:
     @usage.setter
     def usage(self, usage: BufferUsage) -> None:
         self._usage = BufferUsage(usage)
+        self._set_usage(self._usage)
 
     @property
     def is_host(self) -> bool:
@@ -280,6 +281,9 @@ class Buffer:
     def _free(self) -> None:
         pass
 
+    def _set_usage(self, usage: BufferUsage) -> None:
+        pass
+
     def _init_tensor(self, t: Tensor) -> Status:
         return Status.SUCCESS
 
@@ -341,8 +345,9 @@ def check_graph_buffers(backend_name: str, nodes) -> None:
 class Backend:
     """One stream of execution on a device (ggml_backend).
 
-    Thread-safety: one call at a time per backend instance (one compute, copy or plan
-    operation); use one backend instance per thread to compute concurrently.
+    Thread-safety: computes (graph_compute, graph_plan_compute) on one instance are serialized
+    by a lock; other calls (copies, plan create/update/free, free) must not race with a compute.
+    Use one backend instance per thread to compute concurrently.
     """
 
     name: str = "?"
@@ -353,6 +358,7 @@ class Backend:
             raise BackendError(f"backend {self.name}: guid must be 16 bytes, got {self.guid!r}")
         self.device = device
         self._freed = False
+        self._compute_lock = threading.Lock()
 
     def check_alive(self) -> None:
         if self._freed:
@@ -394,24 +400,44 @@ class Backend:
     def synchronize(self) -> None:
         """Wait for everything queued on this backend (a synchronous backend has nothing to wait for)."""
 
-    # ----- graph plans -----------------------------------------------------------------------
+    # ----- graph plans (optional; the plan object is the backend's own) ---------------------
     def graph_plan_create(self, graph):
-        raise BackendError(f"backend {self.name} does not support graph plans (graph_plan_create)")
+        self.check_alive()
+        return self._graph_plan_create(graph)
 
     def graph_plan_free(self, plan) -> None:
-        raise BackendError(f"backend {self.name} does not support graph plans (graph_plan_free)")
+        self.check_alive()
+        self._graph_plan_free(plan)
 
     def graph_plan_update(self, plan, graph) -> None:
-        raise BackendError(f"backend {self.name} does not support graph plans (graph_plan_update)")
+        """Point a plan at a graph of the same topology (faster than a new plan where supported)."""
+        self.check_alive()
+        self._graph_plan_update(plan, graph)
 
     def graph_plan_compute(self, plan) -> Status:
+        self.check_alive()
+        with self._compute_lock:
+            return Status(self._graph_plan_compute(plan))
+
+    def _graph_plan_create(self, graph):
+        raise BackendError(f"backend {self.name} does not support graph plans (graph_plan_create)")
+
+    def _graph_plan_free(self, plan) -> None:
+        raise BackendError(f"backend {self.name} does not support graph plans (graph_plan_free)")
+
+    def _graph_plan_update(self, plan, graph) -> None:
+        raise BackendError(f"backend {self.name} does not support graph plans (graph_plan_update)")
+
+    def _graph_plan_compute(self, plan) -> Status:
         raise BackendError(f"backend {self.name} does not support graph plans (graph_plan_compute)")
 
     # ----- compute ---------------------------------------------------------------------------
     def graph_compute_async(self, graph) -> Status:
+        """Start computing the graph; calls from several threads on one backend run one after another."""
         self.check_alive()
         check_graph_buffers(self.name, graph.nodes)
-        return Status(self._graph_compute(graph))
+        with self._compute_lock:
+            return Status(self._graph_compute(graph))
 
     def graph_compute(self, graph) -> Status:
         """Compute the graph and wait for it: graph_compute_async followed by synchronize, as in ggml."""

@@ -23,7 +23,7 @@ from pyggml.errors import (AllocationError, BufferError, LayoutError, NotAllocat
 
 __all__ = ["tensor_buffer", "tensor_alloc", "view_init", "tensor_set", "tensor_get", "tensor_memset",
            "tensor_set_2d", "tensor_get_2d", "tensor_set_async", "tensor_get_async", "tensor_copy",
-           "tensor_copy_async"]
+           "tensor_copy_async", "host_bytes"]
 
 
 def tensor_buffer(t: Tensor) -> Buffer | None:
@@ -41,7 +41,11 @@ def tensor_alloc(buffer: Buffer, t: Tensor, addr: int) -> Status:
                               f"(buffer {t.buffer!r}, data {t.data!r})")
     if t.view_src is not None:
         raise AllocationError(f"tensor_alloc: tensor {t.name!r} is a view of {t.view_src.name!r}; use view_init")
-    base = buffer.base or 0
+    base = buffer.base
+    if base is None and buffer.size:
+        raise AllocationError(f"tensor_alloc: buffer {buffer.name} ({buffer.size} bytes) has no base address "
+                              f"(a multi-buffer?); place tensor {t.name!r} in one of its buffers")
+    base = base or 0
     size = buffer.alloc_size(t)
     if addr < base or addr + size > base + buffer.size:
         raise OutOfBoundsError(f"tensor_alloc: tensor {t.name!r} ({size} bytes) at offset {addr - base} does not "
@@ -305,7 +309,7 @@ def _check_copy(src: Tensor, dst: Tensor, what: str) -> None:
             raise NotAllocatedError(f"{what}: tensor {t.name!r} is not allocated")
 
 
-def _host_bytes(t: Tensor) -> memoryview | None:
+def host_bytes(t: Tensor) -> memoryview | None:
     """The bytes t spans, in place, when its memory is host memory (a host buffer or a context's arena)."""
     owner = t.memory_owner()
     if owner is None or not owner.is_host:
@@ -323,11 +327,11 @@ def tensor_copy(src: Tensor, dst: Tensor) -> None:
         return
     dst_buf = _bound_buffer(dst, "tensor_copy")
     dst_buf.check_writable("tensor_copy", dst)
-    src_bytes = _host_bytes(src)
+    src_bytes = host_bytes(src)
     if src_bytes is not None:
         tensor_set(dst, src_bytes)
         return
-    dst_bytes = _host_bytes(dst)
+    dst_bytes = host_bytes(dst)
     if dst_bytes is not None:
         tensor_get(src, out=dst_bytes)
     elif not dst_buf.cpy_tensor(src, dst):

@@ -1,0 +1,269 @@
+"""The NumPy CPU backend: buffer types "CPU" and "CPU_Mapped", the "CPU" device, reg and backend.
+
+Memory is a uint8 NumPy array per buffer; a tensor is a strided view at its offset, so
+kernels read and write in place. The kernels themselves live in `cpu.kernels`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from pyggml.backend.base import (Backend, BackendReg, Buffer, BufferType, Device, DeviceCaps, DeviceType, Status,
+                                 check_graph_buffers, computed_nodes)
+from pyggml.backend.cpu import kernels
+from pyggml.backend.tensor_io import host_bytes
+from pyggml.core.host_memory import aligned_bytes
+from pyggml.core.tensor import Tensor
+from pyggml.errors import BackendError, UnsupportedOpError
+
+try:
+    from threadpoolctl import threadpool_limits
+except ImportError:  # optional: without it n_threads is only recorded
+    threadpool_limits = None
+
+CPU_GUID = bytes([0xAA, 0x67, 0xC7, 0x43, 0x96, 0xE6, 0xA3, 0x8A, 0xE3, 0xAF, 0xEA, 0x92, 0x36, 0xBC, 0xFC, 0x89])
+TENSOR_ALIGNMENT = 32
+DEFAULT_N_THREADS = 4
+
+
+# ----------------------------------------------------------------------------------------------
+# Buffers
+# ----------------------------------------------------------------------------------------------
+class CpuBuffer(Buffer):
+    """Host bytes in a NumPy uint8 array (owned, or borrowed from a host object: then possibly read-only).
+
+    Thread-safety: as Buffer (disjoint tensors may be read and written concurrently).
+    """
+
+    def __init__(self, buft: BufferType, host_array: np.ndarray):
+        super().__init__(buft, host_array.nbytes)
+        self._host = host_array
+        self.read_only = not host_array.flags.writeable
+
+    @property
+    def host_array(self) -> np.ndarray:
+        self.check_alive()
+        return self._host
+
+    def _span(self, t: Tensor, offset: int, size: int) -> np.ndarray:
+        start = self.offset_of(t) + offset
+        return self._host[start: start + size]
+
+    def _base(self) -> int:
+        return self._host.ctypes.data
+
+    def _free(self) -> None:
+        self._host = None  # drops the memory (or the reference to a borrowed object)
+
+    def _memset_tensor(self, t: Tensor, value: int, offset: int, size: int) -> None:
+        self._span(t, offset, size).fill(value)
+
+    def _set_tensor(self, t: Tensor, data: memoryview, offset: int, size: int) -> None:
+        self._span(t, offset, size)[:] = np.frombuffer(data, np.uint8, count=size)
+
+    def _get_tensor(self, t: Tensor, out: memoryview, offset: int, size: int) -> None:
+        np.frombuffer(out, np.uint8, count=size)[:] = self._span(t, offset, size)
+
+    def _cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
+        """A direct copy when src is in host memory (ggml: memcpy), else False."""
+        src_bytes = host_bytes(src)
+        if src_bytes is None:
+            return False
+        self._span(dst, 0, src.nbytes)[:] = np.frombuffer(src_bytes, np.uint8)
+        return True
+
+    def _clear(self, value: int) -> None:
+        self._host.fill(value)
+
+
+class CpuBufferType(BufferType):
+    """ggml's "CPU" buffer type: host memory, 32-byte tensor alignment, no size limit.
+
+    Thread-safety: alloc_buffer may be called from any thread.
+    """
+
+    name = "CPU"
+    alignment = TENSOR_ALIGNMENT
+    is_host = True
+
+    def _alloc_buffer(self, size: int) -> Buffer:
+        return CpuBuffer(self, aligned_bytes(size, fill=None))  # uninitialised, like ggml_aligned_malloc
+
+
+class CpuMappedBufferType(CpuBufferType):
+    """The type of buffers made over existing host memory (an mmap of a model file, an ndarray, ...)."""
+
+    name = "CPU_Mapped"
+
+
+# ----------------------------------------------------------------------------------------------
+# Device
+# ----------------------------------------------------------------------------------------------
+def _cpu_model() -> str:
+    """The "model name" line of /proc/cpuinfo, as ggml reports it."""
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine() or "CPU"
+
+
+class CpuDevice(Device):
+    """The host CPU. Thread-safety: all queries are safe from any thread."""
+
+    name = "CPU"
+    type = DeviceType.CPU
+    caps = DeviceCaps(async_=False, host_buffer=False, buffer_from_host_ptr=True, events=False)
+
+    def __init__(self, reg: BackendReg | None = None):
+        super().__init__(reg)
+        self.description = _cpu_model()
+        self._buffer_type = CpuBufferType(self)
+        self._mapped_type = CpuMappedBufferType(self)
+
+    def memory(self) -> tuple[int, int]:
+        """(free, total): physical memory; ggml counts all of it as free."""
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        return total, total
+
+    def init_backend(self, params: str | None = None) -> CpuBackend:
+        return CpuBackend(self)
+
+    @property
+    def buffer_type(self) -> BufferType:
+        return self._buffer_type
+
+    def _buffer_from_host_ptr(self, view: memoryview, max_tensor_size: int | None) -> Buffer:
+        """Zero copy: the buffer's bytes are the object's bytes (read-only objects stay read-only).
+
+        ggml asserts a 32-byte aligned pointer; NumPy views need no alignment, so any object is accepted.
+        """
+        return CpuBuffer(self._mapped_type, np.frombuffer(view, np.uint8))
+
+    def supports_op(self, t: Tensor) -> bool:
+        return kernels.supports(t)
+
+    def supports_buft(self, buft: BufferType) -> bool:
+        return buft.is_host
+
+
+# ----------------------------------------------------------------------------------------------
+# Backend
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class CpuGraphPlan:
+    """The nodes to run and their kernels, looked up once so that repeated computes skip the lookups."""
+
+    steps: list[tuple[Tensor, Callable[[Tensor], None]]]
+    freed: bool = False
+
+
+class CpuBackend(Backend):
+    """Runs graphs node by node with the NumPy kernels (synchronous: no async copies, no events).
+
+    Thread-safety: one compute at a time per instance (enforced by the base's lock);
+    set n_threads / abort_callback only between computes.
+    """
+
+    name = "CPU"
+    guid = CPU_GUID
+
+    def __init__(self, device: CpuDevice):
+        super().__init__(device)
+        self.n_threads = DEFAULT_N_THREADS
+        self.abort_callback: Callable[[], bool] | None = None
+
+    def _plan(self, graph) -> CpuGraphPlan:
+        """Look up every kernel first, so that an unsupported op fails before anything is computed."""
+        steps = []
+        for node in computed_nodes(graph):
+            kernel = kernels.KERNELS.get(node.op)
+            if kernel is None or not kernel.supports(node):
+                srcs = ", ".join(f"{s.type.name}{list(s.ne)}" for s in node.srcs)
+                raise UnsupportedOpError(f"CPU backend has no kernel for {node.op.name} -> {node.type.name} "
+                                         f"from ({srcs}) in node {node.name!r}")
+            steps.append((node, kernel.fn))
+        return CpuGraphPlan(steps)
+
+    def _run(self, plan: CpuGraphPlan) -> Status:
+        if plan.freed:
+            raise BackendError("CPU backend: graph_plan_compute on a plan that was freed")
+        check_graph_buffers(self.name, (node for node, _ in plan.steps))
+        limits = threadpool_limits(self.n_threads) if threadpool_limits else contextlib.nullcontext()
+        with limits:
+            for node, fn in plan.steps:
+                fn(node)
+                if self.abort_callback is not None and self.abort_callback():
+                    return Status.ABORTED
+        return Status.SUCCESS
+
+    def _graph_compute(self, graph) -> Status:
+        return self._run(self._plan(graph))
+
+    def _graph_plan_create(self, graph) -> CpuGraphPlan:
+        return self._plan(graph)
+
+    def _graph_plan_update(self, plan: CpuGraphPlan, graph) -> None:
+        plan.steps = self._plan(graph).steps
+
+    def _graph_plan_compute(self, plan: CpuGraphPlan) -> Status:
+        return self._run(plan)
+
+    def _graph_plan_free(self, plan: CpuGraphPlan) -> None:
+        plan.freed = True
+        plan.steps = []
+
+
+def _cpu_backend(backend: Backend, what: str) -> CpuBackend:
+    if not isinstance(backend, CpuBackend):
+        raise BackendError(f"{what}: {backend!r} is not a CPU backend")
+    return backend
+
+
+def set_n_threads(backend: Backend, n_threads: int) -> None:
+    """Threads for NumPy/BLAS during this backend's computes (through threadpoolctl when it is installed)."""
+    if n_threads <= 0:
+        raise BackendError(f"set_n_threads: n_threads must be positive, got {n_threads}")
+    _cpu_backend(backend, "set_n_threads").n_threads = int(n_threads)
+
+
+def set_abort_callback(backend: Backend, callback: Callable[[], bool] | None) -> None:
+    """callback() is asked after every node; True stops the compute with Status.ABORTED."""
+    _cpu_backend(backend, "set_abort_callback").abort_callback = callback
+
+
+def get_features() -> list[tuple[str, str]]:
+    """ggml_backend_get_features: what this CPU backend is built on."""
+    return [("NUMPY", np.__version__), ("THREADPOOLCTL", "1" if threadpool_limits else "0")]
+
+
+class CpuReg(BackendReg):
+    """The "CPU" registry entry: one device, plus ggml's CPU extension functions."""
+
+    name = "CPU"
+
+    def __init__(self):
+        super().__init__([CpuDevice()])
+
+    def _proc_addresses(self) -> dict:
+        return {"set_n_threads": set_n_threads, "set_abort_callback": set_abort_callback,
+                "get_features": get_features}
+
+
+CPU_REG = CpuReg()
+
+
+def init() -> CpuBackend:
+    """A new CPU backend on the CPU device (ggml_backend_cpu_init)."""
+    return CPU_REG.device(0).init_backend()
+
+
+def is_cpu(backend: Backend | None) -> bool:
+    return backend is not None and backend.guid == CPU_GUID
