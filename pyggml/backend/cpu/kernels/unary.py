@@ -134,7 +134,19 @@ UNARY_FUNCS = {
 }
 
 
-@kernel(Op.UNARY, supports=lambda t: t.op_params[0] in UNARY_FUNCS.keys() and unary_types_ok(t))
+# Implemented in ggml's ops.cpp for F32 -> F32 and F16 -> F16 only (the rest use the generic unary template).
+F32_F16_ONLY = frozenset({UnaryOp.GELU, UnaryOp.GELU_ERF, UnaryOp.GELU_QUICK, UnaryOp.SILU})
+
+
+def _unary_supported(t: Tensor) -> bool:
+    if t.op_params[0] not in UNARY_FUNCS.keys():
+        return False
+    if t.op_params[0] in F32_F16_ONLY:
+        return t.type == t.src[0].type and t.type in (G.F32, G.F16)
+    return unary_types_ok(t)
+
+
+@kernel(Op.UNARY, supports=_unary_supported)
 def unary(dst: Tensor) -> None:
     store(dst, UNARY_FUNCS[dst.unary_op](as_f32(dst.src[0])))
 

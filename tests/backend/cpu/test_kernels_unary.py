@@ -1,0 +1,71 @@
+"""CPU kernels for unary activations and GLUs against float64 formulas (ggml's NMSE 1e-7)."""
+
+import numpy as np
+import pytest
+from opcases_unary import CASES, gelu
+from opcheck import check, nmse
+
+from pyggml.backend.cpu import kernels
+from pyggml.backend.cpu.kernels import unary as K
+from pyggml.core import ops
+from pyggml.core.context import Context
+from pyggml.core.graph import Graph
+from pyggml.core.tensor import host_ndarray
+from pyggml.core.types import GGMLType as G
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_matches_reference(case):
+    check(case)
+
+
+def compute(out):
+    for node in Graph().build_forward_expand(out).nodes:
+        kernels.compute(node)
+    return host_ndarray(out).ravel()
+
+
+def test_round_sends_halves_away_from_zero_like_roundf():
+    ctx = Context()
+    x = ctx.tensor_from_numpy(np.array([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 0.49999997, -0.49999997], np.float32))
+    np.testing.assert_array_equal(compute(ops.round(ctx, x)), [-3, -2, -1, 1, 2, 3, 0, 0])
+
+
+def test_gelu_uses_ggml_f16_table_and_its_cutoffs():
+    """ggml's CPU gelu is the tanh formula at the input rounded to F16, rounded to F16; 0 / x beyond +-10."""
+    ctx = Context()
+    xs = np.array([-12, -10, -3.3, -0.1234567, 0.7654321, 2.2, 10, 11.5], np.float32)
+    got = compute(ops.gelu(ctx, ctx.tensor_from_numpy(xs)))
+    x16 = xs.astype(np.float16).astype(np.float64)
+    expected = gelu(x16).astype(np.float16).astype(np.float32)
+    expected[xs <= -10], expected[xs >= 10] = 0, xs[xs >= 10]
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_gelu_table_stays_close_to_the_exact_formula_over_a_wide_range():
+    x = np.linspace(-9, 9, 20001, dtype=np.float32)
+    assert nmse(gelu(x.astype(np.float64)), K.gelu(x)) < 1e-6
+
+
+def test_erfc_is_accurate():
+    import math
+
+    x = np.linspace(-6, 6, 1201)
+    exact = np.array([math.erfc(v) for v in x])
+    assert np.max(np.abs(K.erfc(x) - exact) / exact) < 2e-7
+
+
+def test_unary_refuses_integer_and_mismatched_types():
+    ctx = Context()
+    assert not kernels.supports(ops.relu(ctx, ctx.new_tensor(G.I32, (4,))))
+    assert not kernels.supports(ops.gelu(ctx, ctx.new_tensor(G.BF16, (4,))))  # ggml has F32/F16 GELU kernels only
+    assert kernels.supports(ops.relu(ctx, ctx.new_tensor(G.BF16, (4,))))
+    out = ops.relu(ctx, ctx.new_tensor(G.F32, (4,)))
+    out.type = G.F16  # F32 -> F16 is not one of ggml's unary pairs
+    assert not kernels.supports(out)
+
+
+def test_swiglu_oai_needs_f32():
+    ctx = Context()
+    assert not kernels.supports(ops.swiglu_oai(ctx, ctx.new_tensor(G.F16, (8, 2)), None, 1.0, 7.0))
+    assert kernels.supports(ops.swiglu(ctx, ctx.new_tensor(G.F16, (8, 2))))
