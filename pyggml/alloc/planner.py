@@ -89,6 +89,10 @@ class DynAllocator:
     def total_size(self) -> int:
         return sum(chunk.max_size for chunk in self._chunks)
 
+    def free_blocks(self, chunk: int) -> list[tuple[int, int]]:
+        """(offset, size) of every free block of a chunk, sorted by offset; the last is the tail."""
+        return list(zip(self._chunks[chunk].offsets, self._chunks[chunk].sizes))
+
     def alloc(self, size: int) -> tuple[int, int]:
         """Plan `size` bytes (rounded up to the alignment) and return (chunk, offset)."""
         size = _align(size, self.alignment)
@@ -146,51 +150,40 @@ class DynAllocator:
         return len(self._chunks) - 1
 
     def free(self, chunk: int, offset: int, size: int) -> None:
-        """Give bytes back, merging with the free block that ends at `offset` or starts right after.
+        """Give bytes back: extend the free block that ends at `offset` (then merge it with the next
+        one if they touch), else the one that starts right after, else insert a new block.
 
-        The free list of a chunk holds at most 256 blocks; ggml asserts, pyggml raises AllocationError.
+        A chunk holds at most 256 free blocks; ggml asserts there, pyggml raises AllocationError, as
+        it does for a free that overlaps free memory. Freeing 0 bytes does nothing (ggml would insert
+        an empty block, which can leave its free list unsorted).
         """
         if not 0 <= chunk < len(self._chunks):
             raise AllocationError(f"free of {size} bytes at offset {offset} names chunk {chunk}, "
                                   f"but only {len(self._chunks)} chunks exist")
         size = _align(size, self.alignment)
-        block = self._chunks[chunk]
-        offsets, sizes = block.offsets, block.sizes
-        after = bisect.bisect_right(offsets, offset)
-        if (after > 0 and offsets[after - 1] + sizes[after - 1] > offset) or \
-                (after < len(offsets) and offsets[after] < offset + size):
-            raise AllocationError(f"free of {size} bytes at offset {offset} in chunk {chunk} overlaps a free block "
-                                  f"(double free?)")
-        # ggml scans the sorted blocks and acts on the first one that ends at `offset` or starts at
-        # `offset + size`; the bisections find that same block (zero-size blocks included).
-        ends_here = after - 1
-        first_ending = -1
-        while ends_here >= 0 and offsets[ends_here] + sizes[ends_here] == offset:
-            first_ending, ends_here = ends_here, ends_here - 1
-        starting = bisect.bisect_left(offsets, offset + size)
-        if starting == len(offsets) or offsets[starting] != offset + size:
-            starting = -1
-        candidates = [i for i in (first_ending, starting) if i >= 0]
-        if not candidates:
-            if len(offsets) >= MAX_FREE_BLOCKS:
-                raise AllocationError(f"chunk {chunk} is out of free blocks ({MAX_FREE_BLOCKS}) while freeing "
-                                      f"{size} bytes at offset {offset}")
-            at = bisect.bisect_left(offsets, offset)
-            offsets.insert(at, offset)
-            sizes.insert(at, size)
+        if size == 0:
             return
-        i = min(candidates)
-        if i == first_ending:
-            sizes[i] += size
-            if i + 1 < len(offsets) and offsets[i] + sizes[i] == offsets[i + 1]:
-                sizes[i] += sizes[i + 1]
-                del offsets[i + 1], sizes[i + 1]
+        offsets, sizes = self._chunks[chunk].offsets, self._chunks[chunk].sizes
+        after = bisect.bisect_right(offsets, offset)  # blocks [0, after) start at or before `offset`
+        before = after - 1
+        if (before >= 0 and offsets[before] + sizes[before] > offset) or \
+                (after < len(offsets) and offsets[after] < offset + size):
+            raise AllocationError(f"free of {size} bytes at offset {offset} in chunk {chunk} overlaps a free "
+                                  f"block (double free?)")
+        if before >= 0 and offsets[before] + sizes[before] == offset:
+            sizes[before] += size
+            if after < len(offsets) and offset + size == offsets[after]:
+                sizes[before] += sizes[after]
+                del offsets[after], sizes[after]
+        elif after < len(offsets) and offset + size == offsets[after]:
+            offsets[after] = offset
+            sizes[after] += size
+        elif len(offsets) >= MAX_FREE_BLOCKS:
+            raise AllocationError(f"chunk {chunk} is out of free blocks ({MAX_FREE_BLOCKS}) while freeing "
+                                  f"{size} bytes at offset {offset}")
         else:
-            offsets[i] = offset
-            sizes[i] += size
-            if i > 0 and offsets[i - 1] + sizes[i - 1] == offset:
-                sizes[i - 1] += sizes[i]
-                del offsets[i], sizes[i]
+            offsets.insert(after, offset)
+            sizes.insert(after, size)
 
 
 # ----------------------------------------------------------------------------------------------
