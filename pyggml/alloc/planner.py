@@ -35,7 +35,7 @@ SIZE_MAX = 2**64 - 1
 MAX_CHUNKS = 16  # GGML_VBUFFER_MAX_CHUNKS
 MAX_FREE_BLOCKS = 256  # per chunk
 _UNBOUNDED = SIZE_MAX // 2  # ggml's "infinite" block size, chosen so sums cannot overflow
-PLANNERS = ("ggml", "best", "search")
+PLANNERS = ("ggml", "size", "best", "search")
 
 
 def _align(size: int, alignment: int) -> int:
@@ -487,8 +487,12 @@ def _orderings(problem: _Problem) -> list[list[int]]:
     """Placement orders worth trying: busiest lifetime first (breadth), then largest first (size)."""
     peak = problem.peak_load_over_lifetime()
     by_breadth = np.lexsort((problem.start, -problem.size, -peak))
-    by_size = np.lexsort((problem.start, -problem.size))
-    return [by_breadth.tolist(), by_size.tolist()]
+    return [by_breadth.tolist(), _by_size(problem)]
+
+
+def _by_size(problem: _Problem) -> list[int]:
+    """Greedy by size's order: largest first, earlier start first among equals."""
+    return np.lexsort((problem.start, -problem.size)).tolist()
 
 
 def _promoted(order: list[int], culprits: np.ndarray) -> list[int]:
@@ -552,10 +556,12 @@ def plan_offsets(intervals: Sequence[Interval], alignment: int = 1, planner: str
                  max_iterations: int | None = None) -> PlanResult:
     """Give every interval a chunk and an offset so that no two live intervals share bytes.
 
+    Planners: ``"ggml"`` (ggml's online best fit, see `_plan_ggml`), ``"size"`` (plain greedy by
+    size, for reference), ``"best"`` (several greedy orders with culprit promotion) and
+    ``"search"`` (``"best"`` then iterated greedy for `budget_s` seconds, default 3, or
+    `max_iterations` tries). ``"best"`` and ``"search"`` fall back to ggml's plan when it is smaller.
     Sizes are padded to `alignment`; chunks hold at most `max_size` bytes, except that an interval
     bigger than that gets a chunk of its own size and the 16th chunk is unbounded, as in ggml.
-    ``"best"`` and ``"search"`` fall back to ggml's plan if it is smaller. ``"search"`` runs for
-    `budget_s` seconds (default 3) or `max_iterations` tries, whichever ends first.
     """
     if planner not in PLANNERS:
         raise ValueError(f"unknown planner {planner!r}; choose one of {', '.join(map(repr, PLANNERS))}")
@@ -566,6 +572,8 @@ def plan_offsets(intervals: Sequence[Interval], alignment: int = 1, planner: str
     target = problem.lower_bound()
     if planner == "ggml":
         placement = _plan_ggml(problem, max_size)
+    elif planner == "size":
+        placement = _Placer(problem).place(_by_size(problem), max_size)
     else:
         placer = _Placer(problem)
         start = _plan_best(problem, placer, max_size, target)

@@ -183,7 +183,7 @@ def test_load_csv_names_the_bad_line(tmp_path, text, message):
 
 
 def test_unknown_planner_names_the_choices():
-    with pytest.raises(ValueError, match="'ggml', 'best', 'search'"):
+    with pytest.raises(ValueError, match="'ggml', 'size', 'best', 'search'"):
         plan_offsets([Interval(0, 0, 1, 8)], planner="fastest")
 
 
@@ -222,8 +222,15 @@ def test_every_planner_verifies_on_the_bench(name):
     for result in results.values():
         verify_offsets(intervals, result)
         assert result.height >= result.lower_bound
-    assert results["best"].height <= results["ggml"].height
-    assert results["search"].height <= results["best"].height
+    assert results["search"].height <= results["best"].height <= results["ggml"].height
+
+
+@pytest.mark.parametrize("name", ["resnet50", "G_1", "pangu_2.6B"])
+def test_best_is_within_half_a_percent_of_load_on_real_traces(name):
+    intervals = planner.load_csv(BENCH / f"{name}.csv")
+    result = plan_offsets(intervals)
+    verify_offsets(intervals, result)
+    assert result.height <= 1.005 * result.lower_bound
 
 
 def test_max_size_chunks():

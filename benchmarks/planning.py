@@ -1,0 +1,79 @@
+"""Offset-planning benchmark: every planner on every planning-bench instance.
+
+Run from the repository root: ``.venv/bin/python benchmarks/planning.py [search_budget_s]``.
+The shared data folder is ``../shared`` relative to the repository root, or ``$PYGGML_SHARED``.
+Each section is a function that returns rows, so that more sections (per-graph planning of the
+ggml graphs) can be added next to `planning_bench_rows` and printed by `main`.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from pyggml.alloc import planner
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def shared_dir() -> Path:
+    return Path(os.environ.get("PYGGML_SHARED", REPO_ROOT.parent / "shared"))
+
+
+def timed_plan(intervals, planner_name: str, repeats: int, **options) -> tuple[planner.PlanResult, float]:
+    """Plan `repeats` times (once more only while runs are fast) and return the plan and median seconds."""
+    times, result = [], None
+    for _ in range(repeats):
+        began = time.perf_counter()
+        result = planner.plan_offsets(intervals, planner=planner_name, **options)
+        times.append(time.perf_counter() - began)
+        if times[-1] > 0.2:
+            break
+    planner.verify_offsets(intervals, result)
+    return result, statistics.median(times)
+
+
+def planning_bench_rows(search_budget_s: float = 3.0, repeats: int = 5) -> list[dict]:
+    """One row per planning-bench CSV: LOAD, and height, ratio and time of each planner."""
+    rows = []
+    for path in sorted((shared_dir() / "planning-bench").glob("*.csv")):
+        intervals = planner.load_csv(path)
+        row = {"instance": path.stem, "n": len(intervals), "LOAD": planner.lower_bound(intervals)}
+        for name in ("size", "ggml", "best", "search"):
+            options = {"budget_s": search_budget_s} if name == "search" else {}
+            result, seconds = timed_plan(intervals, name, 1 if name == "search" else repeats, **options)
+            row[name] = result.height
+            row[f"{name} x"] = result.height / row["LOAD"]
+            row[f"{name} s"] = seconds
+        rows.append(row)
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    """A plain-text table with one column per key of the first row."""
+    def cell(key, value):
+        if isinstance(value, float):
+            return f"{value:.4f}" if key.endswith(" x") else f"{value:.3f}"
+        return str(value)
+
+    columns = list(rows[0])
+    cells = [[cell(k, row[k]) for k in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(columns, widths))]
+    lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in cells]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    budget = float(argv[0]) if argv else 3.0
+    print(f"planning-bench ({shared_dir() / 'planning-bench'}); heights in bytes, x = height / LOAD, "
+          f"s = median seconds; search budget {budget} s; size = greedy by size (reference)")
+    print(format_table(planning_bench_rows(budget)))
+
+
+if __name__ == "__main__":
+    main()
