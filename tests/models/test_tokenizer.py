@@ -14,7 +14,9 @@ from pyggml.errors import GGMLError, GGUFError
 from pyggml.models.gguf_file import GGUFFile
 from pyggml.models.tokenizer import BPETokenizer, SPMTokenizer, _bytes_to_unicode, _clean_spaces, load_tokenizer
 
-REFS = json.loads((Path(__file__).parent / "data" / "gemma3_refs.json").read_text(encoding="utf-8"))
+DATA = Path(__file__).parent / "data"
+REFS = json.loads((DATA / "gemma3_refs.json").read_text(encoding="utf-8"))
+BPE_REFS = json.loads((DATA / "bpe_refs.json").read_text(encoding="utf-8"))
 
 
 def write_vocab(path, model, tokens, types, scores=None, merges=None, pre=None, **flags):
@@ -195,6 +197,31 @@ def test_spm_round_trips_any_text(spm_small, text):
 @pytest.fixture(scope="module")
 def spm_small(tmp_path_factory):
     return spm(tmp_path_factory.mktemp("spm"), [("a", -3.0), ("b", -3.0), ("ab", -1.0), ("▁", -2.0), ("▁a", -1.5)])
+
+
+# -- BPE against llama.cpp, on a small trained vocabulary per pre-tokenizer ------------
+
+
+@pytest.fixture(scope="module")
+def bpe_vocabs():
+    tokenizers = {}
+    for pre in BPE_REFS:
+        with GGUFFile.open(DATA / "bpe_vocabs" / f"{pre}.gguf") as f:
+            tokenizers[pre] = load_tokenizer(f)
+    return tokenizers
+
+
+@pytest.mark.parametrize("parse_special", [False, True], ids=["plain", "special"])
+@pytest.mark.parametrize("pre,ref", [(pre, r) for pre, refs in BPE_REFS.items() for r in refs],
+                         ids=lambda v: v if isinstance(v, str) else repr(v["text"][:20]))
+def test_bpe_tokenization_matches_llama_cpp(bpe_vocabs, pre, ref, parse_special):
+    tok = bpe_vocabs[pre]
+    key = "special" if parse_special else "plain"
+    ids = ref[f"ids_{key}"]
+    assert tok.encode(ref["text"], add_special=True, parse_special=parse_special) == ids
+    assert tok.decode_bytes(ids).hex() == ref[f"detok_{key}"]["keep_keep"]
+    assert tok.decode_bytes(ids, remove_special=True, unparse_special=True).hex() == \
+        ref[f"detok_{key}"]["remove_unparse"]
 
 
 # -- BPE on a tiny vocabulary ----------------------------------------------------------

