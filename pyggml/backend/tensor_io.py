@@ -36,11 +36,11 @@ def tensor_buffer(t: Tensor) -> Buffer | None:
 # ----------------------------------------------------------------------------------------------
 def tensor_alloc(buffer: Buffer, t: Tensor, addr: int) -> Status:
     """Bind t to `buffer` at address `addr` (base + offset), then let the buffer initialise it."""
+    if t.view_src is not None:
+        raise AllocationError(f"tensor_alloc: tensor {t.name!r} is a view of {t.view_src.name!r}; use view_init")
     if t.buffer is not None or t.data is not None:
         raise AllocationError(f"tensor_alloc: tensor {t.name!r} is already allocated "
                               f"(buffer {t.buffer!r}, data {t.data!r})")
-    if t.view_src is not None:
-        raise AllocationError(f"tensor_alloc: tensor {t.name!r} is a view of {t.view_src.name!r}; use view_init")
     base = buffer.base
     if base is None and buffer.size:
         raise AllocationError(f"tensor_alloc: buffer {buffer.name} ({buffer.size} bytes) has no base address "
