@@ -56,8 +56,8 @@ class TokenAttr(IntFlag):
 # Attributes are kept as plain ints: enum arithmetic over 262k tokens costs a second.
 _ATTR_OF_TYPE = {int(TokenType[a.name]): int(a) for a in (
     TokenAttr.UNKNOWN, TokenAttr.UNUSED, TokenAttr.NORMAL, TokenAttr.CONTROL, TokenAttr.USER_DEFINED, TokenAttr.BYTE)}
-_CONTROL = int(TokenAttr.CONTROL)
-_UNUSED = int(TokenAttr.UNUSED)
+_CONTROL, _UNUSED, _USER_DEFINED = int(TokenAttr.CONTROL), int(TokenAttr.UNUSED), int(TokenAttr.USER_DEFINED)
+_NORMAL, _BYTE, _LSTRIP, _RSTRIP = int(TokenAttr.NORMAL), int(TokenAttr.BYTE), int(TokenAttr.LSTRIP), int(TokenAttr.RSTRIP)
 _SPECIAL = int(TokenAttr.CONTROL | TokenAttr.USER_DEFINED | TokenAttr.UNKNOWN)
 _HIDDEN_UNLESS_SPECIAL = int(TokenAttr.CONTROL | TokenAttr.UNKNOWN)
 
@@ -121,8 +121,18 @@ def _bytes_to_unicode():
 
 
 class Tokenizer:
-    """Vocabulary, special tokens and detokenization shared by the SPM and BPE tokenizers."""
+    """Vocabulary, special tokens and detokenization shared by the SPM and BPE tokenizers.
 
+    Subclasses give llama.cpp's defaults for their vocabulary kind (special ids and
+    flags, overridden by the file's metadata) and implement ``_encode_fragments``
+    and ``_normal_piece``.
+    """
+
+    default_bos: int | None
+    default_eos: int | None
+    default_unk: int | None
+    add_bos = False
+    add_eos = False
     add_space_prefix = False
     clean_spaces = False
 
@@ -140,7 +150,7 @@ class Tokenizer:
             self._raise_duplicate(gguf)
         self.scores = list(map(float, scores[:n])) if scores is not None else [0.0] * n
         if types is None:
-            self.attrs = [int(TokenAttr.NORMAL)] * n
+            self.attrs = [_NORMAL] * n
         else:
             self.attrs = [_ATTR_OF_TYPE.get(t, 0) for t in types[:n]]
         self.bos_id = self._special_id(gguf, "bos_token_id", self.default_bos)
@@ -160,6 +170,7 @@ class Tokenizer:
         self._mark_unused()
         special = [i for i, a in enumerate(self.attrs) if a & _SPECIAL]
         self.special_ids = sorted(special, key=lambda i: -len(self.tokens[i]))
+        self._strip_rules(gguf)
 
     def _raise_duplicate(self, gguf):
         seen = {}
@@ -178,13 +189,41 @@ class Tokenizer:
         return default
 
     def _find_end_of_generation(self):
-        """End-of-turn and end-of-generation tokens, found by text where the file is silent."""
+        """End-of-turn and end-of-generation tokens, found by text where the file is silent.
+
+        Tokens found by text become control tokens (so they are hidden and parsed only
+        as special), as llama.cpp forces; eos/eot/eom ids from the file keep their type.
+        """
+        by_text = {self.token_to_id[t] for t in _EOG_TEXTS if t in self.token_to_id}
         if self.eot_id is None:
             self.eot_id = next((self.token_to_id[t] for t in _EOT_TEXTS if t in self.token_to_id), None)
-        self.eog_ids = {self.token_to_id[t] for t in _EOG_TEXTS if t in self.token_to_id}
-        self.eog_ids |= {i for i in (self.eos_id, self.eot_id, self.eom_id) if i is not None}
-        for i in self.eog_ids | ({self.eot_id} - {None}):
+            by_text |= {self.eot_id} - {None}
+        for i in by_text:
             self.attrs[i] |= _CONTROL
+        self.eog_ids = by_text | ({self.eos_id, self.eot_id, self.eom_id} - {None})
+
+    def _strip_rules(self, gguf):
+        """Whitespace stripping around special tokens, which GGUF cannot express: llama.cpp
+        sets it by model and pre-tokenizer name, and so does this."""
+        name = str(gguf.get("general.name", "")).lower()
+        pre = str(gguf.get("tokenizer.ggml.pre", ""))
+        arch = str(gguf.get("general.architecture", ""))
+        if any(p in pre for p in ("jina-v2-de", "jina-v2-es", "jina-v2-code")) or \
+                any(a in arch for a in ("nomic-bert-moe", "jina-bert-v3")):
+            self._set_attr("<mask>", _LSTRIP, True)
+        elif "phi-3" in name or "phi3" in name:
+            for i in self.special_ids:
+                self.attrs[i] |= _RSTRIP
+            self._set_attr("</s>", _RSTRIP, True)
+            for text in ("<unk>", "<s>", "<|endoftext|>"):
+                self._set_attr(text, _RSTRIP, False)
+        elif "modern-bert" in name:
+            self._set_attr("[MASK]", _LSTRIP, True)
+
+    def _set_attr(self, text, flag, on):
+        if text in self.token_to_id:
+            i = self.token_to_id[text]
+            self.attrs[i] = self.attrs[i] | flag if on else self.attrs[i] & ~flag
 
     def _mark_unused(self):
         for i, attr in enumerate(self.attrs):
@@ -228,13 +267,13 @@ class Tokenizer:
         out, pos = [], 0
         while (match := text.find(piece, pos)) >= 0:
             left = text[pos:match]
-            if attr & TokenAttr.LSTRIP:
+            if attr & _LSTRIP:
                 left = left.rstrip(C_SPACES)
             if left:
                 out.append(left)
             out.append(token_id)
             pos = match + len(piece)
-            if attr & TokenAttr.RSTRIP:
+            if attr & _RSTRIP:
                 while pos < len(text) and text[pos] in C_SPACES:
                     pos += 1
         if pos < len(text):
@@ -250,11 +289,11 @@ class Tokenizer:
         if not special and attr & _HIDDEN_UNLESS_SPECIAL:
             return b""
         text = self.tokens[token_id]
-        if attr & (_HIDDEN_UNLESS_SPECIAL | TokenAttr.USER_DEFINED):
+        if attr & (_HIDDEN_UNLESS_SPECIAL | _USER_DEFINED):
             return text.encode("utf-8")
-        if attr & TokenAttr.NORMAL:
+        if attr & _NORMAL:
             return self._normal_piece(text)
-        if attr & TokenAttr.BYTE:
+        if attr & _BYTE:
             return bytes([_hex_byte(text)])
         return b""
 
@@ -375,7 +414,6 @@ class BPETokenizer(Tokenizer):
     """GPT-2-style byte-level BPE: regex pre-tokenizer, byte-to-unicode map, merges by rank."""
 
     default_bos, default_eos, default_unk = 11, 11, None
-    add_bos, add_eos = False, False
     clean_spaces = True
 
     def __init__(self, gguf):
@@ -388,7 +426,7 @@ class BPETokenizer(Tokenizer):
         if add_bos is not None:
             self.add_bos = add_bos
         super().__init__(gguf)
-        import regex  # only BPE needs \p{..} classes
+        import regex  # the \p{L}/\p{N} classes of the pre-tokenizers; only BPE needs it
 
         self.pre_tokenizer = name
         self._patterns = [regex.compile(p) for p in patterns]

@@ -173,6 +173,14 @@ def test_spm_special_tokens(tmp_path):
     assert tok.decode(special, unparse_special=True) == "<s> x<|user|> x"
 
 
+def test_spm_phi3_special_tokens_swallow_following_whitespace(tmp_path):
+    words = [("▁", -2.0), ("x", -2.0), ("▁x", -1.0)]
+    phi3 = spm(tmp_path, words, name="Phi-3 mini", add_space_prefix=True)
+    assert words_of(phi3, phi3.encode("x<|user|> \n x", add_special=False)) == ["▁x", "<|user|>", "▁x"]
+    other = spm(tmp_path, words, name="Tiny", add_space_prefix=True)
+    assert words_of(other, other.encode("x<|user|> x", add_special=False)) == ["▁x", "<|user|>", "▁", "▁x"]
+
+
 def test_spm_unknown_token_id_is_an_error(tmp_path):
     tok = spm(tmp_path, [("a", -1.0)])
     with pytest.raises(GGMLError, match="outside the vocabulary"):
