@@ -145,7 +145,7 @@ class _Cursor:
         try:
             return GGUFValueType(raw)
         except ValueError:
-            self.fail(field, f"unknown value type {raw} (expected 0..{max(GGUFValueType)})", start)
+            self.fail(field, f"unknown value type {raw} (expected 0..{int(max(GGUFValueType))})", start)
 
     def value(self, field, vtype, depth=0):
         if vtype == GGUFValueType.STRING:
