@@ -81,5 +81,9 @@ class GGUFError(GGMLError, ValueError):
     """A GGUF file is truncated, corrupt, or uses something pyggml does not support."""
 
 
+class TokenizerError(GGMLError, ValueError):
+    """A token id or vocabulary entry is out of range or malformed."""
+
+
 class RPCError(BackendError):
     """A remote backend answered wrongly, too late, or not at all."""
