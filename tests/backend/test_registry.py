@@ -1,0 +1,150 @@
+"""The process-wide registry: lookups, duplicates, init order, and loading backends from entry points.
+
+Entry points are tested with real (tiny) distributions written into tmp_path and put on sys.path.
+"""
+
+import sys
+import textwrap
+
+import pytest
+from minimal_backend import MinimalDevice, MinimalReg
+
+from pyggml.backend import cpu, registry
+from pyggml.backend.base import DeviceType
+from pyggml.errors import BackendError
+
+FAKE_MODULE = '''
+from pyggml.backend.base import Backend, BackendReg, Device, DeviceType, Status
+
+class FakeBackend(Backend):
+    name = "FakeGPU"
+    guid = b"fake-gpu-backend"
+
+    def _graph_compute(self, graph):
+        return Status.SUCCESS
+
+class FakeGpu(Device):
+    name = "FakeGPU0"
+    description = "a GPU that is not there"
+    type = DeviceType.GPU
+
+    def memory(self):
+        return 1 << 30, 2 << 30
+
+    def init_backend(self, params=None):
+        return FakeBackend(self)
+
+class FakeReg(BackendReg):
+    name = "FakeGPU"
+
+def init():
+    return FakeReg([FakeGpu()])
+'''
+
+
+def write_distribution(root, dist, module, source, entry_points):
+    (root / f"{module}.py").write_text(source)
+    info = root / f"{dist}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[pyggml.backends]\n" + "".join(f"{k} = {v}\n" for k, v in entry_points))
+
+
+@pytest.fixture
+def scratch_regs():
+    """Unregister whatever a test registers (the CPU reg stays)."""
+    before = registry.backends()
+    yield
+    for reg in registry.backends():
+        if reg not in before:
+            registry.unregister_backend(reg)
+
+
+@pytest.fixture
+def fake_dist(tmp_path, monkeypatch, scratch_regs):
+    write_distribution(tmp_path, "fake_gpu_backend", "fake_gpu_backend", FAKE_MODULE,
+                       [("fake", "fake_gpu_backend:init")])
+    write_distribution(tmp_path, "broken_backend", "broken_backend", "raise ImportError('no driver')\n",
+                       [("broken", "broken_backend:init")])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    for name in ("fake_gpu_backend", "broken_backend", "unsupported_backend"):
+        sys.modules.pop(name, None)
+
+
+def test_cpu_is_registered_on_import():
+    assert cpu.CPU_REG in registry.backends()
+    assert registry.reg_by_name("cpu") is cpu.CPU_REG is registry.backend_by_name("CPU")
+    assert registry.device_by_name("cPu") is cpu.CPU_REG.device(0)
+    assert registry.device_by_type(DeviceType.CPU) is cpu.CPU_REG.device(0)
+    assert registry.device_by_name("nope") is None and registry.reg_by_name("nope") is None
+
+
+def test_init_functions():
+    assert cpu.is_cpu(registry.init_by_name("CPU"))
+    assert cpu.is_cpu(registry.init_by_type(DeviceType.CPU))
+    with pytest.raises(BackendError, match="no device named 'Metal'; registered devices: .*CPU \\(CPU\\)"):
+        registry.init_by_name("Metal")
+    with pytest.raises(BackendError, match="no device of type ACCEL"):
+        registry.init_by_type(DeviceType.ACCEL)
+
+
+def test_duplicates_are_ignored_and_init_best_prefers_gpu(scratch_regs):
+    assert cpu.is_cpu(registry.init_best())
+    dev = MinimalDevice()  # a GPU
+    reg = MinimalReg([dev])
+    n_regs, n_devs = len(registry.backends()), len(registry.devices())
+    registry.register_backend(reg)
+    registry.register_backend(reg)
+    registry.register_device(dev)
+    registry.register_backend(None)
+    assert len(registry.backends()) == n_regs + 1 and len(registry.devices()) == n_devs + 1
+    assert registry.backends()[-1] is reg and registry.devices()[-1] is dev
+    assert registry.init_best().device is dev
+    registry.unregister_backend(reg)
+    assert dev not in registry.devices() and cpu.is_cpu(registry.init_best())
+
+
+def test_init_best_takes_an_igpu_before_the_cpu(scratch_regs):
+    class Igpu(MinimalDevice):
+        name = "IGPU0"
+        type = DeviceType.IGPU
+
+    registry.register_backend(MinimalReg([igpu := Igpu()]))
+    assert registry.init_best().device is igpu
+
+
+def test_load_all_from_an_installed_distribution(fake_dist):
+    with pytest.warns(RuntimeWarning, match="broken_backend:init.*no driver"):
+        loaded = registry.load_all()
+    assert [r.name for r in loaded] == ["FakeGPU"]
+    assert registry.device_by_name("fakegpu0").description == "a GPU that is not there"
+    backend = registry.init_best()
+    assert backend.name == "FakeGPU" and backend.device.reg is loaded[0]
+
+
+def test_load_backend_by_module_name_and_score_zero(fake_dist):
+    reg = registry.load_backend("fake_gpu_backend")
+    assert reg is registry.reg_by_name("FakeGPU")
+    (fake_dist / "unsupported_backend.py").write_text(FAKE_MODULE + "\ndef score():\n    return 0\n")
+    assert registry.load_backend("unsupported_backend:init") is None
+
+
+def test_load_backend_refusals(fake_dist):
+    (fake_dist / "wrong_backend.py").write_text(textwrap.dedent('''
+        from pyggml.backend.base import BackendReg
+        class Old(BackendReg):
+            name = "old"
+            api_version = 1
+        def init():
+            return Old()
+        def not_a_reg():
+            return 42
+    '''))
+    with pytest.raises(BackendError, match="API version 1, expected 2"):
+        registry.load_backend("wrong_backend")
+    with pytest.raises(BackendError, match="returned 42, not a BackendReg"):
+        registry.load_backend("wrong_backend:not_a_reg")
+    with pytest.raises(BackendError, match="cannot load 'no_such_module_xyz'"):
+        registry.load_backend("no_such_module_xyz")
+    sys.modules.pop("wrong_backend", None)
