@@ -8,6 +8,7 @@ view_* keep their byte offset in op_params words 0..1 (a little-endian size_t), 
 from __future__ import annotations
 
 import math
+import struct
 
 from pyggml.core import types as T
 from pyggml.core.context import Context
@@ -106,7 +107,7 @@ def _view(ctx: Context, a: Tensor, ne, strides, offset: int) -> Tensor:
     for i in range(1 + len(strides), MAX_DIMS):
         nb[i] = nb[i - 1] * full[i - 1]
     t = new_view(ctx, a, Op.VIEW, full, nb, offset, "view")
-    t.set_op_params([offset & 0xFFFFFFFF, offset >> 32])
+    t.set_op_params(struct.unpack("<2i", struct.pack("<Q", offset)))
     return t
 
 
