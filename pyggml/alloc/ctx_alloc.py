@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pyggml.alloc.tallocr import TensorAllocator
 from pyggml.backend.base import Backend, Buffer, BufferType, Status
+from pyggml.backend.multi_buffer import multi_buffer
 from pyggml.backend.tensor_io import view_init
 from pyggml.core.context import Context
 from pyggml.core.tensor import Tensor
@@ -78,7 +79,6 @@ def alloc_ctx_tensors_from_buft(ctx: Context, buft: BufferType) -> Buffer | None
         return None
     if len(buffers) == 1:
         return buffers[0]
-    from pyggml.backend.multi_buffer import multi_buffer
     return multi_buffer(buffers)
 
 

@@ -54,9 +54,10 @@ INPLACE_OPS = frozenset({
 })
 """ggml_op_can_inplace: the ops whose kernels may write over a source."""
 
-_OUTPUT = TensorFlag.OUTPUT
-_INPUT = TensorFlag.INPUT
-_IO = TensorFlag.INPUT | TensorFlag.OUTPUT
+# plain ints: testing an IntFlag with & costs ten times more than int(flags) & mask
+_OUTPUT = int(TensorFlag.OUTPUT)
+_INPUT = int(TensorFlag.INPUT)
+_IO = _INPUT | _OUTPUT
 
 
 def _align(size: int, alignment: int) -> int:
@@ -109,8 +110,12 @@ class _PlanningPass:
         return hn
 
     def allocate_node(self, t: Tensor, buffer_id: int) -> None:
-        hn = self.get(t)
-        if hn.allocated or t.data is not None or t.buffer is not None or t.view_src is not None:
+        hn = self.hash.get(id(t))
+        if hn is None:
+            hn = self.hash[id(t)] = _HashNode(t)
+        elif hn.allocated:
+            return
+        if t.data is not None or t.buffer is not None or t.view_src is not None:
             return
         hn.allocated = True
         hn.first = self.step
@@ -130,7 +135,7 @@ class _PlanningPass:
             p_hn = self.hash.get(id(p))
             if p_hn is None or not p_hn.allocated:
                 continue  # external memory, a view, or already released
-            if p.flags & _OUTPUT or (p.view_src is not None and p.view_src.flags & _OUTPUT):
+            if int(p.flags) & _OUTPUT or (p.view_src is not None and int(p.view_src.flags) & _OUTPUT):
                 continue
             if p.type != t.type or p.ne != t.ne or p.nb != t.nb:
                 continue
@@ -156,7 +161,7 @@ class _PlanningPass:
                                                               parent_size - node_size)
 
     def free_node(self, t: Tensor, hn: _HashNode) -> None:
-        if t.flags & _OUTPUT:
+        if int(t.flags) & _OUTPUT:
             return  # outputs are never freed
         self.allocators[self.groups[hn.buffer_id]].free(hn.chunk, hn.offset, hn.size)
         hn.allocated = False
@@ -172,12 +177,12 @@ class _PlanningPass:
             buffer_id = node_ids[i] if node_ids else 0
             if node.view_src is not None and node.op != Op.NONE:
                 get(node.view_src).n_views += 1
-            if node.flags & _INPUT:
+            if int(node.flags) & _INPUT:
                 allocate(node, buffer_id)
             for src in node.src:
                 if src is not None:
                     get(src).n_children += 1
-                    if src.flags & _INPUT:
+                    if int(src.flags) & _INPUT:
                         allocate(src, buffer_id)
         hash_ = self.hash
         for i, node in enumerate(graph.nodes):
@@ -260,13 +265,14 @@ def _make_plan(run: _PlanningPass, n_steps: int, planner: str) -> Plan:
             continue
         ggml_chunks = run.allocators[i].chunk_sizes
         chunks, chosen = ggml_chunks, "ggml"
-        if planner == "best" and members[i]:
+        lower_bound = _lower_bound(members[i], buft.alignment)
+        if planner == "best" and sum(ggml_chunks) > lower_bound:
             result = _place_offline(members[i], buft)
             if result.height < sum(ggml_chunks):
                 chunks, chosen = list(result.chunk_sizes), "best"
                 for hn in members[i]:
                     hn.chunk, hn.offset = hn.chain.chunk, hn.chain.offset
-        buffers.append(BufferPlan(chunks, _lower_bound(members[i], buft.alignment), sum(ggml_chunks), chosen, i))
+        buffers.append(BufferPlan(chunks, lower_bound, sum(ggml_chunks), chosen, i))
     tensors = [TensorPlan(hn.tensor, hn.buffer_id, hn.chunk, hn.offset, _align(hn.size, bufts[hn.buffer_id].alignment),
                           hn.first, hn.last, hn.parent) for hn in placed]
     return Plan(tensors, buffers, n_steps, planner)
@@ -282,17 +288,12 @@ TensorAlloc = tuple  # (buffer_id, chunk, offset, size_max); None for views, pre
 class _Record:
     """ggml's node_allocs/leaf_allocs (by graph position) and the fingerprint of the planned graph."""
 
-    def __init__(self, graph: Graph, hash_: dict[int, _HashNode]):
-        def alloc_of(t: Tensor | None) -> TensorAlloc | None:
-            if t is None or t.view_src is not None or t.data is not None:
-                return None
-            hn = hash_.get(id(t))
-            if hn is None or hn.chain is None:
-                return None
-            return hn.buffer_id, hn.chunk, hn.offset, hn.size
-
-        self.leafs = [alloc_of(t) for t in graph.leafs]
-        self.nodes = [(alloc_of(t), tuple(alloc_of(s) for s in _used_slots(t))) for t in graph.nodes]
+    def __init__(self, graph: Graph, placed: list[_HashNode]):
+        allocs = {id(hn.tensor): (hn.buffer_id, hn.chunk, hn.offset, hn.size) for hn in placed}
+        get = allocs.get
+        self.leafs = [get(id(t)) for t in graph.leafs]
+        self.nodes = [(get(id(t)), tuple([None if s is None else get(id(s)) for s in _used_slots(t)]))
+                      for t in graph.nodes]
         self.fingerprint = fingerprint(graph)
 
 
@@ -312,22 +313,21 @@ def fingerprint(graph: Graph) -> tuple:
     index: dict[int, object] = {id(t): ~i for i, t in enumerate(graph.leafs)}
     index.update((id(t), i) for i, t in enumerate(graph.nodes))
 
-    def ref(t: Tensor | None):
-        if t is None:
-            return None
+    def ref(t: Tensor):
         k = index.get(id(t))
         if k is None:
             k = index[id(t)] = ("external", len(index))
         return k
 
-    leafs = tuple((t.flags & _IO, ref(t.view_src)) for t in graph.leafs)
+    leafs = tuple((int(t.flags) & _IO, None if t.view_src is None else ref(t.view_src)) for t in graph.leafs)
     nodes = []
     for t in graph.nodes:
         slots = _used_slots(t)
         same = ()
         if t.op in INPLACE_OPS:
-            same = tuple(s is not None and s.type == t.type and s.ne == t.ne and s.nb == t.nb for s in slots)
-        nodes.append((t.op, t.flags & _IO, ref(t.view_src), tuple(map(ref, slots)), same))
+            same = tuple([s is not None and s.type == t.type and s.ne == t.ne and s.nb == t.nb for s in slots])
+        refs = tuple([None if s is None else ref(s) for s in slots])
+        nodes.append((t.op, int(t.flags) & _IO, None if t.view_src is None else ref(t.view_src), refs, same))
     return leafs, tuple(nodes)
 
 
@@ -452,7 +452,7 @@ class GraphAllocator:
         run = _PlanningPass(self.bufts, self._groups, allocators)
         run.run(graph, node_ids, leaf_ids)
         plan = _make_plan(run, max(graph.n_nodes, 1), self.planner)
-        record = _Record(graph, run.hash)
+        record = _Record(graph, run.placed)
         plan.time_s = time.perf_counter() - started
         if self.debug:
             plan.verify()
