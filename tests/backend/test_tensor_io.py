@@ -12,7 +12,6 @@ from pyggml.backend.multi_buffer import multi_buffer
 from pyggml.backend.tensor_io import (host_bytes, tensor_alloc, tensor_copy, tensor_copy_async, tensor_get,
                                       tensor_get_2d, tensor_get_async, tensor_memset, tensor_set, tensor_set_2d,
                                       tensor_set_async, view_init)
-from pyggml.core import types as T
 from pyggml.core.context import Context
 from pyggml.core.tensor import Tensor
 from pyggml.errors import (AllocationError, BufferError, BufferFreedError, LayoutError, NotAllocatedError,
@@ -356,4 +355,3 @@ def test_writes_match_a_byte_model_and_refusals_change_nothing(ops):
                 tensor_set(t, data, offset=offset, size=size)
         assert bytes(buf.host_array[16:48]) == bytes(model)
         assert not buf.host_array[:16].any() and not buf.host_array[48:].any()
-    assert T.type_name("i8") == "i8"
