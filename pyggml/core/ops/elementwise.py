@@ -10,12 +10,9 @@ from pyggml.core.context import Context
 from pyggml.core.ops._build import check_shape, check_type, new_result
 from pyggml.core.tensor import Op, Tensor
 
-__all__ = [
-    "dup", "dup_inplace", "add", "add_inplace", "add1", "add1_inplace", "add_id",
-    "sub", "sub_inplace", "mul", "mul_inplace", "div", "div_inplace",
-    "scale", "scale_inplace", "scale_bias", "scale_bias_inplace", "clamp",
-    "sqr", "sqr_inplace", "sqrt", "sqrt_inplace", "log", "log_inplace",
-    "sin", "sin_inplace", "cos", "cos_inplace", "fill", "fill_inplace", "leaky_relu",
+__all__ = [  # plus add/sub/mul/div and sqr/sqrt/log/sin/cos with their _inplace forms, defined at the end
+    "dup", "dup_inplace", "add1", "add1_inplace", "add_id", "scale", "scale_inplace", "scale_bias",
+    "scale_bias_inplace", "clamp", "fill", "fill_inplace", "leaky_relu",
 ]
 
 
@@ -40,38 +37,6 @@ def dup(ctx: Context, a: Tensor) -> Tensor:
 
 def dup_inplace(ctx: Context, a: Tensor) -> Tensor:
     return same_as(ctx, Op.DUP, a, (a,), inplace=True)
-
-
-def add(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
-    return _binary(ctx, Op.ADD, a, b)
-
-
-def add_inplace(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
-    return _binary(ctx, Op.ADD, a, b, inplace=True)
-
-
-def sub(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
-    return _binary(ctx, Op.SUB, a, b)
-
-
-def sub_inplace(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
-    return _binary(ctx, Op.SUB, a, b, inplace=True)
-
-
-def mul(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
-    return _binary(ctx, Op.MUL, a, b)
-
-
-def mul_inplace(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
-    return _binary(ctx, Op.MUL, a, b, inplace=True)
-
-
-def div(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
-    return _binary(ctx, Op.DIV, a, b)
-
-
-def div_inplace(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
-    return _binary(ctx, Op.DIV, a, b, inplace=True)
 
 
 def _add1(ctx: Context, a: Tensor, b: Tensor, inplace: bool) -> Tensor:
@@ -125,46 +90,6 @@ def clamp(ctx: Context, a: Tensor, min: float, max: float) -> Tensor:  # noqa: A
     return same_as(ctx, Op.CLAMP, a, (a,), (float(min), float(max)), inplace=True)
 
 
-def sqr(ctx: Context, a: Tensor) -> Tensor:
-    return same_as(ctx, Op.SQR, a, (a,))
-
-
-def sqr_inplace(ctx: Context, a: Tensor) -> Tensor:
-    return same_as(ctx, Op.SQR, a, (a,), inplace=True)
-
-
-def sqrt(ctx: Context, a: Tensor) -> Tensor:
-    return same_as(ctx, Op.SQRT, a, (a,))
-
-
-def sqrt_inplace(ctx: Context, a: Tensor) -> Tensor:
-    return same_as(ctx, Op.SQRT, a, (a,), inplace=True)
-
-
-def log(ctx: Context, a: Tensor) -> Tensor:
-    return same_as(ctx, Op.LOG, a, (a,))
-
-
-def log_inplace(ctx: Context, a: Tensor) -> Tensor:
-    return same_as(ctx, Op.LOG, a, (a,), inplace=True)
-
-
-def sin(ctx: Context, a: Tensor) -> Tensor:
-    return same_as(ctx, Op.SIN, a, (a,))
-
-
-def sin_inplace(ctx: Context, a: Tensor) -> Tensor:
-    return same_as(ctx, Op.SIN, a, (a,), inplace=True)
-
-
-def cos(ctx: Context, a: Tensor) -> Tensor:
-    return same_as(ctx, Op.COS, a, (a,))
-
-
-def cos_inplace(ctx: Context, a: Tensor) -> Tensor:
-    return same_as(ctx, Op.COS, a, (a,), inplace=True)
-
-
 def _fill(ctx: Context, a: Tensor, c: float, inplace: bool) -> Tensor:
     check_type(a.type in (T.GGMLType.F32, T.GGMLType.F16), "fill", "a must be F32 or F16", a)
     check_shape(a.is_contiguous, "fill", "a must be contiguous", a)
@@ -183,3 +108,28 @@ def fill_inplace(ctx: Context, a: Tensor, c: float) -> Tensor:
 def leaky_relu(ctx: Context, a: Tensor, negative_slope: float, inplace: bool = False) -> Tensor:
     """ggml's signature: the inplace choice is an argument."""
     return same_as(ctx, Op.LEAKY_RELU, a, (a,), (float(negative_slope),), inplace)
+
+
+def export(namespace: dict, names: list[str], name: str, fn) -> None:
+    """Publish a generated builder under ggml's name (ggml_add -> add) in a module and its __all__."""
+    fn.__name__ = fn.__qualname__ = name
+    namespace[name] = fn
+    names.append(name)
+
+
+def _export_binary(op: Op) -> None:
+    name = op.name.lower()
+    export(globals(), __all__, name, lambda ctx, a, b: _binary(ctx, op, a, b))
+    export(globals(), __all__, f"{name}_inplace", lambda ctx, a, b: _binary(ctx, op, a, b, inplace=True))
+
+
+def _export_math(op: Op) -> None:
+    name = op.name.lower()
+    export(globals(), __all__, name, lambda ctx, a: same_as(ctx, op, a, (a,)))
+    export(globals(), __all__, f"{name}_inplace", lambda ctx, a: same_as(ctx, op, a, (a,), inplace=True))
+
+
+for _op in (Op.ADD, Op.SUB, Op.MUL, Op.DIV):
+    _export_binary(_op)
+for _op in (Op.SQR, Op.SQRT, Op.LOG, Op.SIN, Op.COS):
+    _export_math(_op)

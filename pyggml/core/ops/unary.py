@@ -8,20 +8,19 @@ from __future__ import annotations
 
 from pyggml.core.context import Context
 from pyggml.core.ops._build import check_shape, check_type, new_result
-from pyggml.core.ops.elementwise import same_as
+from pyggml.core.ops.elementwise import export, same_as
 from pyggml.core.tensor import GluOp, Op, Tensor, UnaryOp
 
 __all__ = ["unary", "unary_inplace", "glu", "glu_split", "swiglu_oai"]
 
 
-def unary(ctx: Context, a: Tensor, op: UnaryOp) -> Tensor:
+def unary(ctx: Context, a: Tensor, op: UnaryOp, inplace: bool = False) -> Tensor:
     check_shape(a.is_contiguous_rows, "unary", "a's rows must be contiguous", a)
-    return same_as(ctx, Op.UNARY, a, (a,), (int(UnaryOp(op)),))
+    return same_as(ctx, Op.UNARY, a, (a,), (int(UnaryOp(op)),), inplace)
 
 
 def unary_inplace(ctx: Context, a: Tensor, op: UnaryOp) -> Tensor:
-    check_shape(a.is_contiguous_rows, "unary", "a's rows must be contiguous", a)
-    return same_as(ctx, Op.UNARY, a, (a,), (int(UnaryOp(op)),), inplace=True)
+    return unary(ctx, a, op, inplace=True)
 
 
 def _glu(ctx: Context, a: Tensor, b: Tensor | None, op: GluOp, swapped: bool) -> Tensor:
@@ -54,23 +53,17 @@ def swiglu_oai(ctx: Context, a: Tensor, b: Tensor | None, alpha: float, limit: f
     return t
 
 
-def _define(name: str, fn) -> None:
-    fn.__name__ = fn.__qualname__ = name
-    globals()[name] = fn
-    __all__.append(name)
-
-
 def _define_unary(op: UnaryOp) -> None:
     name = op.name.lower()
-    _define(name, lambda ctx, a: unary(ctx, a, op))
-    _define(f"{name}_inplace", lambda ctx, a: unary_inplace(ctx, a, op))
+    export(globals(), __all__, name, lambda ctx, a: unary(ctx, a, op))
+    export(globals(), __all__, f"{name}_inplace", lambda ctx, a: unary_inplace(ctx, a, op))
 
 
 def _define_glu(op: GluOp) -> None:
     name = op.name.lower()
-    _define(name, lambda ctx, a: glu(ctx, a, op, False))
-    _define(f"{name}_swapped", lambda ctx, a: glu(ctx, a, op, True))
-    _define(f"{name}_split", lambda ctx, a, b: glu_split(ctx, a, b, op))
+    export(globals(), __all__, name, lambda ctx, a: glu(ctx, a, op, False))
+    export(globals(), __all__, f"{name}_swapped", lambda ctx, a: glu(ctx, a, op, True))
+    export(globals(), __all__, f"{name}_split", lambda ctx, a, b: glu_split(ctx, a, b, op))
 
 
 for _op in UnaryOp:

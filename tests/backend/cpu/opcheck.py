@@ -76,7 +76,12 @@ def prepare(case: OpCase, seed: int = 0) -> tuple[Tensor, Graph]:
 def run(case: OpCase, seed: int = 0) -> Tensor:
     """Prepare the case, then compute every node on the CPU."""
     out, graph = prepare(case, seed)
-    for node in graph.nodes:
+    return compute(out, graph)
+
+
+def compute(out: Tensor, graph: Graph | None = None) -> Tensor:
+    """Run every node of out's graph (built here unless given) with the CPU kernels; returns out."""
+    for node in (graph or Graph().build_forward_expand(out)).nodes:
         kernels.compute(node)
     return out
 

@@ -3,13 +3,12 @@
 import numpy as np
 import pytest
 from opcases_layout import CASES
-from opcheck import check
+from opcheck import check, compute
 
 from pyggml.backend.cpu import kernels
 from pyggml.core import ops
 from pyggml.core import types as T
 from pyggml.core.context import Context
-from pyggml.core.graph import Graph
 from pyggml.core.tensor import host_ndarray
 from pyggml.core.types import GGMLType as G
 from pyggml.errors import OutOfBoundsError
@@ -19,11 +18,6 @@ from pyggml.errors import OutOfBoundsError
 def test_matches_reference(case):
     check(case)
 
-
-def compute(out):
-    for node in Graph().build_forward_expand(out).nodes:
-        kernels.compute(node)
-    return out
 
 
 def test_cpy_to_q8_0_is_within_one_quantum_per_block():

@@ -16,23 +16,23 @@ from pyggml.core.types import GGMLType as G
 from pyggml.errors import OutOfBoundsError, UnsupportedTypeError
 
 
-@cache
-def can_quantize(t: G) -> bool:
-    """Whether rows of type t can be produced from float (gguf.quants has a quantizer for it)."""
+def _converts(convert, t: G, row: np.ndarray) -> bool:
     try:
-        T.from_float(t, np.zeros((1, T.blck_size(t)), np.float32))
+        convert(t, row)
     except UnsupportedTypeError:
         return False
     return True
+
+
+@cache
+def can_quantize(t: G) -> bool:
+    """Whether rows of type t can be produced from float (gguf.quants has a quantizer for it)."""
+    return _converts(T.from_float, t, np.zeros((1, T.blck_size(t)), np.float32))
 
 
 @cache
 def can_dequantize(t: G) -> bool:
-    try:
-        T.to_float(t, np.zeros((1, T.type_size(t)), np.uint8))
-    except UnsupportedTypeError:
-        return False
-    return True
+    return _converts(T.to_float, t, np.zeros((1, T.type_size(t)), np.uint8))
 
 
 def copy_supported(src: G, dst: G) -> bool:
