@@ -123,9 +123,12 @@ class BufferType:
         if size == 0:
             return Buffer(self, 0)
         try:
-            return self._alloc_buffer(size)
+            buffer = self._alloc_buffer(size)
         except MemoryError as e:
             raise AllocationError(f"buffer type {self.name}: failed to allocate a buffer of {size} bytes: {e}") from e
+        if buffer is None:
+            raise AllocationError(f"buffer type {self.name}: failed to allocate a buffer of {size} bytes")
+        return buffer
 
     def alloc_size(self, t: Tensor) -> int:
         """Bytes the tensor needs in a buffer of this type, padding included (never less than nbytes)."""
@@ -518,7 +521,11 @@ class Device:
 
     def buffer_from_host_ptr(self, obj, size: int | None = None, max_tensor_size: int | None = None) -> Buffer:
         """A buffer over existing host memory (any buffer-protocol object, e.g. an mmap), without copying."""
-        view = memoryview(obj).cast("B")
+        try:
+            view = memoryview(obj).cast("B")
+        except TypeError as e:
+            raise BufferError(f"device {self.name}: buffer_from_host_ptr needs a C-contiguous buffer-protocol "
+                              f"object, got {type(obj).__name__} ({e})") from None
         size = view.nbytes if size is None else int(size)
         if not 0 <= size <= view.nbytes:
             raise BufferError(f"device {self.name}: buffer_from_host_ptr of {size} bytes over an object of "

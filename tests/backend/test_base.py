@@ -244,3 +244,19 @@ def test_reg_defaults(dev):
     with pytest.raises(BackendError, match="device index 1 out of range"):
         reg.device(1)
     assert reg.get_proc_address("ggml_backend_set_n_threads") is None
+
+
+def test_buffer_from_host_ptr_needs_a_contiguous_buffer(dev):
+    with pytest.raises(BufferError, match="C-contiguous buffer-protocol object, got ndarray"):
+        dev.buffer_from_host_ptr(np.zeros((4, 4), np.float32).T)
+    with pytest.raises(BufferError, match="got list"):
+        dev.buffer_from_host_ptr([1, 2])
+
+
+def test_a_buffer_type_returning_nothing_is_an_allocation_error():
+    class Null(MinimalBufferType):
+        def _alloc_buffer(self, size):
+            return None
+
+    with pytest.raises(AllocationError, match="failed to allocate a buffer of 8 bytes"):
+        Null().alloc_buffer(8)

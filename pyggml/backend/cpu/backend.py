@@ -193,9 +193,6 @@ class CpuBackend(Backend):
         return CpuGraphPlan(steps)
 
     def _run(self, plan: CpuGraphPlan) -> Status:
-        if plan.freed:
-            raise BackendError("CPU backend: graph_plan_compute on a plan that was freed")
-        check_graph_buffers(self.name, (node for node, _ in plan.steps))
         limits = threadpool_limits(self.n_threads) if threadpool_limits else contextlib.nullcontext()
         with limits:
             for node, fn in plan.steps:
@@ -214,6 +211,9 @@ class CpuBackend(Backend):
         plan.steps = self._plan(graph).steps
 
     def _graph_plan_compute(self, plan: CpuGraphPlan) -> Status:
+        if plan.freed:
+            raise BackendError("CPU backend: graph_plan_compute on a plan that was freed")
+        check_graph_buffers(self.name, (node for node, _ in plan.steps))
         return self._run(plan)
 
     def _graph_plan_free(self, plan: CpuGraphPlan) -> None:
