@@ -7,9 +7,11 @@ backend fills in a few underscore hooks. A minimal backend overrides:
 - BufferType: `_alloc_buffer(size)`; sets `name` and `alignment` (and, if it differs
   from the default, `max_size`, `is_host`, `_alloc_size(t)`).
 - Buffer: `_set_tensor`, `_get_tensor`, `_clear` (and optionally `_base`, `_free`,
-  `_init_tensor`, `_memset_tensor`, `_cpy_tensor`, `_reset`).
-- Backend: `name`, `guid`, `_graph_compute(graph)` (optionally the async copies,
-  `synchronize`, graph plans and events).
+  `_init_tensor`, `_memset_tensor`, `_cpy_tensor`, `_reset`, `_set_usage`,
+  `set_tensor_2d`/`get_tensor_2d`).
+- Backend: `name`, `guid`, `_graph_compute(graph)` (optionally `set/get_tensor_async`,
+  `cpy_tensor_async`, `synchronize`, `_graph_plan_create/update/compute/free`,
+  `event_record`, `event_wait`).
 - Device: `name`, `description`, `memory()`, `init_backend()`, `buffer_type`,
   `supports_op`, `supports_buft` (optionally the rest).
 - BackendReg: `name`, `devices` (optionally `_proc_addresses()`).
@@ -157,7 +159,9 @@ class Buffer:
 
     `base` is the address of the first byte (None for a size-0 buffer). A buffer used after
     `free()` raises BufferFreedError; so does freeing it twice. A read-only buffer (e.g. over a
-    read-only mmap) refuses writes with BufferError.
+    read-only mmap) refuses writes with BufferError. A host buffer (buft.is_host) must also
+    expose `host_array`, a uint8 NumPy array whose first byte is at `base`, so that
+    `core.tensor.host_ndarray` and the host fast paths of tensor_copy can reach its tensors.
 
     Thread-safety: concurrent set/get/memset on disjoint tensors are safe; overlapping writes,
     or `free`/`clear`/`reset` concurrent with any other use, are not.
