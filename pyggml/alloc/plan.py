@@ -15,9 +15,13 @@ from typing import NamedTuple
 
 import numpy as np
 
+from pyggml.backend.base import Backend, BufferUsage
+from pyggml.backend.tensor_io import tensor_memset
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
 from pyggml.errors import AllocationError
+
+POISON = 0xFF  # every float made of these bytes is a NaN
 
 
 class TensorPlan(NamedTuple):
@@ -190,3 +194,30 @@ class Plan:
         ax.legend(loc="upper right")
         fig.savefig(path, dpi=120, bbox_inches="tight")
         plt.close(fig)
+
+
+def compute_poisoned(backend: Backend, galloc, graph: Graph) -> None:
+    """Compute the graph node by node, filling each tensor's bytes with 0xFF (NaN) as soon as its lifetime
+    ends, so that a plan which lets a tensor be overwritten while still needed shows up as wrong results.
+
+    The graph must be the one `galloc` planned last and must be allocated (`galloc.alloc_graph(graph)`).
+    Tensors handed over in place are left alone (their bytes now belong to the child), and so are
+    tensors that live to the end (outputs and whatever ggml never frees).
+    """
+    plan = galloc.plan
+    if plan is None:
+        raise AllocationError("compute_poisoned: the graph allocator has no plan; reserve or alloc_graph first")
+    stray = [n for n in graph.nodes if n.view_src is None and plan.get(n) is None and n.buffer is not None
+             and n.buffer.usage == BufferUsage.COMPUTE]
+    if stray:
+        raise AllocationError(f"compute_poisoned: node {stray[0].name!r} lives in a compute buffer but not in the "
+                              f"allocator's latest plan; plan this graph first")
+    handed_over = {id(p.inplace_parent) for p in plan.tensors if p.inplace_parent is not None}
+    dying: dict[int, list[Tensor]] = {}
+    for p in plan.tensors:
+        if p.last < plan.n_steps - 1 and id(p.tensor) not in handed_over:
+            dying.setdefault(p.last, []).append(p.tensor)
+    for i in range(graph.n_nodes):
+        backend.graph_compute(graph.view(i, i + 1))
+        for t in dying.get(i, ()):
+            tensor_memset(t, POISON)
