@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from pyggml.backend.base import Backend, Buffer
+from pyggml.backend.multi_buffer import multi_buffer
 from pyggml.backend.tensor_io import tensor_alloc, tensor_copy, view_init
 from pyggml.core.context import Context
 from pyggml.core.graph import Graph
@@ -74,23 +75,33 @@ class _Copier:
             self.init(s)
 
     def allocate(self, backend: Backend) -> Buffer:
-        """One buffer for every non-view copy, each at an offset aligned for the backend's buffer type."""
+        """Place every non-view copy in buffers of the backend's default type, packed in order.
+
+        As ggml_backend_alloc_ctx_tensors does, a new buffer starts when the next tensor would
+        pass the type's max_size, and several buffers come back as one multi-buffer.
+        """
         buft = backend.default_buffer_type
-        align = buft.alignment
-        offsets, end = [], 0
+        chunks: list[list[tuple[Tensor, int]]] = [[]]
+        chunk_sizes = [0]
         for t in self.ctx_allocated:
-            end = -(-end // align) * align
-            offsets.append(end)
-            end += buft.alloc_size(t)
-        buffer = buft.alloc_buffer(end)
-        base = buffer.base or 0
+            size = -(-buft.alloc_size(t) // buft.alignment) * buft.alignment
+            if chunks[-1] and chunk_sizes[-1] + size > buft.max_size:
+                chunks.append([])
+                chunk_sizes.append(0)
+            chunks[-1].append((t, chunk_sizes[-1]))
+            chunk_sizes[-1] += size
+        buffers: list[Buffer] = []
         try:
-            for t, offset in zip(self.ctx_allocated, offsets):
-                tensor_alloc(buffer, t, base + offset)
+            for chunk, chunk_size in zip(chunks, chunk_sizes):
+                buffer = buft.alloc_buffer(chunk_size)
+                buffers.append(buffer)
+                for t, offset in chunk:
+                    tensor_alloc(buffer, t, (buffer.base or 0) + offset)
         except BaseException:
-            buffer.free()
+            for buffer in buffers:
+                buffer.free()
             raise
-        return buffer
+        return buffers[0] if len(buffers) == 1 else multi_buffer(buffers)
 
 
 def graph_copy(backend: Backend, graph: Graph) -> GraphCopy:

@@ -7,6 +7,7 @@ from minimal_backend import MinimalBufferType, minimal_device
 from pyggml.alloc import alloc_ctx_tensors
 from pyggml.backend import cpu
 from pyggml.backend.graph_copy import compare_graph_backend, graph_copy
+from pyggml.backend.multi_buffer import is_multi_buffer
 from pyggml.backend.tensor_io import tensor_get, tensor_set
 from pyggml.core import ops
 from pyggml.core.context import Context
@@ -113,3 +114,21 @@ def test_compare_is_false_when_the_copy_cannot_be_allocated():
     dev = minimal_device()
     dev.buft = Full(dev)
     assert compare_graph_backend(cpu.init(), dev.init_backend(), build(cpu.init()), lambda *a: True) is False
+
+
+def test_copy_splits_by_max_size_into_a_multi_buffer():
+    class Small(MinimalBufferType):
+        max_size = 40
+
+    dev = minimal_device()
+    dev.buft = Small(dev)
+    g = build(cpu.init())  # a, b, s (32 bytes each), then the 32-byte cont and scale results
+    copy = graph_copy(dev.init_backend(), g)
+    assert is_multi_buffer(copy.buffer)
+    assert [b.size for b in copy.buffer.buffers] == [32] * len(copy.ctx_allocated.tensors)
+    owners = {id(t.buffer) for t in copy.ctx_allocated}
+    assert owners == {id(b) for b in copy.buffer.buffers}
+    for n1, n2 in zip(g.nodes, copy.graph.nodes):
+        assert tensor_get(n2).tobytes() == tensor_get(n1).tobytes()
+    copy.free()
+    assert all(b.is_freed for b in copy.buffer.buffers)
