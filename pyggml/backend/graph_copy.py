@@ -1,8 +1,9 @@
 """ggml_backend_graph_copy and ggml_backend_compare_graph_backend: run one graph on two backends.
 
 graph_copy duplicates every tensor reachable from the nodes (same layout, op, op_params,
-flags, name and sources), places the non-views in one new buffer of the target backend,
-copies their data, and points the views at their copied roots. compare_graph_backend uses
+flags, name and sources), places the non-views in a new buffer of the target backend
+(a multi-buffer when the buffer type's max_size splits them), copies their data, and
+points the views at their copied roots. compare_graph_backend uses
 it to check a backend against another, node by node or on chosen nodes.
 
 Where ggml returns an all-NULL copy, graph_copy raises (GraphError for an unallocated

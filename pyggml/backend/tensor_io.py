@@ -168,7 +168,11 @@ def _strided_image(t: Tensor, values: np.ndarray) -> np.ndarray:
 # Synchronous access
 # ----------------------------------------------------------------------------------------------
 def tensor_set(t: Tensor, data, offset: int = 0, size: int | None = None) -> None:
-    """Write data into t at byte `offset` (ggml_backend_tensor_set)."""
+    """Write data into t at byte `offset` (ggml_backend_tensor_set).
+
+    `size` defaults to all of data; a whole-tensor write (offset 0, no size) must bring exactly
+    t.nbytes bytes. A typed array written whole into a strided view lands element by element.
+    """
     buf = _bound_buffer(t, "tensor_set")
     if size == 0:
         return
