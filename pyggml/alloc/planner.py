@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import bisect
 import csv
-import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +35,8 @@ MAX_CHUNKS = 16  # GGML_VBUFFER_MAX_CHUNKS
 MAX_FREE_BLOCKS = 256  # per chunk
 _UNBOUNDED = SIZE_MAX // 2  # ggml's "infinite" block size, chosen so sums cannot overflow
 PLANNERS = ("ggml", "size", "best", "search")
+GOOD_ENOUGH = (1, 256)  # "best" stops promoting within this fraction of the lower bound
+TRY_NEXT_ORDER = (1, 100)  # and tries its next order only while further above it than this
 
 
 def _align(size: int, alignment: int) -> int:
@@ -367,6 +368,7 @@ class _Placement:
     offset: np.ndarray
     chunk: np.ndarray
     chunk_sizes: list[int]
+    capacities: list[int]  # how many bytes each chunk may grow to
 
     @property
     def height(self) -> int:
@@ -394,20 +396,31 @@ class _Placer:
         ends_so_far = np.maximum.accumulate(problem.end[self.by_start])
         self.window_lo = np.searchsorted(ends_so_far, problem.start, side="right").tolist()
         self.window_hi = np.searchsorted(problem.start[self.by_start], problem.end).tolist()
+        self.start, self.end, self.size = problem.start.tolist(), problem.end.tolist(), problem.size.tolist()
+        self.slots = self.slot.tolist()
 
-    def place(self, order: Sequence[int], max_size: int | None) -> _Placement:
+    def place(self, order: Sequence[int], max_size: int | None,
+              keep: tuple[_Placement, np.ndarray] | None = None) -> _Placement:
+        """Place the intervals of `order`; with `keep`, the given intervals of a plan stay where they are."""
         p = self.problem
-        end, size = p.end.tolist(), p.size.tolist()
         # In start order: end (-1 until placed, so unplaced intervals never overlap), offset, top, chunk.
         placed_end = np.full(p.n, -1, np.int64)
         placed_off = np.zeros(p.n, np.int64)
         placed_top = np.zeros(p.n, np.int64)
         placed_chunk = np.zeros(p.n, np.int64)
-        offset = np.zeros(p.n, np.int64)
-        chunk = np.zeros(p.n, np.int64)
         capacities: list[int] = []
         chunk_sizes: list[int] = []
-        start, slots, lows, highs = p.start.tolist(), self.slot.tolist(), self.window_lo, self.window_hi
+        if keep is not None:
+            plan, kept = keep
+            slots = self.slot[kept]
+            placed_end[slots], placed_off[slots], placed_chunk[slots] = p.end[kept], plan.offset[kept], plan.chunk[kept]
+            placed_top[slots] = plan.offset[kept] + p.size[kept]
+            capacities = list(plan.capacities)
+            heights = np.zeros(len(capacities), np.int64)
+            np.maximum.at(heights, plan.chunk[kept], placed_top[slots])
+            chunk_sizes = heights.tolist()
+        start, end, size = self.start, self.end, self.size
+        slots, lows, highs = self.slots, self.window_lo, self.window_hi
         for i in order:
             z = size[i]
             lo, hi = lows[i], highs[i]
@@ -428,11 +441,10 @@ class _Placer:
                 unbounded = max_size is None or c == MAX_CHUNKS - 1
                 capacities.append(_UNBOUNDED if unbounded else max(max_size, z))
                 chunk_sizes.append(0)
-            offset[i], chunk[i] = o, c
             chunk_sizes[c] = max(chunk_sizes[c], o + z)
             k = slots[i]
             placed_end[k], placed_off[k], placed_top[k], placed_chunk[k] = end[i], o, o + z, c
-        return _Placement(offset, chunk, chunk_sizes)
+        return _Placement(placed_off[self.slot], placed_chunk[self.slot], chunk_sizes, capacities)
 
 
 def _best_gap(offs: np.ndarray, tops: np.ndarray, size: int, capacity: int) -> int:
@@ -470,17 +482,19 @@ def _plan_ggml(problem: _Problem, max_size: int | None) -> _Placement:
     srcs whose last consumer is i are freed, and they end at i + 1.
     """
     allocator = DynAllocator(problem.alignment, max_size)
-    offset = np.zeros(problem.n, np.int64)
-    chunk = np.zeros(problem.n, np.int64)
+    address = [(0, 0)] * problem.n
     # Event keys: 2 * step for a free, 2 * step + 1 for an allocation; the stable sort keeps input order.
     events = np.argsort(np.concatenate((2 * problem.end, 2 * problem.start + 1)), kind="stable")
     size = problem.size.tolist()
     for i, allocating in zip((events % problem.n).tolist(), (events >= problem.n).tolist()):
         if allocating:
-            chunk[i], offset[i] = allocator.alloc(size[i])
+            address[i] = allocator.alloc(size[i])
         else:
-            allocator.free(int(chunk[i]), int(offset[i]), size[i])
-    return _Placement(offset, chunk, allocator.chunk_sizes)
+            allocator.free(*address[i], size[i])
+    chunk, offset = np.array(address, np.int64).reshape(problem.n, 2).T
+    capacities = [max(allocator.max_chunk_size, size) for size in allocator.chunk_sizes]
+    capacities[MAX_CHUNKS - 1:] = [_UNBOUNDED] * len(capacities[MAX_CHUNKS - 1:])
+    return _Placement(offset, chunk, allocator.chunk_sizes, capacities)
 
 
 def _orderings(problem: _Problem) -> list[list[int]]:
@@ -503,52 +517,74 @@ def _promoted(order: list[int], culprits: np.ndarray) -> list[int]:
 
 
 def _plan_best(problem: _Problem, placer: _Placer, max_size: int | None, target: int,
-               rounds: int = 2) -> tuple[_Placement, list[int]]:
-    """Greedy placement over several orders, each followed by a few rounds of culprit promotion.
+               rounds: int = 3) -> _Placement:
+    """Greedy placement over the orders of `_orderings`, each followed by culprit promotion.
 
-    A round moves the intervals that define the height to the front of the order and places
-    everything again. Stops as soon as the height reaches `target` (the lower bound).
+    A promotion round moves the intervals that define the height to the front of the order and
+    places everything again; rounds go on while they help. Effort is bounded so that big graphs
+    plan quickly: promotion stops within `GOOD_ENOUGH` of the lower bound, and the next order is
+    only tried while the best plan is more than `TRY_NEXT_ORDER` above it.
     """
-    best = best_order = None
+    good_enough = target + target * GOOD_ENOUGH[0] // GOOD_ENOUGH[1]
+    try_next = target + target * TRY_NEXT_ORDER[0] // TRY_NEXT_ORDER[1]
+    best = None
     for order in _orderings(problem):
+        previous = None
         for _ in range(rounds + 1):
             placement = placer.place(order, max_size)
             if best is None or placement.height < best.height:
-                best, best_order = placement, order
-            if best.height <= target:
-                return best, best_order
+                best = placement
+            if best.height <= good_enough or (previous is not None and placement.height >= previous):
+                break
+            previous = placement.height
             order = _promoted(order, placement.culprits(problem.size))
-    return best, best_order
+        if best.height <= try_next:
+            break
+    return best
 
 
 def _plan_search(problem: _Problem, placer: _Placer, max_size: int | None, target: int,
-                 start: tuple[_Placement, list[int]], budget_s: float, seed: int,
-                 max_iterations: int | None) -> _Placement:
-    """Iterated greedy: perturb the placement order, place again, keep changes that are no worse.
+                 start: _Placement, budget_s: float, seed: int, max_iterations: int | None) -> _Placement:
+    """Ruin and recreate: lift a culprit and some of the intervals live with it, place them again.
 
-    Moves: promote the culprits, or move a few random intervals to random earlier positions.
-    The sequence of tries depends only on `seed`; the budget decides how many run.
+    The lifted intervals go back in a perturbed largest-first order while everything else stays.
+    A change is kept when it does not raise (height, sum of tops); the sum rewards pushing bytes
+    down, which lets the search walk across plateaus of equal height. The sequence of tries
+    depends only on `seed`; the budget decides how many run.
     """
-    rng = random.Random(seed)
+    rng = np.random.default_rng(seed)
     deadline = time.perf_counter() + budget_s
-    best, order = start
-    current = best
+    size = problem.size
+    best = current = start
+    current_score = (current.height, int((current.offset + size).sum()))
     iteration = 0
-    while best.height > target and time.perf_counter() < deadline and iteration != max_iterations:
+    while best.height > target and iteration != max_iterations and time.perf_counter() < deadline:
         iteration += 1
-        if rng.random() < 0.2:
-            candidate_order = _promoted(order, current.culprits(problem.size))
-        else:
-            candidate_order = list(order)
-            for _ in range(rng.randint(1, 3)):
-                item = candidate_order.pop(rng.randrange(len(candidate_order)))
-                candidate_order.insert(rng.randrange(len(candidate_order) + 1), item)
-        placement = placer.place(candidate_order, max_size)
-        if placement.height <= current.height:
-            current, order = placement, candidate_order
-            if placement.height < best.height:
-                best = placement
+        lifted = _ruin(problem, current, rng)
+        kept = np.ones(problem.n, bool)
+        kept[lifted] = False
+        noisy_size = size[lifted] * rng.uniform(0.6, 1.4, lifted.size)
+        order = lifted[np.argsort(-noisy_size, kind="stable")].tolist()
+        candidate = placer.place(order, max_size, keep=(current, np.flatnonzero(kept)))
+        score = (candidate.height, int((candidate.offset + size).sum()))
+        if score <= current_score:
+            current, current_score = candidate, score
+            if candidate.height < best.height:
+                best = candidate
     return best
+
+
+def _ruin(problem: _Problem, plan: _Placement, rng: np.random.Generator) -> np.ndarray:
+    """A culprit at the top of its chunk plus a random share of the intervals live with it, higher ones likelier."""
+    culprits = plan.culprits(problem.size)
+    victim = culprits[rng.integers(culprits.size)]
+    live = np.flatnonzero((problem.start < problem.end[victim]) & (problem.end > problem.start[victim])
+                          & (plan.chunk == plan.chunk[victim]))
+    tops = plan.offset[live] + problem.size[live]
+    height = plan.chunk_sizes[plan.chunk[victim]]
+    share = rng.uniform(0.05, 0.6)
+    lifted = live[rng.random(live.size) < share * (0.25 + tops / max(height, 1))]
+    return np.union1d(lifted, [victim])
 
 
 def plan_offsets(intervals: Sequence[Interval], alignment: int = 1, planner: str = "best",
@@ -576,15 +612,14 @@ def plan_offsets(intervals: Sequence[Interval], alignment: int = 1, planner: str
         placement = _Placer(problem).place(_by_size(problem), max_size)
     else:
         placer = _Placer(problem)
-        start = _plan_best(problem, placer, max_size, target)
-        placement = start[0]
-        if planner == "search":
-            placement = _plan_search(problem, placer, max_size, target, start,
-                                     3.0 if budget_s is None else budget_s, seed, max_iterations)
+        placement = _plan_best(problem, placer, max_size, target)
         if placement.height > target:
             online = _plan_ggml(problem, max_size)
             if online.height < placement.height:
                 placement = online
+        if planner == "search":
+            placement = _plan_search(problem, placer, max_size, target, placement,
+                                     3.0 if budget_s is None else budget_s, seed, max_iterations)
     return PlanResult(offsets=dict(zip(problem.ids, placement.offset.tolist())),
                       chunks=dict(zip(problem.ids, placement.chunk.tolist())),
                       chunk_sizes=placement.chunk_sizes, lower_bound=target, planner=planner,
