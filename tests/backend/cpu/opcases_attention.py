@@ -29,6 +29,18 @@ def _mask_for(mask, shape):
     return mask[i3][:, i2][:, :, : shape[2], : shape[3]]
 
 
+def ref_softmax(w, mask, max_bias, sinks):
+    """Row softmax of w (ne3, head, rows, cols) + slope*mask, with sink logits joining the denominator."""
+    if mask is not None:
+        w = w + _slopes(w.shape[1], max_bias)[None, :, None, None] * _mask_for(values(mask), w.shape)
+    peak = w.max(axis=-1, keepdims=True)
+    sink = values(sinks).reshape(1, -1, 1, 1) if sinks is not None else None
+    if sink is not None:
+        peak = np.maximum(peak, sink)
+    e = np.exp(w - peak)
+    return e / (e.sum(axis=-1, keepdims=True) + (np.exp(sink - peak) if sink is not None else 0))
+
+
 def _causal_mask(ctx, type_, n_kv, n_rows, ne2=1, ne3=1, n_past=None, seed=1):
     """A mask with -inf above a random diagonal and random finite values elsewhere."""
     m = ctx.new_tensor(type_, (n_kv, n_rows, ne2, ne3), name="mask")
@@ -65,17 +77,7 @@ def soft_max_case(name, ne, mask_type=None, mask_ne23=(1, 1), mask_rows_extra=0,
         return out
 
     def ref(out):
-        a = values(out.src[0])
-        w = a * np.float32(scale)
-        if out.src[1] is not None:
-            w = w + _slopes(ne[2], max_bias)[None, :, None, None] * _mask_for(values(out.src[1]), w.shape)
-        peak = w.max(axis=-1, keepdims=True)
-        sink = values(out.src[2]).reshape(1, -1, 1, 1) if out.src[2] is not None else None
-        if sink is not None:
-            peak = np.maximum(peak, sink)
-        e = np.exp(w - peak)
-        total = e.sum(axis=-1, keepdims=True) + (np.exp(sink - peak) if sink is not None else 0)
-        return e / total
+        return ref_softmax(values(out.src[0]) * np.float32(scale), out.src[1], max_bias, out.src[2])
     return OpCase(name, build, 1e-6, ref)
 
 
@@ -149,15 +151,7 @@ def flash_attn_case(name, d_k, d_v, n_head, n_head_kv, n_kv, n_tok, ne3=1, kv_ty
         s = np.einsum("xhtd,xhkd->xhtk", q, k) * scale
         if softcap:
             s = softcap * np.tanh(s / softcap)
-        if out.src[3] is not None:
-            s = s + _slopes(n_head, max_bias)[None, :, None, None] * _mask_for(values(out.src[3]), s.shape)
-        peak = s.max(axis=-1, keepdims=True)
-        sink = values(out.src[4]).reshape(1, -1, 1, 1) if out.src[4] is not None else None
-        if sink is not None:
-            peak = np.maximum(peak, sink)
-        e = np.exp(s - peak)
-        total = e.sum(axis=-1, keepdims=True) + (np.exp(sink - peak) if sink is not None else 0)
-        return np.einsum("xhtk,xhkd->xthd", e / total, v)
+        return np.einsum("xhtk,xhkd->xthd", ref_softmax(s, out.src[3], max_bias, out.src[4]), v)
     return OpCase(name, build, 5e-4, ref)
 
 

@@ -64,6 +64,32 @@ def _tiled(x: np.ndarray, reps_shape) -> np.ndarray:
     return np.reshape(x, (x.shape[0] // m3, m3, x.shape[1] // m2, m2, *x.shape[2:]), copy=False)
 
 
+def _exp_rows(scores: np.ndarray, mask: Tensor | None, max_bias: float, sinks: Tensor | None, sum_dtype):
+    """In place: scores += slope[head]*mask (mask reused by index modulo), then exp(scores - row max).
+
+    Returns each row's denominator (sum, plus exp(sink - max) with sinks). The row max includes the
+    sink; a row that is all -inf is shifted by 0, so it exponentiates to zeros instead of NaN.
+    """
+    _, n_head, n_rows, n_cols = scores.shape
+    if mask is not None:
+        m = as_f32(mask)[:, :, :n_rows, :n_cols]
+        m3, m2 = m.shape[:2]
+        slopes = alibi_slopes(n_head, max_bias).reshape(1, 1, n_head // m2, m2, 1, 1)
+        tiled = _tiled(scores, (m3, m2))
+        tiled += slopes * m[None, :, None, :, :, :]
+    peak = scores.max(axis=-1, keepdims=True)
+    sink = as_f32(sinks).reshape(1, -1, 1, 1) if sinks is not None else None
+    if sink is not None:
+        np.maximum(peak, sink, out=peak)
+    peak[np.isneginf(peak)] = 0
+    scores -= peak
+    np.exp(scores, out=scores)
+    total = scores.sum(axis=-1, keepdims=True, dtype=sum_dtype)
+    if sink is not None:
+        total += np.exp(sink - peak)
+    return total
+
+
 def _supports_soft_max(dst: Tensor) -> bool:
     a, mask, sinks = dst.src[0], dst.src[1], dst.src[2]
     return (dst.type == F32 and a.type == F32 and (mask is None or mask.type in (F32, F16))
@@ -77,21 +103,7 @@ def soft_max(dst: Tensor) -> None:
     scale, max_bias = dst.op_params_f32(0), dst.op_params_f32(1)
     out = view(dst)
     np.multiply(view(a), np.float32(scale), out=out)
-    if mask is not None:
-        m = as_f32(mask)[:, :, : a.ne[1], :]
-        m3, m2 = m.shape[:2]
-        slopes = alibi_slopes(a.ne[2], max_bias).reshape(1, 1, a.ne[2] // m2, m2, 1, 1)
-        tiled = _tiled(out, (m3, m2))
-        tiled += slopes * m[None, :, None, :, :, :]
-    peak = out.max(axis=-1, keepdims=True)
-    sink = as_f32(sinks).reshape(1, -1, 1, 1) if sinks is not None else None
-    if sink is not None:
-        np.maximum(peak, sink, out=peak)
-    out -= peak
-    np.exp(out, out=out)
-    total = out.sum(axis=-1, keepdims=True, dtype=np.float64)
-    if sink is not None:
-        total += np.exp(sink - peak)
+    total = _exp_rows(out, mask, max_bias, sinks, np.float64)
     out *= (1.0 / total).astype(np.float32)
 
 
@@ -186,22 +198,7 @@ def flash_attn_ext(dst: Tensor) -> None:
         scores *= np.float32(softcap)
     else:
         scores *= np.float32(scale)
-    if mask is not None:
-        m = as_f32(mask)[:, :, : q.ne[1], :n_kv]
-        m3, m2 = m.shape[:2]
-        slopes = alibi_slopes(n_head, max_bias).reshape(1, 1, n_head // m2, m2, 1, 1)
-        tiled = _tiled(scores, (m3, m2))
-        tiled += slopes * m[None, :, None, :, :, :]
-    peak = scores.max(axis=-1, keepdims=True)
-    sink = as_f32(sinks).reshape(1, -1, 1, 1) if sinks is not None else None
-    if sink is not None:
-        np.maximum(peak, sink, out=peak)
-    peak[np.isneginf(peak)] = 0  # a fully masked row: exp() gives zeros (and a zero result), not NaN
-    scores -= peak
-    np.exp(scores, out=scores)
-    total = scores.sum(axis=-1, keepdims=True)
-    if sink is not None:
-        total += np.exp(sink - peak)
+    total = _exp_rows(scores, mask, max_bias, sinks, np.float32)
     weighted = np.matmul(_grouped(scores, v.ne[2]), as_f32(v)[:, :, None]).reshape(
         q.ne[3], n_head, q.ne[1], v.ne[0])                     # (ne3, head, token, d_v)
     np.divide(weighted, total, out=weighted, where=total != 0)

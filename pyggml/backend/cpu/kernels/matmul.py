@@ -38,28 +38,28 @@ def _supports_product(dst: Tensor) -> bool:
     return dst.type == T.GGMLType.F32 and b.type in FLOAT_TYPES and dequantizable(a.type)
 
 
+def _broadcast_split(dst: Tensor, wa: np.ndarray, wb: np.ndarray):
+    """Split dims 3, 2 into (a3, r3, a2, r2) so that a's matrix i2 // r2, i3 // r3 broadcasts onto b's i2, i3."""
+    a, b = dst.src[0], dst.src[1]
+    split = (a.ne[3], b.ne[3] // a.ne[3], a.ne[2], b.ne[2] // a.ne[2])
+    a_split = (split[0], 1, split[2], 1)
+    return wa.reshape(*a_split, *wa.shape[2:]), wb.reshape(*split, *wb.shape[2:]), split
+
+
 @kernel(Op.MUL_MAT, supports=_supports_product)
 def mul_mat(dst: Tensor) -> None:
-    """dst[.., i1, i0] = b[.., i1, :]·a[.., i0, :]; a's matrix i2//r2, i3//r3 serves b's matrix i2, i3."""
+    """dst[.., i1, i0] = b[.., i1, :]·a[.., i0, :], one BLAS call per matrix pair."""
     a, b = dst.src[0], dst.src[1]
-    k, rows_a, rows_b = a.ne[0], a.ne[1], b.ne[1]
-    a2, a3 = a.ne[2], a.ne[3]
-    r2, r3 = b.ne[2] // a2, b.ne[3] // a3
-    wa = _blasable(src0_f32(a)).reshape(a3, 1, a2, 1, rows_a, k)
-    wb = _blasable(as_f32(b)).reshape(a3, r3, a2, r2, rows_b, k)
-    np.matmul(wb, wa.swapaxes(-1, -2), out=_out_view(dst, (a3, r3, a2, r2, rows_b, rows_a)))
+    wa, wb, split = _broadcast_split(dst, _blasable(src0_f32(a)), _blasable(as_f32(b)))
+    np.matmul(wb, wa.swapaxes(-1, -2), out=_out_view(dst, (*split, b.ne[1], a.ne[1])))
 
 
 @kernel(Op.OUT_PROD, supports=_supports_product)
 def out_prod(dst: Tensor) -> None:
     """dst[.., i1, i0] = sum_k a[.., k, i0]·b[.., k, i1], with mul_mat's broadcasting of a over dims 2, 3."""
     a, b = dst.src[0], dst.src[1]
-    k, cols_a, cols_b = a.ne[1], a.ne[0], b.ne[0]
-    a2, a3 = a.ne[2], a.ne[3]
-    r2, r3 = b.ne[2] // a2, b.ne[3] // a3
-    wa = src0_f32(a).reshape(a3, 1, a2, 1, k, cols_a)
-    wb = as_f32(b).reshape(a3, r3, a2, r2, k, cols_b)
-    np.matmul(wb.swapaxes(-1, -2), wa, out=_out_view(dst, (a3, r3, a2, r2, cols_b, cols_a)))
+    wa, wb, split = _broadcast_split(dst, src0_f32(a), as_f32(b))
+    np.matmul(wb.swapaxes(-1, -2), wa, out=_out_view(dst, (*split, b.ne[0], a.ne[0])))
 
 
 def _supports_mul_mat_id(dst: Tensor) -> bool:
