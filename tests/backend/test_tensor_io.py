@@ -1,5 +1,7 @@
 """The public tensor-data wrappers: every check raises before a byte moves, and the data paths are right."""
 
+import threading
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -355,3 +357,23 @@ def test_writes_match_a_byte_model_and_refusals_change_nothing(ops):
                 tensor_set(t, data, offset=offset, size=size)
         assert bytes(buf.host_array[16:48]) == bytes(model)
         assert not buf.host_array[:16].any() and not buf.host_array[48:].any()
+
+
+def test_concurrent_writes_to_disjoint_tensors(buf):
+    tensors = [placed(buf, "i32", (16,), offset=64 * i, name=f"t{i}") for i in range(8)]
+
+    torn = []
+
+    def writer(i):
+        for k in range(50):
+            tensor_set(tensors[i], np.full(16, i * 1000 + k, np.int32))
+            if not (tensor_get(tensors[i]) == i * 1000 + k).all():
+                torn.append((i, k))
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert torn == []
+    assert [int(tensor_get(t)[0]) for t in tensors] == [i * 1000 + 49 for i in range(8)]
