@@ -1,5 +1,6 @@
 """Offset planners: ggml's dynamic allocator (golden behaviours of ggml 0.15.3) and the offline planners."""
 
+import json
 import os
 from pathlib import Path
 
@@ -10,8 +11,16 @@ from pyggml.alloc import planner
 from pyggml.alloc.planner import DynAllocator, Interval, PlanResult, plan_offsets, verify_offsets
 from pyggml.errors import AllocationError
 
-BENCH = Path(os.environ.get("PYGGML_SHARED", Path(__file__).resolve().parents[3] / "shared")) / "planning-bench"
+SHARED = Path(os.environ.get("PYGGML_SHARED", Path(__file__).resolve().parents[3] / "shared"))
+BENCH = SHARED / "planning-bench"
 BENCH_CSVS = sorted(BENCH.glob("*.csv"))
+# gallocr's allocations on the shared graphs as intervals (in-place chains merged, one per dyn alloc,
+# in allocation order, named by the tensor that allocated), written by replaying ggml 0.15.3's
+# gallocr rules (ggml-notes §5.4-5.6) over graphs/*.json.
+GRAPH_LIFETIMES = Path(__file__).parent / "data" / "graph_lifetimes"
+IN_PLACE_LOWER_BOUND = {  # graphs/FORMAT.md
+    "mlp_chain": 262144, "gpt2_small_prefill": 104499200, "gpt2_small_decode": 1605632,
+    "llama_like_block_stack": 15991808, "whisper_tiny_encoder_like": 63216000, "wide_dag": 19730432}
 UNBOUNDED = 2**64 // 2 - 1
 
 
@@ -195,6 +204,22 @@ def test_ggml_planner_frees_before_allocating_at_the_same_step():
     result = plan_offsets(intervals, planner="ggml")
     assert result.offsets == {"a": 0, "c": 10, "b": 0}
     assert result.height == 20
+
+
+@pytest.mark.parametrize("name", sorted(IN_PLACE_LOWER_BOUND))
+def test_ggml_planner_reproduces_gallocr_and_best_reaches_load_on_the_graphs(name):
+    if not (SHARED / "graphs" / f"{name}.json").exists():
+        pytest.skip("shared graphs not available")
+    graph = json.loads((SHARED / "graphs" / f"{name}.json").read_text())
+    tensors = {t["id"]: t for t in graph["leafs"] + graph["nodes"]}
+    intervals = planner.load_csv(GRAPH_LIFETIMES / f"{name}.csv")
+    ggml = plan_offsets(intervals, alignment=graph["alignment"], planner="ggml")
+    assert ggml.height == graph["compute_buffer_size"]
+    assert {i: tensors[i]["offset"] for i in ggml.offsets} == ggml.offsets
+    best = plan_offsets(intervals, alignment=graph["alignment"])
+    verify_offsets(intervals, best)
+    assert best.lower_bound == IN_PLACE_LOWER_BOUND[name]
+    assert best.height == best.lower_bound
 
 
 def test_verify_names_overlapping_intervals():
