@@ -186,6 +186,14 @@ def diag_case(ne=(6, 1, 3, 2)):
     return OpCase(f"diag_{'x'.join(map(str, ne))}", lambda ctx: ops.diag(ctx, new_input(ctx, G.F32, ne)), 0.0, ref)
 
 
+def repeat_cases(layout):
+    return [
+        *(repeat_case(t, ne, to, layout) for t in (G.F32, G.F16, G.I32)
+          for ne, to in [((3, 1, 2, 1), (6, 4, 2, 3)), ((5, 2, 1, 1), (5, 2, 1, 1)), ((1, 1, 1, 1), (4, 3, 2, 1))]),
+        *(repeat_back_case(ne, to, layout) for ne, to in [((6, 4, 2, 3), (3, 1, 2, 1)), ((8, 2, 1, 1), (8, 2, 1, 1))]),
+    ]
+
+
 COPY_PAIRS = [(s, d) for s in FLOATS for d in FLOATS] + [(G.F32, G.I32), (G.I32, G.F32), (G.I32, G.I32)]
 CASES = [
     *(copy_case("cpy", s, d, layout=lay) for s, d in COPY_PAIRS for lay in LAYOUTS),
@@ -198,19 +206,19 @@ CASES = [
     *(copy_case("cont", t, t, layout="perm") for t in (G.F32, G.F16, G.I32)),
     copy_case("cont", G.F32, G.F32, ne=(4, 6, 2, 2), dst_ne=(8, 3, 4, 1), layout="perm"),
     *(copy_case("cast", G.F32, d) for d in (G.F16, G.BF16, G.Q8_0)),
-    *(repeat_case(t, ne, to, lay) for t in (G.F32, G.F16, G.I32)
-      for ne, to in [((3, 1, 2, 1), (6, 4, 2, 3)), ((5, 2, 1, 1), (5, 2, 1, 1)), ((1, 1, 1, 1), (4, 3, 2, 1))]
-      for lay in ("cont", "perm")),
-    *(repeat_back_case(ne, to, lay) for ne, to in [((6, 4, 2, 3), (3, 1, 2, 1)), ((8, 2, 1, 1), (8, 2, 1, 1))]
-      for lay in ("cont", "perm")),
+    *repeat_cases("cont"),
     *(concat_case(t, d, lay) for t in (G.F32, G.F16, G.I32) for d in range(4) for lay in ("cont", "perm")),
     *(pad_case(p, circ, layout=lay) for p in [(0, 2, 0, 1, 0, 0, 0, 1), (1, 2, 3, 0, 1, 1, 0, 2)]
       for circ in (False, True) for lay in ("cont", "perm")),
     pad_case((0, 3, 0, 0, 0, 0, 0, 0), True, ne=(2, 1, 1, 1)),
     *(get_rows_case(t) for t in (*FLOATS, G.I32, *DEQUANTIZABLE)),
-    *(get_rows_case(t, layout="perm") for t in (G.F32, G.F16)),
     *(set_rows_case(t, ids_t) for t in FLOATS for ids_t in (G.I64, G.I32)),
     *(set_rows_case(t, ne_dst=(256, 9, 2, 1)) for t in QUANTIZABLE),
     set_rows_case(G.F32, layout="pad", ids_planes=(1, 2)),
     diag_case(),
 ]
+
+# Cases ggml 0.15.3's CPU backend cannot be compared on: inputs whose elements are strided (ggml's kernels
+# GGML_ASSERT on them or read them as if packed). pyggml computes them; they are checked against the NumPy
+# reference only, and the ggml peer harness (which reads CASES) leaves them out.
+EXTRA_CASES = [*repeat_cases("perm"), *(get_rows_case(t, layout="perm") for t in (G.F32, G.F16))]

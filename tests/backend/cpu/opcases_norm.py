@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from opcheck import LAYOUTS, OpCase, new_input, values
+from opcheck import LAYOUTS, ROW_LAYOUTS, OpCase, new_input, values
 
 from pyggml.core import ops
 from pyggml.core.types import GGMLType as G
@@ -55,7 +55,12 @@ def group_norm_case(ne, n_groups, eps=1e-6, layout="cont"):
 CASES = [
     *(row_norm_case(name, ref, eps, ne, lay)
       for name, ref in [("norm", norm_ref), ("rms_norm", rms_norm_ref), ("l2_norm", l2_norm_ref)]
-      for eps in (1e-6, 1e-1) for ne in SHAPES for lay in LAYOUTS),
+      for eps in (1e-6, 1e-1) for ne in SHAPES for lay in (LAYOUTS if name != "rms_norm" else ROW_LAYOUTS)),
     *(group_norm_case(ne, g, layout=lay) for ne, g in [((8, 4, 6, 2), 3), ((5, 3, 7, 1), 2), ((4, 4, 4, 1), 4)]
       for lay in ("cont", "pad")),
 ]
+
+# Cases ggml 0.15.3's CPU backend cannot be compared on: rms_norm of inputs whose elements are strided (ggml
+# asserts nb00 == sizeof(float)). pyggml computes them; they are checked against the NumPy reference only,
+# and the ggml peer harness (which reads CASES) leaves them out.
+EXTRA_CASES = [row_norm_case("rms_norm", rms_norm_ref, eps, ne, "perm") for eps in (1e-6, 1e-1) for ne in SHAPES]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from opcheck import LAYOUTS, OpCase, new_input, stored_as, values
+from opcheck import ROW_LAYOUTS, OpCase, new_input, stored_as, values
 
 from pyggml.core import ops
 from pyggml.core.ops import SortOrder
@@ -40,7 +40,7 @@ def top_k_ggml_order(x, k):
     return best
 
 
-def count_equal_case(ne=(10, 4, 3)):
+def count_equal_case(ne):
     def build(ctx):
         rng = np.random.default_rng(7)
         a, b = ctx.new_tensor(G.I32, ne, name="a"), ctx.new_tensor(G.I32, ne, name="b")
@@ -48,20 +48,27 @@ def count_equal_case(ne=(10, 4, 3)):
         host_ndarray(b)[...] = rng.integers(0, 3, host_ndarray(b).shape)
         return ops.count_equal(ctx, a, b)
 
-    return OpCase("count_equal_I32", build, 0.0,
+    return OpCase(f"count_equal_I32_{'x'.join(map(str, ne))}", build, 0.0,
                   lambda out: np.array([np.sum(values(out.src[0]) == values(out.src[1]))]).reshape(1, 1, 1, 1))
 
 
+def layout_cases(layouts):
+    return [
+        *(x_case("sum", ops.sum, lambda x: np.sum(x).reshape(1, 1, 1, 1), t, ne, lay)
+          for t in (G.F32, G.F16, G.BF16) for ne in SHAPES for lay in layouts),
+        *(x_case("sum_rows", ops.sum_rows, lambda x: x.sum(-1, keepdims=True), ne=ne, layout=lay)
+          for ne in SHAPES for lay in layouts),
+        *(x_case("mean", ops.mean, lambda x: x.mean(-1, keepdims=True), ne=ne, layout=lay)
+          for ne in SHAPES for lay in layouts),
+        *(x_case("cumsum", ops.cumsum, lambda x: np.cumsum(x, -1), ne=ne, layout=lay) for ne in SHAPES
+          for lay in layouts),
+        *(x_case("argmax", ops.argmax, argmax_last, ne=ne, layout=lay, tol=0.0)
+          for ne in [(40, 6), (3, 1), (1, 5)] for lay in layouts),
+    ]
+
+
 CASES = [
-    *(x_case("sum", ops.sum, lambda x: np.sum(x).reshape(1, 1, 1, 1), t, ne, lay)
-      for t in (G.F32, G.F16, G.BF16) for ne in SHAPES for lay in LAYOUTS),
-    *(x_case("sum_rows", ops.sum_rows, lambda x: x.sum(-1, keepdims=True), ne=ne, layout=lay)
-      for ne in SHAPES for lay in LAYOUTS),
-    *(x_case("mean", ops.mean, lambda x: x.mean(-1, keepdims=True), ne=ne, layout=lay)
-      for ne in SHAPES for lay in LAYOUTS),
-    *(x_case("cumsum", ops.cumsum, lambda x: np.cumsum(x, -1), ne=ne, layout=lay) for ne in SHAPES for lay in LAYOUTS),
-    *(x_case("argmax", ops.argmax, argmax_last, ne=ne, layout=lay, tol=0.0)
-      for ne in [(40, 6), (3, 1), (1, 5)] for lay in LAYOUTS),
+    *layout_cases(ROW_LAYOUTS),
     *(x_case(f"argsort_{order.name.lower()}", lambda ctx, x, o=order: ops.argsort(ctx, x, o),
              lambda x, o=order: argsort_rows(x, o == SortOrder.DESC), ne=ne, layout=lay, tol=0.0)
       for order in SortOrder for ne in SHAPES for lay in ("cont", "pad")),
@@ -69,5 +76,11 @@ CASES = [
              ne=(20, 3, 2), layout=lay, tol=0.0) for k in (1, 2, 5, 20) for lay in ("cont", "pad")),
     OpCase("argsort_top_k", lambda ctx: ops.argsort_top_k(ctx, ctx.new_tensor(G.F32, (20, 3), name="x"), 4), 0.0,
            lambda out: argsort_rows(values(out.view_src.src[0]), True)[..., :4]),
-    count_equal_case(),
+    count_equal_case((10, 4)),
 ]
+
+# Cases ggml 0.15.3's CPU backend cannot be compared on: inputs whose elements are strided (ggml's kernels
+# GGML_ASSERT on them or read them as if packed), and count_equal over 3-D (ggml's row indexing is only right
+# for matrices). pyggml computes them; they are checked against the NumPy reference only, and the ggml peer
+# harness (which reads CASES) leaves them out.
+EXTRA_CASES = [*layout_cases(("perm",)), count_equal_case((10, 4, 3))]

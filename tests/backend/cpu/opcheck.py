@@ -102,6 +102,7 @@ def check(case: OpCase, seed: int = 0) -> float:
 
 
 LAYOUTS = ("cont", "perm", "pad")
+ROW_LAYOUTS = ("cont", "pad")  # elements packed within rows: what most of ggml's CPU kernels require of src0
 
 
 def new_input(ctx: Context, type_, ne, layout: str = "cont", name: str = "x") -> Tensor:

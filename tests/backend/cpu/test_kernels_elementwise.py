@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from opcases_elementwise import CASES
+from opcases_elementwise import CASES, EXTRA_CASES
 from opcheck import check, compute, run
 
 from pyggml.backend.cpu import kernels
@@ -14,7 +14,7 @@ from pyggml.core.types import GGMLType as G
 from pyggml.errors import OutOfBoundsError, UnsupportedOpError
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", CASES + EXTRA_CASES, ids=lambda c: c.name)
 def test_matches_reference(case):
     check(case)
 

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from opcases_norm import CASES
+from opcases_norm import CASES, EXTRA_CASES
 from opcheck import check, compute
 
 from pyggml.backend.cpu import kernels
@@ -12,7 +12,7 @@ from pyggml.core.tensor import host_ndarray
 from pyggml.core.types import GGMLType as G
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", CASES + EXTRA_CASES, ids=lambda c: c.name)
 def test_matches_reference(case):
     check(case)
 
