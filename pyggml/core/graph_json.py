@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from pyggml.core import types as T
 from pyggml.core.context import Context
 from pyggml.core.graph import Graph
@@ -47,6 +49,35 @@ class LoadedGraph:
     def ids(self) -> dict[int, str]:
         """id(tensor) -> file id, for mapping plans back to the file."""
         return {id(t): k for k, t in self.tensors.items()}
+
+    def random_values(self, seed: int = 0) -> dict[str, np.ndarray]:
+        """Values for every tensor that needs data before compute: the preallocated tensors and the inputs.
+
+        Floats are uniform in [-0.5, 0.5) (masks are causal, 0 / -inf); I32 tensors get valid
+        indices for what consumes them (rows of a GET_ROWS source, positions otherwise).
+        Keys are file ids; arrays are shaped like `Tensor.numpy()`.
+        """
+        rng = np.random.default_rng(seed)
+        consumers: dict[int, list[Tensor]] = {}
+        for node in self.graph.nodes:
+            for s in node.srcs:
+                consumers.setdefault(id(s), []).append(node)
+        wanted = [t for t in self.preallocated] + [t for t in self.tensors.values()
+                                                  if t.is_input and t.view_src is None]
+        out = {}
+        for tid, t in self.tensors.items():
+            if not any(t is w for w in wanted):
+                continue
+            shape = tuple(reversed(t.ne[:t.n_dims]))
+            if t.type == T.GGMLType.I32:
+                rows = [c.src[0].ne[1] for c in consumers.get(id(t), []) if c.op == Op.GET_ROWS and c.src[1] is t]
+                out[tid] = rng.integers(0, min(rows) if rows else max(t.nelements, 1), shape, dtype=np.int32)
+            elif "mask" in t.name.lower():  # causal over the last two dims (a single row sees everything)
+                rows, cols = t.ne[1], t.ne[0]
+                out[tid] = np.triu(np.full((rows, cols), -np.inf, np.float32), 1 + cols - rows).reshape(shape)
+            else:
+                out[tid] = rng.uniform(-0.5, 0.5, shape).astype(T.numpy_dtype(t.type))
+        return out
 
     def to_json(self) -> dict:
         """The document again, rebuilt from the tensors (placement fields as recorded)."""
