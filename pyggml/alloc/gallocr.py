@@ -295,6 +295,7 @@ class _Record:
         self.nodes = [(get(id(t)), tuple([None if s is None else get(id(s)) for s in _used_slots(t)]))
                       for t in graph.nodes]
         self.fingerprint = fingerprint(graph)
+        self.graph_tensors = graph.leafs + graph.nodes  # to rebind the plan when a rebuilt graph reuses it
 
 
 def _used_slots(t: Tensor) -> list[Tensor | None]:
@@ -524,8 +525,10 @@ class GraphAllocator:
             log.debug("re-planning automatically: %s", reason)
             if not self.reserve(graph):
                 return False
-        elif any(b is None for b in self._buffers) and not self._realloc(no_alloc=False):
-            return False
+        else:
+            if any(b is None for b in self._buffers) and not self._realloc(no_alloc=False):
+                return False
+            self._rebind(graph)
         for g in sorted(set(self._groups)):
             self._buffers[g].reset()
         rec = self._record
@@ -537,6 +540,15 @@ class GraphAllocator:
                     self._init_tensor(src, srcs[j] if j < len(srcs) else None)
             self._init_tensor(node, dst)
         return True
+
+    def _rebind(self, graph: Graph) -> None:
+        """Point the plan at this graph's tensors when it reuses a plan made for another graph object."""
+        rec = self._record
+        current = graph.leafs + graph.nodes
+        if all(a is b for a, b in zip(current, rec.graph_tensors)):
+            return
+        self._plan = self._plan.rebound({id(old): new for old, new in zip(rec.graph_tensors, current)})
+        rec.graph_tensors = current
 
     def _init_tensor(self, t: Tensor, ta: TensorAlloc | None) -> None:
         if t.view_src is not None:

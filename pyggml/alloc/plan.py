@@ -63,6 +63,7 @@ class Plan:
         self.buffers = buffers
         self.n_steps = n_steps
         self.planner = planner
+        self.time_s = 0.0  # how long planning took (set by the graph allocator)
         self._by_tensor = {id(p.tensor): p for p in tensors}
 
     def __repr__(self) -> str:
@@ -76,6 +77,16 @@ class Plan:
 
     def get(self, t: Tensor) -> TensorPlan | None:
         return self._by_tensor.get(id(t))
+
+    def rebound(self, tensors: dict[int, Tensor]) -> Plan:
+        """The same plan for another graph of the same topology: tensors swapped by id (`{id(old): new}`)."""
+        def swap(t: Tensor | None) -> Tensor | None:
+            return None if t is None else tensors.get(id(t), t)
+
+        placed = [p._replace(tensor=swap(p.tensor), inplace_parent=swap(p.inplace_parent)) for p in self.tensors]
+        plan = Plan(placed, self.buffers, self.n_steps, self.planner)
+        plan.time_s = self.time_s
+        return plan
 
     @property
     def buffer_sizes(self) -> list[int]:

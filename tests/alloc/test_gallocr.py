@@ -240,12 +240,17 @@ def test_shared_buffer_type_needs_reserve_n(cpu):
     assert galloc.reserve_n_size(fresh, [0, 1, 1], [0]) == [8000, 8000]  # not deduplicated, as in ggml
 
 
-def test_a_rebuilt_graph_of_the_same_shape_reuses_the_plan(cpu):
+def test_a_rebuilt_graph_of_the_same_shape_reuses_the_plan(cpu, caplog):
     galloc = GraphAllocator(cpu.default_buffer_type)
-    assert galloc.alloc_graph(_cont_chain(1000, 3))
-    plan = galloc.plan
-    assert galloc.alloc_graph(_cont_chain(1000, 3))
-    assert galloc.plan is plan
+    first = _cont_chain(1000, 3)
+    assert galloc.alloc_graph(first)
+    rebuilt = _cont_chain(1000, 3)
+    with caplog.at_level(logging.DEBUG, logger="pyggml.alloc"):
+        assert galloc.alloc_graph(rebuilt)
+    assert "re-planning" not in caplog.text
+    # the plan now describes the rebuilt graph's tensors, at the same places
+    assert [galloc.plan.placement(t) for t in rebuilt.nodes] == [(0, 0, 4000), (0, 0, 0), (0, 0, 4000)]
+    assert galloc.plan.placement(first.nodes[0]) is None
 
 
 # ----- §13.3: topology changes (ggml silently reuses stale offsets) ----------------------------------------
