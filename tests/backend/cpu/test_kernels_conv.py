@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from opcases_conv import CASES
+from opcases_conv import CASES, conv_transpose_2d_case
 from opcheck import check, fill_random
 
 from pyggml.backend.cpu import kernels
@@ -18,6 +18,11 @@ F32 = GGMLType.F32
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_matches_reference(case):
     check(case)
+
+
+def test_conv_transpose_2d_computes_every_batch():
+    """ggml 0.15.3's CPU kernel fills only batch 0 (other batches stay zero); pyggml computes them all."""
+    check(conv_transpose_2d_case("conv_transpose_2d_batched", 2, 3, 3, 2, 3, 3, 2, 1))
 
 
 def test_conv_2d_dw_direct_channels_innermost_layout():

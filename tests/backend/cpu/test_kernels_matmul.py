@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from opcases_matmul import CASES, QUANT_TYPES
+from opcases_matmul import CASES, QUANT_TYPES, mul_mat_case
 from opcheck import check
 
 from pyggml.backend.cpu import kernels
@@ -17,6 +17,11 @@ from pyggml.errors import OutOfBoundsError
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_matches_reference(case):
     check(case)
+
+
+def test_mul_mat_with_strided_rows_of_b():
+    """b = a transposed view (ggml's CPU kernel asserts contiguous rows of b; pyggml copies them to BLAS)."""
+    check(mul_mat_case("mul_mat_transposed_b", GGMLType.F16, (32, 9, 2), (32, 5, 4), b_axes=(1, 0, 2, 3)))
 
 
 def test_quant_types_covered():
