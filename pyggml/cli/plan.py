@@ -1,0 +1,58 @@
+"""`pyggml plan GRAPH.json`: plan a ggml-graph-json file's compute memory and compare with the lower bound and ggml.
+
+Planning needs no memory: the preallocated tensors (weights, KV cache) are bound to an address-only buffer
+type with the file's alignment, so the graph allocator leaves them alone exactly as ggml did.
+"""
+
+from __future__ import annotations
+
+from pyggml.alloc import GraphAllocator, alloc_ctx_tensors_from_buft
+from pyggml.backend.base import Buffer, BufferType
+from pyggml.core.graph_json import load_graph_json
+
+
+class AddressOnlyBufferType(BufferType):
+    """Buffers with addresses but no bytes behind them: enough to plan, never to compute."""
+
+    def __init__(self, name: str, alignment: int):
+        super().__init__()
+        self.name = name
+        self.alignment = alignment
+
+    def _alloc_buffer(self, size: int) -> Buffer:
+        return Buffer(self, size)
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("plan", help="plan a graph file's compute buffer and compare planners")
+    p.add_argument("graph", help="a ggml-graph-json/1 file (see shared/graphs/FORMAT.md)")
+    p.add_argument("--planner", choices=["best", "ggml"], default="best", help="offset planner (default: best)")
+    p.add_argument("--plot", metavar="PNG", help="draw the plan (tensors over step and offset) to this file")
+    p.set_defaults(run=run)
+
+
+def _ratio(size: int, lower_bound: int) -> str:
+    return f"{size / lower_bound:.4f}" if lower_bound else "n/a"
+
+
+def run(args) -> int:
+    lg = load_graph_json(args.graph)
+    buft = AddressOnlyBufferType(lg.doc.get("buffer_type", "CPU"), lg.doc.get("alignment", 32))
+    alloc_ctx_tensors_from_buft(lg.preallocated, buft)
+    galloc = GraphAllocator(buft, planner=args.planner)
+    galloc.reserve(lg.graph)
+    plan = galloc.plan
+    print(f"graph {lg.name}: {lg.graph.n_nodes} nodes, {lg.graph.n_leafs} leafs "
+          f"(buffer type {buft.name}, alignment {buft.alignment})")
+    for i, b in enumerate(plan.buffers):
+        print(f"buffer {i}: {b.size:,} bytes in {len(b.chunk_sizes)} chunk(s) {b.chunk_sizes} "
+              f"(planner {args.planner}, placement from {b.planner})")
+    print(f"lower bound: {plan.lower_bound:,} bytes; size / lower bound = {_ratio(plan.size, plan.lower_bound)}")
+    recorded = lg.expected.compute_buffer_size if lg.expected else None
+    print(f"ggml's planner: {plan.ggml_size:,} bytes (ratio {_ratio(plan.ggml_size, plan.lower_bound)})"
+          + (f"; recorded by ggml {lg.doc.get('ggml_version', '?')}: {recorded:,}" if recorded is not None else ""))
+    print(f"planned in {plan.time_s * 1000:.1f} ms")
+    if args.plot:
+        plan.plot(args.plot, title=f"{lg.name}: planner {args.planner}")
+        print(f"plot: {args.plot}")
+    return 0
