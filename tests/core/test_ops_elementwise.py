@@ -120,3 +120,13 @@ def test_leaky_relu(ctx):
     out = ops.leaky_relu(ctx, a, 0.01)
     assert (out.op, out.op_params[0], out.view_src) == (Op.LEAKY_RELU, f32_word(0.01), None)
     assert ops.leaky_relu(ctx, a, 0.01, True).view_src is a
+
+
+def test_add_cast(ctx):
+    a, b = ctx.new_tensor(G.Q4_0, (64, 3), name="a"), ctx.new_tensor(G.F32, (64, 1), name="b")
+    out = ops.add_cast(ctx, a, b, G.F32)
+    assert (out.op, out.type, out.ne, out.src[:2], out.view_src) == (Op.ADD, G.F32, a.ne, [a, b], None)
+    with pytest.raises(ShapeError, match="add_cast: b must have a's row length"):
+        ops.add_cast(ctx, a, ctx.new_tensor(G.F32, (32, 1)), G.F32)
+    with pytest.raises(GGMLTypeError, match="add_cast: a must be quantized, F16 or BF16"):
+        ops.add_cast(ctx, ctx.new_tensor(G.F32, (64, 3), name="f"), b, G.F16)

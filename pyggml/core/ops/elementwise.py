@@ -11,7 +11,7 @@ from pyggml.core.ops._build import check_shape, check_type, new_result
 from pyggml.core.tensor import Op, Tensor
 
 __all__ = [  # plus add/sub/mul/div and sqr/sqrt/log/sin/cos with their _inplace forms, defined at the end
-    "dup", "dup_inplace", "add1", "add1_inplace", "add_id", "scale", "scale_inplace", "scale_bias",
+    "dup", "dup_inplace", "add_cast", "add1", "add1_inplace", "add_id", "scale", "scale_inplace", "scale_bias",
     "scale_bias_inplace", "clamp", "fill", "fill_inplace", "leaky_relu",
 ]
 
@@ -37,6 +37,15 @@ def dup(ctx: Context, a: Tensor) -> Tensor:
 
 def dup_inplace(ctx: Context, a: Tensor) -> Tensor:
     return same_as(ctx, Op.DUP, a, (a,), inplace=True)
+
+
+def add_cast(ctx: Context, a: Tensor, b: Tensor, type_) -> Tensor:
+    """a + b (b's rows repeated into a) with a result of `type_`, for a quantized, F16 or BF16 a."""
+    ok = b.ne[0] == a.ne[0] and b.can_repeat(a)
+    check_shape(ok, "add_cast", "b must have a's row length and dims that divide a's", a, b)
+    check_type(T.is_quantized(a.type) or a.type in (T.GGMLType.F16, T.GGMLType.BF16), "add_cast",
+               "a must be quantized, F16 or BF16", a)
+    return new_result(ctx, Op.ADD, T.as_type(type_), a.ne, (a, b))
 
 
 def _add1(ctx: Context, a: Tensor, b: Tensor, inplace: bool) -> Tensor:

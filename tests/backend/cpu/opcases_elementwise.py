@@ -10,6 +10,9 @@ from pyggml.core.tensor import host_ndarray
 from pyggml.core.types import GGMLType as G
 
 SHAPES = [(16, 5, 3, 2), (7, 1, 1, 1), (32, 4)]
+# Rounding error of quantizing uniform [-1, 1] data, as NMSE (ggml judges such results by "one quantum off").
+QUANT_NMSE = {G.Q8_0: 5e-5, G.Q5_0: 2e-3, G.Q5_1: 2e-3, G.Q4_0: 1e-2, G.Q4_1: 1e-2, G.MXFP4: 5e-2,
+              G.TQ1_0: 0.3, G.TQ2_0: 0.3}
 BROADCASTS = [  # (a, b): b repeats into a, ggml style (each dim of b divides a's)
     ((16, 6, 4, 2), (16, 1, 1, 1)),
     ((16, 6, 4, 2), (4, 3, 2, 1)),
@@ -71,6 +74,24 @@ def _add1(ctx, a):
     return ops.add1(ctx, a, b)
 
 
+def quantized_add_case(op, type_, dst=None, ne=(256, 3, 2)):
+    """ggml's add_q_f32 / add1_q_f32: dequantize, add F32, requantize into a's type (or add_cast to dst)."""
+    dst = type_ if dst is None else dst
+
+    def build(ctx):
+        a = ctx.new_tensor(type_, ne, name="a")
+        if op == "add1":
+            return ops.add1(ctx, a, ctx.new_tensor(G.F32, (1,), name="s"))
+        b = ctx.new_tensor(G.F32, ne, name="b")
+        return ops.add(ctx, a, b) if dst == type_ else ops.add_cast(ctx, a, b, dst)
+
+    def ref(out):
+        a, b = values(out.src[0]), values(out.src[1])
+        return a + (b.reshape(()) if op == "add1" else b)
+
+    return OpCase(f"{op}_{type_.name}_F32_to_{dst.name}", build, QUANT_NMSE.get(dst, 1e-7), ref)
+
+
 def _add_id_case(n_experts=5, ne=(8, 3, 4)):
     def build(ctx):
         a = ctx.new_tensor(G.F32, ne, name="a")
@@ -109,6 +130,9 @@ CASES = [
     *(unary_like_case("add1", _add1, lambda x: x + 0.625, t, ne, lay) for t in (G.F32, G.F16, G.BF16)
       for ne in SHAPES for lay in ("cont", "pad")),
     _add_id_case(),
+    *(quantized_add_case(op, t) for op in ("add", "add1") for t in (G.Q4_0, G.Q5_1, G.Q8_0)),
+    *(quantized_add_case("add", t, dst) for t, dst in [(G.Q4_K, G.F32), (G.Q8_0, G.F32), (G.F16, G.F32),
+                                                        (G.BF16, G.F32)]),
     *(unary_like_case("scale", lambda ctx, x: ops.scale(ctx, x, 1.75), lambda x: x * 1.75, ne=ne) for ne in SHAPES),
     unary_like_case("scale_bias", lambda ctx, x: ops.scale_bias(ctx, x, -0.5, 0.25), lambda x: x * -0.5 + 0.25),
     *(unary_like_case("clamp", lambda ctx, x: ops.clamp(ctx, x, -0.3, 0.6), lambda x: np.clip(x, -0.3, 0.6), t)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+from opcases_elementwise import QUANT_NMSE
 from opcheck import LAYOUTS, OpCase, new_input, stored_as, values
 
-from pyggml.backend.cpu.kernels.layout import can_dequantize, can_quantize
+from pyggml.backend.cpu.kernels._dequant_cache import dequantizable
+from pyggml.backend.cpu.kernels.elementwise import can_quantize
 from pyggml.core import ops
 from pyggml.core import types as T
 from pyggml.core.tensor import host_ndarray
@@ -13,10 +15,7 @@ from pyggml.core.types import GGMLType as G
 
 FLOATS = (G.F32, G.F16, G.BF16)
 QUANTIZABLE = [t for t in G if T.is_quantized(t) and can_quantize(t)]
-DEQUANTIZABLE = [t for t in G if T.is_quantized(t) and can_dequantize(t)]
-# Rounding error of quantizing uniform [-1, 1] data, as NMSE: ggml judges such copies by "one quantum off".
-QUANT_NMSE = {G.Q8_0: 5e-5, G.Q5_0: 2e-3, G.Q5_1: 2e-3, G.Q4_0: 1e-2, G.Q4_1: 1e-2, G.MXFP4: 5e-2,
-              G.TQ1_0: 0.3, G.TQ2_0: 0.3}
+DEQUANTIZABLE = [t for t in G if T.is_quantized(t) and dequantizable(t)]
 
 
 def filled(ctx, type_, ne, values_fn, layout="cont", name="x"):

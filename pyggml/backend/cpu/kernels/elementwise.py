@@ -3,13 +3,17 @@ sqr/sqrt/log/sin/cos, fill, leaky_relu. Values are computed in float32 and store
 
 from __future__ import annotations
 
+from functools import cache
+
 import numpy as np
 
 from pyggml.backend.cpu.kernels import kernel
 from pyggml.backend.cpu.kernels._common import as_f32, store, view
+from pyggml.backend.cpu.kernels._dequant_cache import dequantizable
+from pyggml.core import types as T
 from pyggml.core.tensor import Op, Tensor
 from pyggml.core.types import GGMLType as G
-from pyggml.errors import OutOfBoundsError
+from pyggml.errors import OutOfBoundsError, UnsupportedTypeError
 
 # (src0, dst) pairs ggml's CPU unary template accepts; the binary template adds src1 (same type or F32).
 UNARY_TYPES = frozenset({(G.F32, G.F32), (G.F16, G.F16), (G.BF16, G.BF16), (G.BF16, G.F32), (G.F16, G.F32)})
@@ -23,7 +27,27 @@ def unary_types_ok(t: Tensor) -> bool:
 
 
 def binary_types_ok(t: Tensor) -> bool:
-    return (t.src[0].type, t.src[1].type, t.type) in BINARY_TYPES
+    return (t.src[0].type, t.src[1].type, t.type) in BINARY_TYPES or (t.op == Op.ADD and quantized_add_ok(t))
+
+
+@cache
+def can_quantize(t: G) -> bool:
+    """Whether rows of type t can be produced from float (gguf.quants has a quantizer for it)."""
+    try:
+        T.from_float(t, np.zeros((1, T.blck_size(t)), np.float32))
+    except UnsupportedTypeError:
+        return False
+    return True
+
+
+def quantized_add_ok(t: Tensor) -> bool:
+    """ggml's add_q_f32 (and add1_q_f32): a quantized src0 plus F32, same shape, into src0's type (or F32)."""
+    a, b = t.src[0], t.src[1]
+    if not (T.is_quantized(a.type) and dequantizable(a.type) and b.type == G.F32):
+        return False
+    if t.op == Op.ADD and not a.same_shape(b):
+        return False
+    return t.type == G.F32 or (t.type == a.type and can_quantize(a.type))
 
 
 def f32_or_f16(t: Tensor) -> bool:
@@ -61,9 +85,9 @@ def binary(dst: Tensor) -> None:
             store(dst, ufunc(a8, b8).reshape(dst.ne[::-1]))
 
 
-@kernel(Op.ADD1, supports=lambda t: t.type == t.src[0].type and (
+@kernel(Op.ADD1, supports=lambda t: t.type == t.src[0].type and (quantized_add_ok(t) or (
         (t.src[0].type, t.src[1].type) in {(G.F32, G.F32), (G.F16, G.F16), (G.F16, G.F32), (G.BF16, G.BF16),
-                                           (G.BF16, G.F32)}))
+                                           (G.BF16, G.F32)})))
 def add1(dst: Tensor) -> None:
     store(dst, as_f32(dst.src[0]) + as_f32(dst.src[1]).reshape(()))
 

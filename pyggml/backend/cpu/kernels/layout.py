@@ -3,36 +3,16 @@ concat, pad, get_rows, set_rows, diag."""
 
 from __future__ import annotations
 
-from functools import cache
-
 import numpy as np
 
 from pyggml.backend.cpu.kernels import kernel
 from pyggml.backend.cpu.kernels._common import FLOAT_TYPES, as_f32, store, view
-from pyggml.backend.cpu.kernels.elementwise import as_repeated, split_for_repeat
+from pyggml.backend.cpu.kernels._dequant_cache import dequantizable
+from pyggml.backend.cpu.kernels.elementwise import as_repeated, can_quantize, split_for_repeat
 from pyggml.core import types as T
 from pyggml.core.tensor import Op, Tensor
 from pyggml.core.types import GGMLType as G
-from pyggml.errors import OutOfBoundsError, UnsupportedTypeError
-
-
-def _converts(convert, t: G, row: np.ndarray) -> bool:
-    try:
-        convert(t, row)
-    except UnsupportedTypeError:
-        return False
-    return True
-
-
-@cache
-def can_quantize(t: G) -> bool:
-    """Whether rows of type t can be produced from float (gguf.quants has a quantizer for it)."""
-    return _converts(T.from_float, t, np.zeros((1, T.blck_size(t)), np.float32))
-
-
-@cache
-def can_dequantize(t: G) -> bool:
-    return _converts(T.to_float, t, np.zeros((1, T.type_size(t)), np.uint8))
+from pyggml.errors import OutOfBoundsError
 
 
 def copy_supported(src: G, dst: G) -> bool:
@@ -43,7 +23,7 @@ def copy_supported(src: G, dst: G) -> bool:
         return dst in FLOAT_TYPES or (src == G.F32 and dst == G.I32) or (T.is_quantized(dst) and can_quantize(dst))
     if src == G.I32:
         return dst == G.F32
-    return T.is_quantized(src) and dst == G.F32 and can_dequantize(src)
+    return T.is_quantized(src) and dst == G.F32 and dequantizable(src)
 
 
 def blocks(t: Tensor) -> np.ndarray:
@@ -118,7 +98,7 @@ def _get_rows_supported(t: Tensor) -> bool:
     src = t.src[0].type
     if src == G.I32:
         return t.type == G.I32
-    return t.type == G.F32 and (src in FLOAT_TYPES or (T.is_quantized(src) and can_dequantize(src)))
+    return t.type == G.F32 and (src in FLOAT_TYPES or (T.is_quantized(src) and dequantizable(src)))
 
 
 @kernel(Op.GET_ROWS, supports=_get_rows_supported)
