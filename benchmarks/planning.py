@@ -2,8 +2,8 @@
 
 Run from the repository root: ``.venv/bin/python benchmarks/planning.py [search_budget_s]``.
 The shared data folder is ``../shared`` relative to the repository root, or ``$PYGGML_SHARED``.
-Each section is a function that returns rows, so that more sections (per-graph planning of the
-ggml graphs) can be added next to `planning_bench_rows` and printed by `main`.
+Each section is a function that returns rows: `planning_bench_rows` (the offset planners on the
+planning-bench instances) and `graph_rows` (the graph allocator on the ggml graphs).
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-from pyggml.alloc import planner
+from pyggml.alloc import GraphAllocator, alloc_ctx_tensors_from_buft, planner
+from pyggml.cli.plan import AddressOnlyBufferType
+from pyggml.core.graph_json import load_graph_json
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,11 +54,36 @@ def planning_bench_rows(search_budget_s: float = 3.0, repeats: int = 5) -> list[
     return rows
 
 
+def graph_rows(repeats: int = 11) -> list[dict]:
+    """One row per ggml graph file: lower bound, ggml's and best's buffer sizes and ratios, and the median
+    wall time of `GraphAllocator.reserve` (planning end to end) for each planner."""
+    rows = []
+    for path in sorted((shared_dir() / "graphs").glob("*.json")):
+        lg = load_graph_json(path)
+        buft = AddressOnlyBufferType("CPU", lg.doc.get("alignment", 32))
+        alloc_ctx_tensors_from_buft(lg.preallocated, buft)
+        row = {"graph": path.stem, "nodes": lg.graph.n_nodes, "lower bound": 0}
+        for name in ("ggml", "best"):
+            galloc = GraphAllocator(buft, planner=name)
+            times = []
+            for _ in range(repeats):
+                began = time.perf_counter()
+                galloc.reserve(lg.graph)
+                times.append(time.perf_counter() - began)
+            galloc.plan.verify()
+            row["lower bound"] = galloc.plan.lower_bound
+            row[name] = galloc.plan.size
+            row[f"{name} x"] = galloc.plan.size / galloc.plan.lower_bound
+            row[f"{name} ms"] = statistics.median(times) * 1000
+        rows.append(row)
+    return rows
+
+
 def format_table(rows: list[dict]) -> str:
     """A plain-text table with one column per key of the first row."""
     def cell(key, value):
         if isinstance(value, float):
-            return f"{value:.4f}" if key.endswith(" x") else f"{value:.3f}"
+            return f"{value:.4f}" if key.endswith(" x") else f"{value:.1f}" if key.endswith(" ms") else f"{value:.3f}"
         return str(value)
 
     columns = list(rows[0])
@@ -73,6 +100,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"planning-bench ({shared_dir() / 'planning-bench'}); heights in bytes, x = height / LOAD, "
           f"s = median seconds; search budget {budget} s; size = greedy by size (reference)")
     print(format_table(planning_bench_rows(budget)))
+    print()
+    print(f"ggml graphs ({shared_dir() / 'graphs'}); sizes in bytes, x = size / in-place lower bound, "
+          f"ms = median wall time of GraphAllocator.reserve")
+    print(format_table(graph_rows()))
 
 
 if __name__ == "__main__":
