@@ -2,7 +2,9 @@
 
 import numpy as np
 import pytest
-from opcases_elementwise import CASES, EXTRA_CASES
+from hypothesis import given
+from hypothesis import strategies as st
+from opcases_elementwise import BINARY, CASES, EXTRA_CASES, tiled
 from opcheck import check, compute, run
 
 from pyggml.backend.cpu import kernels
@@ -81,3 +83,15 @@ def test_clamp_is_a_view_of_its_input():
 
 def test_run_is_deterministic():
     assert np.array_equal(host_ndarray(run(CASES[0])), host_ndarray(run(CASES[0])))
+
+
+@given(op=st.sampled_from(sorted(BINARY)), small=st.lists(st.integers(1, 3), min_size=4, max_size=4),
+       reps=st.lists(st.integers(1, 3), min_size=4, max_size=4), seed=st.integers(0, 2**16))
+def test_binary_broadcast_matches_tiling(op, small, reps, seed):
+    """Any b whose dims divide a's is repeated into a, as np.tile does."""
+    rng = np.random.default_rng(seed)
+    a_np = rng.uniform(0.5, 1, [s * r for s, r in zip(small, reps)][::-1]).astype(np.float32)
+    b_np = rng.uniform(0.5, 1, small[::-1]).astype(np.float32)
+    ctx = Context()
+    out = compute(getattr(ops, op)(ctx, ctx.tensor_from_numpy(a_np), ctx.tensor_from_numpy(b_np)))
+    np.testing.assert_allclose(host_ndarray(out), BINARY[op](a_np, tiled(b_np, a_np.shape)), rtol=1e-6)
