@@ -1,4 +1,5 @@
-"""Element-wise arithmetic: dup, add/sub/mul/div (b repeats into a), add1, add_id, scale, clamp, sqr..cos, fill, leaky_relu.
+"""Element-wise arithmetic: dup, add/sub/mul/div (b repeats into a), add_cast, add1, add_id, scale, clamp,
+sqr..cos, fill, leaky_relu.
 
 Every result has a's type and shape; the `_inplace` forms return a view of a, as ggml does.
 """

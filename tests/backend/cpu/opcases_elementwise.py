@@ -107,6 +107,13 @@ def _add_id_case(n_experts=5, ne=(8, 3, 4)):
     return OpCase("add_id_F32", build, reference=ref)
 
 
+def math_op(name, positive):
+    """ops.<name> of x, or of x*x when the op wants positive inputs (sqrt, log)."""
+    def build(ctx, x):
+        return getattr(ops, name)(ctx, ops.sqr(ctx, x) if positive else x)
+    return build
+
+
 def layout_cases(layouts_a):
     """Binary ops, leaky_relu and sqr..cos with src0 laid out as in layouts_a (src1 in every layout)."""
     return [
@@ -116,8 +123,7 @@ def layout_cases(layouts_a):
         *(unary_like_case("leaky_relu", lambda ctx, x: ops.leaky_relu(ctx, x, 0.1),
                           lambda x: np.where(x > 0, x, 0.1 * x), t, layout=lay)
           for t in (G.F32, G.F16) for lay in layouts_a),
-        *(unary_like_case(name, lambda ctx, x, name=name, pos=pos: getattr(ops, name)(ctx, ops.sqr(ctx, x) if pos else x),
-                          fn, t, ne, lay)
+        *(unary_like_case(name, math_op(name, pos), fn, t, ne, lay)
           for name, fn, pos in [("sqr", np.square, False), ("sqrt", np.sqrt, True), ("log", np.log, True),
                                 ("sin", np.sin, False), ("cos", np.cos, False)]
           for t in (G.F32, G.F16, G.BF16) for ne in SHAPES[:2] for lay in layouts_a),
