@@ -62,10 +62,11 @@ class Weights:
         return t
 
     def optional(self, name: str, ne: tuple | None = None) -> Tensor | None:
+        """The tensor or None; `ne` (None entries match any size) is checked when the tensor exists."""
         t = self.tensors.get(name)
         if t is not None and ne is not None:
             want = list(ne) + [1] * (4 - len(ne))
-            if t.ne != want:
+            if any(w is not None and w != have for w, have in zip(want, t.ne)):
                 raise GGUFError(f"{self.gguf.path}: tensor '{name}' has shape {t.ne[:len(ne)]}, expected {list(ne)}")
         return t
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pyggml.alloc import alloc_ctx_tensors_from_buft
 from pyggml.core import Context, GGMLType, Tensor
 from pyggml.core import ops
 from pyggml.core import types as T
@@ -19,8 +20,6 @@ from pyggml.errors import AllocationError
 class KVCache:
     def __init__(self, backend, n_layer: int, n_head_kv: int, n_embd_k: int, n_embd_v: int, size: int,
                  type_=GGMLType.F16):
-        from pyggml.alloc import alloc_ctx_tensors_from_buft
-
         self.type = T.as_type(type_)
         self.size = size
         self.n_head_kv = n_head_kv

@@ -52,7 +52,7 @@ class Gemma3:
         self.softcap = gguf.get("gemma3.final_logit_softcapping")
 
         e, hd, q, kv = self.n_embd, self.head_dim, self.head_dim * self.n_head, self.n_embd_k_gqa
-        self.tok_embd = w.get("token_embd.weight", (e,))  # n_vocab is whatever the file has
+        self.tok_embd = w.get("token_embd.weight", (e, None))  # n_vocab is whatever the file has
         self.n_vocab = self.tok_embd.ne[1]
         self.output_norm = w.get("output_norm.weight", (e,))
         self.output = w.optional("output.weight", (e, self.n_vocab)) or self.tok_embd

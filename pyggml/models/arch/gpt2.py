@@ -37,7 +37,7 @@ class GPT2:
         self.n_embd_k_gqa = self.n_embd_v_gqa = self.n_embd
 
         e, f = self.n_embd, self.n_ff
-        self.tok_embd = w.get("token_embd.weight", (e,))
+        self.tok_embd = w.get("token_embd.weight", (e, None))
         self.n_vocab = self.tok_embd.ne[1]
         self.pos_embd = w.get("position_embd.weight", (e, self.n_ctx_train))
         self.output_norm = w.get("output_norm.weight", (e,))

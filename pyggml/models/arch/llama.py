@@ -49,7 +49,7 @@ class Llama:
                          hparam(gguf, "rope.freq_base", 10000.0), scale, self.n_ctx_train)
 
         e, q, kv = self.n_embd, self.head_dim * self.n_head, self.n_embd_k_gqa
-        self.tok_embd = w.get("token_embd.weight", (e,))
+        self.tok_embd = w.get("token_embd.weight", (e, None))
         self.n_vocab = self.tok_embd.ne[1]
         self.output_norm = w.get("output_norm.weight", (e,))
         self.output = w.optional("output.weight", (e, self.n_vocab)) or self.tok_embd

@@ -1,0 +1,56 @@
+"""llama, mistral, qwen2 and gpt2 graphs against independent NumPy forward passes, on small random GGUF files."""
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+
+from pyggml.core import GGMLType
+from pyggml.models import load_model
+
+import numpy_reference as ref
+from tiny_models import write_gpt2, write_llama
+
+CASES = {
+    "llama": (lambda p: write_llama(p, "llama"), ref.llama_logits),
+    "mistral-tied": (lambda p: write_llama(p, "mistral", tied=True, n_head_kv=1), ref.llama_logits),
+    "qwen2": (lambda p: write_llama(p, "qwen2"), ref.llama_logits),
+    "llama-q8_0": (lambda p: write_llama(p, "llama", qtype=GGMLQuantizationType.Q8_0), ref.llama_logits),
+    "gpt2": (lambda p: write_gpt2(p), ref.gpt2_logits),
+    "gpt2-untied": (lambda p: write_gpt2(p, tied=False), ref.gpt2_logits),
+}
+
+
+def _model_and_reference(tmp_path, case, tokens, **kw):
+    write, logits_of = CASES[case]
+    path = write(tmp_path / f"{case}.gguf")
+    meta, arrays = ref.load_arrays(path)
+    return load_model(path, **kw), logits_of(meta, arrays, np.asarray(tokens))
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_all_logits_match_numpy_across_batches(tmp_path, case):
+    """20 tokens in batches of 8: later batches read earlier ones from the (F32) KV cache."""
+    tokens = np.random.default_rng(1).integers(3, 60, 20).tolist()
+    model, expected = _model_and_reference(tmp_path, case, tokens, n_ctx=32, n_batch=8, kv_type=GGMLType.F32)
+    got = model.decode(tokens, all_logits=True)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=2e-3 * np.abs(expected).max())  # GELU goes through an F16 table
+
+
+@pytest.mark.parametrize("case", ["llama", "gpt2"])
+@pytest.mark.parametrize("repack", [True, False])
+def test_token_by_token_decode_matches_numpy_with_f16_cache(tmp_path, case, repack):
+    tokens = np.random.default_rng(2).integers(3, 60, 12).tolist()
+    model, expected = _model_and_reference(tmp_path, case, tokens, n_ctx=16, n_batch=4, repack=repack)
+    got = np.stack([model.decode([t]) for t in tokens])
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-2 * np.abs(expected).max())
+    assert model.n_past == len(tokens)
+
+
+def test_greedy_generation_follows_the_reference_argmax(tmp_path):
+    """Each generated token is the NumPy model's argmax given the prompt and the tokens before it."""
+    prompt = [1, 5, 9, 13]
+    model, _ = _model_and_reference(tmp_path, "llama", prompt, n_ctx=32, kv_type=GGMLType.F32)
+    out = list(model.generate_tokens(prompt, n=8))
+    meta, arrays = ref.load_arrays(tmp_path / "llama.gguf")
+    full = ref.llama_logits(meta, arrays, np.array(prompt + out))
+    assert out == [int(np.argmax(full[len(prompt) - 1 + i])) for i in range(len(out))]
