@@ -121,12 +121,14 @@ class Tensor:
     @property
     def nbytes(self) -> int:
         """ggml_nbytes: the span from the first to the last byte, strides included."""
-        if any(n <= 0 for n in self.ne):
+        ne, nb = self.ne, self.nb  # unrolled: the allocators ask for this once per planned tensor
+        if ne[0] <= 0 or ne[1] <= 0 or ne[2] <= 0 or ne[3] <= 0:
             return 0
+        rows = (ne[1] - 1) * nb[1] + (ne[2] - 1) * nb[2] + (ne[3] - 1) * nb[3]
         bs = T.blck_size(self.type)
         if bs == 1:
-            return T.type_size(self.type) + sum((self.ne[i] - 1) * self.nb[i] for i in range(MAX_DIMS))
-        return self.ne[0] * self.nb[0] // bs + sum((self.ne[i] - 1) * self.nb[i] for i in range(1, MAX_DIMS))
+            return T.type_size(self.type) + (ne[0] - 1) * nb[0] + rows
+        return ne[0] * nb[0] // bs + rows
 
     @property
     def n_dims(self) -> int:

@@ -7,6 +7,7 @@ Quantized blocks are converted with `gguf.quants` (vectorised NumPy).
 
 from __future__ import annotations
 
+import functools
 from enum import IntEnum
 
 import numpy as np
@@ -42,14 +43,20 @@ def as_type(t) -> GGMLType:
         raise UnsupportedTypeError(f"unknown ggml type {t!r}; known: {', '.join(m.name for m in GGMLType)}") from None
 
 
+@functools.cache
+def _block_traits(t: GGMLType) -> tuple[int, int]:
+    """(elements, bytes) per block, cached: sizes are asked for on every tensor the allocators place."""
+    return GGML_QUANT_SIZES[GGMLQuantizationType(t)]
+
+
 def blck_size(t) -> int:
     """Elements per block (1 for plain types, 32 or 256 for most quant types)."""
-    return GGML_QUANT_SIZES[GGMLQuantizationType(as_type(t))][0]
+    return _block_traits(as_type(t))[0]
 
 
 def type_size(t) -> int:
     """Bytes per block."""
-    return GGML_QUANT_SIZES[GGMLQuantizationType(as_type(t))][1]
+    return _block_traits(as_type(t))[1]
 
 
 def type_name(t) -> str:
