@@ -50,10 +50,9 @@ def count_equal(dst: Tensor) -> None:
 
 @kernel(Op.ARGSORT, supports=lambda t: src_f32(t) and t.type == G.I32)
 def argsort(dst: Tensor) -> None:
-    """op_params[0]: 0 ascending, 1 descending. Stable, so ties keep index order."""
+    """op_params[0]: 0 ascending, 1 descending. Ties come in unspecified order, as with ggml's std::sort."""
     x = view(dst.src[0])
-    keys = -x if dst.op_params[0] else x
-    view(dst)[...] = np.argsort(keys, axis=-1, kind="stable")
+    view(dst)[...] = np.argsort(-x if dst.op_params[0] else x, axis=-1)
 
 
 @kernel(Op.TOP_K, supports=lambda t: src_f32(t) and t.type == G.I32)
@@ -61,7 +60,9 @@ def top_k(dst: Tensor) -> None:
     """The k largest, best first, then the first two swapped: ggml does this to stress that order is not part
     of top_k's contract."""
     k = dst.ne[0]
-    order = np.argsort(-view(dst.src[0]), axis=-1, kind="stable")[..., :k]
+    neg = -view(dst.src[0])
+    best = np.argpartition(neg, k - 1, axis=-1)[..., :k]
+    order = np.take_along_axis(best, np.argsort(np.take_along_axis(neg, best, -1), axis=-1), -1)
     if k > 1:
         order[..., [0, 1]] = order[..., [1, 0]]
     view(dst)[...] = order

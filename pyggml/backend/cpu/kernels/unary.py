@@ -43,12 +43,15 @@ def f16_table(fn) -> np.ndarray:
 
 
 def by_f16_table(fn, x: np.ndarray) -> np.ndarray:
-    return f16_table(fn)[x.astype(np.float16).view(np.uint16)]
+    return np.take(f16_table(fn), x.astype(np.float16).view(np.uint16))
 
 
 def gelu(x: np.ndarray) -> np.ndarray:
     """ggml_vec_gelu_f32 with GGML_GELU_FP16: the table, except 0 below -10 and x above 10."""
-    return np.where(x <= -10, np.float32(0), np.where(x >= 10, x, by_f16_table(gelu_tanh, x)))
+    y = by_f16_table(gelu_tanh, x)
+    np.copyto(y, x, where=x >= 10)
+    np.copyto(y, np.float32(0), where=x <= -10)
+    return y
 
 
 def gelu_quick(x: np.ndarray) -> np.ndarray:
