@@ -477,8 +477,7 @@ class GraphAllocator:
                 self._buffers[i] = VirtualBuffer(self.bufts[i], new)
             except (AllocationError, MemoryError) as e:
                 log.error("failed to allocate %s buffer of size %d: %s", self.bufts[i].name, sum(new), e)
-                ok = False
-                break
+                ok = False  # the others are still grown, so that a retry only has the missing ones to make
         for i, g in enumerate(self._groups):
             self._buffers[i] = self._buffers[g]
         return ok
