@@ -181,12 +181,29 @@ def _nearest_index(n_out, n_in):
     return np.minimum(np.floor(np.arange(n_out) * n_in / n_out + 1e-9).astype(int), n_in - 1)
 
 
+def _positions(n_out, n_in, align_corners):
+    if align_corners and n_out > 1 and n_in > 1:
+        return np.arange(n_out) * (n_in - 1) / (n_out - 1)
+    return (np.arange(n_out) + 0.5) * n_in / n_out - 0.5
+
+
+def _keys_cubic(d, a=-0.75):
+    d = abs(d)
+    return (a + 2) * d ** 3 - (a + 3) * d ** 2 + 1 if d <= 1 else a * d ** 3 - 5 * a * d ** 2 + 8 * a * d - 4 * a
+
+
+def _cubic_weights(n_out, n_in, align_corners):
+    """(n_out, n_in) matrix of the Keys cubic filter over taps floor(q)-1 .. floor(q)+2, indices clamped."""
+    m = np.zeros((n_out, n_in))
+    for o, q in enumerate(_positions(n_out, n_in, align_corners)):
+        for j in range(math.floor(q) - 1, math.floor(q) + 3):
+            m[o, min(max(j, 0), n_in - 1)] += _keys_cubic(q - j)
+    return m
+
+
 def _linear_weights(n_out, n_in, align_corners):
     """(n_out, n_in) interpolation matrix of the clamped linear filter."""
-    if align_corners and n_out > 1 and n_in > 1:
-        pos = np.arange(n_out) * (n_in - 1) / (n_out - 1)
-    else:
-        pos = (np.arange(n_out) + 0.5) * n_in / n_out - 0.5
+    pos = _positions(n_out, n_in, align_corners)
     m = np.zeros((n_out, n_in))
     for o, q in enumerate(pos):
         lo = math.floor(q)
@@ -206,7 +223,8 @@ def upscale_case(name, ne, ne_out, mode):
         if mode & 0xFF == ops.ScaleMode.NEAREST:
             return x[:, :, _nearest_index(ne_out[1], ne[1])][..., _nearest_index(ne_out[0], ne[0])]
         align = bool(mode & ops.ScaleFlag.ALIGN_CORNERS)
-        wy, wx = _linear_weights(ne_out[1], ne[1], align), _linear_weights(ne_out[0], ne[0], align)
+        weights = _linear_weights if mode & 0xFF == ops.ScaleMode.BILINEAR else _cubic_weights
+        wy, wx = weights(ne_out[1], ne[1], align), weights(ne_out[0], ne[0], align)
         return np.einsum("yi,xj,abij->abyx", wy, wx, x)
     return OpCase(name, build, reference=ref)
 
@@ -267,6 +285,9 @@ CASES = [
     upscale_case("interpolate_bilinear_down", (9, 7, 2, 1), (4, 3, 2, 1), ops.ScaleMode.BILINEAR),
     upscale_case("interpolate_bilinear_align_corners", (5, 4, 2, 1), (8, 7, 2, 1),
                  ops.ScaleMode.BILINEAR | ops.ScaleFlag.ALIGN_CORNERS),
+    upscale_case("interpolate_bicubic", (5, 4, 2, 1), (9, 7, 2, 1), ops.ScaleMode.BICUBIC),
+    upscale_case("interpolate_bicubic_down_align_corners", (9, 7, 2, 1), (4, 5, 2, 1),
+                 ops.ScaleMode.BICUBIC | ops.ScaleFlag.ALIGN_CORNERS),
     OpCase("pad_reflect_1d", lambda ctx: ops.pad_reflect_1d(ctx, ctx.new_tensor(F32, (8, 3, 2), name="x"), 3, 2),
            reference=_pad_reflect_ref),
     OpCase("roll", lambda ctx: ops.roll(ctx, ctx.new_tensor(F32, (6, 5, 4, 3), name="x"), 2, -3, 1, -2),

@@ -158,8 +158,7 @@ def pool_2d(dst: Tensor) -> None:
 
 def _supports_upscale(dst: Tensor) -> bool:
     mode = dst.op_params_i32(0)
-    return (dst.type == F32 and dst.src[0].type == F32 and not mode & ScaleFlag.ANTIALIAS
-            and (mode & 0xFF) in (ScaleMode.NEAREST, ScaleMode.BILINEAR))
+    return dst.type == F32 and dst.src[0].type == F32 and not mode & ScaleFlag.ANTIALIAS and (mode & 0xFF) in _TAPS
 
 
 def _nearest(n_out: int, n_in: int) -> np.ndarray:
@@ -168,41 +167,56 @@ def _nearest(n_out: int, n_in: int) -> np.ndarray:
     return np.minimum((np.arange(n_out, dtype=np.float32) / scale).astype(np.int64), n_in - 1)
 
 
-def _bilinear_taps(n_out: int, n_in: int, scale: np.float32, offset: np.float32):
-    """Lower and upper source index and the upper weight per output index (ggml's clamped bilinear)."""
-    pos = (np.arange(n_out, dtype=np.float32) + offset) / scale - offset
+def _source_positions(n_out: int, n_in: int, align_corners: bool) -> np.ndarray:
+    """Where each output sample sits in source coordinates (pixel centres, or corners aligned), in float32."""
+    scale, offset = np.float32(n_out) / np.float32(n_in), np.float32(0.5)
+    if align_corners:
+        offset = np.float32(0)
+        if n_out > 1 and n_in > 1:
+            scale = np.float32(n_out - 1) / np.float32(n_in - 1)
+    return (np.arange(n_out, dtype=np.float32) + offset) / scale - offset
+
+
+def _linear_taps(pos: np.ndarray, n_in: int):
+    """Two clamped source indices and weights per output (ggml's bilinear: the fraction is clamped to [0, 1])."""
     lo = np.floor(pos).astype(np.int64)
     hi = np.clip(lo + 1, 0, n_in - 1)
     lo = np.clip(lo, 0, n_in - 1)
     frac = np.clip(pos - lo.astype(np.float32), np.float32(0), np.float32(1))
-    return lo, hi, frac
+    return np.stack([lo, hi], axis=1), np.stack([np.float32(1) - frac, frac], axis=1)
+
+
+def _cubic_taps(pos: np.ndarray, n_in: int):
+    """Four clamped source indices and Keys-cubic weights (a = -0.75, as ggml and PyTorch) per output."""
+    a = np.float32(-0.75)
+    base = np.floor(pos)
+    t = (pos - base)[:, None]
+    near = np.concatenate([t, np.float32(1) - t], axis=1)                 # |distance| < 1
+    far = np.concatenate([t + np.float32(1), np.float32(2) - t], axis=1)  # 1 <= |distance| < 2
+    w_near = ((a + 2) * near - (a + 3)) * near * near + 1
+    w_far = ((a * far - 5 * a) * far + 8 * a) * far - 4 * a
+    weights = np.stack([w_far[:, 0], w_near[:, 0], w_near[:, 1], w_far[:, 1]], axis=1)
+    index = np.clip(base.astype(np.int64)[:, None] + np.arange(-1, 3), 0, n_in - 1)
+    return index, weights.astype(np.float32)
+
+
+_TAPS = {ScaleMode.NEAREST: None, ScaleMode.BILINEAR: _linear_taps, ScaleMode.BICUBIC: _cubic_taps}
 
 
 @kernel(Op.UPSCALE, supports=_supports_upscale)
 def upscale(dst: Tensor) -> None:
-    """Nearest or bilinear (optionally align-corners) resampling of dims 0, 1; nearest for dims 2, 3."""
+    """Nearest, bilinear or bicubic (optionally align-corners) resampling of dims 0, 1; nearest for dims 2, 3."""
     src = dst.src[0]
     mode = dst.op_params_i32(0)
     x = as_f32(src)[_nearest(dst.ne[3], src.ne[3])][:, _nearest(dst.ne[2], src.ne[2])]
-    if mode & 0xFF == ScaleMode.NEAREST:
+    taps = _TAPS[mode & 0xFF]
+    if taps is None:
         store(dst, x[:, :, _nearest(dst.ne[1], src.ne[1])][..., _nearest(dst.ne[0], src.ne[0])])
         return
-    sf0 = np.float32(dst.ne[0]) / np.float32(src.ne[0])
-    sf1 = np.float32(dst.ne[1]) / np.float32(src.ne[1])
-    offset = np.float32(0.5)
-    if mode & ScaleFlag.ALIGN_CORNERS:
-        offset = np.float32(0)
-        if dst.ne[0] > 1 and src.ne[0] > 1:
-            sf0 = np.float32(dst.ne[0] - 1) / np.float32(src.ne[0] - 1)
-        if dst.ne[1] > 1 and src.ne[1] > 1:
-            sf1 = np.float32(dst.ne[1] - 1) / np.float32(src.ne[1] - 1)
-    y0, y1, dy = _bilinear_taps(dst.ne[1], src.ne[1], sf1, offset)
-    x0, x1, dx = _bilinear_taps(dst.ne[0], src.ne[0], sf0, offset)
-    dy, dx = dy[:, None], dx[None, :]
-    one = np.float32(1)
-    top = x[:, :, y0][..., x0] * (one - dx) * (one - dy) + x[:, :, y0][..., x1] * dx * (one - dy)
-    bottom = x[:, :, y1][..., x0] * (one - dx) * dy + x[:, :, y1][..., x1] * dx * dy
-    store(dst, top + bottom)
+    align = bool(mode & ScaleFlag.ALIGN_CORNERS)
+    iy, wy = taps(_source_positions(dst.ne[1], src.ne[1], align), src.ne[1])
+    ix, wx = taps(_source_positions(dst.ne[0], src.ne[0], align), src.ne[0])
+    store(dst, np.einsum("abyixj,yi,xj->abyx", x[:, :, iy][..., ix], wy, wx))
 
 
 # ----- padding, shifting, generated values ------------------------------------------------------------
