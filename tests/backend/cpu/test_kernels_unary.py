@@ -63,3 +63,6 @@ def test_swiglu_oai_needs_f32():
     ctx = Context()
     assert not kernels.supports(ops.swiglu_oai(ctx, ctx.new_tensor(G.F16, (8, 2)), None, 1.0, 7.0))
     assert kernels.supports(ops.swiglu(ctx, ctx.new_tensor(G.F16, (8, 2))))
+    split = ops.swiglu_split(ctx, ctx.new_tensor(G.F32, (8, 2)), ctx.new_tensor(G.F32, (8, 2)))
+    split.src[1] = ctx.new_tensor(G.F16, (8, 2))  # as a graph file could have it: ggml has no such kernel
+    assert not kernels.supports(split)

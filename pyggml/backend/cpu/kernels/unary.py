@@ -171,6 +171,8 @@ GLU_ACTIVATIONS = {
 
 
 def _glu_supported(t: Tensor) -> bool:
+    if t.src[1] is not None and t.src[1].type != t.src[0].type:
+        return False
     if t.op_params[0] == GluOp.SWIGLU_OAI:
         return t.type == t.src[0].type == G.F32
     return t.op_params[0] in GLU_ACTIVATIONS.keys() and t.type == t.src[0].type and t.type in (G.F32, G.F16)
