@@ -6,12 +6,14 @@ they are generated here from the UnaryOp / GluOp enums so that the two lists can
 
 from __future__ import annotations
 
+import numpy as np
+
 from pyggml.core.context import Context
 from pyggml.core.ops._build import check_shape, check_type, new_result
 from pyggml.core.ops.elementwise import export, same_as
 from pyggml.core.tensor import GluOp, Op, Tensor, UnaryOp
 
-__all__ = ["unary", "unary_inplace", "glu", "glu_split", "swiglu_oai"]
+__all__ = ["unary", "unary_inplace", "xielu", "glu", "glu_split", "swiglu_oai"]
 
 
 def unary(ctx: Context, a: Tensor, op: UnaryOp, inplace: bool = False) -> Tensor:
@@ -21,6 +23,21 @@ def unary(ctx: Context, a: Tensor, op: UnaryOp, inplace: bool = False) -> Tensor
 
 def unary_inplace(ctx: Context, a: Tensor, op: UnaryOp) -> Tensor:
     return unary(ctx, a, op, inplace=True)
+
+
+def _softplus(x: float) -> float:
+    """ggml_compute_softplus_f32, in float32 like ggml."""
+    x = np.float32(x)
+    return float(x if x > 20 else np.log(np.float32(1) + np.exp(x)))
+
+
+def xielu(ctx: Context, a: Tensor, alpha_n: float, alpha_p: float, beta: float, eps: float) -> Tensor:
+    """xIELU; ggml stores the activation's effective coefficients: [XIELU, beta + softplus(alpha_n),
+    softplus(alpha_p), beta, eps]."""
+    t = same_as(ctx, Op.UNARY, a, (a,), (int(UnaryOp.XIELU),))
+    for i, v in enumerate((np.float32(beta) + np.float32(_softplus(alpha_n)), _softplus(alpha_p), beta, eps), 1):
+        t.set_op_params_f32(i, float(v))
+    return t
 
 
 def _glu(ctx: Context, a: Tensor, b: Tensor | None, op: GluOp, swapped: bool) -> Tensor:
@@ -67,7 +84,7 @@ def _define_glu(op: GluOp) -> None:
 
 
 for _op in UnaryOp:
-    if _op != UnaryOp.XIELU:  # xielu takes parameters and is not in this family's scope
+    if _op != UnaryOp.XIELU:  # xielu takes parameters: its own builder above
         _define_unary(_op)
 for _op in GluOp:
     if _op != GluOp.SWIGLU_OAI:  # has its own builder with alpha and limit

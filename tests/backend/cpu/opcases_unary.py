@@ -121,6 +121,19 @@ def swiglu_oai_case(split, alpha=1.702, limit=0.4):
     return OpCase(f"swiglu_oai_{'split' if split else 'fused'}", build, reference=ref)
 
 
+def xielu_case(types, alpha_n=0.8, alpha_p=0.6, beta=0.5, eps=-1e-6):
+    def build(ctx):
+        return retyped(ctx, ops.xielu(ctx, new_input(ctx, types[0], (16, 5, 3), "cont", "x"), alpha_n, alpha_p, beta,
+                                      eps), types[1])
+
+    def ref(out):
+        x = values(out.src[0])
+        a_n, a_p = beta + np.log1p(np.exp(alpha_n)), np.log1p(np.exp(alpha_p))
+        return stored_as(out, np.where(x > 0, a_p * x * x + beta * x, (np.expm1(np.minimum(x, eps)) - x) * a_n + beta * x))
+
+    return OpCase(f"xielu_{types[0].name}_{types[1].name}", build, reference=ref)
+
+
 UNARY_OPS = [op for op in UnaryOp if op != UnaryOp.XIELU]
 CASES = [
     *(unary_case(op, types) for op in UNARY_OPS for types in type_pairs(op)),
@@ -129,4 +142,5 @@ CASES = [
     *(glu_case(op, t, form, layout=layout) for op in GLU_REFERENCES for t in (G.F32, G.F16)
       for form in ("fused", "swapped", "split") for layout in ("cont", "pad")),
     swiglu_oai_case(False), swiglu_oai_case(True),
+    *(xielu_case(types) for types in TYPE_PAIRS),
 ]

@@ -137,12 +137,19 @@ UNARY_FUNCS = {
 }
 
 
+def xielu(x: np.ndarray, alpha_n: float, alpha_p: float, beta: float, eps: float) -> np.ndarray:
+    """ggml's op_xielu with the coefficients its builder stored."""
+    alpha_n, alpha_p, beta, eps = (np.float32(v) for v in (alpha_n, alpha_p, beta, eps))
+    negative = (np.expm1(np.minimum(x, eps)) - x) * alpha_n + beta * x
+    return np.where(x > 0, alpha_p * x * x + beta * x, negative)
+
+
 # Implemented in ggml's ops.cpp for F32 -> F32 and F16 -> F16 only (the rest use the generic unary template).
 F32_F16_ONLY = frozenset({UnaryOp.GELU, UnaryOp.GELU_ERF, UnaryOp.GELU_QUICK, UnaryOp.SILU})
 
 
 def _unary_supported(t: Tensor) -> bool:
-    if t.op_params[0] not in UNARY_FUNCS.keys():
+    if t.op_params[0] not in UNARY_FUNCS.keys() and t.op_params[0] != UnaryOp.XIELU:
         return False
     if t.op_params[0] in F32_F16_ONLY:
         return t.type == t.src[0].type and t.type in (G.F32, G.F16)
@@ -151,7 +158,11 @@ def _unary_supported(t: Tensor) -> bool:
 
 @kernel(Op.UNARY, supports=_unary_supported)
 def unary(dst: Tensor) -> None:
-    store(dst, UNARY_FUNCS[dst.unary_op](as_f32(dst.src[0])))
+    x = as_f32(dst.src[0])
+    if dst.unary_op == UnaryOp.XIELU:
+        store(dst, xielu(x, *(dst.op_params_f32(i) for i in range(1, 5))))
+    else:
+        store(dst, UNARY_FUNCS[dst.unary_op](x))
 
 
 def _swiglu_oai(x: np.ndarray, g: np.ndarray, alpha: float, limit: float) -> np.ndarray:
