@@ -153,3 +153,22 @@ def test_arange_and_timestep_embedding(ctx):
     t = ctx.new_tensor(F32, (7,))
     emb = ops.timestep_embedding(ctx, t, 9, 10000)
     assert (emb.op, emb.ne, emb.op_params[:2]) == (Op.TIMESTEP_EMBEDDING, [9, 7, 1, 1], [9, 10000])
+
+
+def test_conv_2d_direct(ctx):
+    k = ctx.new_tensor(F16, (3, 3, 2, 5), name="k")
+    out = ops.conv_2d_direct(ctx, k, ctx.new_tensor(F32, (9, 8, 2, 3)), 2, 1, 1, 0, 1, 2)
+    assert (out.op, out.type, out.ne, out.op_params[:6]) == (Op.CONV_2D, F32, [5, 4, 5, 3], [2, 1, 1, 0, 1, 2])
+    with pytest.raises(ShapeError, match="conv_2d_direct: kernel channels a.ne\\[2\\]=2 != image channels"):
+        ops.conv_2d_direct(ctx, k, ctx.new_tensor(F32, (9, 8, 3)), 1, 1, 0, 0, 1, 1)
+    with pytest.raises(ShapeError, match="too small"):
+        ops.conv_2d_direct(ctx, k, ctx.new_tensor(F32, (2, 8, 2)), 1, 1, 0, 0, 1, 1)
+
+
+def test_conv_shorthands(ctx):
+    x = ctx.new_tensor(F32, (8, 6, 3, 1))
+    assert ops.conv_2d_sk_p0(ctx, ctx.new_tensor(F32, (2, 2, 3, 4)), x).ne == [4, 3, 4, 1]
+    assert ops.conv_2d_s1_ph(ctx, ctx.new_tensor(F32, (3, 3, 3, 4)), x).ne == [8, 6, 4, 1]
+    dw = ops.conv_1d_dw(ctx, ctx.new_tensor(F16, (3, 1, 4)), ctx.new_tensor(F32, (10, 4)), 1, 1, 1)
+    assert (dw.op, dw.ne) == (Op.RESHAPE, [10, 4, 1, 1])
+    assert ops.conv_1d_dw_ph(ctx, ctx.new_tensor(F16, (3, 1, 4)), ctx.new_tensor(F32, (10, 4)), 1, 1).ne == dw.ne

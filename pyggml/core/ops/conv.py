@@ -18,8 +18,8 @@ from pyggml.core.tensor import Op, Tensor
 from pyggml.core.types import GGMLType, blck_size, type_size
 
 __all__ = [
-    "PoolOp", "ScaleMode", "ScaleFlag", "im2col", "conv_1d", "conv_1d_ph", "conv_transpose_1d", "conv_2d",
-    "conv_2d_dw", "conv_2d_dw_direct", "conv_transpose_2d_p0", "pool_1d", "pool_2d", "upscale", "upscale_ext",
+    "PoolOp", "ScaleMode", "ScaleFlag", "im2col", "conv_1d", "conv_1d_ph", "conv_1d_dw", "conv_1d_dw_ph",
+    "conv_transpose_1d", "conv_2d", "conv_2d_sk_p0", "conv_2d_s1_ph", "conv_2d_direct", "conv_2d_dw", "conv_2d_dw_direct", "conv_transpose_2d_p0", "pool_1d", "pool_2d", "upscale", "upscale_ext",
     "interpolate", "arange", "timestep_embedding", "pad_reflect_1d", "roll",
 ]
 
@@ -78,6 +78,17 @@ def conv_1d_ph(ctx: Context, a: Tensor, b: Tensor, s: int, d: int) -> Tensor:
     return conv_1d(ctx, a, b, s, a.ne[0] // 2, d)
 
 
+def conv_1d_dw(ctx: Context, a: Tensor, b: Tensor, s0: int, p0: int, d0: int) -> Tensor:
+    """Depthwise 1-D: kernel a [K, 1, C] per channel of b [L, C] -> [OL, C] (F16 im2col + mul_mat, as ggml)."""
+    cols = im2col(ctx, a, reshape_4d(ctx, b, b.ne[0], 1, b.ne[1], b.ne[2]), s0, 0, p0, 0, d0, 0, False, GGMLType.F16)
+    res = mul_mat(ctx, cols, a)
+    return reshape_3d(ctx, res, res.ne[0], res.ne[2], 1)
+
+
+def conv_1d_dw_ph(ctx: Context, a: Tensor, b: Tensor, s0: int, d0: int) -> Tensor:
+    return conv_1d_dw(ctx, a, b, s0, a.ne[0] // 2, d0)
+
+
 def conv_2d(ctx: Context, a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: int, d0: int, d1: int) -> Tensor:
     """Kernel a [KW, KH, IC, OC] over image b [W, H, IC, N] -> [OW, OH, OC, N]: im2col (a's type) + mul_mat."""
     cols = im2col(ctx, a, b, s0, s1, p0, p1, d0, d1, True, a.type)
@@ -85,6 +96,28 @@ def conv_2d(ctx: Context, a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: i
                   reshape_2d(ctx, a, a.ne[0] * a.ne[1] * a.ne[2], a.ne[3]))
     res = reshape_4d(ctx, res, cols.ne[1], cols.ne[2], cols.ne[3], a.ne[3])
     return cont(ctx, permute(ctx, res, 0, 1, 3, 2))
+
+
+def conv_2d_sk_p0(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    """Stride = kernel size, no padding: non-overlapping patches."""
+    return conv_2d(ctx, a, b, a.ne[0], a.ne[1], 0, 0, 1, 1)
+
+
+def conv_2d_s1_ph(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    """Stride 1, half padding: same size output for odd kernels."""
+    return conv_2d(ctx, a, b, 1, 1, a.ne[0] // 2, a.ne[1] // 2, 1, 1)
+
+
+def conv_2d_direct(ctx: Context, a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: int, d0: int,
+                   d1: int) -> Tensor:
+    """Kernel a [KW, KH, IC, OC] over b [W, H, IC, N] as one CONV_2D op -> [OW, OH, OC, N] of b's type."""
+    op = "conv_2d_direct"
+    check_shape(a.ne[2] == b.ne[2], op, f"kernel channels a.ne[2]={a.ne[2]} != image channels b.ne[2]={b.ne[2]}",
+                a, b)
+    ne = (conv_output_size(b.ne[0], a.ne[0], s0, p0, d0), conv_output_size(b.ne[1], a.ne[1], s1, p1, d1),
+          a.ne[3], b.ne[3])
+    check_shape(ne[0] > 0 and ne[1] > 0, op, f"b too small compared to a (output {ne[0]}x{ne[1]})", a, b)
+    return new_result(ctx, Op.CONV_2D, b.type, ne, srcs=(a, b), params=(s0, s1, p0, p1, d0, d1))
 
 
 def conv_2d_dw(ctx: Context, a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: int, d0: int, d1: int) -> Tensor:

@@ -60,10 +60,10 @@ def im2col_case(name, ne_k, ne_x, s, p, d, is_2d, dst_type):
     return OpCase(name, build, 1e-7 if dst_type == F32 else 1e-6, ref)
 
 
-def conv_2d_case(name, ne_k, ne_x, s, p, d, k_type=F32):
+def conv_2d_case(name, ne_k, ne_x, s, p, d, k_type=F32, fn=ops.conv_2d):
     def build(ctx):
         k = ctx.new_tensor(k_type, ne_k, name="kernel")
-        return ops.conv_2d(ctx, k, ctx.new_tensor(F32, ne_x, name="x"), s[0], s[1], p[0], p[1], d[0], d[1])
+        return fn(ctx, k, ctx.new_tensor(F32, ne_x, name="x"), s[0], s[1], p[0], p[1], d[0], d[1])
 
     def ref(out):
         k = values(next(t for t in _leaves(out) if t.name == "kernel"))
@@ -97,6 +97,18 @@ def conv_1d_case(name, k, ic, oc, length, n, s, p, d):
     def ref(out):
         w, x = _named(out, "kernel")[0], _named(out, "x")[0]                 # (OC, IC, K), (N, IC, L)
         return ref_conv2d(x[:, :, None, :], w[:, :, None, :], (s, 1), (p, 0), (d, 1))[:, :, 0][None]
+    return OpCase(name, build, CONV_TOL, ref)
+
+
+def conv_1d_dw_case(name, k, c, length, s, p, d):
+    def build(ctx):
+        return ops.conv_1d_dw(ctx, ctx.new_tensor(F16, (k, 1, c), name="kernel"),
+                              ctx.new_tensor(F32, (length, c), name="x"), s, p, d)
+
+    def ref(out):
+        w, x = _named(out, "kernel")[0, :, 0], _named(out, "x")[0, 0]      # (C, K), (C, L)
+        res = ref_depthwise(x[None, :, None, :], w[:, None, :], (s, 1), (p, 0), (d, 1))  # (1, C, 1, OL)
+        return res[:, :, 0][None]
     return OpCase(name, build, CONV_TOL, ref)
 
 
@@ -266,6 +278,14 @@ CASES = [
     im2col_case("im2col_1d", (3, 2, 5), (10, 2, 3), (2, 0), (1, 0), (2, 0), False, F32),
     conv_2d_case("conv_2d", (3, 3, 2, 4), (7, 6, 2, 2), (1, 1), (1, 1), (1, 1)),
     conv_2d_case("conv_2d_strided_f16_kernel", (3, 2, 3, 2), (9, 8, 3, 1), (2, 2), (1, 0), (1, 2), k_type=F16),
+    conv_2d_case("conv_2d_direct", (3, 3, 2, 4), (7, 6, 2, 2), (1, 1), (1, 1), (1, 1), fn=ops.conv_2d_direct),
+    conv_2d_case("conv_2d_direct_f16_kernel", (3, 2, 3, 2), (9, 8, 3, 1), (2, 2), (1, 0), (1, 2), k_type=F16,
+                 fn=ops.conv_2d_direct),
+    conv_2d_case("conv_2d_sk_p0", (2, 2, 3, 2), (8, 6, 3, 1), (2, 2), (0, 0), (1, 1),
+                 fn=lambda ctx, k, x, *_: ops.conv_2d_sk_p0(ctx, k, x)),
+    conv_2d_case("conv_2d_s1_ph", (3, 3, 2, 2), (6, 5, 2, 1), (1, 1), (1, 1), (1, 1),
+                 fn=lambda ctx, k, x, *_: ops.conv_2d_s1_ph(ctx, k, x)),
+    conv_1d_dw_case("conv_1d_dw", 3, 4, 10, 1, 1, 1),
     conv_1d_case("conv_1d", 3, 2, 4, 10, 1, 1, 1, 1),  # N = 1: ggml's final reshape mixes batches for N > 1
     conv_1d_case("conv_1d_strided_dilated", 3, 3, 2, 12, 1, 2, 0, 2),
     conv_2d_dw_case("conv_2d_dw", (7, 6, 3, 2), 3, 3, (1, 1), (1, 1), (1, 1), direct=False),

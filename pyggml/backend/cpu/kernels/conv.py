@@ -30,23 +30,29 @@ def _src_in(*types):
 
 # ----- im2col ---------------------------------------------------------------------------------------
 
+def _patches(image: np.ndarray, kh: int, kw: int, s: tuple, p: tuple, d: tuple, oh: int, ow: int) -> np.ndarray:
+    """(N, IC, H, W) -> (N, OH, OW, IC*KH*KW): the input under each kernel placement, zeros outside the image.
+
+    s, p, d are (x, y) pairs: stride, padding and dilation.
+    """
+    padded = np.pad(image, ((0, 0), (0, 0), (p[1], p[1]), (p[0], p[0])))
+    rows = (np.arange(oh) * s[1])[:, None] + np.arange(kh) * d[1]      # (OH, KH) in padded coordinates
+    cols = (np.arange(ow) * s[0])[:, None] + np.arange(kw) * d[0]      # (OW, KW)
+    gathered = padded[:, :, rows[:, None, :, None], cols[None, :, None, :]]   # (N, IC, OH, OW, KH, KW)
+    return gathered.transpose(0, 2, 3, 1, 4, 5).reshape(image.shape[0], oh, ow, -1)
+
+
 @kernel(Op.IM2COL, supports=lambda dst: dst.type in (F32, F16) and dst.src[1].type in FLOATS)
 def im2col(dst: Tensor) -> None:
     """dst[n, oh, ow, (ic, kh, kw)] = b[n, ic, oh*s1 + kh*d1 - p1, ow*s0 + kw*d0 - p0], zero outside b."""
     a, b = dst.src[0], dst.src[1]
     s0, s1, p0, p1, d0, d1, is_2d = (dst.op_params_i32(i) for i in range(7))
     if is_2d:
-        image = as_f32(b)                                           # (N, IC, IH, IW)
-        kh, kw = a.ne[1], a.ne[0]
-        oh, ow = dst.ne[2], dst.ne[1]
+        cols = _patches(as_f32(b), a.ne[1], a.ne[0], (s0, s1), (p0, p1), (d0, d1), dst.ne[2], dst.ne[1])
     else:
-        image = as_f32(b)[0][:, :, None, :]                         # (N, IC, 1, L)
-        kh, kw, oh, ow, s1, p1, d1 = 1, a.ne[0], 1, dst.ne[1], 1, 0, 1
-    padded = np.pad(image, ((0, 0), (0, 0), (p1, p1), (p0, p0)))
-    rows = (np.arange(oh) * s1)[:, None] + np.arange(kh) * d1      # (OH, KH) in padded coordinates
-    cols = (np.arange(ow) * s0)[:, None] + np.arange(kw) * d0      # (OW, KW)
-    patches = padded[:, :, rows[:, None, :, None], cols[None, :, None, :]]   # (N, IC, OH, OW, KH, KW)
-    store(dst, patches.transpose(0, 2, 3, 1, 4, 5).reshape(view(dst).shape))
+        signal = as_f32(b)[0][:, :, None, :]                         # (N, IC, 1, L)
+        cols = _patches(signal, 1, a.ne[0], (s0, 1), (p0, 0), (d0, 1), 1, dst.ne[1])
+    store(dst, cols.reshape(view(dst).shape))
 
 
 # ----- direct and transposed convolutions ------------------------------------------------------------
@@ -54,6 +60,17 @@ def im2col(dst: Tensor) -> None:
 def _like_kernel(x: np.ndarray, kernel_: Tensor) -> np.ndarray:
     """With an F16 kernel ggml rounds the input to F16 before its dot products; do the same."""
     return x.astype(np.float16).astype(np.float32) if kernel_.type == F16 else x
+
+
+@kernel(Op.CONV_2D, supports=lambda dst: dst.type in FLOATS and dst.src[0].type in (F32, F16)
+        and dst.src[1].type in FLOATS)
+def conv_2d(dst: Tensor) -> None:
+    """dst[n, oc, oy, ox] = sum over (ic, ky, kx) of a[oc, ic, ky, kx] * b[n, ic, ..]: patches times kernel, one GEMM."""
+    a, b = dst.src[0], dst.src[1]
+    s0, s1, p0, p1, d0, d1 = (dst.op_params_i32(i) for i in range(6))
+    cols = _patches(as_f32(b), a.ne[1], a.ne[0], (s0, s1), (p0, p1), (d0, d1), dst.ne[1], dst.ne[0])
+    weights = as_f32(a).reshape(a.ne[3], -1)                       # (OC, IC*KH*KW)
+    store(dst, (_like_kernel(cols, a) @ weights.T).transpose(0, 3, 1, 2))
 
 
 @kernel(Op.CONV_2D_DW, supports=_src_in(F32))
