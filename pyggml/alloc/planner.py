@@ -6,9 +6,11 @@ The module is pure algorithms over integers, usable without tensors. Read top to
    node by node to get ggml's own offsets and buffer sizes);
 2. `Interval`, `load_csv` and `lower_bound` (LOAD, the peak of simultaneously live bytes);
 3. `PlanResult` and `verify_offsets`;
-4. the planners behind `plan_offsets`: ``"ggml"`` (online best fit in time order), ``"best"``
-   (offline greedy placement over several orderings plus culprit promotion, never worse than
-   ``"ggml"``) and ``"search"`` (randomised iterated greedy under a time budget).
+4. offline greedy placement (`_Placer`: each interval, in a given order, into the smallest
+   free gap that fits);
+5. the planners behind `plan_offsets`: ``"ggml"`` (online best fit in time order), ``"size"``
+   (greedy by size, for reference), ``"best"`` (greedy over two orders plus culprit promotion,
+   never worse than ``"ggml"``) and ``"search"`` (ruin and recreate under a time budget).
 
 Lifetimes are half-open steps ``[start, end)``: a buffer is live at every step ``t`` with
 ``start <= t < end``. A graph's inclusive lifetime ``[birth, last_use]`` is
@@ -35,8 +37,6 @@ MAX_CHUNKS = 16  # GGML_VBUFFER_MAX_CHUNKS
 MAX_FREE_BLOCKS = 256  # per chunk
 _UNBOUNDED = SIZE_MAX // 2  # ggml's "infinite" block size, chosen so sums cannot overflow
 PLANNERS = ("ggml", "size", "best", "search")
-GOOD_ENOUGH = (1, 256)  # "best" stops promoting within this fraction of the lower bound
-TRY_NEXT_ORDER = (1, 100)  # and tries its next order only while further above it than this
 
 
 def _align(size: int, alignment: int) -> int:
@@ -268,7 +268,7 @@ class _Problem:
             prev, half = levels[-1], 2 ** (len(levels) - 1)
             levels.append(np.maximum(prev[:-half], prev[half:]))
         length = self.end - self.start
-        level = np.floor(np.log2(length)).astype(np.int64)
+        level = np.frexp(length)[1].astype(np.int64) - 1  # floor(log2(length)), exactly
         result = np.empty(self.n, np.int64)
         for k in np.unique(level):
             sel = np.flatnonzero(level == k)
@@ -390,12 +390,12 @@ class _Placer:
 
     def __init__(self, problem: _Problem):
         self.problem = problem
-        self.by_start = np.argsort(problem.start, kind="stable")
+        by_start = np.argsort(problem.start, kind="stable")
         self.slot = np.empty(problem.n, np.int64)
-        self.slot[self.by_start] = np.arange(problem.n)
-        ends_so_far = np.maximum.accumulate(problem.end[self.by_start])
+        self.slot[by_start] = np.arange(problem.n)
+        ends_so_far = np.maximum.accumulate(problem.end[by_start])
         self.window_lo = np.searchsorted(ends_so_far, problem.start, side="right").tolist()
-        self.window_hi = np.searchsorted(problem.start[self.by_start], problem.end).tolist()
+        self.window_hi = np.searchsorted(problem.start[by_start], problem.end).tolist()
         self.start, self.end, self.size = problem.start.tolist(), problem.end.tolist(), problem.size.tolist()
         self.slots = self.slot.tolist()
 
@@ -516,44 +516,55 @@ def _promoted(order: list[int], culprits: np.ndarray) -> list[int]:
     return front + [i for i in order if i not in moved]
 
 
+@dataclass(frozen=True)
+class _Effort:
+    """How hard the greedy stage tries: promotion rounds per order, and how close to the lower
+    bound (as a fraction of it) a plan must be to stop promoting, or to skip the remaining orders."""
+
+    rounds: int
+    stop_promoting: float
+    skip_orders: float
+
+
+QUICK = _Effort(rounds=3, stop_promoting=1 / 256, skip_orders=1 / 100)  # "best": big graphs plan fast
+THOROUGH = _Effort(rounds=8, stop_promoting=0.0, skip_orders=0.0)  # "search", before its local search
+
+
 def _plan_best(problem: _Problem, placer: _Placer, max_size: int | None, target: int,
-               rounds: int = 3) -> _Placement:
+               effort: _Effort) -> _Placement:
     """Greedy placement over the orders of `_orderings`, each followed by culprit promotion.
 
     A promotion round moves the intervals that define the height to the front of the order and
-    places everything again; rounds go on while they help. Effort is bounded so that big graphs
-    plan quickly: promotion stops within `GOOD_ENOUGH` of the lower bound, and the next order is
-    only tried while the best plan is more than `TRY_NEXT_ORDER` above it.
+    places everything again; rounds go on while they lower the height.
     """
-    good_enough = target + target * GOOD_ENOUGH[0] // GOOD_ENOUGH[1]
-    try_next = target + target * TRY_NEXT_ORDER[0] // TRY_NEXT_ORDER[1]
+    stop_promoting = target + int(target * effort.stop_promoting)
+    skip_orders = target + int(target * effort.skip_orders)
     best = None
     for order in _orderings(problem):
         previous = None
-        for _ in range(rounds + 1):
+        for _ in range(effort.rounds + 1):
             placement = placer.place(order, max_size)
             if best is None or placement.height < best.height:
                 best = placement
-            if best.height <= good_enough or (previous is not None and placement.height >= previous):
+            if best.height <= stop_promoting or (previous is not None and placement.height >= previous):
                 break
             previous = placement.height
             order = _promoted(order, placement.culprits(problem.size))
-        if best.height <= try_next:
+        if best.height <= skip_orders:
             break
     return best
 
 
 def _plan_search(problem: _Problem, placer: _Placer, max_size: int | None, target: int,
-                 start: _Placement, budget_s: float, seed: int, max_iterations: int | None) -> _Placement:
-    """Ruin and recreate: lift a culprit and some of the intervals live with it, place them again.
+                 start: _Placement, deadline: float, seed: int, max_iterations: int | None) -> _Placement:
+    """Ruin and recreate: lift a culprit and intervals live with it, place them again.
 
     The lifted intervals go back in a perturbed largest-first order while everything else stays.
     A change is kept when it does not raise (height, sum of tops); the sum rewards pushing bytes
     down, which lets the search walk across plateaus of equal height. The sequence of tries
-    depends only on `seed`; the budget decides how many run.
+    depends only on `seed`; the deadline decides how many run.
     """
     rng = np.random.default_rng(seed)
-    deadline = time.perf_counter() + budget_s
     size = problem.size
     best = current = start
     current_score = (current.height, int((current.offset + size).sum()))
@@ -575,15 +586,18 @@ def _plan_search(problem: _Problem, placer: _Placer, max_size: int | None, targe
 
 
 def _ruin(problem: _Problem, plan: _Placement, rng: np.random.Generator) -> np.ndarray:
-    """A culprit at the top of its chunk plus a random share of the intervals live with it, higher ones likelier."""
+    """A random culprit and, of the intervals live with it in its chunk, either all those reaching
+    above a random level (a band to repack) or a random share, higher ones likelier."""
     culprits = plan.culprits(problem.size)
     victim = culprits[rng.integers(culprits.size)]
     live = np.flatnonzero((problem.start < problem.end[victim]) & (problem.end > problem.start[victim])
                           & (plan.chunk == plan.chunk[victim]))
+    height = max(plan.chunk_sizes[plan.chunk[victim]], 1)
     tops = plan.offset[live] + problem.size[live]
-    height = plan.chunk_sizes[plan.chunk[victim]]
-    share = rng.uniform(0.05, 0.6)
-    lifted = live[rng.random(live.size) < share * (0.25 + tops / max(height, 1))]
+    if rng.random() < 0.5:
+        lifted = live[tops > rng.uniform(0.0, 0.9) * height]
+    else:
+        lifted = live[rng.random(live.size) < rng.uniform(0.05, 0.6) * (0.25 + tops / height)]
     return np.union1d(lifted, [victim])
 
 
@@ -594,8 +608,9 @@ def plan_offsets(intervals: Sequence[Interval], alignment: int = 1, planner: str
 
     Planners: ``"ggml"`` (ggml's online best fit, see `_plan_ggml`), ``"size"`` (plain greedy by
     size, for reference), ``"best"`` (several greedy orders with culprit promotion) and
-    ``"search"`` (``"best"`` then iterated greedy for `budget_s` seconds, default 3, or
-    `max_iterations` tries). ``"best"`` and ``"search"`` fall back to ggml's plan when it is smaller.
+    ``"search"`` (a more thorough ``"best"``, then ruin and recreate until `budget_s` seconds,
+    default 3, have passed since the call, or after `max_iterations` tries). ``"best"`` and
+    ``"search"`` fall back to ggml's plan when it is smaller.
     Sizes are padded to `alignment`; chunks hold at most `max_size` bytes, except that an interval
     bigger than that gets a chunk of its own size and the 16th chunk is unbounded, as in ggml.
     """
@@ -612,14 +627,14 @@ def plan_offsets(intervals: Sequence[Interval], alignment: int = 1, planner: str
         placement = _Placer(problem).place(_by_size(problem), max_size)
     else:
         placer = _Placer(problem)
-        placement = _plan_best(problem, placer, max_size, target)
+        placement = _plan_best(problem, placer, max_size, target, THOROUGH if planner == "search" else QUICK)
         if placement.height > target:
             online = _plan_ggml(problem, max_size)
             if online.height < placement.height:
                 placement = online
         if planner == "search":
-            placement = _plan_search(problem, placer, max_size, target, placement,
-                                     3.0 if budget_s is None else budget_s, seed, max_iterations)
+            deadline = began + (3.0 if budget_s is None else budget_s)
+            placement = _plan_search(problem, placer, max_size, target, placement, deadline, seed, max_iterations)
     return PlanResult(offsets=dict(zip(problem.ids, placement.offset.tolist())),
                       chunks=dict(zip(problem.ids, placement.chunk.tolist())),
                       chunk_sizes=placement.chunk_sizes, lower_bound=target, planner=planner,

@@ -274,6 +274,14 @@ def test_interval_bigger_than_max_size_gets_its_own_chunk():
     assert sorted(result.chunk_sizes) == [10, 100]
 
 
+def test_search_improves_on_best_for_a_hard_instance():
+    intervals = planner.load_csv(BENCH / "hard_B.csv")
+    best = plan_offsets(intervals)
+    search = plan_offsets(intervals, planner="search", budget_s=60, max_iterations=300)
+    verify_offsets(intervals, search)
+    assert search.height < 0.95 * best.height
+
+
 def test_search_is_deterministic_given_a_seed():
     intervals = planner.load_csv(BENCH / "hard_F.csv")
     runs = [plan_offsets(intervals, planner="search", budget_s=60, seed=7, max_iterations=15) for _ in range(2)]
