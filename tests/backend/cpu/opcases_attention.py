@@ -177,6 +177,7 @@ CASES = [
     flash_attn_case("flash_attn", 32, 32, 4, 4, 16, 5),
     flash_attn_case("flash_attn_gqa_dv", 32, 16, 8, 2, 24, 3, permuted_q=True),
     flash_attn_case("flash_attn_f16_kv", 64, 64, 4, 2, 32, 7, kv_type=F16),
+    flash_attn_case("flash_attn_q8_0_kv", 64, 64, 4, 2, 32, 3, kv_type=GGMLType.Q8_0),
     flash_attn_case("flash_attn_nomask_ne3", 16, 16, 2, 1, 8, 4, ne3=2, mask=False),
     flash_attn_case("flash_attn_alibi_softcap", 32, 32, 6, 3, 16, 4, mask_ne23=(2, 1), max_bias=8.0, softcap=30.0),
     flash_attn_case("flash_attn_sinks", 16, 16, 4, 4, 8, 3, sinks=True),

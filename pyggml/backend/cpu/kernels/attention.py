@@ -12,11 +12,12 @@ import numpy as np
 
 from pyggml.backend.cpu.kernels import kernel
 from pyggml.backend.cpu.kernels._common import as_f32, store, view
+from pyggml.backend.cpu.kernels._dequant_cache import dequantizable
 from pyggml.core.ops.attention import RopeType, rope_yarn_corr_dims
 from pyggml.core.tensor import Op, Tensor
 from pyggml.core.types import GGMLType
 
-F32, F16, BF16 = GGMLType.F32, GGMLType.F16, GGMLType.BF16
+F32, F16 = GGMLType.F32, GGMLType.F16
 
 
 # ----- causal masks -------------------------------------------------------------------------------
@@ -170,7 +171,7 @@ def rope(dst: Tensor) -> None:
 
 def _supports_flash_attn(dst: Tensor) -> bool:
     q, k, v, mask, sinks = dst.src[:5]
-    return (dst.type == F32 and q.type in (F32, F16) and k.type in (F32, F16, BF16) and v.type in (F32, F16, BF16)
+    return (dst.type == F32 and q.type in (F32, F16) and dequantizable(k.type) and dequantizable(v.type)
             and (mask is None or mask.type in (F16, F32)) and (sinks is None or sinks.type == F32))
 
 
