@@ -169,9 +169,10 @@ class _PlanningPass:
         hn.chain.end = self.step
 
     def run(self, graph: Graph, node_ids: list[int] | None, leaf_ids: list[int] | None) -> None:
-        get, allocate = self.get, self.allocate_node
+        get, allocate, hash_ = self.get, self.allocate_node, self.hash
         for i, leaf in enumerate(graph.leafs):
             allocate(leaf, leaf_ids[i] if leaf_ids else 0)
+        node_srcs = [[s for s in node.src if s is not None] for node in graph.nodes]
         # count children and views; place INPUT tensors before anything else so nothing overwrites them
         for i, node in enumerate(graph.nodes):
             buffer_id = node_ids[i] if node_ids else 0
@@ -179,18 +180,17 @@ class _PlanningPass:
                 get(node.view_src).n_views += 1
             if int(node.flags) & _INPUT:
                 allocate(node, buffer_id)
-            for src in node.src:
-                if src is not None:
-                    get(src).n_children += 1
-                    if int(src.flags) & _INPUT:
-                        allocate(src, buffer_id)
-        hash_ = self.hash
+            for src in node_srcs[i]:
+                get(src).n_children += 1
+                if int(src.flags) & _INPUT:
+                    allocate(src, buffer_id)
         for i, node in enumerate(graph.nodes):
             self.step = i
             buffer_id = node_ids[i] if node_ids else 0
-            srcs = [s for s in node.src if s is not None]
+            srcs = node_srcs[i]
             for src in srcs:
-                allocate(src, buffer_id)
+                if not hash_[id(src)].allocated:  # the common case (already placed) without a call
+                    allocate(src, buffer_id)
             allocate(node, buffer_id)
             for p in srcs:
                 p_hn = hash_[id(p)]
