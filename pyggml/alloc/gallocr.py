@@ -72,10 +72,10 @@ def _align(size: int, alignment: int) -> int:
 class _Chain:
     """Bytes handed from tensor to tensor in place: one interval for the offline planner."""
 
-    __slots__ = ("group", "size", "start", "end", "chunk", "offset")
+    __slots__ = ("size", "start", "end", "chunk", "offset")
 
-    def __init__(self, group: int, size: int, start: int):
-        self.group, self.size, self.start, self.end = group, size, start, -1
+    def __init__(self, size: int, start: int):
+        self.size, self.start, self.end = size, start, -1
 
 
 class _HashNode:
@@ -125,7 +125,7 @@ class _PlanningPass:
         hn.size = self.bufts[buffer_id].alloc_size(t)
         hn.buffer_id = buffer_id
         hn.chunk, hn.offset = self.allocators[self.groups[buffer_id]].alloc(hn.size)
-        hn.chain = _Chain(self.groups[buffer_id], hn.size, self.step)
+        hn.chain = _Chain(hn.size, self.step)
 
     def _reuse_parent(self, t: Tensor, hn: _HashNode) -> bool:
         """Take over the first source that this node is the last user of (ggml's in-place rules)."""
