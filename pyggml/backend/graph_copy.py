@@ -54,11 +54,11 @@ class _Copier:
         dst = Tensor(src.type, src.ne, src.nb, op=src.op, view_src=view_src, view_offs=src.view_offs, name=src.name)
         dst.flags = src.flags
         dst.op_params = list(src.op_params)
+        self.copies[id(src)] = dst  # before the sources: ggml_cast's node is its own src[1]
         for i, s in enumerate(src.src):
             if s is not None:
                 dst.src[i] = self.dup(s)
         (self.ctx_unallocated if view_src is not None else self.ctx_allocated).add(dst)
-        self.copies[id(src)] = dst
         return dst
 
     def init(self, src: Tensor) -> None:
