@@ -1,0 +1,98 @@
+"""The torch backend against the CPU backend on the CPU op cases (ggml's test-backend-ops, NMSE criteria).
+
+Every case of tests/backend/cpu/opcases_*.py whose nodes the torch backend says it supports is
+copied onto TORCH_CPU (graph_copy, so the real buffer path is used) and computed there; its output
+must match the CPU kernels' output within the case's NMSE, with the same infinities and NaNs.
+"""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch.cuda")  # "torch.cuda", not "torch": tests/backend/torch itself would import as "torch"
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cpu"))
+
+import opcases_attention  # noqa: E402
+import opcases_conv  # noqa: E402
+import opcases_elementwise  # noqa: E402
+import opcases_layout  # noqa: E402
+import opcases_matmul  # noqa: E402
+import opcases_norm  # noqa: E402
+import opcases_reduce  # noqa: E402
+import opcases_unary  # noqa: E402
+from opcheck import compute, nmse, prepare, values  # noqa: E402
+
+from pyggml.backend import init_by_name, tensor_get  # noqa: E402
+from pyggml.backend.graph_copy import graph_copy  # noqa: E402
+from pyggml.backend.torch import kernels  # noqa: E402
+from pyggml.core import types as T  # noqa: E402
+from pyggml.core.tensor import Op  # noqa: E402
+
+CASES = [case for module in (opcases_attention, opcases_conv, opcases_elementwise, opcases_layout, opcases_matmul,
+                             opcases_norm, opcases_reduce, opcases_unary) for case in module.CASES]
+
+# The ops the models need; each must be supported in at least one of the cases above.
+REQUIRED_OPS = {Op.MUL_MAT, Op.GET_ROWS, Op.CPY, Op.CONT, Op.DUP, Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.SCALE, Op.ADD1,
+                Op.UNARY, Op.GLU, Op.NORM, Op.RMS_NORM, Op.L2_NORM, Op.SOFT_MAX, Op.ROPE, Op.FLASH_ATTN_EXT,
+                Op.SET_ROWS, Op.ARGMAX, Op.SUM_ROWS, Op.MEAN, Op.CONCAT, Op.REPEAT, Op.DIAG_MASK_INF}
+
+
+@pytest.fixture(scope="module")
+def backend():
+    b = init_by_name("TORCH_CPU")
+    yield b
+    b.free()
+
+
+def torch_values(t) -> np.ndarray:
+    """A tensor's values read back from its torch buffer, as float64 in ggml's reversed shape."""
+    raw = tensor_get(t)
+    if t.type in (T.GGMLType.I8, T.GGMLType.I16, T.GGMLType.I32, T.GGMLType.I64):
+        return raw.astype(np.float64).reshape(tuple(reversed(t.ne)))
+    return T.to_float(t.type, raw).reshape(tuple(reversed(t.ne))).astype(np.float64)
+
+
+def supported(graph) -> bool:
+    return all(kernels.supports(n) for n in graph.nodes)
+
+
+def run_both(case, backend):
+    """(CPU output, torch output) as float64 for one case, or None when torch does not support its graph."""
+    out, graph = prepare(case)
+    if not supported(graph) or out not in graph.nodes:
+        return None
+    copy = graph_copy(backend, graph)
+    try:
+        backend.graph_compute(copy.graph)
+        actual = torch_values(copy.graph.nodes[graph.nodes.index(out)])
+    finally:
+        copy.free()
+    compute(out, graph)
+    return values(out), actual
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_matches_cpu_backend(case, backend):
+    result = run_both(case, backend)
+    if result is None:
+        pytest.skip(f"{case.name}: not supported by the torch backend")
+    expected, actual = result
+    assert actual.shape == expected.shape
+    assert np.array_equal(np.isnan(expected), np.isnan(actual)), f"{case.name}: NaNs differ"
+    finite = np.isfinite(expected)
+    assert np.array_equal(expected[~finite & ~np.isnan(expected)], actual[~finite & ~np.isnan(actual)]), \
+        f"{case.name}: infinities differ"
+    err = nmse(expected[finite], actual[finite])
+    assert err <= case.tol, f"{case.name}: NMSE {err:.3g} > {case.tol:g}"
+
+
+def test_required_ops_are_covered():
+    covered = set()
+    for case in CASES:
+        out, graph = prepare(case)
+        if supported(graph):
+            covered |= {n.op for n in graph.nodes}
+    assert REQUIRED_OPS - covered == set()
