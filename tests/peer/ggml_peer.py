@@ -15,6 +15,10 @@ from __future__ import annotations
 
 import ctypes as C
 import importlib.util
+import json
+import multiprocessing
+import os
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,13 +27,18 @@ import numpy as np
 from pyggml.core import types as T
 from pyggml.core.context import Context
 from pyggml.core.graph import Graph
-from pyggml.core.tensor import MAX_DIMS, MAX_NAME, MAX_OP_PARAMS, MAX_SRC, Tensor
-from pyggml.errors import (AllocationError, BackendError, GraphError, LayoutError, NotAllocatedError,
+from pyggml.core.graph_json import graph_to_json, load_graph_json
+from pyggml.core.tensor import MAX_DIMS, MAX_NAME, MAX_OP_PARAMS, MAX_SRC, Tensor, host_ndarray
+from pyggml.errors import (AllocationError, BackendError, GGMLError, GraphError, LayoutError, NotAllocatedError,
                            UnsupportedOpError, UnsupportedTypeError)
 
 
 class PeerUnavailable(ImportError):
     """ggml-python (and so the ggml shared libraries) is not installed."""
+
+
+class PeerCrashed(BackendError):
+    """ggml aborted (GGML_ASSERT, GGML_ABORT) or crashed while the isolated peer computed a graph."""
 
 
 class GGMLTensorStruct(C.Structure):
@@ -269,19 +278,20 @@ class PreparedGraph:
         return ptr, self._lib.ggml_nbytes(ptr)
 
     def set_inputs(self, inputs: dict) -> None:
-        """Write values into ggml tensors: plain types from values (cast), block types quantized from
-        floats or taken as raw uint8 rows."""
+        """Write values into ggml tensors. Values already in stored form (the dtype and shape of
+        `host_ndarray`: raw uint8 rows for block types, uint16 bits for BF16) are copied as they are;
+        others are encoded (cast, or quantized from floats)."""
         for t, values in inputs.items():
             if not t.is_contiguous:
                 raise LayoutError(f"input {t.name!r} is not contiguous (nb={t.nb}); set its root instead")
             ptr, nbytes = self._address(t)
             host = self._host_twin(t)
-            dst = host.numpy()
+            dst = host_ndarray(host)
             values = np.asarray(values)
-            raw = T.is_quantized(t.type) and values.dtype == np.uint8 and values.shape == dst.shape
+            raw = values.dtype == dst.dtype and values.size == dst.size
             if not raw and values.size != t.nelements:
                 raise LayoutError(f"input {t.name!r}: {values.size} values for {t.nelements} elements (ne={t.ne})")
-            dst[...] = values if raw else T.encode(t.type, values).reshape(dst.shape)
+            dst[...] = (values if raw else T.encode(t.type, values)).reshape(dst.shape)
             self._lib.ggml_backend_tensor_set(ptr, host.data, 0, nbytes)
 
     def run(self) -> None:
@@ -292,11 +302,11 @@ class PreparedGraph:
             raise BackendError(f"ggml_backend_graph_compute returned status {status}")
 
     def get(self, t: Tensor) -> np.ndarray:
-        """A copy of t's values as ggml holds them: shape ne[::-1] (block types: uint8 rows)."""
+        """A copy of t's values as ggml holds them, shaped like `host_ndarray(t)` (4-D ne[::-1]; block types: uint8 rows)."""
         ptr, nbytes = self._address(t)
         host = self._host_twin(t)
         self._lib.ggml_backend_tensor_get(ptr, host.data, 0, nbytes)
-        return np.array(host.numpy())
+        return np.array(host_ndarray(host))
 
     # ----- ggml's plan ------------------------------------------------------------------------
     def offsets(self) -> dict[Tensor, int]:
@@ -386,6 +396,79 @@ class GGMLPeer:
         self._backend = None
 
     def __enter__(self) -> GGMLPeer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _serve(conn, n_threads: int, stderr_path: str) -> None:
+    """The isolated peer's child: compute graphs sent as graph-json files until told to stop."""
+    os.environ["GGML_NO_BACKTRACE"] = "1"  # ggml would fork gdb on abort
+    os.dup2(os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
+    with GGMLPeer(n_threads) as peer:
+        while (request := conn.recv()) is not None:
+            path, inputs, outputs, preallocated = request
+            lg = load_graph_json(path)
+            try:
+                result = peer.compute(lg.graph, {lg.tensors[k]: v for k, v in inputs.items()},
+                                      [lg.tensors[k] for k in outputs], [lg.tensors[k] for k in preallocated])
+                conn.send(("ok", result))
+            except GGMLError as e:
+                conn.send(("error", e))
+
+
+class IsolatedPeer:
+    """`GGMLPeer.compute` in a child process, so that a ggml abort fails one call (PeerCrashed, with ggml's
+    message) instead of killing the caller, e.g. a whole pytest run. The child restarts on the next call.
+
+    The graph travels as a ggml-graph-json file, so it must be closed under src and view_src.
+    """
+
+    def __init__(self, n_threads: int = 2):
+        self.n_threads = n_threads
+        self._dir = tempfile.TemporaryDirectory(prefix="ggml-peer-")
+        self._stderr = os.path.join(self._dir.name, "stderr.txt")
+        self._proc = self._conn = None
+
+    def _start(self) -> None:
+        mp = multiprocessing.get_context("spawn")  # fork would inherit OpenMP state and hang
+        self._conn, child_end = mp.Pipe()
+        self._proc = mp.Process(target=_serve, args=(child_end, self.n_threads, self._stderr), daemon=True)
+        self._proc.start()
+        child_end.close()
+
+    def compute(self, graph: Graph, inputs: dict, outputs: list[Tensor], preallocated=()) -> list[np.ndarray]:
+        if self._proc is None:
+            self._start()
+        ids = {id(t): f"L{i}" for i, t in enumerate(graph.leafs)}
+        ids.update({id(t): f"N{i}" for i, t in enumerate(graph.nodes)})
+        path = os.path.join(self._dir.name, "graph.json")
+        Path(path).write_text(json.dumps(graph_to_json(graph)))
+        try:
+            self._conn.send((path, {ids[id(t)]: np.asarray(v) for t, v in inputs.items()},
+                             [ids[id(t)] for t in outputs], [ids[id(t)] for t in preallocated]))
+            status, payload = self._conn.recv()
+        except KeyError as e:
+            raise GraphError("inputs, outputs and preallocated tensors must be leafs or nodes of the graph") from e
+        except (EOFError, BrokenPipeError):
+            self._proc.join()
+            code, self._proc = self._proc.exitcode, None
+            tail = Path(self._stderr).read_text(errors="replace")[-2000:].strip()
+            raise PeerCrashed(f"ggml exited with code {code} on a graph of {graph.n_nodes} nodes "
+                              f"(last: {graph.nodes[-1]!r}): {tail}") from None
+        if status == "error":
+            raise payload
+        return payload
+
+    def close(self) -> None:
+        if self._proc is not None:
+            self._conn.send(None)
+            self._proc.join(timeout=10)
+            self._proc = None
+        self._dir.cleanup()
+
+    def __enter__(self) -> IsolatedPeer:
         return self
 
     def __exit__(self, *exc) -> None:
