@@ -117,7 +117,7 @@ def test_init_best_takes_an_igpu_before_the_cpu(scratch_regs):
 def test_load_all_from_an_installed_distribution(fake_dist):
     with pytest.warns(RuntimeWarning, match="broken_backend:init.*no driver"):
         loaded = registry.load_all()
-    assert [r.name for r in loaded] == ["FakeGPU"]
+    assert [r.name for r in loaded if r.name != "TORCH"] == ["FakeGPU"]  # pyggml's torch entry point too
     assert registry.device_by_name("fakegpu0").description == "a GPU that is not there"
     backend = registry.init_best()
     assert backend.name == "FakeGPU" and backend.device.reg is loaded[0]
