@@ -171,7 +171,11 @@ def _batch_size(t: Tensor) -> int:
 
 
 class TorchDevice(Device):
-    """One torch device: "TORCH_CPU" (an ACCEL device, like ggml's BLAS) or "CUDA<i>" (a GPU)."""
+    """One torch device: "TORCH_CPU" or "CUDA<i>" (a GPU).
+
+    TORCH_CPU has type CPU, so a scheduler may end with it (CUDA0 + TORCH_CPU); the NumPy "CPU" device,
+    registered first, stays the one init_best() and init_by_type(CPU) pick.
+    """
 
     caps = DeviceCaps(async_=True, host_buffer=False, buffer_from_host_ptr=False, events=True)
 
@@ -180,7 +184,7 @@ class TorchDevice(Device):
         self.torch_device = torch.device(torch_device)
         is_cpu = self.torch_device.type == "cpu"
         if is_cpu:
-            self.name, self.type = "TORCH_CPU", DeviceType.ACCEL
+            self.name, self.type = "TORCH_CPU", DeviceType.CPU
             self.description = f"PyTorch {torch.__version__} on the CPU"
             self.caps = DeviceCaps(async_=True, host_buffer=False, buffer_from_host_ptr=True, events=True)
         else:
