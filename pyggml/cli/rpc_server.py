@@ -22,10 +22,12 @@ def run(args) -> int:
     from pyggml.backend.rpc import RPCServer
 
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-    backend.load_all()
     devices = []
     for name in args.backend or ["CPU"]:
         dev = backend.device_by_name(name)
+        if dev is None:  # a plugin's device (TORCH_CPU, CUDA0): load them only then (importing torch is slow)
+            backend.load_all()
+            dev = backend.device_by_name(name)
         if dev is None:
             known = ", ".join(d.name for d in backend.devices())
             raise BackendError(f"no device named {name!r}; registered devices: {known}")
