@@ -1,0 +1,218 @@
+"""Compute the shared ggml graphs with pyggml's CPU backend and with ggml 0.15.3 itself (the peer), same inputs.
+
+For each graph of shared/graphs/: random weights and inputs (I32 positions and row indices valid, soft_max masks
+causal), pyggml computes (weights via alloc_ctx_tensors on lg.preallocated, compute memory via GraphAllocator,
+backend.graph_compute) and so does ggml's CPU backend, both with the same thread count. The outputs must agree
+(NMSE against ggml, test-backend-ops' 2e-3 for llm-style subgraphs); the table gives median times over the timed
+runs after one warm-up and the ratio pyggml/ggml. A graph one side cannot compute is listed with the reason.
+
+    .venv/bin/python benchmarks/compute_vs_ggml.py [--runs 5] [--threads 2] [graph names...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+import pyggml as gg
+from pyggml.core import types as T
+from pyggml.core.tensor import Op, TensorFlag
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+GRAPHS = ["gpt2_small_prefill", "gpt2_small_decode", "llama_like_block_stack", "whisper_tiny_encoder_like",
+          "mlp_chain", "wide_dag"]
+NMSE_MAX = 2e-3
+
+
+def graphs_dir() -> Path:
+    return Path(os.environ.get("PYGGML_SHARED", REPO.parent / "shared")) / "graphs"
+
+
+@dataclass
+class Row:
+    name: str
+    n_nodes: int = 0
+    ggml_s: float | None = None
+    pyggml_s: float | None = None
+    nmse: float | None = None
+    problems: list[str] = field(default_factory=list)
+
+
+# ----- inputs ---------------------------------------------------------------------------------------
+
+def consumers(graph) -> dict[int, list[tuple]]:
+    """id(tensor) -> [(consumer node, src slot)], to give each input values its consumers accept."""
+    out: dict[int, list[tuple]] = {}
+    for n in graph.nodes:
+        for slot, s in enumerate(n.src):
+            if s is not None:
+                out.setdefault(id(s), []).append((n, slot))
+    return out
+
+
+def random_values(t, uses, rng) -> np.ndarray:
+    """Values in t's stored form: indices within the rows they pick, positions 0.., causal masks, and uniform
+    floats scaled by 1/sqrt(fan-in) where t is a matrix multiplied by activations."""
+    shape = tuple(reversed(t.ne))
+    ops = {(n.op, slot) for n, slot in uses}
+    if t.type == T.GGMLType.I32:
+        rows = next((n.src[0].ne[1] for n, slot in uses if n.op == Op.GET_ROWS and slot == 1), None)
+        if rows is not None:
+            return rng.integers(0, rows, size=shape, dtype=np.int32)
+        return np.broadcast_to(np.arange(t.ne[0], dtype=np.int32), shape).copy()  # ROPE positions
+    if (Op.SOFT_MAX, 1) in ops:
+        n_kv, n_q = t.ne[0], t.ne[1]
+        kv, q = np.arange(n_kv)[None, :], np.arange(n_q)[:, None]
+        mask = np.where(kv <= q + (n_kv - n_q), 0.0, -np.inf).astype(np.float32)
+        return T.encode(t.type, np.broadcast_to(mask, shape))
+    scale = 1 / np.sqrt(t.ne[0]) if (Op.MUL_MAT, 0) in ops else 1.0
+    return T.encode(t.type, rng.uniform(-1, 1, size=shape).astype(np.float32) * scale)
+
+
+def graph_values(lg, rng) -> dict:
+    """Values for every tensor whose memory is not computed: preallocated roots (weights, caches) and leafs."""
+    uses = consumers(lg.graph)
+    roots = list(lg.preallocated) + [t for t in lg.graph.leafs if t.view_src is None]
+    unique = list({id(t): t for t in roots}.values())
+    return {t: random_values(t, uses.get(id(t), []), rng) for t in unique}
+
+
+def outputs_of(graph) -> list:
+    outs = [t for t in graph.nodes if t.flags & TensorFlag.OUTPUT]
+    return outs or [graph.nodes[-1]]
+
+
+def as_float(t, stored: np.ndarray) -> np.ndarray:
+    return T.to_float(t.type, stored).astype(np.float64).ravel()
+
+
+def nmse(reference: np.ndarray, actual: np.ndarray) -> float:
+    """ggml's error measure, reference first: sum((a - b)^2) / sum(a^2)."""
+    return float(np.sum((reference - actual) ** 2) / max(np.sum(reference ** 2), np.finfo(np.float64).tiny))
+
+
+def timed(fn, runs: int) -> float:
+    """Median seconds of fn over `runs` calls (the caller has already warmed up)."""
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+# ----- the two sides ---------------------------------------------------------------------------------
+
+def run_ggml(lg, values, outputs, threads: int, runs: int):
+    """(median seconds, output values) from ggml's CPU backend, or raise why not."""
+    from peer.ggml_peer import GGMLPeer
+
+    with GGMLPeer(n_threads=threads) as peer, peer.prepare(lg.graph, values, preallocated=lg.preallocated) as p:
+        p.run()
+        result = [as_float(t, p.get(t)) for t in outputs]
+        return timed(p.run, runs), result
+
+
+def run_pyggml(lg, values, outputs, threads: int, runs: int):
+    """(median seconds, output values) from pyggml's CPU backend, or raise why not."""
+    import pyggml.alloc as galloc
+    import pyggml.backend as gb
+
+    backend = gb.init_by_name("CPU")
+    gb.reg_by_name("CPU").get_proc_address("set_n_threads")(backend, threads)
+    weights = galloc.alloc_ctx_tensors(lg.preallocated, backend)
+    allocator = galloc.GraphAllocator(backend.default_buffer_type)
+    try:
+        if not allocator.alloc_graph(lg.graph):
+            raise gg.errors.AllocationError("GraphAllocator.alloc_graph returned False")
+        for t, v in values.items():
+            gb.tensor_set(t, v)
+
+        def compute():
+            status = backend.graph_compute(lg.graph)
+            if status != gb.Status.SUCCESS:
+                raise gg.errors.BackendError(f"graph_compute returned {status!r}")
+
+        compute()
+        result = [as_float(t, gb.tensor_get(t)) for t in outputs]
+        return timed(compute, runs), result
+    finally:
+        allocator.free()
+        if weights is not None:
+            weights.free()
+        backend.free()
+
+
+def side(row: Row, who: str, fn, *args):
+    try:
+        return fn(*args)
+    except Exception as e:  # report, never fake: a missing piece is a row note, not a crash
+        row.problems.append(f"{who}: {type(e).__name__}: {e}")
+        return None, None
+
+
+def bench(name: str, threads: int, runs: int, seed: int = 0) -> Row:
+    row = Row(name)
+    path = graphs_dir() / f"{name}.json"
+    if not path.exists():
+        row.problems.append(f"no graph file {path} (set PYGGML_SHARED)")
+        return row
+    lg = gg.load_graph_json(path)
+    row.n_nodes = lg.graph.n_nodes
+    values = graph_values(lg, np.random.default_rng(seed))
+    outputs = outputs_of(lg.graph)
+    row.ggml_s, want = side(row, "ggml", run_ggml, lg, values, outputs, threads, runs)
+    row.pyggml_s, got = side(row, "pyggml", run_pyggml, lg, values, outputs, threads, runs)
+    if want is not None and got is not None:
+        errs = [nmse(w, g) for w, g in zip(want, got)]
+        row.nmse = max(errs)
+        if not all(np.isfinite(w).all() for w in want):
+            row.problems.append("ggml's outputs are not all finite: the comparison means little")
+        if not row.nmse <= NMSE_MAX:
+            row.problems.append(f"outputs disagree: NMSE {row.nmse:.3g} > {NMSE_MAX:g}")
+    return row
+
+
+def print_table(rows: list[Row], threads: int, runs: int) -> None:
+    def ms(s):
+        return "-" if s is None else f"{s * 1e3:.1f}"
+
+    print(f"median of {runs} runs after 1 warm-up, {threads} threads each; NMSE = max over outputs vs ggml")
+    header = f"{'graph':<27} {'nodes':>6} {'ggml ms':>10} {'pyggml ms':>10} {'pyggml/ggml':>12} {'NMSE':>10}  ok"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        ratio = "-" if r.ggml_s is None or r.pyggml_s is None else f"{r.pyggml_s / r.ggml_s:.1f}x"
+        err = "-" if r.nmse is None else f"{r.nmse:.2e}"
+        print(f"{r.name:<27} {r.n_nodes:>6} {ms(r.ggml_s):>10} {ms(r.pyggml_s):>10} {ratio:>12} {err:>10}  "
+              f"{'no' if r.problems else 'yes'}")
+    for r in rows:
+        for p in r.problems:
+            print(f"  {r.name}: {p}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("graphs", nargs="*", default=GRAPHS, help=f"graph names (default: {' '.join(GRAPHS)})")
+    ap.add_argument("--runs", type=int, default=5, help="timed runs per side after one warm-up (>= 5 advised)")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    rows = []
+    for name in args.graphs:
+        rows.append(bench(name, args.threads, args.runs))
+        print(f"... {name} done", file=sys.stderr, flush=True)
+    print_table(rows, args.threads, args.runs)
+    return 1 if any(r.problems for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
