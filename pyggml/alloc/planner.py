@@ -32,6 +32,9 @@ import numpy as np
 
 from pyggml.errors import AllocationError
 
+__all__ = ["DynAllocator", "Interval", "PLANNERS", "PlanResult", "load_csv", "lower_bound", "plan_offsets",
+           "verify_offsets"]
+
 SIZE_MAX = 2**64 - 1
 MAX_CHUNKS = 16  # GGML_VBUFFER_MAX_CHUNKS
 MAX_FREE_BLOCKS = 256  # per chunk
