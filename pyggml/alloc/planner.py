@@ -91,6 +91,7 @@ class DynAllocator:
 
     @property
     def total_size(self) -> int:
+        """What ggml's `get_buffer_size` reports for this plan: the sum of the chunk sizes."""
         return sum(chunk.max_size for chunk in self._chunks)
 
     def free_blocks(self, chunk: int) -> list[tuple[int, int]]:
