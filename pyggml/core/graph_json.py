@@ -53,7 +53,7 @@ class LoadedGraph:
     def random_values(self, seed: int = 0) -> dict[str, np.ndarray]:
         """Values for every tensor that needs data before compute: the preallocated tensors and the inputs.
 
-        Floats are uniform in [-0.5, 0.5) (masks are causal, 0 / -inf); I32 tensors get valid
+        Floats are uniform (inputs and vectors in [-0.5, 0.5), matrices in ±1/sqrt(ne0); masks causal, 0 / -inf); I32 tensors get valid
         indices for what consumes them (rows of a GET_ROWS source, positions otherwise).
         Keys are file ids; arrays are shaped like `Tensor.numpy()`.
         """
@@ -75,8 +75,9 @@ class LoadedGraph:
             elif "mask" in t.name.lower():  # causal over the last two dims (a single row sees everything)
                 rows, cols = t.ne[1], t.ne[0]
                 out[tid] = np.triu(np.full((rows, cols), -np.inf, np.float32), 1 + cols - rows).reshape(shape)
-            else:
-                out[tid] = rng.uniform(-0.5, 0.5, shape).astype(T.numpy_dtype(t.type))
+            else:  # matrices scaled by 1/sqrt(fan-in) so that deep stacks neither explode nor vanish
+                scale = 1.0 / np.sqrt(t.ne[0]) if t.n_dims >= 2 and not t.is_input else 0.5
+                out[tid] = rng.uniform(-scale, scale, shape).astype(T.numpy_dtype(t.type))
         return out
 
     def to_json(self) -> dict:

@@ -1,0 +1,89 @@
+"""The real-model graphs of shared/graphs split across two backends give the single-backend results."""
+
+import numpy as np
+import pytest
+
+import pyggml as gg
+from pyggml import Context, Op, TensorFlag
+from pyggml.alloc import GraphAllocator, alloc_ctx_tensors_from_buft
+from pyggml.backend import BufferUsage, Status, tensor_get, tensor_set
+from pyggml.sched import Scheduler
+
+from fake_gpu import FakeDevice
+
+GRAPHS = ["mlp_chain", "gpt2_small_decode", "llama_like_block_stack", "whisper_tiny_encoder_like"]
+FAKE_OPS = (Op.MUL_MAT, Op.ADD, Op.MUL, Op.CPY, Op.CONT, Op.SOFT_MAX, Op.NORM, Op.RMS_NORM, Op.GET_ROWS)
+
+
+def nmse(a, b):
+    return float(np.sum((a.astype(np.float64) - b) ** 2) / max(np.sum(np.asarray(b, np.float64) ** 2), 1e-30))
+
+
+def outputs(lg):
+    """The values a user reads: OUTPUT tensors, else the graph's sinks."""
+    outs = [t for t in lg.graph.nodes if t.flags & TensorFlag.OUTPUT and t.view_src is None]
+    consumed = {id(s) for t in lg.graph.nodes for s in t.srcs}
+    return outs or [t for t in lg.graph.nodes if id(t) not in consumed and t.view_src is None]
+
+
+def load_weights(lg, values, bufts):
+    """Each preallocated tensor goes to bufts[i % len(bufts)], in WEIGHTS buffers, with the given values."""
+    buffers = []
+    for k, buft in enumerate(bufts):
+        ctx = Context(no_alloc=True)
+        for i, t in enumerate(lg.preallocated):
+            if i % len(bufts) == k:
+                ctx.add(t)
+        buf = alloc_ctx_tensors_from_buft(ctx, buft)
+        if buf is not None:
+            buf.usage = BufferUsage.WEIGHTS
+            buffers.append(buf)
+    ids = lg.ids()
+    for t in lg.preallocated:
+        tensor_set(t, values[ids[id(t)]])
+    return buffers
+
+
+def set_inputs(lg, values):
+    for tid, v in values.items():
+        t = lg.tensors[tid]
+        if t.is_input:
+            tensor_set(t, v)
+
+
+def single_backend(name, values):
+    lg = gg.load_graph_json(f"{_graphs()}/{name}.json")
+    cpu = gg.backend.init_by_name("CPU")
+    load_weights(lg, values, [cpu.default_buffer_type])
+    galloc = GraphAllocator(cpu.default_buffer_type)
+    assert galloc.alloc_graph(lg.graph)
+    set_inputs(lg, values)
+    assert cpu.graph_compute(lg.graph) == Status.SUCCESS
+    return [tensor_get(t).copy() for t in outputs(lg)]
+
+
+def _graphs():
+    from conftest import GRAPHS as path
+    return path
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("name", GRAPHS)
+def test_split_across_fake_gpu_and_cpu_matches_single_backend(name, parallel, graph_files):
+    values = gg.load_graph_json(f"{_graphs()}/{name}.json").random_values(seed=1)
+    reference = single_backend(name, values)
+
+    lg = gg.load_graph_json(f"{_graphs()}/{name}.json")
+    fake = FakeDevice(ops=FAKE_OPS).init_backend()  # no UNARY, ROPE, IM2COL...: those run on the CPU
+    cpu = gg.backend.init_by_name("CPU")
+    load_weights(lg, values, [fake.default_buffer_type, cpu.default_buffer_type])
+    sched = Scheduler([fake, cpu], graph_size=4096, parallel=parallel)
+    for _ in range(2):  # repeated computes of the same graph
+        sched.reset()
+        assert sched.alloc_graph(lg.graph)
+        set_inputs(lg, values)
+        assert sched.graph_compute(lg.graph) == Status.SUCCESS
+        got = [tensor_get(t) for t in outputs(lg)]
+        for a, b in zip(got, reference):
+            assert nmse(a, b) <= 1e-7
+    assert sched.n_splits > 1 and sched.get_buffer_size(fake) > 0
