@@ -17,7 +17,8 @@ Where ggml is unsafe, this allocator is safe:
 * ggml compares only node counts and sizes before reusing a plan, so a graph with the same sizes but other
   edges silently runs on stale offsets. The plan here also records a fingerprint of the graph's edges,
   ops, INPUT/OUTPUT flags, views and same-layout relations; a changed fingerprint is re-planned (one
-  buffer) or refused with False and a logged reason (several buffers), like any other needed re-plan.
+  buffer) or refused with False (several buffers), like any other needed re-plan; `needs_realloc(graph)`
+  says why.
 * `reserve_n_size` followed by `alloc_graph` allocates the planned buffers instead of dereferencing the
   buffers that `reserve_n_size` released (a crash in ggml 0.15.3).
 * Asserts are exceptions: bad buffer ids or id lists of the wrong length raise BufferIdError before any
@@ -484,8 +485,12 @@ class GraphAllocator:
 
     # ----- alloc_graph ----------------------------------------------------------------------------
 
-    def _realloc_reason(self, graph: Graph) -> str | None:
-        """Why the recorded plan cannot be reused for this graph (ggml's needs_realloc, plus topology)."""
+    def needs_realloc(self, graph: Graph) -> str | None:
+        """Why the latest plan cannot be reused for this graph, or None when it can.
+
+        ggml's needs_realloc (node and leaf counts, every tensor fits its planned memory) plus the topology
+        fingerprint; alloc_graph re-plans (one buffer) or returns False (several) when this is not None.
+        """
         rec = self._record
         if rec is None:
             return "nothing was reserved yet"
@@ -515,11 +520,11 @@ class GraphAllocator:
 
         Returns False when a re-plan is needed with several buffers (call reserve_n) or allocation failed.
         """
-        reason = self._realloc_reason(graph)
+        reason = self.needs_realloc(graph)
         if reason is not None:
             if self.n_buffers > 1:
-                log.warning("cannot re-plan a graph with %d buffers automatically (%s); call reserve_n",
-                            self.n_buffers, reason)
+                log.debug("cannot re-plan a graph with %d buffers automatically (%s); call reserve_n",
+                          self.n_buffers, reason)
                 return False
             log.debug("re-planning automatically: %s", reason)
             if not self.reserve(graph):
