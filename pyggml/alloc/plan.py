@@ -10,7 +10,6 @@ share bytes. Buffer ids that share one allocator (the same buffer type given twi
 
 from __future__ import annotations
 
-import json
 from typing import NamedTuple
 
 import numpy as np
@@ -169,9 +168,6 @@ class Plan:
                         for p in self.tensors],
         }
 
-    def dumps(self) -> str:
-        return json.dumps(self.to_json())
-
     def plot(self, path, buffer_id: int = 0, chunk: int = 0, title: str | None = None) -> None:
         """Draw one chunk's tensors as rectangles over (step, offset), with the lower bound as a line.
 
@@ -188,10 +184,14 @@ class Plan:
         shared = self.buffers[buffer_id].shared_with
         members = [p for p in self.tensors if self.buffers[p.buffer_id].shared_with == shared and p.chunk == chunk]
         fig, ax = plt.subplots(figsize=(12, 6))
-        rects = [Rectangle((p.first, p.offset), p.last - p.first + 1, p.size) for p in members if p.size]
-        colors = [p.inplace_parent is not None for p in members if p.size]
-        ax.add_collection(PatchCollection(rects, array=np.asarray(colors, float), cmap="coolwarm", edgecolor="k",
-                                          linewidth=0.2, alpha=0.8))
+        fresh, inplace = "tab:blue", "tab:red"
+        drawn = [p for p in members if p.size]
+        ax.add_collection(PatchCollection(
+            [Rectangle((p.first, p.offset), p.last - p.first + 1, p.size) for p in drawn],
+            facecolors=[fresh if p.inplace_parent is None else inplace for p in drawn],
+            edgecolor="k", linewidth=0.2, alpha=0.8))
+        ax.add_patch(Rectangle((0, 0), 0, 0, color=fresh, label="tensor (own bytes)"))
+        ax.add_patch(Rectangle((0, 0), 0, 0, color=inplace, label="tensor (took over its parent's bytes)"))
         chunks = self.buffers[shared].chunk_sizes
         height = chunks[chunk] if chunk < len(chunks) else 0
         ax.axhline(height, color="k", label=f"chunk size {height:,}")
@@ -202,7 +202,7 @@ class Plan:
         ax.set_xlabel("step (node index)")
         ax.set_ylabel("offset (bytes)")
         ax.set_title(title or f"buffer {buffer_id} chunk {chunk}: planner {self.buffers[shared].planner}")
-        ax.legend(loc="upper right")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: the top of the plot is the point
         fig.savefig(path, dpi=120, bbox_inches="tight")
         plt.close(fig)
 
