@@ -9,6 +9,22 @@ from gguf.quants import quantize
 SPM_PIECES = ["<unk>", "<s>", "</s>"] + list("\u2581abcdefghijklmnopqrstuvwxyz.,") + ["\u2581the", "\u2581a"]
 
 
+class _Writer(GGUFWriter):
+    """GGUFWriter that leaves out the keys and tensors named in `drop` (to write broken files)."""
+
+    def __init__(self, path, arch, drop=()):
+        self.drop = set(drop)
+        super().__init__(str(path), arch)
+
+    def add_key_value(self, key, val, vtype, sub_type=None):
+        if key not in self.drop:
+            super().add_key_value(key, val, vtype, sub_type)
+
+    def add_tensor(self, name, tensor, raw_shape=None, raw_dtype=None, tensor_endianess=None):
+        if name not in self.drop:
+            super().add_tensor(name, tensor, raw_shape, raw_dtype, tensor_endianess)
+
+
 def _spm_vocab(w: GGUFWriter, n_vocab: int) -> None:
     tokens = SPM_PIECES + [f"<extra_{i}>" for i in range(n_vocab - len(SPM_PIECES))]
     w.add_tokenizer_model("llama")
@@ -43,11 +59,11 @@ def _add(w: GGUFWriter, name: str, values: np.ndarray, qtype: GGMLQuantizationTy
 
 
 def write_llama(path, arch: str = "llama", n_vocab: int = 64, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2,
-                n_ff: int = 96, n_layer: int = 2, n_ctx: int = 128, qtype=None, tied: bool = False, seed: int = 0):
-    """A llama / mistral / qwen2 file (qwen2 gets q, k, v biases)."""
+                n_ff: int = 96, n_layer: int = 2, n_ctx: int = 128, qtype=None, tied: bool = False, seed: int = 0, drop=()):
+    """A llama / mistral / qwen2 file (qwen2 gets q, k, v biases); `drop` names keys or tensors to leave out."""
     rng = np.random.default_rng(seed)
     hd = n_embd // n_head
-    w = GGUFWriter(str(path), arch)
+    w = _Writer(path, arch, drop)
     w.add_uint32(f"{arch}.context_length", n_ctx)
     w.add_uint32(f"{arch}.embedding_length", n_embd)
     w.add_uint32(f"{arch}.block_count", n_layer)

@@ -1,0 +1,97 @@
+"""Loading weights: zero copy over the mmap, F32 repacking, and GGUFError for every kind of broken file."""
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
+
+from pyggml.backend import BufferUsage, init_by_name
+from pyggml.core import GGMLType
+from pyggml.errors import GGUFError
+from pyggml.models import load_model
+from pyggml.models.gguf_file import GGUFFile
+from pyggml.models.gguf_loader import load_weights
+
+from tiny_models import write_llama
+
+Q8_0 = GGMLQuantizationType.Q8_0
+
+
+@pytest.fixture
+def q8_file(tmp_path):
+    return write_llama(tmp_path / "q8.gguf", qtype=Q8_0)
+
+
+def test_without_repack_the_weights_buffer_is_the_mapped_file(q8_file):
+    gguf = GGUFFile.open(q8_file)
+    w = load_weights(gguf, init_by_name("CPU"), repack=False)
+    (buf,) = w.buffers
+    assert buf.usage == BufferUsage.WEIGHTS and buf.size == gguf.file_size
+    for info in gguf.tensors:
+        t = w.tensors[info.name]
+        assert t.type == GGMLType(int(info.type)) and t.data - buf.base == info.offset_in_file
+        assert t.numpy().tobytes() == bytes(gguf.tensor_bytes(info))
+
+
+def test_repack_turns_quantized_matrices_into_their_f32_values(q8_file):
+    gguf = GGUFFile.open(q8_file)
+    w = load_weights(gguf, init_by_name("CPU"), repack=True)
+    info = gguf.tensor("blk.0.attn_q.weight")
+    t = w.tensors[info.name]
+    raw = np.frombuffer(gguf.tensor_bytes(info), np.uint8).reshape(info.ne[1], -1)
+    assert t.type == GGMLType.F32
+    np.testing.assert_array_equal(t.numpy(), dequantize(raw, Q8_0))
+    assert w.tensors["blk.0.attn_norm.weight"].data - w.buffers[0].base == gguf.tensor("blk.0.attn_norm.weight").offset_in_file
+    assert all(b.usage == BufferUsage.WEIGHTS for b in w.buffers) and len(w.buffers) == 2
+
+
+def test_progress_bar_is_drawn_when_asked(q8_file, capsys):
+    load_weights(GGUFFile.open(q8_file), init_by_name("CPU"), repack=True, progress=True)
+    err = capsys.readouterr().err
+    assert "loading" in err and "100.0%" in err
+
+
+@pytest.mark.parametrize("drop, message", [
+    ("llama.block_count", "'llama.block_count' is missing"),
+    ("blk.1.ffn_up.weight", "tensor 'blk.1.ffn_up.weight' is missing"),
+])
+def test_missing_keys_and_tensors_are_named(tmp_path, drop, message):
+    path = write_llama(tmp_path / "broken.gguf", drop=[drop])
+    with pytest.raises(GGUFError, match=message):
+        load_model(path)
+
+
+def test_a_tensor_of_the_wrong_shape_is_named(tmp_path):
+    path = write_llama(tmp_path / "bad.gguf", n_ff=96)
+    gguf = GGUFFile.open(path)
+    gguf.metadata["llama.feed_forward_length"] = 128
+    from pyggml.models.model import Model
+    with pytest.raises(GGUFError, match=r"'blk.0.ffn_gate.weight' has shape \[64, 96\], expected \[64, 128\]"):
+        Model(gguf, init_by_name("CPU"), 16, 4, True, GGMLType.F16, None)
+
+
+def test_unsupported_architecture_is_refused(tmp_path):
+    path = write_llama(tmp_path / "m.gguf", arch="llama")
+    data = path.read_bytes().replace(b"llama", b"mamba")
+    (tmp_path / "mamba.gguf").write_bytes(data)
+    with pytest.raises(GGUFError, match="architecture 'mamba' is not supported"):
+        load_model(tmp_path / "mamba.gguf")
+
+
+def test_truncated_file_is_refused(tmp_path, q8_file):
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(q8_file.read_bytes()[: q8_file.stat().st_size // 2])
+    with pytest.raises(GGUFError):
+        load_model(cut)
+
+
+def test_a_type_without_dequantization_cannot_be_repacked(tmp_path, q8_file, monkeypatch):
+    import pyggml.models.gguf_loader as loader
+    from pyggml.errors import UnsupportedTypeError
+
+    def refuse(type_, data):
+        raise UnsupportedTypeError(f"dequantization of {GGMLType(type_).name} is not supported")
+
+    monkeypatch.setattr(loader.T, "to_float", refuse)
+    with pytest.raises(GGUFError, match="token_embd.weight' of type Q8_0 cannot be repacked"):
+        load_weights(GGUFFile.open(q8_file), init_by_name("CPU"), repack=True)
