@@ -1,0 +1,26 @@
+"""`pyggml generate` on a small random llama file: text on stdout, speed and memory figures on stderr."""
+
+import sys
+from pathlib import Path
+
+from pyggml.cli.main import main
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+from tiny_models import write_llama  # noqa: E402
+
+
+def test_generate_prints_text_then_speed_and_memory(tmp_path, capsys):
+    path = write_llama(tmp_path / "tiny.gguf")
+    assert main(["generate", "the a", "--model", str(path), "-n", "5", "--ctx", "32", "--seed", "1",
+                 "--temp", "0.8"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("the a") and len(out) > len("the a\n")
+    for label in ("prompt:", "eval:", "tokens/s", "weights:", "KV cache:", "compute:", "ggml's planner", "peak RSS:"):
+        assert label in err
+
+
+def test_generate_reports_a_bad_model_file_as_an_error(tmp_path, capsys):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 10)
+    assert main(["generate", "x", "--model", str(bad)]) == 2
+    assert "pyggml generate: error:" in capsys.readouterr().err
