@@ -1,5 +1,5 @@
 """Random small graph programs for the allocator's property tests: element-wise ops, cont, views, reshapes,
-permutes, several inputs and OUTPUT flags. A program is a list of steps (plain data, so hypothesis can shrink
+permutes, several inputs and constant leafs, and OUTPUT flags. A program is a list of steps (plain data, so hypothesis can shrink
 it); `build` turns it into tensors on a context."""
 
 from hypothesis import strategies as st
@@ -17,9 +17,9 @@ def build(spec: list[tuple], ctx: Context) -> tuple[list, list, list]:
     values, inputs, outputs = [], [], []
     for step in spec:
         kind, args = step[0], step[1:]
-        if kind == "input":
-            t = ctx.new_tensor_2d(GGMLType.F32, *SHAPE, f"in{len(inputs)}").set_input()
-            inputs.append(t)
+        if kind in ("input", "const"):  # a const is a leaf without the INPUT flag (set like an input)
+            t = ctx.new_tensor_2d(GGMLType.F32, *SHAPE, f"{kind}{len(inputs)}")
+            inputs.append(t.set_input() if kind == "input" else t)
         elif kind == "unary":
             t = UNARY[args[0]](ctx, values[args[1]])
         elif kind == "binary":
@@ -52,12 +52,12 @@ def programs(draw):
     spec = [("input",)]
     values = build(spec, Context(no_alloc=True))[2]
     for _ in range(draw(st.integers(1, 12))):
-        kind = draw(st.sampled_from(["input", "unary", "binary", "binary", "cont", "permute", "reshape", "view",
-                                     "output"]))
+        kind = draw(st.sampled_from(["input", "const", "unary", "binary", "binary", "cont", "permute", "reshape",
+                                     "view", "output"]))
         i = draw(st.integers(0, len(values) - 1))
         a = values[i]
-        if kind == "input":
-            step = ("input",)
+        if kind in ("input", "const"):
+            step = (kind,)
         elif kind == "unary" and _packed(a):
             step = ("unary", draw(st.sampled_from(sorted(UNARY))), i)
         elif kind == "binary":

@@ -70,7 +70,7 @@ def planned(spec, cpu, data, galloc, ids=None) -> list[bytes] | None:
 
 def input_data(spec, seed: int) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
-    n_inputs = sum(step[0] == "input" for step in spec)
+    n_inputs = sum(step[0] in ("input", "const") for step in spec)
     return [rng.integers(-8, 8, SHAPE[::-1]).astype(np.float32) for _ in range(n_inputs)]
 
 
