@@ -23,7 +23,8 @@ Where ggml is unsafe, this allocator is safe:
   buffers that `reserve_n_size` released (a crash in ggml 0.15.3).
 * Asserts are exceptions: bad buffer ids or id lists of the wrong length raise BufferIdError before any
   state changes. A failed buffer allocation returns False as in ggml; the plan stays, and the next
-  `alloc_graph` tries to allocate its buffers again.
+  `alloc_graph` tries to allocate its buffers again. If binding a tensor fails in `alloc_graph`, the
+  tensors it had bound are unbound again before the error propagates.
 * ggml's in-place branch for view parents is unreachable (a view never owns planned memory) and is left out.
 """
 
@@ -536,13 +537,19 @@ class GraphAllocator:
         for g in sorted(set(self._groups)):
             self._buffers[g].reset()
         rec = self._record
-        for leaf, ta in zip(graph.leafs, rec.leafs):
-            self._init_tensor(leaf, ta)
-        for node, (dst, srcs) in zip(graph.nodes, rec.nodes):
-            for j, src in enumerate(node.src):
-                if src is not None:
-                    self._init_tensor(src, srcs[j] if j < len(srcs) else None)
-            self._init_tensor(node, dst)
+        bound: list[tuple] = []  # (tensor, buffer, data) before this call
+        try:
+            for leaf, ta in zip(graph.leafs, rec.leafs):
+                self._init_tensor(leaf, ta, bound)
+            for node, (dst, srcs) in zip(graph.nodes, rec.nodes):
+                for j, src in enumerate(node.src):
+                    if src is not None:
+                        self._init_tensor(src, srcs[j] if j < len(srcs) else None, bound)
+                self._init_tensor(node, dst, bound)
+        except BaseException:
+            for t, buffer, data in bound:  # all or nothing: a failed call leaves no tensor half-placed
+                t.buffer, t.data = buffer, data
+            raise
         return True
 
     def _rebind(self, graph: Graph) -> None:
@@ -554,11 +561,13 @@ class GraphAllocator:
         self._plan = self._plan.rebound({id(old): new for old, new in zip(rec.graph_tensors, current)})
         rec.graph_tensors = current
 
-    def _init_tensor(self, t: Tensor, ta: TensorAlloc | None) -> None:
+    def _init_tensor(self, t: Tensor, ta: TensorAlloc | None, bound: list[tuple]) -> None:
         if t.view_src is not None:
             if t.buffer is None and t.view_src.buffer is not None:
+                bound.append((t, t.buffer, t.data))
                 view_init(t)
         elif t.data is None and ta is not None:
+            bound.append((t, t.buffer, t.data))
             self._buffers[ta[0]].tensor_alloc(t, ta[1], ta[2])
 
     # ----- sizes and cleanup ------------------------------------------------------------------------

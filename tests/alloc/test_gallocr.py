@@ -377,3 +377,29 @@ def test_debug_mode_from_the_environment(cpu, monkeypatch):
     assert GraphAllocator(cpu.default_buffer_type).debug
     monkeypatch.setenv("PYGGML_DEBUG_ALLOC", "0")
     assert not GraphAllocator(cpu.default_buffer_type).debug
+
+
+class RefusingBuffer(gg.backend.Buffer):
+    """A buffer whose init_tensor fails for one tensor name."""
+
+    def _init_tensor(self, t):
+        if t.name == "refused":
+            raise AllocationError(f"init_tensor refuses {t.name!r}")
+        return gg.Status.SUCCESS
+
+
+class RefusingBufferType(DummyBufferType):
+    def _alloc_buffer(self, size):
+        return RefusingBuffer(self, size)
+
+
+def test_failed_alloc_graph_leaves_no_tensor_half_placed():
+    ctx = Context(no_alloc=True)
+    x = vec(ctx, 16, "x")
+    a = ops.cont(ctx, x)
+    b = ops.cont(ctx, a).set_name("refused")
+    graph = Graph().build_forward_expand(b)
+    galloc = GraphAllocator(RefusingBufferType(2**64 - 1))
+    with pytest.raises(AllocationError, match="refuses 'refused'"):
+        galloc.alloc_graph(graph)
+    assert all(t.data is None and t.buffer is None for t in (x, a, b))
