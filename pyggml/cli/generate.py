@@ -21,7 +21,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--repeat-penalty", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    p.add_argument("--backend", default="CPU", help="backend name (default CPU)")
+    p.add_argument("--backend", default=None, help="backend name (default CPU, or RPC0 with --rpc)")
+    p.add_argument("--rpc", help="RPC servers host:port[,host:port...] (pyggml or ggml rpc-server): registers "
+                                 "their devices RPC0, RPC1, ... and runs on RPC0 unless --backend says otherwise; "
+                                 "add --no-repack to send the quantized weights, not F32 copies")
     p.add_argument("--ctx", type=int, default=2048, help="context size in tokens (default 2048)")
     p.add_argument("--batch", type=int, default=512, help="prompt tokens per step (default 512)")
     p.add_argument("--no-repack", action="store_true", help="keep quantized weights as they are in the file")
@@ -31,8 +34,14 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     from pyggml.models import load_model
 
+    backend = args.backend or "CPU"
+    if args.rpc:
+        from pyggml.backend import rpc
+
+        devices = [dev for endpoint in args.rpc.split(",") for dev in rpc.add_server(endpoint.strip())]
+        backend = args.backend or devices[0].name
     start = time.perf_counter()
-    model = load_model(args.model, backend=args.backend, n_ctx=args.ctx, n_batch=args.batch,
+    model = load_model(args.model, backend=backend, n_ctx=args.ctx, n_batch=args.batch,
                        repack=not args.no_repack)
     load_s = time.perf_counter() - start
     print(args.prompt, end="", flush=True)
