@@ -202,24 +202,24 @@ def fnv1a_64(data) -> int:
     raw = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
     h = FNV_OFFSET
     for start in range(0, raw.size, _CHUNK):
-        b = raw[start:start + _CHUNK].astype(np.uint32)
+        b = raw[start:start + _CHUNK]
         low = _low_bytes(h & 0xFF, b)
-        d = ((low ^ b).astype(np.int64) - low.astype(np.int64)).astype(np.uint64)
+        d = ((low ^ b).astype(np.int16) - low).astype(np.int64).astype(np.uint64)
         m = b.size
         with np.errstate(over="ignore"):
-            tail = int(np.sum(d * _POWERS[_CHUNK - m:], dtype=np.uint64))
+            tail = int(np.dot(d, _POWERS[_CHUNK - m:]))
         h = (h * pow(FNV_PRIME, m, 1 << 64) + tail) & _M64
     return h
 
 
 def _low_bytes(l0: int, b: np.ndarray) -> np.ndarray:
-    """l_i (the low byte of h before byte i) for every i, given l_0 and the bytes b (uint32)."""
-    low = np.zeros(b.size, dtype=np.uint32)
+    """l_i (the low byte of h before byte i) for every i, given l_0 and the bytes b (uint8: products wrap mod 256)."""
+    low = np.zeros(b.size, dtype=np.uint8)
     low[0] = l0
-    p8 = FNV_PRIME & 0xFF
+    p8 = np.uint8(FNV_PRIME & 0xFF)
     for k in range(8):
-        x_lo = (low ^ b) & ((1 << k) - 1)
-        flip = (((x_lo * p8) >> k) & 1) ^ ((b >> k) & 1)  # bit k of l_{i+1} = bit k of l_i ^ flip_i
-        bits = np.bitwise_xor.accumulate(flip[:-1]) ^ ((l0 >> k) & 1)
-        low[1:] |= bits.astype(np.uint32) << k
+        x_lo = (low ^ b) & np.uint8((1 << k) - 1)
+        flip = ((x_lo * p8) ^ b) >> np.uint8(k) & np.uint8(1)  # bit k of l_{i+1} = bit k of l_i ^ flip_i
+        bits = np.bitwise_xor.accumulate(flip[:-1]) ^ np.uint8((l0 >> k) & 1)
+        low[1:] |= bits << np.uint8(k)
     return low
