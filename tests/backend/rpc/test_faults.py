@@ -1,6 +1,7 @@
 """Faults on both sides: a server killed mid-compute, silent or garbage servers, and clients sending oversized
 or inconsistent requests to pyggml's server, which must drop only that client and keep serving the others."""
 
+import contextlib
 import socket
 import struct
 import threading
@@ -8,6 +9,8 @@ import time
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import pyggml as gg
 from pyggml import ops
@@ -313,3 +316,29 @@ def test_server_killed_mid_compute_then_reconnect():
             tensor_get(a)  # the old buffer died with the old server
         buf.free()  # freeing a lost buffer only forgets it
         conn.close()
+
+
+@settings(max_examples=40, deadline=None)
+@given(cmd=st.integers(0, 20), payload=st.binary(max_size=700), declared_extra=st.sampled_from([0, 0, 1, 1 << 33]))
+def test_random_requests_never_hurt_the_server(server, bystander, cmd, payload, declared_extra):
+    """Fuzz: any command byte with any payload (and a lying size) is answered or refused, never fatal."""
+    c = RawClient(server.endpoint)
+    c.sock.settimeout(0.5)
+    with contextlib.suppress(OSError):  # the server may have hung up already
+        c.send(cmd, payload, declared=len(payload) + declared_extra)
+        c.sock.shutdown(socket.SHUT_WR)
+        c.closed_by_server()
+    c.close()
+    np.testing.assert_array_equal(tensor_get(bystander), np.arange(256, dtype=np.float32))
+    assert P.DEVICE.unpack(RawClient(server.endpoint).request(P.Cmd.DEVICE_COUNT, b"", True)) == (1,)
+
+
+def test_rpc_server_cli(capsys):
+    from pyggml.cli.main import main
+
+    assert main(["rpc-server", "--backend", "NO_SUCH_DEVICE", "--port", "0"]) == 2
+    assert "NO_SUCH_DEVICE" in capsys.readouterr().err
+
+
+def test_server_binds_loopback_by_default(server):
+    assert server.address[0] == "127.0.0.1"
