@@ -11,7 +11,8 @@ from pyggml.sched import Scheduler
 
 from fake_gpu import FakeDevice
 
-GRAPHS = ["mlp_chain", "gpt2_small_decode", "llama_like_block_stack", "whisper_tiny_encoder_like"]
+CASES = [("mlp_chain", False), ("mlp_chain", True), ("gpt2_small_decode", False), ("gpt2_small_decode", True),
+         ("llama_like_block_stack", True), ("whisper_tiny_encoder_like", False)]
 FAKE_OPS = (Op.MUL_MAT, Op.ADD, Op.MUL, Op.CPY, Op.CONT, Op.SOFT_MAX, Op.NORM, Op.RMS_NORM, Op.GET_ROWS)
 
 
@@ -67,8 +68,7 @@ def _graphs():
     return path
 
 
-@pytest.mark.parametrize("parallel", [False, True])
-@pytest.mark.parametrize("name", GRAPHS)
+@pytest.mark.parametrize("name, parallel", CASES)
 def test_split_across_fake_gpu_and_cpu_matches_single_backend(name, parallel, graph_files):
     values = gg.load_graph_json(f"{_graphs()}/{name}.json").random_values(seed=1)
     reference = single_backend(name, values)
