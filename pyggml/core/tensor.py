@@ -276,6 +276,8 @@ class Tensor:
         return v.reshape(v.shape[MAX_DIMS - self.n_dims:])
 
     def __repr__(self) -> str:
+        if not hasattr(self, "_arena"):  # __init__ refused its arguments before finishing
+            return "Tensor(<not constructed>)"
         dims = "x".join(str(n) for n in self.ne[: self.n_dims])
         parts = [f"{self.name or '<unnamed>'!r}", T.type_name(self.type), f"[{dims}]"]
         if self.op != Op.NONE:
