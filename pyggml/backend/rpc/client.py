@@ -344,6 +344,11 @@ class RPCReg(BackendReg):
         super().__init__([])
         self._lock = threading.Lock()
         self._servers: dict[str, list[RPCDevice]] = {}
+        self._next_id = 0  # device names RPC<n> count up for the life of the process, as in ggml
+
+    @property
+    def endpoints(self) -> list[str]:
+        return list(self._servers)
 
     def add_server(self, endpoint: str, timeout: float | None = None) -> list[RPCDevice]:
         """Connect to endpoint, ask its device count and register its devices (once per endpoint)."""
@@ -354,7 +359,8 @@ class RPCReg(BackendReg):
             (count,) = P.DEVICE.unpack(conn.call(P.Cmd.DEVICE_COUNT, [], P.DEVICE.size))
             if count == 0:
                 raise RPCError(f"RPC {endpoint}: the server has no devices")
-            devices = [RPCDevice(conn, i, f"RPC{len(self.devices) + i}") for i in range(count)]
+            devices = [RPCDevice(conn, i, f"RPC{self._next_id + i}") for i in range(count)]
+            self._next_id += count
             for dev in devices:
                 dev.reg = self
                 self.devices.append(dev)
@@ -364,8 +370,21 @@ class RPCReg(BackendReg):
             registry.register_device(dev)
         return devices
 
+    def remove_server(self, endpoint: str) -> None:
+        """Forget a server (e.g. one that went away): its devices leave this reg and the registry; the socket closes."""
+        with self._lock:
+            gone = self._servers.pop(endpoint, [])
+            self.devices = [d for d in self.devices if d not in gone]
+        registry.unregister_backend(self)  # the registry has no per-device removal: drop the reg, re-add the rest
+        if self.devices:
+            registry.register_backend(self)
+        with _connections_lock:
+            conn = _connections.pop(endpoint, None)
+        if conn is not None:
+            conn.close()
+
     def _proc_addresses(self) -> dict:
-        return {"rpc_add_server": self.add_server}
+        return {"rpc_add_server": self.add_server, "rpc_remove_server": self.remove_server}
 
 
 RPC_REG = RPCReg()

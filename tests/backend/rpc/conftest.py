@@ -46,3 +46,12 @@ def endpoint(request):
 def device(endpoint):
     (dev,) = rpc.add_server(endpoint, timeout=20.0)
     return dev
+
+
+@pytest.fixture(scope="module", autouse=True)
+def forget_rpc_servers():
+    """The RPC devices are GPUs to the registry: drop them after each module so that other tests' init_best()
+    stays the CPU."""
+    yield
+    for endpoint in rpc.RPC_REG.endpoints:
+        rpc.RPC_REG.remove_server(endpoint)

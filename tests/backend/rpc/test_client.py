@@ -214,3 +214,19 @@ def test_version_mismatch_and_lost_buffers(pyggml_server):
     with pytest.raises(RPCError, match="lost"):
         conn.call(P.Cmd.BUFFER_GET_BASE, [P.U64.pack(1)], P.U64.size, generation=gen)
     conn.close()
+
+
+def test_remove_server(pyggml_server):
+    from pyggml.backend import registry
+
+    with rpc.RPCServer([gg.backend.cpu.CPU_REG.device(0)]) as extra:
+        extra.start()
+        (dev,) = rpc.add_server(extra.endpoint)
+        assert dev in registry.devices() and extra.endpoint in rpc.RPC_REG.endpoints
+        others = [d for d in rpc.RPC_REG.devices if d is not dev]
+        rpc.RPC_REG.remove_server(extra.endpoint)
+        assert dev not in registry.devices() and dev not in rpc.RPC_REG.devices
+        assert all(d in registry.devices() for d in others)
+        (again,) = rpc.add_server(extra.endpoint)
+        assert again is not dev and again.name != dev.name  # names are never reused
+        rpc.RPC_REG.remove_server(extra.endpoint)
