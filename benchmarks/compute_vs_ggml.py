@@ -5,6 +5,9 @@ causal), pyggml computes (weights via alloc_ctx_tensors on lg.preallocated, comp
 backend.graph_compute) and so does ggml's CPU backend, both with the same thread count. The outputs must agree
 (NMSE against ggml, test-backend-ops' 2e-3 for llm-style subgraphs); the table gives median times over the timed
 runs after one warm-up and the ratio pyggml/ggml. A graph one side cannot compute is listed with the reason.
+A timed run is "set the graph inputs, compute", as in llama.cpp: the allocators reuse an input's memory once
+its last consumer has run, so a second compute without new inputs would read garbage (ggml aborts on the
+token ids of GET_ROWS).
 
     .venv/bin/python benchmarks/compute_vs_ggml.py [--runs 5] [--threads 2] [graph names...]
 """
@@ -78,12 +81,14 @@ def random_values(t, uses, rng) -> np.ndarray:
     return T.encode(t.type, rng.uniform(-1, 1, size=shape).astype(np.float32) * scale)
 
 
-def graph_values(lg, rng) -> dict:
-    """Values for every tensor whose memory is not computed: preallocated roots (weights, caches) and leafs."""
+def graph_values(lg, rng) -> tuple[dict, dict]:
+    """Values for every tensor whose memory is not computed: (preallocated roots: weights and caches,
+    the other leafs: inputs that live in the compute buffer)."""
     uses = consumers(lg.graph)
-    roots = list(lg.preallocated) + [t for t in lg.graph.leafs if t.view_src is None]
-    unique = list({id(t): t for t in roots}.values())
-    return {t: random_values(t, uses.get(id(t), []), rng) for t in unique}
+    pre = {id(t) for t in lg.preallocated}
+    inputs = [t for t in lg.graph.leafs if t.view_src is None and id(t) not in pre]
+    return ({t: random_values(t, uses.get(id(t), []), rng) for t in lg.preallocated},
+            {t: random_values(t, uses.get(id(t), []), rng) for t in inputs})
 
 
 def outputs_of(graph) -> list:
@@ -112,32 +117,38 @@ def timed(fn, runs: int) -> float:
 
 # ----- the two sides ---------------------------------------------------------------------------------
 
-def run_ggml(lg, values, outputs, threads: int, runs: int):
+def run_ggml(lg, weights, inputs, outputs, threads: int, runs: int):
     """(median seconds, output values) from ggml's CPU backend, or raise why not."""
     from peer.ggml_peer import GGMLPeer
 
-    with GGMLPeer(n_threads=threads) as peer, peer.prepare(lg.graph, values, preallocated=lg.preallocated) as p:
-        p.run()
+    with GGMLPeer(n_threads=threads) as peer, peer.prepare(lg.graph, weights, preallocated=lg.preallocated) as p:
+        def compute():
+            p.set_inputs(inputs)
+            p.run()
+
+        compute()
         result = [as_float(t, p.get(t)) for t in outputs]
-        return timed(p.run, runs), result
+        return timed(compute, runs), result
 
 
-def run_pyggml(lg, values, outputs, threads: int, runs: int):
+def run_pyggml(lg, weights, inputs, outputs, threads: int, runs: int):
     """(median seconds, output values) from pyggml's CPU backend, or raise why not."""
     import pyggml.alloc as galloc
     import pyggml.backend as gb
 
     backend = gb.init_by_name("CPU")
     gb.reg_by_name("CPU").get_proc_address("set_n_threads")(backend, threads)
-    weights = galloc.alloc_ctx_tensors(lg.preallocated, backend)
+    weights_buffer = galloc.alloc_ctx_tensors(lg.preallocated, backend)
     allocator = galloc.GraphAllocator(backend.default_buffer_type)
     try:
         if not allocator.alloc_graph(lg.graph):
             raise gg.errors.AllocationError("GraphAllocator.alloc_graph returned False")
-        for t, v in values.items():
+        for t, v in weights.items():
             gb.tensor_set(t, v)
 
         def compute():
+            for t, v in inputs.items():
+                gb.tensor_set(t, v)
             status = backend.graph_compute(lg.graph)
             if status != gb.Status.SUCCESS:
                 raise gg.errors.BackendError(f"graph_compute returned {status!r}")
@@ -147,8 +158,8 @@ def run_pyggml(lg, values, outputs, threads: int, runs: int):
         return timed(compute, runs), result
     finally:
         allocator.free()
-        if weights is not None:
-            weights.free()
+        if weights_buffer is not None:
+            weights_buffer.free()
         backend.free()
 
 
@@ -168,10 +179,10 @@ def bench(name: str, threads: int, runs: int, seed: int = 0) -> Row:
         return row
     lg = gg.load_graph_json(path)
     row.n_nodes = lg.graph.n_nodes
-    values = graph_values(lg, np.random.default_rng(seed))
+    weights, inputs = graph_values(lg, np.random.default_rng(seed))
     outputs = outputs_of(lg.graph)
-    row.ggml_s, want = side(row, "ggml", run_ggml, lg, values, outputs, threads, runs)
-    row.pyggml_s, got = side(row, "pyggml", run_pyggml, lg, values, outputs, threads, runs)
+    row.ggml_s, want = side(row, "ggml", run_ggml, lg, weights, inputs, outputs, threads, runs)
+    row.pyggml_s, got = side(row, "pyggml", run_pyggml, lg, weights, inputs, outputs, threads, runs)
     if want is not None and got is not None:
         errs = [nmse(w, g) for w, g in zip(want, got)]
         row.nmse = max(errs)
@@ -201,6 +212,7 @@ def print_table(rows: list[Row], threads: int, runs: int) -> None:
 
 
 def main(argv=None) -> int:
+    os.environ.setdefault("GGML_NO_BACKTRACE", "1")  # a ggml abort would otherwise fork gdb
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("graphs", nargs="*", default=GRAPHS, help=f"graph names (default: {' '.join(GRAPHS)})")
     ap.add_argument("--runs", type=int, default=5, help="timed runs per side after one warm-up (>= 5 advised)")

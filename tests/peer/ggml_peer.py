@@ -169,15 +169,17 @@ class PreparedGraph:
         self._ctx_pre = self._ctx = self._weights = self._galloc = None
         self._ptr: dict[int, int] = {}
         try:
-            self._build(graph, {id(t) for t in preallocated if t.view_src is None})
+            self._build(graph, [t for t in preallocated if t.view_src is None])
         except BaseException:
             self.close()
             raise
 
-    def _build(self, graph: Graph, pre_ids: set[int]) -> None:
+    def _build(self, graph: Graph, preallocated: list[Tensor]) -> None:
         lib = self._lib
         tensors = _tensors_of(graph)
-        pre = [t for t in tensors if id(t) in pre_ids]
+        in_graph = {id(t) for t in tensors}
+        pre = [t for t in preallocated if id(t) in in_graph]  # caller's order: alloc_ctx_tensors packs in it
+        pre_ids = {id(t) for t in pre}
         rest = [t for t in tensors if id(t) not in pre_ids]
         size = max(len(graph.nodes) + len(graph.leafs), 1)
         overhead = lib.ggml_tensor_overhead()
@@ -203,9 +205,11 @@ class PreparedGraph:
 
     def _new_twin(self, ctx: int, t: Tensor) -> int:
         lib = self._lib
-        if lib.ggml_type_size(int(t.type)) != T.type_size(t.type) or lib.ggml_blck_size(int(t.type)) != T.blck_size(
-                t.type):
-            raise UnsupportedTypeError(f"tensor {t.name!r}: type {t.type.name} has other sizes in ggml {ggml_version()}")
+        sizes = (lib.ggml_type_size(int(t.type)), lib.ggml_blck_size(int(t.type)))
+        if sizes != (T.type_size(t.type), T.blck_size(t.type)):
+            raise UnsupportedTypeError(
+                f"tensor {t.name!r}: {t.type.name} has (type size, block size) {sizes} in ggml {ggml_version()}, "
+                f"pyggml expects {(T.type_size(t.type), T.blck_size(t.type))}")
         ptr = lib.ggml_new_tensor(ctx, int(t.type), MAX_DIMS, (C.c_int64 * MAX_DIMS)(*t.ne))
         if not ptr:
             raise AllocationError(f"ggml_new_tensor failed for {t!r}")
@@ -463,7 +467,10 @@ class IsolatedPeer:
 
     def close(self) -> None:
         if self._proc is not None:
-            self._conn.send(None)
+            try:
+                self._conn.send(None)
+            except BrokenPipeError:
+                pass  # the child is already gone
             self._proc.join(timeout=10)
             self._proc = None
         self._dir.cleanup()

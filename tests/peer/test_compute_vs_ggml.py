@@ -1,0 +1,42 @@
+"""The compute benchmark's pieces: inputs ggml accepts, and one real graph computed alike by pyggml and ggml."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ggml", reason="ggml-python (the ggml peer) is not installed")
+
+import pyggml as gg  # noqa: E402
+from pyggml.core.tensor import Op  # noqa: E402
+
+pytestmark = pytest.mark.peer
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "compute_vs_ggml.py"
+spec = importlib.util.spec_from_file_location("compute_vs_ggml", SCRIPT)
+bench = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # registered first: it defines dataclasses
+spec.loader.exec_module(bench)
+
+
+def test_inputs_are_valid_indices_positions_and_causal_masks(graph_files):
+    lg = gg.load_graph_json(next(p for p in graph_files if p.stem == "gpt2_small_prefill"))
+    weights, inputs = bench.graph_values(lg, np.random.default_rng(0))
+    by_name = {t.name: (t, v) for t, v in inputs.items()}
+    assert set(by_name) == {"embd", "position", "KQ_mask"}
+    assert set(weights) == set(lg.preallocated)
+    uses = bench.consumers(lg.graph)
+    for name in ("embd", "position"):
+        t, v = by_name[name]
+        (node, slot), = uses[id(t)]
+        assert node.op == Op.GET_ROWS and slot == 1
+        assert v.dtype == np.int32 and 0 <= v.min() and v.max() < node.src[0].ne[1]
+    mask = by_name["KQ_mask"][1].reshape(512, 512)
+    assert (mask[np.triu_indices(512, 1)] == -np.inf).all() and (mask[np.tril_indices(512)] == 0).all()
+
+
+def test_mlp_chain_agrees_with_ggml(graph_files):
+    row = bench.bench("mlp_chain", threads=2, runs=1)
+    assert not row.problems, row.problems
+    assert row.nmse < 1e-10 and row.ggml_s > 0 and row.pyggml_s > 0
