@@ -205,7 +205,7 @@ def test_set_tensor_by_hash_uses_the_server_cache(device, endpoint):
     buf.free()
 
 
-def test_version_mismatch_and_lost_buffers(pyggml_server):
+def test_reconnect_forgets_server_state(pyggml_server):
     conn = rpc.Connection(pyggml_server.endpoint, timeout=5.0)
     conn.ensure()
     gen = conn.generation

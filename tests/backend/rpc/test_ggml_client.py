@@ -17,19 +17,20 @@ pytest.importorskip("ggml", reason="ggml-python (ggml's RPC client) is not insta
 
 HERE = Path(__file__).resolve().parent
 TESTS = HERE.parents[1]
-CASES = ["mul_mat_f32_2d", "mul_mat_q4_0_f32", "rms_norm", "soft_max", "rope_normal", "get_rows_f32", "silu",
-         "add_bcast", "flash_attn_ext", "cpy_F32_to_F16_64x3x2_cont_perm"]
+CASES = ["mul_mat_f32_2d", "mul_mat_q4_k", "mul_mat_q8_0", "rms_norm_eps1e-06_64x5x3x2_cont", "soft_max_ext_f32_mask",
+         "rope_normal", "get_rows_Q4_K_cont", "silu_F32_F32_16x5x3x2_cont", "geglu_split_F32_16x5x3_cont",
+         "add_F32_F32_F32_16x6x4x2_by_4x3x2x1_cont_cont", "flash_attn_f16_kv", "cpy_F32_to_F16_64x3x2_cont_perm",
+         "conv_2d"]
 BIG = (10 * 1024 * 1024) // 4 + 256  # floats: above ggml's 10 MiB hash threshold
 
 
 def _pick_cases(names):
     sys.path[:0] = [str(TESTS / "backend" / "cpu")]
     opcheck = importlib.import_module("opcheck")
-    cases = []
+    cases = {}
     for path in sorted((TESTS / "backend" / "cpu").glob("opcases_*.py")):
-        cases += importlib.import_module(path.stem).CASES
-    picked = [c for c in cases if any(c.name.startswith(n) for n in names)]
-    return opcheck, list({c.name.split("_")[0] + c.name[-6:]: c for c in picked}.values())
+        cases.update((c.name, c) for c in importlib.import_module(path.stem).CASES)
+    return opcheck, [cases[n] for n in names]
 
 
 def ggml_client_checks(endpoint: str) -> dict:
@@ -131,7 +132,7 @@ def test_ggml_client_drives_pyggml_server(served):
     assert r["set_get"] == list(range(64)) and r["copy"] == list(range(64)) and r["cleared"] == [0] * 64
     assert r["big_equal"]
     assert (cache / f"{r['big_hash']:016x}").stat().st_size == BIG * 4  # ggml's FNV-1a == pyggml's
-    assert len(r["cases"]) >= 6, r["cases"].keys()
+    assert sorted(r["cases"]) == sorted(CASES)
     for name, (err, repeatable, tol) in r["cases"].items():
         assert err <= tol and repeatable, (name, err)
     assert server.proc.poll() is None  # still serving
