@@ -277,7 +277,11 @@ class RPCBuffer(Buffer):
 # Backend, device, reg
 # ----------------------------------------------------------------------------------------------
 class RPCBackend(Backend):
-    """Computes on the server: GRAPH_COMPUTE has no reply, so a failure shows at the next call, as in ggml."""
+    """Computes on the server: GRAPH_COMPUTE has no reply, so a failure shows at the next call, as in ggml.
+
+    ggml sends GRAPH_RECOMPUTE when the graph's uid is the device's last one; pyggml graphs have no
+    uid, so the test is on the serialized graph itself: byte for byte the one the server stored last.
+    """
 
     guid = P.RPC_GUID
 
@@ -297,7 +301,11 @@ class RPCBackend(Backend):
                     raise BackendError(f"backend {self.name}: tensor {t.name!r} (used by node {node.name!r}) is in "
                                        f"{buf!r}, not in a live buffer of {conn.endpoint}")
         payload = serialize_graph(self.device.index, graph.nodes).pack()
-        conn.call(P.Cmd.GRAPH_COMPUTE, [payload], generation=generation)
+        if self.device.last_graph == (generation, payload):  # the server still holds exactly this graph
+            conn.call(P.Cmd.GRAPH_RECOMPUTE, [P.DEVICE.pack(self.device.index)], generation=generation)
+        else:
+            conn.call(P.Cmd.GRAPH_COMPUTE, [payload], generation=generation)
+            self.device.last_graph = (generation, payload)
         return Status.SUCCESS
 
 
@@ -314,6 +322,7 @@ class RPCDevice(Device):
         self.name = name
         self.description = conn.endpoint
         self._buft: RPCBufferType | None = None
+        self.last_graph: tuple[int, bytes] | None = None  # (generation, message) the server stored last
 
     def memory(self) -> tuple[int, int]:
         reply = self.conn.call(P.Cmd.GET_DEVICE_MEMORY, [P.DEVICE.pack(self.index)], P.PAIR_U64.size)

@@ -230,3 +230,22 @@ def test_remove_server(pyggml_server):
         (again,) = rpc.add_server(extra.endpoint)
         assert again is not dev and again.name != dev.name  # names are never reused
         rpc.RPC_REG.remove_server(extra.endpoint)
+
+
+def test_same_graph_again_is_a_recompute(device, endpoint):
+    ctx = gg.Context(no_alloc=True)
+    a = ctx.new_tensor(F32, (16,), name="a")
+    y = ops.sqr(ctx, a)
+    graph = gg.Graph().build_forward_expand(y)
+    backend = device.init_backend()
+    buf = gg.alloc.alloc_ctx_tensors(ctx, backend)
+    conn = rpc.connection(endpoint)
+    sent = []
+    for value in (3.0, 5.0):
+        tensor_set(a, np.full(16, value, np.float32))
+        before = conn.bytes_sent
+        backend.graph_compute(graph)
+        sent.append(conn.bytes_sent - before)
+        assert tensor_get(y).tolist() == [value * value] * 16
+    assert sent[0] > 2 * P.TENSOR.size and sent[1] == 9 + P.DEVICE.size  # GRAPH_RECOMPUTE: 13 bytes
+    buf.free()
