@@ -14,6 +14,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--port", "-p", type=int, default=50052, help="TCP port (default 50052, as ggml; 0 = any free)")
     p.add_argument("--backend", "-d", action="append",
                    help="device to serve, e.g. CPU, TORCH_CPU, CUDA0 (repeat for several; default CPU)")
+    p.add_argument("--threads", "-t", type=int, default=None, help="compute threads (where the device supports it)")
     p.add_argument("--cache", "-c", help="directory for the tensor cache (SET_TENSOR_HASH); off by default")
     p.set_defaults(run=run)
 
@@ -32,7 +33,7 @@ def run(args) -> int:
             known = ", ".join(d.name for d in backend.devices())
             raise BackendError(f"no device named {name!r}; registered devices: {known}")
         devices.append(dev)
-    with RPCServer(devices, args.host, args.port, cache_dir=args.cache) as server:
+    with RPCServer(devices, args.host, args.port, cache_dir=args.cache, n_threads=args.threads) as server:
         print(f"pyggml RPC server v4.0.1 listening on {server.endpoint}", flush=True)
         for dev in devices:
             free, total = dev.memory()

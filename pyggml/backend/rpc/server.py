@@ -26,7 +26,7 @@ from pyggml.errors import AllocationError, GGMLError, RPCError
 
 log = logging.getLogger("pyggml.rpc.server")
 
-DEFAULT_MAX_GRAPH_BYTES = 256 * 1024 * 1024  # a GRAPH_COMPUTE message above this is refused (~900k tensors)
+DEFAULT_MAX_GRAPH_BYTES = 64 * 1024 * 1024  # a GRAPH_COMPUTE message above this is refused (~220k tensors)
 DEFAULT_REQUEST_TIMEOUT = 60.0  # seconds to receive the rest of a request once its command byte arrived
 _KNOWN_FLAGS = sum(int(f) for f in TensorFlag)
 
@@ -44,18 +44,23 @@ class RPCServer:
     """
 
     def __init__(self, devices: list[Device], host: str = "127.0.0.1", port: int = 0, cache_dir: str | None = None,
-                 max_graph_bytes: int = DEFAULT_MAX_GRAPH_BYTES, request_timeout: float = DEFAULT_REQUEST_TIMEOUT):
+                 max_graph_bytes: int = DEFAULT_MAX_GRAPH_BYTES, request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+                 n_threads: int | None = None):
         if not devices:
             raise RPCError("RPC server: at least one device is needed")
         self.devices = list(devices)
         self.backends = [dev.init_backend() for dev in self.devices]
+        for dev, backend in zip(self.devices, self.backends):  # as ggml: where the device's reg offers it
+            set_n_threads = dev.reg.get_proc_address("set_n_threads") if dev.reg is not None else None
+            if n_threads and set_n_threads is not None:
+                set_n_threads(backend, n_threads)
         self.cache_dir = Path(cache_dir) if cache_dir else None
         if self.cache_dir:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
         self.max_graph_bytes = max_graph_bytes
         self.request_timeout = request_timeout
         self._handles = itertools.count(1)
-        self._listener = socket.create_server((host, port), reuse_port=False)
+        self._listener = socket.create_server((host, port))
         self.address = self._listener.getsockname()[:2]
         self._closed = threading.Event()
         self._sessions: set[Session] = set()

@@ -342,3 +342,8 @@ def test_rpc_server_cli(capsys):
 
 def test_server_binds_loopback_by_default(server):
     assert server.address[0] == "127.0.0.1"
+
+
+def test_server_sets_n_threads_like_ggml():
+    with rpc.RPCServer([CPU_REG.device(0)], n_threads=3) as s:
+        assert s.backends[0].n_threads == 3
