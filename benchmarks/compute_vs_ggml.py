@@ -81,14 +81,15 @@ def random_values(t, uses, rng) -> np.ndarray:
     return T.encode(t.type, rng.uniform(-1, 1, size=shape).astype(np.float32) * scale)
 
 
-def graph_values(lg, rng) -> tuple[dict, dict]:
-    """Values for every tensor whose memory is not computed: (preallocated roots: weights and caches,
-    the other leafs: inputs that live in the compute buffer)."""
-    uses = consumers(lg.graph)
+def input_leafs(lg) -> list:
+    """The leafs that live in the compute buffer (the graph's inputs), as opposed to preallocated weights."""
     pre = {id(t) for t in lg.preallocated}
-    inputs = [t for t in lg.graph.leafs if t.view_src is None and id(t) not in pre]
-    return ({t: random_values(t, uses.get(id(t), []), rng) for t in lg.preallocated},
-            {t: random_values(t, uses.get(id(t), []), rng) for t in inputs})
+    return [t for t in lg.graph.leafs if t.view_src is None and id(t) not in pre]
+
+
+def values_for(lg, tensors, rng) -> dict:
+    uses = consumers(lg.graph)
+    return {t: random_values(t, uses.get(id(t), []), rng) for t in tensors}
 
 
 def outputs_of(graph) -> list:
@@ -179,7 +180,8 @@ def bench(name: str, threads: int, runs: int, seed: int = 0) -> Row:
         return row
     lg = gg.load_graph_json(path)
     row.n_nodes = lg.graph.n_nodes
-    weights, inputs = graph_values(lg, np.random.default_rng(seed))
+    rng = np.random.default_rng(seed)
+    weights, inputs = values_for(lg, lg.preallocated, rng), values_for(lg, input_leafs(lg), rng)
     outputs = outputs_of(lg.graph)
     row.ggml_s, want = side(row, "ggml", run_ggml, lg, weights, inputs, outputs, threads, runs)
     row.pyggml_s, got = side(row, "pyggml", run_pyggml, lg, weights, inputs, outputs, threads, runs)
