@@ -284,7 +284,8 @@ class PreparedGraph:
     def set_inputs(self, inputs: dict) -> None:
         """Write values into ggml tensors. Values already in stored form (the dtype and shape of
         `host_ndarray`: raw uint8 rows for block types, uint16 bits for BF16) are copied as they are;
-        others are encoded (cast, or quantized from floats)."""
+        others are encoded (cast, or quantized from floats). All are checked before any is written."""
+        staged = []
         for t, values in inputs.items():
             if not t.is_contiguous:
                 raise LayoutError(f"input {t.name!r} is not contiguous (nb={t.nb}); set its root instead")
@@ -296,6 +297,8 @@ class PreparedGraph:
             if not raw and values.size != t.nelements:
                 raise LayoutError(f"input {t.name!r}: {values.size} values for {t.nelements} elements (ne={t.ne})")
             dst[...] = (values if raw else T.encode(t.type, values)).reshape(dst.shape)
+            staged.append((ptr, host, nbytes))  # the host twin owns the bytes: keep it alive until written
+        for ptr, host, nbytes in staged:
             self._lib.ggml_backend_tensor_set(ptr, host.data, 0, nbytes)
 
     def run(self) -> None:
@@ -306,7 +309,7 @@ class PreparedGraph:
             raise BackendError(f"ggml_backend_graph_compute returned status {status}")
 
     def get(self, t: Tensor) -> np.ndarray:
-        """A copy of t's values as ggml holds them, shaped like `host_ndarray(t)` (4-D ne[::-1]; block types: uint8 rows)."""
+        """A copy of t's values as ggml holds them, shaped like `host_ndarray(t)` (block types: uint8 rows)."""
         ptr, nbytes = self._address(t)
         host = self._host_twin(t)
         self._lib.ggml_backend_tensor_get(ptr, host.data, 0, nbytes)
@@ -378,7 +381,7 @@ class GGMLPeer:
         return p
 
     def compute(self, graph: Graph, inputs: dict, outputs: list[Tensor], preallocated=()) -> list[np.ndarray]:
-        """Compute graph once in ggml and return copies of the outputs (shape ne[::-1])."""
+        """Compute graph once in ggml and return copies of the outputs (shaped like `host_ndarray`)."""
         with self.prepare(graph, inputs, preallocated) as p:
             p.run()
             return [p.get(t) for t in outputs]

@@ -177,6 +177,10 @@ def test_bad_inputs_name_the_tensor(peer):
     g = graph_of(y)
     with pytest.raises(LayoutError, match="'x': 3 values for 100"):
         peer.compute(g, {x: np.zeros(3)}, [y])
+    with peer.prepare(g, {x: np.ones(100)}) as p:
+        with pytest.raises(LayoutError, match="'xt' is not contiguous"):
+            p.set_inputs({x: np.full(100, 7.0), t: np.zeros(100)})
+        np.testing.assert_array_equal(p.get(x).ravel(), np.ones(100))  # nothing half-written
     with pytest.raises(LayoutError, match="'xt' is not contiguous"):
         peer.compute(g, {t: np.zeros(100)}, [y])
     stray = ctx.new_tensor(F32, (4,), name="stray")
