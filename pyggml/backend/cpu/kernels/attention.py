@@ -102,10 +102,9 @@ def soft_max(dst: Tensor) -> None:
     """softmax(a*scale + slope[head]*mask) over each row, with optional per-head sinks in the denominator."""
     a, mask, sinks = dst.src[0], dst.src[1], dst.src[2]
     scale, max_bias = dst.op_params_f32(0), dst.op_params_f32(1)
-    out = view(dst)
-    np.multiply(view(a), np.float32(scale), out=out)
-    total = _exp_rows(out, mask, max_bias, sinks, np.float64)
-    out *= (1.0 / total).astype(np.float32)
+    scores = view(a) * np.float32(scale)  # not computed in dst: in place, dst may share the mask's memory
+    total = _exp_rows(scores, mask, max_bias, sinks, np.float64)
+    np.multiply(scores, (1.0 / total).astype(np.float32), out=view(dst))
 
 
 # ----- rotary position embedding -------------------------------------------------------------------
@@ -130,6 +129,9 @@ def rope_cos_sin(dst: Tensor, positions: np.ndarray, freq_factors: np.ndarray | 
     freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow = (
         np.float32(dst.op_params_f32(i)) for i in range(5, 11))
     n_pairs = n_dims // 2
+    if n_pairs == 0:  # ggml accepts n_dims == 0 and rotates nothing: the rows are copied as they are
+        nothing = np.zeros((len(positions), 0), np.float32)
+        return nothing, nothing
     theta_scale = np.float32(float(freq_base) ** float(np.float32(-2.0) / np.float32(n_dims)))
     steps = np.full((len(positions), n_pairs), theta_scale, dtype=np.float32)
     steps[:, 0] = positions.astype(np.float32)
