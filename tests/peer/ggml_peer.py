@@ -121,18 +121,23 @@ def lib_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "lib"
 
 
+def declare(handles, signatures: dict) -> dict:
+    """name -> the function from the first handle that exports it, with restype and argtypes set."""
+    funcs = {}
+    for name, (restype, argtypes) in signatures.items():
+        fn = next(getattr(h, name) for h in handles if hasattr(h, name))
+        fn.restype, fn.argtypes = restype, argtypes
+        funcs[name] = fn
+    return funcs
+
+
 def library():
     """The ggml functions this module uses, with correct ctypes signatures (loaded once per process)."""
     global _LIB
     if _LIB is None:
         d = lib_dir()
         handles = [C.CDLL(str(d / name), mode=C.RTLD_GLOBAL) for name in ("libggml-base.so", "libggml-cpu.so")]
-        funcs = {}
-        for name, (restype, argtypes) in _SIGNATURES.items():
-            fn = next(getattr(h, name) for h in handles if hasattr(h, name))
-            fn.restype, fn.argtypes = restype, argtypes
-            funcs[name] = fn
-        _LIB = SimpleNamespace(handles=handles, **funcs)
+        _LIB = SimpleNamespace(handles=handles, **declare(handles, _SIGNATURES))
     return _LIB
 
 
