@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import warnings
+import weakref
 
 import numpy as np
 import torch
@@ -97,11 +98,18 @@ class TorchBuffer(Buffer):
         self.storage = None
         self._dequantized.clear()
 
+    def _settled(self) -> None:
+        """Wait for a write issued on the device's current stream: the buffer interface is synchronous (as ggml-cuda's)."""
+        if self.storage.is_cuda:
+            torch.cuda.current_stream(self.storage.device).synchronize()
+
     def _memset_tensor(self, t: Tensor, value: int, offset: int, size: int) -> None:
         self._span(t, offset, size).fill_(value)
+        self._settled()
 
     def _set_tensor(self, t: Tensor, data: memoryview, offset: int, size: int) -> None:
         self._span(t, offset, size).copy_(host_tensor(data))
+        self._settled()
 
     def _get_tensor(self, t: Tensor, out: memoryview, offset: int, size: int) -> None:
         torch.from_numpy(np.frombuffer(out, np.uint8, count=size)).copy_(self._span(t, offset, size))
@@ -111,15 +119,17 @@ class TorchBuffer(Buffer):
         src_buf = tensor_buffer(src)
         if isinstance(src_buf, TorchBuffer):
             self._span(dst, 0, src.nbytes).copy_(src_buf._span(src, 0, src.nbytes))
-            return True
-        src_bytes = host_bytes(src)
-        if src_bytes is None:
-            return False
-        self._span(dst, 0, src.nbytes).copy_(host_tensor(src_bytes))
+        else:
+            src_bytes = host_bytes(src)
+            if src_bytes is None:
+                return False
+            self._span(dst, 0, src.nbytes).copy_(host_tensor(src_bytes))
+        self._settled()
         return True
 
     def _clear(self, value: int) -> None:
         self.storage.fill_(value)
+        self._settled()
 
 
 def host_tensor(data: memoryview) -> torch.Tensor:
@@ -257,8 +267,10 @@ class TorchBackend(Backend):
         super().__init__(device)
         self.name = device.name
         self.stream = device.new_stream(device.name)
+        self._release = weakref.finalize(self, self.stream.release)  # a backend dropped without free()
 
     def _free(self) -> None:
+        self._release.detach()
         self.stream.close()
 
     def synchronize(self) -> None:
@@ -275,7 +287,7 @@ class TorchBackend(Backend):
         if buf is None:
             return super().set_tensor_async(t, data, offset, size)
         buf.check_writable("set_tensor_async", t)
-        staged = self._staging(size)
+        staged = self._staging(size)  # torch keeps pinned memory from reuse until the copy that reads it is done
         staged.copy_(host_tensor(data))
         self.stream.submit(lambda: buf._span(t, offset, size).copy_(staged, non_blocking=True))
 

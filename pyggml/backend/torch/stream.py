@@ -79,6 +79,9 @@ class Stream:
         """Finish the queued work (errors are dropped: nobody is left to report them to)."""
         self._drain()
 
+    def release(self) -> None:
+        """Let the stream end once its queued work is done, without waiting (safe from a finalizer)."""
+
     # ----- shared bookkeeping -------------------------------------------------------------------
     def after_synchronize(self, fn: Callable[[], None]) -> None:
         """Run fn on the host at the next successful synchronize (staged reads land in the caller's memory)."""
@@ -143,8 +146,11 @@ class WorkerStream(Stream):
     def wait(self, marker) -> None:
         self.submit(marker.synchronize, always=True)
 
-    def close(self) -> None:
+    def release(self) -> None:
         self._queue.put((None, True))
+
+    def close(self) -> None:
+        self.release()
         self._thread.join()
 
 

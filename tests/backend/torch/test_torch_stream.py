@@ -1,5 +1,6 @@
 """The torch backend's asynchronous stream and events, on TORCH_CPU's worker thread (the paths CUDA takes too)."""
 
+import gc
 import threading
 
 import numpy as np
@@ -195,3 +196,12 @@ def test_markers_run_even_after_an_error():
         stream.synchronize()
     stream.synchronize()                                 # reported once
     stream.close()
+
+
+def test_a_backend_dropped_without_free_lets_its_worker_end():
+    b = init_by_name("TORCH_CPU")
+    thread = b.stream._thread
+    del b
+    gc.collect()
+    thread.join(5)
+    assert not thread.is_alive()
