@@ -10,6 +10,7 @@ import pytest
 pytest.importorskip("ggml", reason="ggml-python (the ggml peer) is not installed")
 
 import pyggml as gg  # noqa: E402
+from pyggml.core import ops  # noqa: E402
 from pyggml.core.tensor import Op  # noqa: E402
 
 pytestmark = pytest.mark.peer
@@ -39,3 +40,33 @@ def test_mlp_chain_agrees_with_ggml(graph_files):
     row = bench.bench("mlp_chain", threads=2, runs=1)
     assert not row.problems, row.problems
     assert row.nmse < 1e-10 and row.ggml_s > 0 and row.pyggml_s > 0
+
+
+def tiny_graph_file(dirpath: Path) -> None:
+    """graphs/tiny.json: relu(w @ x) + b, with w preallocated (it has memory when saved) and x, b inputs."""
+    weights, acts = gg.Context(no_alloc=False), gg.Context(no_alloc=True)
+    w = weights.new_tensor(gg.GGMLType.F32, (64, 16), name="w")
+    x = acts.new_tensor(gg.GGMLType.F32, (64, 4), name="x").set_input()
+    b = acts.new_tensor(gg.GGMLType.F32, (16,), name="b").set_input()
+    y = ops.add(acts, ops.relu(acts, ops.mul_mat(acts, w, x)), b).set_output()
+    (dirpath / "graphs").mkdir()
+    gg.save_graph_json(gg.Graph().build_forward_expand(y), dirpath / "graphs" / "tiny.json", "tiny")
+
+
+def test_a_missing_pyggml_piece_is_reported_not_faked(tmp_path, monkeypatch, capsys):
+    tiny_graph_file(tmp_path)
+    monkeypatch.setenv("PYGGML_SHARED", str(tmp_path))
+    row = bench.bench("tiny", threads=1, runs=1)
+    assert not row.problems and row.nmse < 1e-12 and row.n_nodes == 3
+
+    def missing(*args):
+        raise NotImplementedError("GraphAllocator is not written yet")
+
+    monkeypatch.setattr(bench, "run_pyggml", missing)
+    row = bench.bench("tiny", threads=1, runs=1)
+    assert row.ggml_s > 0 and row.pyggml_s is None and row.nmse is None
+    assert row.problems == ["pyggml: NotImplementedError: GraphAllocator is not written yet"]
+    bench.print_table([row, bench.bench("absent", threads=1, runs=1)], threads=1, runs=1)
+    out = capsys.readouterr().out
+    assert "tiny: pyggml: NotImplementedError: GraphAllocator is not written yet" in out
+    assert "absent: no graph file" in out
