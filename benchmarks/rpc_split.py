@@ -88,20 +88,22 @@ def split_layers(model, remote_backends, layer_counts):
     return sched, placement
 
 
-def wire_bytes(conns) -> int:
-    return sum(c.bytes_sent + c.bytes_received for c in conns)
+def wire_bytes(conns) -> tuple[int, int]:
+    """(sent, received) by this client over all the connections."""
+    return sum(c.bytes_sent for c in conns), sum(c.bytes_received for c in conns)
 
 
 def timed_tokens(model, n: int, conns=()):
-    """(greedy tokens, generated tokens/s, wire bytes per generated token)."""
-    tokens, gen_start, bytes_start = [], None, 0
+    """(greedy tokens, generated tokens/s, (bytes sent, bytes received) per generated token)."""
+    tokens, gen_start, bytes_start = [], None, (0, 0)
     for token in model.generate_tokens(model.tokenize(PROMPT), n=n):
         tokens.append(token)
         if gen_start is None:  # the prompt is done
             gen_start, bytes_start = time.perf_counter(), wire_bytes(conns)
     steps = max(len(tokens) - 1, 1)
     elapsed = time.perf_counter() - gen_start
-    return tokens, steps / elapsed, (wire_bytes(conns) - bytes_start) / steps
+    sent, received = wire_bytes(conns)
+    return tokens, steps / elapsed, ((sent - bytes_start[0]) / steps, (received - bytes_start[1]) / steps)
 
 
 @contextlib.contextmanager
@@ -138,7 +140,8 @@ def main() -> int:
     print(f"local CPU      : {r['local_tps']:.3f} tokens/s  tokens {r['local_tokens']}")
     print(f"split ({args.servers} RPC): {r['tps']:.3f} tokens/s  tokens {r['tokens']}")
     print(f"same tokens    : {r['tokens'] == r['local_tokens']}")
-    print(f"wire bytes per generated token: {r['bytes_per_token'] / 1024:.1f} KiB (sent + received)")
+    sent, received = r["bytes_per_token"]
+    print(f"per generated token: {sent / 1024:.1f} KiB sent, {received / 1024:.1f} KiB received")
     print(f"graph splits per step: {r['n_splits']}")
     for name, layers in r["placement"].items():
         print(f"  {name}: layers {layers[0]}..{layers[-1]}" if layers else f"  {name}: no layers")
