@@ -106,6 +106,17 @@ def binary(dst: Tensor) -> None:
     store(dst, _BINARY[dst.op](a, repeated(f32(dst.src[1]), a.shape)))
 
 
+def add_id(dst: Tensor) -> None:
+    """dst[i3, i2, i1] = src0[i3, i2, i1] + src1 row ids[i2, i1]."""
+    a, b, ids = dst.src[0], dst.src[1], dst.src[2]
+    rows = row_ids(dst, ids, view(ids)[0, 0, : a.ne[2], : a.ne[1]], b.ne[1])
+    store(dst, f32(a) + f32(b)[0, 0][rows][None])
+
+
+def fill(dst: Tensor) -> None:
+    store(dst, torch.tensor(dst.op_params_f32(0), device=view(dst).device))
+
+
 def add1(dst: Tensor) -> None:
     store(dst, f32(dst.src[0]) + f32(dst.src[1]).reshape(()))
 
@@ -246,6 +257,25 @@ def repeat(dst: Tensor) -> None:
     view(dst).copy_(src.repeat([n // m for n, m in zip(reversed(dst.ne), src.shape)]))
 
 
+def repeat_back(dst: Tensor) -> None:
+    """Each element of dst sums the src0 elements a repeat would have copied from it."""
+    x = f32(dst.src[0])
+    split = [d for n, m in zip(x.shape, reversed(dst.ne)) for d in (n // m, m)]
+    store(dst, x.reshape(split).sum(dim=(0, 2, 4, 6)))
+
+
+def pad(dst: Tensor) -> None:
+    """op_params: [lp0, rp0, lp1, rp1, lp2, rp2, lp3, rp3, circular]; zeros outside, or wrapped when circular."""
+    x = f32(dst.src[0])
+    if dst.op_params[8]:
+        left = [dst.op_params[2 * d] for d in range(4)][::-1]
+        index = [(torch.arange(n, device=x.device) - lp) % m for n, lp, m in zip(reversed(dst.ne), left, x.shape)]
+        store(dst, x[index[0][:, None, None, None], index[1][None, :, None, None], index[2][None, None, :, None],
+                     index[3][None, None, None, :]])
+    else:
+        store(dst, torch.nn.functional.pad(x, dst.op_params[:8]))
+
+
 def concat(dst: Tensor) -> None:
     view(dst).copy_(torch.cat([view(dst.src[0]), view(dst.src[1])], dim=3 - dst.op_params[0]))
 
@@ -280,14 +310,38 @@ def set_rows(dst: Tensor) -> None:
 # ----------------------------------------------------------------------------------------------
 # Matrix products
 # ----------------------------------------------------------------------------------------------
-def mul_mat(dst: Tensor) -> None:
-    """dst[.., i1, i0] = b[.., i1, :]·a[.., i0, :]; a's matrix i2 // r2, i3 // r3 serves b's (i2, i3)."""
+def _broadcast_split(dst: Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """a and b as (a3, r3, a2, r2, rows, cols), so that a's matrix i2 // r2, i3 // r3 meets b's (i2, i3)."""
     a, b = dst.src[0], dst.src[1]
-    wa, wb = weights_f32(a), f32(b)
-    split = (a.ne[3], b.ne[3] // a.ne[3], a.ne[2], b.ne[2] // a.ne[2])
-    wa = wa.reshape(a.ne[3], 1, a.ne[2], 1, a.ne[1], a.ne[0])
-    wb = wb.reshape(*split, b.ne[1], b.ne[0])
+    wa = weights_f32(a).reshape(a.ne[3], 1, a.ne[2], 1, a.ne[1], a.ne[0])
+    wb = f32(b).reshape(a.ne[3], b.ne[3] // a.ne[3], a.ne[2], b.ne[2] // a.ne[2], b.ne[1], b.ne[0])
+    return wa, wb
+
+
+def mul_mat(dst: Tensor) -> None:
+    """dst[.., i1, i0] = b[.., i1, :]·a[.., i0, :]."""
+    wa, wb = _broadcast_split(dst)
     store(dst, torch.matmul(wb, wa.transpose(-1, -2)).reshape(tuple(reversed(dst.ne))))
+
+
+def out_prod(dst: Tensor) -> None:
+    """dst[.., i1, i0] = sum_k a[.., k, i0]·b[.., k, i1], with mul_mat's broadcasting of a."""
+    wa, wb = _broadcast_split(dst)
+    store(dst, torch.matmul(wb.transpose(-1, -2), wa).reshape(tuple(reversed(dst.ne))))
+
+
+def mul_mat_id(dst: Tensor) -> None:
+    """dst[t, e, :] = as[ids[t, e]] · b[t, e % b.ne1, :]: one gathered matmul per expert actually used."""
+    as_, b, ids = dst.src[0], dst.src[1], dst.src[2]
+    experts = weights_f32(as_)[0]                                  # (n_expert, rows, k)
+    rows = f32(b)[0]                                               # (n_tokens, n_b, k)
+    chosen = row_ids(dst, ids, view(ids)[0, 0], as_.ne[2])         # (n_tokens, n_used)
+    slot_of_b = torch.arange(ids.ne[0], device=rows.device) % b.ne[1]
+    out = torch.empty((chosen.shape[0], chosen.shape[1], as_.ne[1]), device=rows.device)
+    for expert in torch.unique(chosen).tolist():
+        tok, slot = torch.nonzero(chosen == expert, as_tuple=True)
+        out[tok, slot] = rows[tok, slot_of_b[slot]] @ experts[expert].T
+    store(dst, out[None])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -322,6 +376,47 @@ def mean(dst: Tensor) -> None:
     """The row sum rounded to float, then divided in float (ggml's order)."""
     x = f32(dst.src[0])
     store(dst, x.sum(dim=-1, keepdim=True, dtype=torch.float64).float() / x.shape[-1])
+
+
+def group_norm(dst: Tensor) -> None:
+    """Channels (ne[2]) in groups of ceil(ne2 / n_groups); each group normalised over all its elements."""
+    x = f32(dst.src[0])
+    per_group = -(-dst.ne[2] // dst.op_params[0])
+    eps = dst.op_params_f32(1)
+    groups = []
+    for start in range(0, dst.ne[2], per_group):  # one step per group: a short loop over a small dim
+        xs = x[:, start: start + per_group]
+        centred = xs - xs.mean(dim=(1, 2, 3), keepdim=True)
+        groups.append(centred / torch.sqrt((centred * centred).mean(dim=(1, 2, 3), keepdim=True) + eps))
+    store(dst, torch.cat(groups, dim=1))
+
+
+def cumsum(dst: Tensor) -> None:
+    store(dst, torch.cumsum(f32(dst.src[0]), dim=-1))
+
+
+def argsort(dst: Tensor) -> None:
+    """op_params[0]: 0 ascending, 1 descending; stable, so ties keep index order."""
+    x = f32(dst.src[0])
+    store(dst, torch.argsort(-x if dst.op_params[0] else x, dim=-1, stable=True))
+
+
+def top_k(dst: Tensor) -> None:
+    """The k largest, best first, then the first two swapped (ggml's way of saying order is not promised)."""
+    k = dst.ne[0]
+    order = torch.argsort(-f32(dst.src[0]), dim=-1, stable=True)[..., :k]
+    if k > 1:
+        order = order[..., [1, 0, *range(2, k)]]
+    store(dst, order)
+
+
+def count_equal(dst: Tensor) -> None:
+    store(dst, (view(dst.src[0]) == view(dst.src[1])).sum())
+
+
+def diag(dst: Tensor) -> None:
+    x = f32(dst.src[0])
+    store(dst, torch.eye(dst.ne[0], device=x.device) * x)
 
 
 def argmax(dst: Tensor) -> None:
@@ -434,6 +529,8 @@ def _rope_supported(t: Tensor) -> bool:
 KERNELS: dict[Op, tuple[Callable[[Tensor], None], Callable[[Tensor], bool]]] = {
     **{op: (binary, cpu_types) for op in (Op.ADD, Op.SUB, Op.MUL, Op.DIV)},
     Op.ADD1: (add1, cpu_types),
+    Op.ADD_ID: (add_id, cpu_types),
+    Op.FILL: (fill, cpu_types),
     Op.SCALE: (scale, cpu_types),
     Op.CLAMP: (clamp, cpu_types),
     Op.LEAKY_RELU: (leaky_relu, cpu_types),
@@ -442,17 +539,27 @@ KERNELS: dict[Op, tuple[Callable[[Tensor], None], Callable[[Tensor], bool]]] = {
     Op.GLU: (glu, cpu_types),
     **{op: (copy, cpu_types) for op in (Op.DUP, Op.CPY, Op.CONT)},
     Op.REPEAT: (repeat, cpu_types),
+    Op.REPEAT_BACK: (repeat_back, cpu_types),
+    Op.PAD: (pad, cpu_types),
     Op.CONCAT: (concat, cpu_types),
+    Op.DIAG: (diag, cpu_types),
     Op.GET_ROWS: (get_rows, cpu_types),
     Op.SET_ROWS: (set_rows, cpu_types),
     Op.MUL_MAT: (mul_mat, cpu_types),
+    Op.MUL_MAT_ID: (mul_mat_id, cpu_types),
+    Op.OUT_PROD: (out_prod, cpu_types),
     Op.NORM: (norm, cpu_types),
     Op.RMS_NORM: (rms_norm, cpu_types),
     Op.L2_NORM: (l2_norm, cpu_types),
+    Op.GROUP_NORM: (group_norm, cpu_types),
     Op.SUM: (sum_all, cpu_types),
     Op.SUM_ROWS: (sum_rows, cpu_types),
     Op.MEAN: (mean, cpu_types),
     Op.ARGMAX: (argmax, cpu_types),
+    Op.ARGSORT: (argsort, cpu_types),
+    Op.TOP_K: (top_k, cpu_types),
+    Op.CUMSUM: (cumsum, cpu_types),
+    Op.COUNT_EQUAL: (count_equal, cpu_types),
     Op.DIAG_MASK_INF: (diag_mask, cpu_types),
     Op.DIAG_MASK_ZERO: (diag_mask, cpu_types),
     Op.SOFT_MAX: (soft_max, cpu_types),

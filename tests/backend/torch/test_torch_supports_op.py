@@ -27,6 +27,7 @@ ONE_INPUT = {
     "soft_max": ops.soft_max, "sum_rows": ops.sum_rows, "mean": ops.mean, "argmax": ops.argmax,
     "scale": lambda ctx, a: ops.scale(ctx, a, 0.5), "cont": lambda ctx, a: ops.cont(ctx, ops.transpose(ctx, a)),
     "argsort": lambda ctx, a: ops.argsort(ctx, a, 0), "cumsum": ops.cumsum, "swiglu": ops.swiglu,
+    "roll": lambda ctx, a: ops.roll(ctx, a, 1, 0, 0, 0), "pad_reflect": lambda ctx, a: ops.pad_reflect_1d(ctx, a, 1, 1),
     "diag_mask_inf": lambda ctx, a: ops.diag_mask_inf(ctx, a, 1), "sum": ops.sum,
     "repeat": lambda ctx, a: ops.repeat_4d(ctx, a, NE[0], NE[1], 2, 1),
 }
