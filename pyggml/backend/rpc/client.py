@@ -238,20 +238,17 @@ class RPCBuffer(Buffer):
     def remote_address(self, t: Tensor) -> int:
         return self.remote_base + self.offset_of(t)
 
-    def _wire(self, t: Tensor) -> bytes:
-        return serialize_tensor(t).pack()
-
     def _free(self) -> None:
         if self.conn.connected and self.conn.generation == self.generation:
             self._call(P.Cmd.FREE_BUFFER, [P.U64.pack(self.remote_ptr)], 0)
 
     def _init_tensor(self, t: Tensor) -> Status:
         if _needs_server_size(t):
-            self._call(P.Cmd.INIT_TENSOR, [self._wire(t)], 0)
+            self._call(P.Cmd.INIT_TENSOR, [_packed(t)], 0)
         return Status.SUCCESS
 
     def _set_tensor(self, t: Tensor, data: memoryview, offset: int, size: int) -> None:
-        wire = self._wire(t)
+        wire = _packed(t)
         if size > P.HASH_THRESHOLD:
             req = P.TENSOR_OFFSET_U64.pack(wire, offset, P.fnv1a_64(data[:size]))
             if P.U8.unpack(self._call(P.Cmd.SET_TENSOR_HASH, [req], P.U8.size))[0]:
@@ -259,14 +256,14 @@ class RPCBuffer(Buffer):
         self._call(P.Cmd.SET_TENSOR, [P.SET_TENSOR_HEAD.pack(wire, offset), data[:size]])
 
     def _get_tensor(self, t: Tensor, out: memoryview, offset: int, size: int) -> None:
-        self._call(P.Cmd.GET_TENSOR, [P.TENSOR_OFFSET_U64.pack(self._wire(t), offset, size)], size, out[:size])
+        self._call(P.Cmd.GET_TENSOR, [P.TENSOR_OFFSET_U64.pack(_packed(t), offset, size)], size, out[:size])
 
     def _cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
         """A server-side copy when src is in an RPC buffer of the same live connection (ggml: same socket)."""
         src_buf = _owning_buffer(src)
         if not isinstance(src_buf, RPCBuffer) or src_buf.conn is not self.conn or src_buf.generation != self.generation:
             return False
-        reply = self._call(P.Cmd.COPY_TENSOR, [P.COPY_TENSOR_REQ.pack(self._wire(src), self._wire(dst))], P.U8.size)
+        reply = self._call(P.Cmd.COPY_TENSOR, [P.COPY_TENSOR_REQ.pack(_packed(src), _packed(dst))], P.U8.size)
         return bool(P.U8.unpack(reply)[0])
 
     def _clear(self, value: int) -> None:
