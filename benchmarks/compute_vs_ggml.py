@@ -101,9 +101,10 @@ def as_float(t, stored: np.ndarray) -> np.ndarray:
     return T.to_float(t.type, stored).astype(np.float64).ravel()
 
 
-def nmse(reference: np.ndarray, actual: np.ndarray) -> float:
-    """ggml's error measure, reference first: sum((a - b)^2) / sum(a^2)."""
-    return float(np.sum((reference - actual) ** 2) / max(np.sum(reference ** 2), np.finfo(np.float64).tiny))
+def nmse(tested: np.ndarray, reference: np.ndarray) -> float:
+    """test-backend-ops' nmse(a, b) = sum((a - b)^2) / sum(a^2), with a the backend under test (here pyggml)
+    and b the CPU reference (here ggml)."""
+    return float(np.sum((tested - reference) ** 2) / max(np.sum(tested ** 2), np.finfo(np.float64).tiny))
 
 
 def timed(fn, runs: int) -> float:
@@ -186,7 +187,7 @@ def bench(name: str, threads: int, runs: int, seed: int = 0) -> Row:
     row.ggml_s, want = side(row, "ggml", run_ggml, lg, weights, inputs, outputs, threads, runs)
     row.pyggml_s, got = side(row, "pyggml", run_pyggml, lg, weights, inputs, outputs, threads, runs)
     if want is not None and got is not None:
-        errs = [nmse(w, g) for w, g in zip(want, got)]
+        errs = [nmse(g, w) for w, g in zip(want, got)]
         row.nmse = max(errs)
         if not all(np.isfinite(w).all() for w in want):
             row.problems.append("ggml's outputs are not all finite: the comparison means little")
