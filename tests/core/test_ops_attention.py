@@ -154,3 +154,15 @@ def test_flash_attn_ext_rejects(ctx, k_ne, v_ne, mask, bias, err, why):
     m = ctx.new_tensor(*mask, name="mask") if mask else None
     with pytest.raises(err, match=f"flash_attn_ext: .*{why}"):
         ops.flash_attn_ext(ctx, q, k, v, m, 1.0, bias, 0.0)
+
+
+def test_rope_multi_params(ctx):
+    a = ctx.new_tensor(F32, (32, 4, 5), name="q")
+    pos = ctx.new_tensor(I32, (20,))
+    out = ops.rope_multi(ctx, a, pos, None, 32, (4, 6, 6, 0), ops.RopeType.MROPE, 2048, 1e6, 1.0, 0.0, 1.0, 32.0, 1.0)
+    assert (out.op, out.op_params[1:5], out.op_params[11:15]) == (Op.ROPE, [32, 8, 0, 2048], [4, 6, 6, 0])
+    assert ops.rope_multi_inplace(ctx, a, pos, None, 32, (4, 6, 6, 0), 8, 0, 1e4, 1, 0, 1, 0, 0).view_src is a
+    with pytest.raises(ShapeError, match="rope_multi: sections must be 4 ints"):
+        ops.rope_multi(ctx, a, pos, None, 32, (4, 6), 8, 0, 1e4, 1, 0, 1, 0, 0)
+    with pytest.raises(ShapeError, match="need 4 position"):
+        ops.rope_multi(ctx, a, ctx.new_tensor(I32, (5,)), None, 32, (4, 6, 6, 0), 8, 0, 1e4, 1, 0, 1, 0, 0)

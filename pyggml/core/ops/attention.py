@@ -16,7 +16,7 @@ from pyggml.core.types import GGMLType
 __all__ = [
     "RopeType", "diag_mask_inf", "diag_mask_inf_inplace", "diag_mask_zero", "diag_mask_zero_inplace",
     "soft_max", "soft_max_inplace", "soft_max_ext", "soft_max_ext_inplace", "soft_max_add_sinks",
-    "rope", "rope_inplace", "rope_ext", "rope_ext_inplace", "rope_yarn_corr_dims",
+    "rope", "rope_inplace", "rope_ext", "rope_ext_inplace", "rope_multi", "rope_multi_inplace", "rope_yarn_corr_dims",
     "flash_attn_ext", "flash_attn_ext_set_prec", "flash_attn_ext_get_prec", "flash_attn_ext_add_sinks",
 ]
 
@@ -105,7 +105,7 @@ def soft_max_add_sinks(a: Tensor, sinks: Tensor | None) -> None:
 
 def _rope(ctx: Context, a: Tensor, pos: Tensor, freq_factors: Tensor | None, n_dims: int, mode: int, n_ctx_orig: int,
           freq_base: float, freq_scale: float, ext_factor: float, attn_factor: float, beta_fast: float,
-          beta_slow: float, inplace: bool) -> Tensor:
+          beta_slow: float, inplace: bool, sections=None) -> Tensor:
     op = "rope"
     check_shape(mode & 1 == 0, op, f"mode={mode}: mode & 1 is no longer supported", a)
     check_shape(pos.n_dims == 1, op, "positions must be a vector", pos)
@@ -118,7 +118,8 @@ def _rope(ctx: Context, a: Tensor, pos: Tensor, freq_factors: Tensor | None, n_d
         check_shape(freq_factors.ne[0] >= n_dims // 2, op, f"freq_factors needs >= n_dims/2={n_dims // 2} values",
                     freq_factors)
     params = (0, int(n_dims), int(mode), 0, int(n_ctx_orig), float(freq_base), float(freq_scale), float(ext_factor),
-              float(attn_factor), float(beta_fast), float(beta_slow), 0, 0, 0, 0)
+              float(attn_factor), float(beta_fast), float(beta_slow),
+              *(sections if mode & RopeType.MROPE and sections is not None else (0, 0, 0, 0)))
     return new_result(ctx, Op.ROPE, a.type, a.ne, srcs=(a, pos, freq_factors), params=params,
                       inplace_of=a if inplace else None)
 
@@ -145,6 +146,28 @@ def rope_ext_inplace(ctx: Context, a: Tensor, pos: Tensor, freq_factors: Tensor 
                      beta_fast: float, beta_slow: float) -> Tensor:
     return _rope(ctx, a, pos, freq_factors, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor,
                  attn_factor, beta_fast, beta_slow, True)
+
+
+def rope_multi(ctx: Context, a: Tensor, pos: Tensor, freq_factors: Tensor | None, n_dims: int, sections,
+               mode: int, n_ctx_orig: int, freq_base: float, freq_scale: float, ext_factor: float, attn_factor: float,
+               beta_fast: float, beta_slow: float) -> Tensor:
+    """Multi-axis rope (M-RoPE, Qwen2-VL): pos holds 4 streams (t, h, w, e) of a.ne[2] positions each and
+    `sections` (4 ints) says how many dim pairs each stream rotates."""
+    _check_sections(a, sections)
+    return _rope(ctx, a, pos, freq_factors, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor,
+                 attn_factor, beta_fast, beta_slow, False, tuple(int(x) for x in sections))
+
+
+def rope_multi_inplace(ctx: Context, a: Tensor, pos: Tensor, freq_factors: Tensor | None, n_dims: int, sections,
+                       mode: int, n_ctx_orig: int, freq_base: float, freq_scale: float, ext_factor: float,
+                       attn_factor: float, beta_fast: float, beta_slow: float) -> Tensor:
+    _check_sections(a, sections)
+    return _rope(ctx, a, pos, freq_factors, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor,
+                 attn_factor, beta_fast, beta_slow, True, tuple(int(x) for x in sections))
+
+
+def _check_sections(a: Tensor, sections) -> None:
+    check_shape(len(sections) == 4, "rope_multi", f"sections must be 4 ints, got {list(sections)}", a)
 
 
 def _yarn_corr_dim(n_dims: int, n_ctx_orig: int, n_rot: float, base: float) -> np.float32:

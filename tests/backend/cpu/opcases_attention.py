@@ -127,6 +127,49 @@ def rope_case(name, ne, n_dims, mode, type_=F32, freq_factors=False, n_ctx_orig=
     return OpCase(name, build, 1e-7 if type_ == F32 else 1e-6, ref)
 
 
+def _ref_stream_and_exponent(mode, sections, pair):
+    """Which position stream drives a pair and the exponent of its frequency, read off ggml's rules."""
+    sect_dims = sum(sections)
+    sector = pair % sect_dims
+    s0, s1, s2 = sections[:3]
+    if mode == ops.RopeType.IMROPE:
+        if sector % 3 == 1 and sector < 3 * s1:
+            return 1, pair
+        if sector % 3 == 2 and sector < 3 * s2:
+            return 2, pair
+        if sector % 3 == 0 and sector < 3 * s0:
+            return 0, pair
+        return 3, pair
+    starts = [0, s0, s0 + s1, s0 + s1 + s2]
+    stream = 0 if sector < s0 else 1 if sector < s0 + s1 else 2 if sector < s0 + s1 + s2 else 3
+    return stream, (sector - starts[stream] if mode == ops.RopeType.VISION else pair)
+
+
+def rope_multi_case(name, ne, n_dims, sections, mode, freq_base=10000.0, seed=4):
+    def build(ctx):
+        a = ctx.new_tensor(F32, ne, name="a")
+        pos = ctx.new_tensor(GGMLType.I32, (4 * ne[2],), name="pos")
+        host_ndarray(pos)[...] = np.random.default_rng(seed).integers(0, 50, 4 * ne[2])
+        return ops.rope_multi(ctx, a, pos, None, n_dims, sections, mode, 0, freq_base, 1.0, 0.0, 1.0, 0.0, 0.0)
+
+    def ref(out):
+        x = values(out.src[0])
+        pos = host_ndarray(out.src[1]).reshape(4, -1).astype(np.float64)
+        vision = mode == ops.RopeType.VISION
+        n_pairs = n_dims if vision else n_dims // 2
+        theta = np.zeros((pos.shape[1], n_pairs))
+        for i in range(n_pairs):
+            stream, k = _ref_stream_and_exponent(mode, sections, i)
+            theta[:, i] = pos[stream] * freq_base ** (-2.0 * k / n_dims)
+        c, s = np.cos(theta)[None, :, None, :], np.sin(theta)[None, :, None, :]
+        lo, hi = (slice(0, n_dims), slice(n_dims, 2 * n_dims)) if vision else \
+            (slice(0, n_dims // 2), slice(n_dims // 2, n_dims))
+        res = x.copy()
+        res[..., lo], res[..., hi] = x[..., lo] * c - x[..., hi] * s, x[..., lo] * s + x[..., hi] * c
+        return res
+    return OpCase(name, build, 1e-7, ref)
+
+
 # ----- flash_attn_ext ---------------------------------------------------------------------------------
 
 def flash_attn_case(name, d_k, d_v, n_head, n_head_kv, n_kv, n_tok, ne3=1, kv_type=F32, mask=True, mask_ne23=(1, 1),
@@ -173,6 +216,10 @@ CASES = [
               attn_factor=0.9, max_pos=2000),
     rope_case("rope_yarn_normal_ff", (32, 2, 5), 24, ops.RopeType.NORMAL, freq_factors=True, n_ctx_orig=256,
               freq_base=500000.0, freq_scale=0.5, ext_factor=0.5),
+    rope_multi_case("rope_mrope", (32, 2, 5), 16, (2, 3, 3, 0), ops.RopeType.MROPE),
+    rope_multi_case("rope_mrope_e_stream", (24, 2, 4), 24, (3, 3, 3, 3), ops.RopeType.MROPE),
+    rope_multi_case("rope_imrope", (32, 3, 4), 32, (6, 5, 5, 0), ops.RopeType.IMROPE),
+    rope_multi_case("rope_vision", (32, 2, 5), 16, (8, 8, 0, 0), ops.RopeType.VISION),
     rope_case("rope_f16", (32, 2, 4), 32, ops.RopeType.NEOX, type_=F16),
     flash_attn_case("flash_attn", 32, 32, 4, 4, 16, 5),
     flash_attn_case("flash_attn_gqa_dv", 32, 16, 8, 2, 24, 3, permuted_q=True),

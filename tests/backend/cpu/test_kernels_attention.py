@@ -88,10 +88,13 @@ def test_flash_attn_fully_masked_row_is_zero():
     assert np.all(res[0, 1] == 0) and np.all(np.isfinite(res)) and np.any(res[0, 0] != 0)
 
 
-def test_rope_unsupported_modes_are_reported():
+def test_rope_multi_needs_sections():
     ctx = Context(no_alloc=True)
     a = ctx.new_tensor(F32, (16, 2, 3))
     pos = ctx.new_tensor(GGMLType.I32, (12,))
-    assert not kernels.supports(ops.attention._rope(ctx, a, pos, None, 16, ops.RopeType.MROPE, 0, 1e4, 1, 0, 1, 0, 0,
-                                                    False))
-    assert kernels.supports(ops.rope(ctx, a, ctx.new_tensor(GGMLType.I32, (3,)), 16, 0))
+    assert not kernels.supports(ops.rope_multi(ctx, a, pos, None, 16, (0, 0, 0, 0), ops.RopeType.MROPE, 0, 1e4, 1, 0,
+                                               1, 0, 0))
+    assert kernels.supports(ops.rope_multi(ctx, a, pos, None, 16, (2, 3, 3, 0), ops.RopeType.MROPE, 0, 1e4, 1, 0,
+                                           1, 0, 0))
+    assert not kernels.supports(ops.rope_multi(ctx, a, pos, None, 16, (2, 3, 3, 0), ops.RopeType.VISION, 0, 1e4, 1,
+                                               0, 1, 0, 0))  # VISION needs n_dims == ne0 / 2

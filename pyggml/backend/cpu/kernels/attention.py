@@ -111,9 +111,12 @@ def soft_max(dst: Tensor) -> None:
 
 def _supports_rope(dst: Tensor) -> bool:
     a, pos, factors = dst.src[0], dst.src[1], dst.src[2]
+    mode = dst.op_params_i32(2)
+    sections = [dst.op_params_i32(i) for i in range(11, 15)]
     return (a.type in (F32, F16) and dst.type == a.type and pos.type == GGMLType.I32
-            and dst.op_params_i32(2) in (RopeType.NORMAL, RopeType.NEOX)
-            and (factors is None or factors.type == F32))
+            and mode in tuple(RopeType) and (factors is None or factors.type == F32)
+            and (not mode & RopeType.MROPE or (any(x > 0 for x in sections[:3]) and sum(sections) <= a.ne[0]))
+            and (mode != RopeType.VISION or 2 * dst.op_params_i32(1) == a.ne[0]))
 
 
 def _yarn_ramp(low: float, high: float, n_pairs: int) -> np.ndarray:
@@ -122,22 +125,41 @@ def _yarn_ramp(low: float, high: float, n_pairs: int) -> np.ndarray:
     return np.float32(1) - np.minimum(np.float32(1), np.maximum(np.float32(0), y))
 
 
+def _streams(mode: int, sections: list[int], n_pairs: int):
+    """For each dim pair: which position stream (0 t, 1 h, 2 w, 3 e) drives it, and after how many
+    theta_scale steps (ggml's mrope cache: one stream for plain rope; VISION restarts each section)."""
+    pair = np.arange(n_pairs)
+    if not mode & RopeType.MROPE:
+        return np.zeros(n_pairs, dtype=np.int64), pair
+    starts = np.concatenate([[0], np.cumsum(sections)[:3]])
+    sector = pair % sum(sections)
+    if mode == RopeType.IMROPE:
+        stream = np.select([(sector % 3 == 1) & (sector < 3 * sections[1]), (sector % 3 == 2) & (sector < 3 * sections[2]),
+                            (sector % 3 == 0) & (sector < 3 * sections[0])], [1, 2, 0], 3)
+    else:
+        stream = np.searchsorted(starts[1:], sector, side="right")
+    return stream, (sector - starts[stream] if mode == RopeType.VISION else pair)
+
+
 def rope_cos_sin(dst: Tensor, positions: np.ndarray, freq_factors: np.ndarray | None):
-    """cos and sin (times the magnitude scale) per (position, pair), as ggml_rope_cache_init + rope_yarn compute them."""
-    n_dims = dst.op_params_i32(1)
+    """cos and sin (times the magnitude scale) per (token, pair), as ggml's rope cache init + rope_yarn compute them.
+
+    positions is (n_streams, n_tokens). Angles are position * theta_scale^k built by repeated float32
+    multiplication, as ggml does, since long positions amplify any rounding difference.
+    """
+    n_dims, mode = dst.op_params_i32(1), dst.op_params_i32(2)
     n_ctx_orig = dst.op_params_i32(4)
     freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow = (
         np.float32(dst.op_params_f32(i)) for i in range(5, 11))
-    n_pairs = n_dims // 2
-    if n_pairs == 0:  # ggml accepts n_dims == 0 and rotates nothing: the rows are copied as they are
-        nothing = np.zeros((len(positions), 0), np.float32)
-        return nothing, nothing
+    n_pairs = n_dims if mode == RopeType.VISION else n_dims // 2
     theta_scale = np.float32(float(freq_base) ** float(np.float32(-2.0) / np.float32(n_dims)))
-    steps = np.full((len(positions), n_pairs), theta_scale, dtype=np.float32)
-    steps[:, 0] = positions.astype(np.float32)
-    theta_extrap = np.multiply.accumulate(steps, axis=1)   # theta *= theta_scale, in float32, like ggml
+    steps = np.full((*positions.shape, n_pairs), theta_scale, dtype=np.float32)
+    steps[..., 0] = positions.astype(np.float32)
+    chains = np.multiply.accumulate(steps, axis=-1)        # (stream, token, k): position * theta_scale^k
+    stream, k = _streams(mode, [dst.op_params_i32(i) for i in range(11, 15)], n_pairs)
+    theta_extrap = chains[stream, :, k].T                  # (token, pair)
     if freq_factors is not None:
-        theta_extrap /= freq_factors[:n_pairs]
+        theta_extrap = theta_extrap / freq_factors[:n_pairs]
     theta = freq_scale * theta_extrap
     mscale = attn_factor
     if ext_factor != 0:
@@ -149,22 +171,33 @@ def rope_cos_sin(dst: Tensor, positions: np.ndarray, freq_factors: np.ndarray | 
     return np.cos(theta64).astype(np.float32) * mscale, np.sin(theta64).astype(np.float32) * mscale
 
 
+def _rotated_halves(mode: int, n_dims: int):
+    """The two index sets rotated together: adjacent pairs (NORMAL), i and i + n_dims/2 (NEOX, MROPE,
+    IMROPE), or i and i + n_dims over the whole row (VISION)."""
+    if mode == RopeType.NORMAL:
+        return slice(0, n_dims, 2), slice(1, n_dims, 2)
+    if mode == RopeType.VISION:
+        return slice(0, n_dims), slice(n_dims, 2 * n_dims)
+    return slice(0, n_dims // 2), slice(n_dims // 2, n_dims)
+
+
 @kernel(Op.ROPE, supports=_supports_rope)
 def rope(dst: Tensor) -> None:
-    """Rotate pairs (x0, x1) of the first n_dims of each row by the token's angles; copy the rest."""
+    """Rotate pairs (x0, x1) of each row by the token's angles; dims past the rotated ones are copied."""
     a, pos, factors = dst.src[0], dst.src[1], dst.src[2]
     n_dims, mode = dst.op_params_i32(1), dst.op_params_i32(2)
-    cos, sin = rope_cos_sin(dst, view(pos).reshape(-1), as_f32(factors).reshape(-1) if factors is not None else None)
-    cos, sin = cos[None, :, None, :], sin[None, :, None, :]        # (1, tokens, 1, pairs) against (ne3, ne2, ne1, ..)
+    positions = view(pos).reshape(-1, a.ne[2])              # (1 or 4 streams, tokens)
+    cos, sin = rope_cos_sin(dst, positions, as_f32(factors).reshape(-1) if factors is not None else None)
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # (1, tokens, 1, pairs) against (ne3, ne2, ne1, ..)
     x = as_f32(a)
-    first, second = ((slice(0, n_dims, 2), slice(1, n_dims, 2)) if mode == RopeType.NORMAL
-                     else (slice(0, n_dims // 2), slice(n_dims // 2, n_dims)))
+    first, second = _rotated_halves(mode, n_dims)
     x0, x1 = x[..., first], x[..., second]
     rotated0 = x0 * cos - x1 * sin
     rotated1 = x0 * sin + x1 * cos
     out = view(dst)
-    if n_dims < a.ne[0]:
-        out[..., n_dims:] = view(a)[..., n_dims:]
+    rotated_end = 2 * n_dims if mode == RopeType.VISION else n_dims
+    if rotated_end < a.ne[0]:
+        out[..., rotated_end:] = view(a)[..., rotated_end:]
     out[..., first] = rotated0
     out[..., second] = rotated1
 
