@@ -70,3 +70,14 @@ def test_dequant_cache_budget_evicts_oldest():
     cache.get(ts[0])
     assert cache.misses == 4
 
+
+
+def test_dequant_cache_keeps_one_entry_per_address():
+    """A growing view (a KV cache read one token longer each step) replaces its entry instead of piling up."""
+    ctx = Context()
+    cache_tensor = ctx.new_tensor(GGMLType.F16, (16, 8), name="k_cache")
+    host_ndarray(cache_tensor)[...] = 1
+    cache = DequantCache()
+    for n_kv in range(1, 9):
+        cache.get(ops.view_2d(ctx, cache_tensor, 16, n_kv, cache_tensor.nb[1], 0))
+    assert cache.nbytes == 16 * 8 * 4 and cache.misses == 8

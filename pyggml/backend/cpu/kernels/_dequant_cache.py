@@ -1,9 +1,10 @@
 """Float32 copies of non-F32 matrix operands (quantized, F16, BF16 weights), reused while their bytes are unchanged.
 
 Dequantizing a Q4_K matrix costs ~200x a BLAS matrix-vector product over it, so decode-style graphs
-would be dominated by it. An entry is keyed by the tensor's address and layout, and is trusted
-only if a CRC-32 of the raw bytes still matches: any write (tensor_set, a kernel, a memset)
-invalidates it without hooks, at the cost of reading the raw bytes once per use (~6 GB/s).
+would be dominated by it. An entry is keyed by the tensor's address and type (a new layout there, such
+as a KV-cache view growing by a token, replaces it), and is trusted only if its layout and a CRC-32 of
+the raw bytes still match: any write (tensor_set, a kernel, a memset) invalidates it without hooks,
+at the cost of reading the raw bytes once per use (~4-6 GB/s).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def dequantizable(type_) -> bool:
 
 @dataclass
 class _Entry:
+    layout: tuple
     crc: int
     values: np.ndarray
 
@@ -64,10 +66,11 @@ class DequantCache:
     def get(self, t: Tensor) -> np.ndarray:
         """t's values as float32 (shape ne[::-1], read-only): cached if t's bytes are those seen last time."""
         raw = host_ndarray(t)
-        key = (t.data, t.type, tuple(t.ne), tuple(t.nb))
+        key = (t.data, t.type)
+        layout = (tuple(t.ne), tuple(t.nb))
         crc = zlib.crc32(raw if raw.flags.c_contiguous else np.ascontiguousarray(raw))
         entry = self._entries.get(key)
-        if entry is not None and entry.crc == crc:
+        if entry is not None and entry.layout == layout and entry.crc == crc:
             self._entries.move_to_end(key)
             self.hits += 1
             return entry.values
@@ -75,7 +78,7 @@ class DequantCache:
         values = T.to_float(t.type, raw).reshape(tuple(reversed(t.ne)))
         values = np.ascontiguousarray(values, dtype=np.float32)
         values.flags.writeable = False
-        self._put(key, _Entry(crc, values))
+        self._put(key, _Entry(layout, crc, values))
         return values
 
     def _put(self, key: tuple, entry: _Entry) -> None:
