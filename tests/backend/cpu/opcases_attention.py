@@ -90,9 +90,14 @@ def _ref_corr_dims(n_dims, n_ctx_orig, base, beta_fast, beta_slow):
 
 
 def rope_case(name, ne, n_dims, mode, type_=F32, freq_factors=False, n_ctx_orig=0, freq_base=10000.0,
-              freq_scale=1.0, ext_factor=0.0, attn_factor=1.0, beta_fast=32.0, beta_slow=1.0, max_pos=100, seed=3):
+              freq_scale=1.0, ext_factor=0.0, attn_factor=1.0, beta_fast=32.0, beta_slow=1.0, max_pos=100, seed=3,
+              fused_view=False):
     def build(ctx):
-        a = ctx.new_tensor(type_, ne, name="a")
+        if fused_view:  # a = the middle third of each row of a fused [3*ne0, ..] projection, as llama.cpp's qkv
+            fused = ctx.new_tensor(type_, (3 * ne[0], *ne[1:]), name="qkv")
+            a = ops.view_3d(ctx, fused, ne[0], ne[1], ne[2], fused.nb[1], fused.nb[2], ne[0] * fused.nb[0])
+        else:
+            a = ctx.new_tensor(type_, ne, name="a")
         pos = ctx.new_tensor(GGMLType.I32, (ne[2],), name="pos")
         host_ndarray(pos)[...] = np.random.default_rng(seed).integers(0, max_pos, ne[2])
         ff = None
@@ -220,6 +225,7 @@ CASES = [
     rope_multi_case("rope_mrope_e_stream", (24, 2, 4), 24, (3, 3, 3, 3), ops.RopeType.MROPE),
     rope_multi_case("rope_imrope", (32, 3, 4), 32, (6, 5, 5, 0), ops.RopeType.IMROPE),
     rope_multi_case("rope_vision", (32, 2, 5), 16, (8, 8, 0, 0), ops.RopeType.VISION),
+    rope_case("rope_strided_view", (32, 3, 4), 32, ops.RopeType.NEOX, fused_view=True),
     rope_case("rope_f16", (32, 2, 4), 32, ops.RopeType.NEOX, type_=F16),
     flash_attn_case("flash_attn", 32, 32, 4, 4, 16, 5),
     flash_attn_case("flash_attn_gqa_dv", 32, 16, 8, 2, 24, 3, permuted_q=True),

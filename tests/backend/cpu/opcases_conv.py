@@ -45,11 +45,14 @@ def ref_im2col_2d(x, kh, kw, s, p, d):
     return out.reshape(*out.shape[:3], -1)
 
 
-def im2col_case(name, ne_k, ne_x, s, p, d, is_2d, dst_type):
+def im2col_case(name, ne_k, ne_x, s, p, d, is_2d, dst_type, channels_outer=False):
     def build(ctx):
         k = ctx.new_tensor(F16, ne_k, name="kernel")
-        return ops.im2col(ctx, k, ctx.new_tensor(F32, ne_x, name="x"), s[0], s[1], p[0], p[1], d[0], d[1], is_2d,
-                          dst_type)
+        if channels_outer:  # x [W, H, C, N] as a permuted view of an [W, C, H, N] tensor
+            x = ops.permute(ctx, ctx.new_tensor(F32, (ne_x[0], ne_x[2], ne_x[1], ne_x[3]), name="x"), 0, 2, 1, 3)
+        else:
+            x = ctx.new_tensor(F32, ne_x, name="x")
+        return ops.im2col(ctx, k, x, s[0], s[1], p[0], p[1], d[0], d[1], is_2d, dst_type)
 
     def ref(out):
         x = values(out.src[1])

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from opcases_conv import CASES, conv_transpose_2d_case
+from opcases_conv import CASES, conv_transpose_2d_case, im2col_case
 from opcheck import check, fill_random
 
 from pyggml.backend.cpu import kernels
@@ -18,6 +18,12 @@ F32 = GGMLType.F32
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_matches_reference(case):
     check(case)
+
+
+def test_im2col_reads_a_permuted_image():
+    """ggml 0.15.3's CPU im2col assumes each [W, H] plane is packed (it ignores nb[1]); pyggml follows the strides."""
+    check(im2col_case("im2col_2d_permuted_input", (3, 2, 3, 2), (6, 5, 3, 2), (1, 2), (1, 1), (1, 1), True, F32,
+                      channels_outer=True))
 
 
 def test_conv_transpose_2d_computes_every_batch():
