@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from peer.ggml_peer import lib_dir, library
+from peer.ggml_peer import declare, lib_dir, library
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -100,9 +100,4 @@ def rpc_library() -> SimpleNamespace:
     """The RPC client functions plus everything tests.peer.ggml_peer declares."""
     lib = library()
     rpc = C.CDLL(str(lib_dir() / "libggml-rpc.so"), mode=C.RTLD_GLOBAL)
-    funcs = dict(vars(lib))
-    for name, (restype, argtypes) in _SIGNATURES.items():
-        fn = next(getattr(h, name) for h in (rpc, *lib.handles) if hasattr(h, name))
-        fn.restype, fn.argtypes = restype, argtypes
-        funcs[name] = fn
-    return SimpleNamespace(**funcs)
+    return SimpleNamespace(**{**vars(lib), **declare([rpc, *lib.handles], _SIGNATURES)})
