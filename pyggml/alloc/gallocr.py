@@ -498,6 +498,9 @@ class GraphAllocator:
         if graph.n_nodes != len(rec.nodes) or graph.n_leafs != len(rec.leafs):
             return (f"the graph has {graph.n_nodes} nodes and {graph.n_leafs} leafs, the plan "
                     f"{len(rec.nodes)} and {len(rec.leafs)}")
+        for i, leaf in enumerate(graph.leafs):  # ggml checks leafs only as sources; a leaf may be an output
+            if not self._fits(leaf, rec.leafs[i]):
+                return f"leaf {i} ({leaf.name!r}) does not fit its planned memory"
         for i, node in enumerate(graph.nodes):
             dst, srcs = rec.nodes[i]
             if not self._fits(node, dst):

@@ -140,7 +140,7 @@ def _source(t: Tensor, data, offset: int, size: int | None, what: str) -> tuple[
         _check_dtype(t, data, what)
         if offset == 0 and size is None and data.dtype != np.uint8 and not t.is_contiguous:
             data = _strided_image(t, data)  # typed values of a strided tensor go in element order
-        data = np.ascontiguousarray(data)
+        data = np.ascontiguousarray(data).reshape(-1).view(np.uint8)  # flat: memoryview cannot cast an empty shape
     view = _as_bytes(data, what)
     if size is None:
         size = view.nbytes

@@ -152,6 +152,9 @@ def rope_cos_sin(dst: Tensor, positions: np.ndarray, freq_factors: np.ndarray | 
     freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow = (
         np.float32(dst.op_params_f32(i)) for i in range(5, 11))
     n_pairs = n_dims if mode == RopeType.VISION else n_dims // 2
+    if n_pairs == 0:  # ggml accepts n_dims == 0 and rotates nothing: the rows are copied as they are
+        nothing = np.zeros((positions.shape[-1], 0), np.float32)
+        return nothing, nothing
     theta_scale = np.float32(float(freq_base) ** float(np.float32(-2.0) / np.float32(n_dims)))
     steps = np.full((*positions.shape, n_pairs), theta_scale, dtype=np.float32)
     steps[..., 0] = positions.astype(np.float32)
