@@ -166,3 +166,21 @@ def test_rope_multi_params(ctx):
         ops.rope_multi(ctx, a, pos, None, 32, (4, 6), 8, 0, 1e4, 1, 0, 1, 0, 0)
     with pytest.raises(ShapeError, match="need 4 position"):
         ops.rope_multi(ctx, a, ctx.new_tensor(I32, (5,)), None, 32, (4, 6, 6, 0), 8, 0, 1e4, 1, 0, 1, 0, 0)
+
+
+def test_flash_attn_ext_more_rejections(ctx):
+    q = ctx.new_tensor(F32, (64, 4, 4, 2), name="q")
+    k1 = ctx.new_tensor(F16, (64, 16, 2, 1), name="k")
+    with pytest.raises(ShapeError, match="flash_attn_ext: q, k and v must have the same ne\\[3\\]"):
+        ops.flash_attn_ext(ctx, q, k1, ctx.new_tensor(F16, (64, 16, 2, 1)), None, 1.0, 0.0, 0.0)
+    q1 = ctx.new_tensor(F32, (64, 4, 4), name="q1")
+    k, v = ctx.new_tensor(F16, (64, 16, 2), name="k2"), ctx.new_tensor(F16, (64, 16, 2), name="v2")
+    with pytest.raises(ShapeError, match="mask must be contiguous"):
+        ops.flash_attn_ext(ctx, q1, k, v, ops.transpose(ctx, ctx.new_tensor(F16, (4, 16))), 1.0, 0.0, 0.0)
+    out = ops.flash_attn_ext(ctx, q1, k, v, None, 1.0, 0.0, 0.0)
+    with pytest.raises(ShapeError, match="n_head=4"):
+        ops.flash_attn_ext_add_sinks(out, ctx.new_tensor(F32, (2,)))
+    with pytest.raises(GGMLTypeError, match="sinks must be F32"):
+        ops.flash_attn_ext_add_sinks(out, ctx.new_tensor(F16, (4,)))
+    ops.flash_attn_ext_add_sinks(out, None)
+    assert out.src[4] is None

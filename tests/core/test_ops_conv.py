@@ -172,3 +172,8 @@ def test_conv_shorthands(ctx):
     dw = ops.conv_1d_dw(ctx, ctx.new_tensor(F16, (3, 1, 4)), ctx.new_tensor(F32, (10, 4)), 1, 1, 1)
     assert (dw.op, dw.ne) == (Op.RESHAPE, [10, 4, 1, 1])
     assert ops.conv_1d_dw_ph(ctx, ctx.new_tensor(F16, (3, 1, 4)), ctx.new_tensor(F32, (10, 4)), 1, 1).ne == dw.ne
+
+
+def test_conv_2d_dw_direct_too_small(ctx):
+    with pytest.raises(ShapeError, match="conv_2d_dw_direct: b too small"):
+        ops.conv_2d_dw_direct(ctx, ctx.new_tensor(F32, (5, 5, 1, 2)), ctx.new_tensor(F32, (3, 3, 2)), 1, 1, 0, 0, 1, 1)

@@ -87,3 +87,12 @@ def test_out_prod_shape_and_errors():
         ops.out_prod(ctx, a, ctx.new_tensor(F32, (5, 3, 2)))
     with pytest.raises(ShapeError, match="out_prod: .*multiples"):
         ops.out_prod(ctx, a, ctx.new_tensor(F32, (5, 4, 3)))
+
+
+def test_transposed_src0_is_rejected_by_mul_mat_id_and_out_prod():
+    ctx = Context(no_alloc=True)
+    as_t = ops.transpose(ctx, ctx.new_tensor(F32, (8, 8, 2), name="as"))
+    with pytest.raises(ShapeError, match="mul_mat_id: as must not be transposed"):
+        ops.mul_mat_id(ctx, as_t, ctx.new_tensor(F32, (8, 1, 3)), ctx.new_tensor(I32, (1, 3)))
+    with pytest.raises(ShapeError, match="out_prod: a must not be transposed"):
+        ops.out_prod(ctx, ops.transpose(ctx, ctx.new_tensor(F32, (4, 4), name="a")), ctx.new_tensor(F32, (5, 4)))
