@@ -22,6 +22,9 @@ from pyggml.errors import GGMLError, GGUFError
 from pyggml.models.gguf_file import GGUFFile
 
 
+REPACK_ROWS = 16384
+
+
 class Progress:
     """A one-line progress bar on stderr, drawn only on a terminal (or when forced)."""
 
@@ -121,17 +124,21 @@ def _place_direct(gguf: GGUFFile, backend, ctx: Context, infos: dict, bar: Progr
 
 
 def _place_repacked(gguf: GGUFFile, backend, ctx: Context, infos: dict, bar: Progress):
-    """Quantized tensors dequantized once into F32 tensors of their own buffer."""
+    """Quantized tensors dequantized once into F32 tensors of their own buffer, a slab of rows at a time
+    (so a 262144-row embedding never needs a second full-size copy in memory)."""
     if not len(ctx):
         return None
     buf = alloc_ctx_tensors_from_buft(ctx, backend.default_buffer_type)
     for t in ctx:
         info = infos[t.name]
-        rows = _raw(gguf, info).reshape(-1, T.row_size(t_type := T.as_type(int(info.type)), info.ne[0]))
-        try:
-            values = T.to_float(t_type, rows)
-        except GGMLError as e:
-            raise GGUFError(f"{gguf.path}: tensor '{t.name}' of type {t_type.name} cannot be repacked: {e}") from e
-        tensor_set(t, values.reshape(tuple(reversed(t.ne))))
-        bar.advance(t.nbytes)
+        file_type = T.as_type(int(info.type))
+        rows = _raw(gguf, info).reshape(-1, T.row_size(file_type, info.ne[0]))
+        f32_row = t.nb[1]
+        for first in range(0, rows.shape[0], REPACK_ROWS):
+            try:
+                values = T.to_float(file_type, rows[first:first + REPACK_ROWS])
+            except GGMLError as e:
+                raise GGUFError(f"{gguf.path}: tensor '{t.name}' of type {file_type.name} cannot be repacked: {e}") from e
+            tensor_set(t, np.ascontiguousarray(values, dtype=np.float32), first * f32_row, values.size * 4)
+            bar.advance(values.size * 4)
     return buf

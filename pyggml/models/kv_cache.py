@@ -16,6 +16,8 @@ from pyggml.core import ops
 from pyggml.core import types as T
 from pyggml.errors import AllocationError
 
+N_KV_PAD = 256  # llama.cpp's padding of the attended cells: shapes change once every 256 tokens
+
 
 class KVCache:
     def __init__(self, backend, n_layer: int, n_head_kv: int, n_embd_k: int, n_embd_v: int, size: int,
@@ -37,6 +39,10 @@ class KVCache:
     @property
     def nbytes(self) -> int:
         return self.buffer.size
+
+    def n_kv(self, n_used: int) -> int:
+        """Cells a step attends when n_used of them hold tokens: padded up to N_KV_PAD, at most the cache size."""
+        return min(self.size, -(-n_used // N_KV_PAD) * N_KV_PAD)
 
     def check_room(self, pos0: int, n_tokens: int) -> None:
         if pos0 + n_tokens > self.size:
@@ -63,11 +69,11 @@ class KVCache:
         return k, v
 
 
-def causal_mask(pos0: int, n_tokens: int, window: int | None = None) -> np.ndarray:
-    """[n_tokens, pos0 + n_tokens] of 0 (visible) and -inf: a query sees keys at or before it,
-    and with a sliding window only the last `window` of them (llama.cpp's LLAMA_SWA_TYPE_STANDARD)."""
+def causal_mask(pos0: int, n_tokens: int, window: int | None = None, n_kv: int | None = None) -> np.ndarray:
+    """[n_tokens, n_kv] (n_kv defaults to pos0 + n_tokens) of 0 (visible) and -inf: a query sees keys at or
+    before it, and with a sliding window only the last `window` of them (llama.cpp's LLAMA_SWA_TYPE_STANDARD)."""
     q = pos0 + np.arange(n_tokens)[:, None]
-    k = np.arange(pos0 + n_tokens)[None, :]
+    k = np.arange(pos0 + n_tokens if n_kv is None else n_kv)[None, :]
     visible = k <= q
     if window is not None:
         visible &= q - k < window

@@ -101,7 +101,7 @@ class Model:
         self.n_past = 0
 
     def _build(self, pos0: int, n_tokens: int, n_outputs: int):
-        step = Step.new(pos0, n_tokens, n_outputs)
+        step = Step.new(pos0, n_tokens, n_outputs, self.kv.n_kv(pos0 + n_tokens))
         logits = self.arch.build(step, self.kv)
         logits.set_output()
         step.graph.build_forward_expand(logits)
@@ -117,7 +117,7 @@ class Model:
         if step.out_ids is not None:
             tensor_set(step.out_ids, np.array([n - 1], dtype=np.int32))
         for window, mask in step.masks.items():
-            tensor_set(mask, causal_mask(self.n_past, n, window))
+            tensor_set(mask, causal_mask(self.n_past, n, window, step.n_kv))
         self.backend.graph_compute(step.graph)
         self.n_past += n
         return np.asarray(tensor_get(logits), dtype=np.float32).reshape(step.n_outputs, self.n_vocab)
