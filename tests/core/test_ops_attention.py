@@ -184,3 +184,16 @@ def test_flash_attn_ext_more_rejections(ctx):
         ops.flash_attn_ext_add_sinks(out, ctx.new_tensor(F16, (4,)))
     ops.flash_attn_ext_add_sinks(out, None)
     assert out.src[4] is None
+
+
+def test_backward_builders(ctx):
+    dy, y = ctx.new_tensor(F32, (8, 3), name="dy"), ctx.new_tensor(F32, (8, 3), name="y")
+    back = ops.soft_max_ext_back(ctx, dy, y, 0.5, 0.0)
+    assert (back.op, back.src[:2], back.op_params[:2]) == (Op.SOFT_MAX_BACK, [dy, y], [f32_word(0.5), 0])
+    assert ops.soft_max_ext_back_inplace(ctx, dy, y, 1.0, 0.0).view_src is dy
+    a, pos = ctx.new_tensor(F32, (16, 2, 3)), ctx.new_tensor(I32, (3,))
+    rb = ops.rope_ext_back(ctx, a, pos, None, 16, 2, 0, 1e4, 1, 0, 1, 0, 0)
+    assert rb.op == Op.ROPE_BACK and rb.op_params == ops.rope_ext(ctx, a, pos, None, 16, 2, 0, 1e4, 1, 0, 1, 0,
+                                                                  0).op_params
+    mb = ops.rope_multi_back(ctx, a, ctx.new_tensor(I32, (12,)), None, 16, (2, 3, 3, 0), 8, 0, 1e4, 1, 0, 1, 0, 0)
+    assert mb.op == Op.ROPE_BACK and mb.op_params[11:15] == [2, 3, 3, 0]

@@ -16,7 +16,9 @@ from pyggml.core.types import GGMLType
 __all__ = [
     "RopeType", "diag_mask_inf", "diag_mask_inf_inplace", "diag_mask_zero", "diag_mask_zero_inplace",
     "soft_max", "soft_max_inplace", "soft_max_ext", "soft_max_ext_inplace", "soft_max_add_sinks",
-    "rope", "rope_inplace", "rope_ext", "rope_ext_inplace", "rope_multi", "rope_multi_inplace", "rope_yarn_corr_dims",
+    "soft_max_ext_back", "soft_max_ext_back_inplace",
+    "rope", "rope_inplace", "rope_ext", "rope_ext_inplace", "rope_multi", "rope_multi_inplace", "rope_ext_back",
+    "rope_multi_back", "rope_yarn_corr_dims",
     "flash_attn_ext", "flash_attn_ext_set_prec", "flash_attn_ext_get_prec", "flash_attn_ext_add_sinks",
 ]
 
@@ -101,6 +103,20 @@ def soft_max_add_sinks(a: Tensor, sinks: Tensor | None) -> None:
     a.src[2] = sinks
 
 
+def _soft_max_back(ctx: Context, a: Tensor, b: Tensor, scale: float, max_bias: float, inplace: bool) -> Tensor:
+    return new_result(ctx, Op.SOFT_MAX_BACK, a.type, a.ne, srcs=(a, b), params=(float(scale), float(max_bias)),
+                      inplace_of=a if inplace else None)
+
+
+def soft_max_ext_back(ctx: Context, a: Tensor, b: Tensor, scale: float, max_bias: float) -> Tensor:
+    """Gradient of soft_max_ext: a is the output's gradient dy, b the softmax output y."""
+    return _soft_max_back(ctx, a, b, scale, max_bias, False)
+
+
+def soft_max_ext_back_inplace(ctx: Context, a: Tensor, b: Tensor, scale: float, max_bias: float) -> Tensor:
+    return _soft_max_back(ctx, a, b, scale, max_bias, True)
+
+
 # ----- rotary position embedding -------------------------------------------------------------------
 
 def _rope(ctx: Context, a: Tensor, pos: Tensor, freq_factors: Tensor | None, n_dims: int, mode: int, n_ctx_orig: int,
@@ -164,6 +180,26 @@ def rope_multi_inplace(ctx: Context, a: Tensor, pos: Tensor, freq_factors: Tenso
     _check_sections(a, sections)
     return _rope(ctx, a, pos, freq_factors, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor,
                  attn_factor, beta_fast, beta_slow, True, tuple(int(x) for x in sections))
+
+
+def rope_ext_back(ctx: Context, a: Tensor, pos: Tensor, freq_factors: Tensor | None, n_dims: int, mode: int,
+                  n_ctx_orig: int, freq_base: float, freq_scale: float, ext_factor: float, attn_factor: float,
+                  beta_fast: float, beta_slow: float) -> Tensor:
+    """Gradient of rope_ext: the inverse rotation (ROPE_BACK with rope_ext's op_params)."""
+    t = rope_ext(ctx, a, pos, freq_factors, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor,
+                 attn_factor, beta_fast, beta_slow)
+    t.op = Op.ROPE_BACK
+    return t
+
+
+def rope_multi_back(ctx: Context, a: Tensor, pos: Tensor, freq_factors: Tensor | None, n_dims: int, sections,
+                    mode: int, n_ctx_orig: int, freq_base: float, freq_scale: float, ext_factor: float,
+                    attn_factor: float, beta_fast: float, beta_slow: float) -> Tensor:
+    """Gradient of rope_multi (ROPE_BACK with rope_multi's op_params)."""
+    t = rope_multi(ctx, a, pos, freq_factors, n_dims, sections, mode, n_ctx_orig, freq_base, freq_scale, ext_factor,
+                   attn_factor, beta_fast, beta_slow)
+    t.op = Op.ROPE_BACK
+    return t
 
 
 def _check_sections(a: Tensor, sections) -> None:

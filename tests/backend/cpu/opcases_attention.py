@@ -81,6 +81,20 @@ def soft_max_case(name, ne, mask_type=None, mask_ne23=(1, 1), mask_rows_extra=0,
     return OpCase(name, build, 1e-6, ref)
 
 
+def soft_max_back_case(name, ne, scale):
+    def build(ctx):
+        y = ctx.new_tensor(F32, ne, name="y")
+        rng = np.random.default_rng(7)
+        logits = rng.uniform(-2, 2, host_ndarray(y).shape)
+        host_ndarray(y)[...] = np.exp(logits) / np.exp(logits).sum(axis=-1, keepdims=True)
+        return ops.soft_max_ext_back(ctx, ctx.new_tensor(F32, ne, name="dy"), y, scale, 0.0)
+
+    def ref(out):
+        dy, y = values(out.src[0]), values(out.src[1])
+        return scale * y * (dy - (y * dy).sum(axis=-1, keepdims=True))
+    return OpCase(name, build, reference=ref)
+
+
 # ----- rope ---------------------------------------------------------------------------------------
 
 def _ref_corr_dims(n_dims, n_ctx_orig, base, beta_fast, beta_slow):
@@ -91,7 +105,7 @@ def _ref_corr_dims(n_dims, n_ctx_orig, base, beta_fast, beta_slow):
 
 def rope_case(name, ne, n_dims, mode, type_=F32, freq_factors=False, n_ctx_orig=0, freq_base=10000.0,
               freq_scale=1.0, ext_factor=0.0, attn_factor=1.0, beta_fast=32.0, beta_slow=1.0, max_pos=100, seed=3,
-              fused_view=False):
+              fused_view=False, back=False):
     def build(ctx):
         if fused_view:  # a = the middle third of each row of a fused [3*ne0, ..] projection, as llama.cpp's qkv
             fused = ctx.new_tensor(type_, (3 * ne[0], *ne[1:]), name="qkv")
@@ -104,8 +118,9 @@ def rope_case(name, ne, n_dims, mode, type_=F32, freq_factors=False, n_ctx_orig=
         if freq_factors:
             ff = ctx.new_tensor(F32, (n_dims // 2,), name="freq_factors")
             host_ndarray(ff)[...] = np.random.default_rng(seed).uniform(0.9, 1.1, n_dims // 2)
-        return ops.rope_ext(ctx, a, pos, ff, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor,
-                            attn_factor, beta_fast, beta_slow)
+        fn = ops.rope_ext_back if back else ops.rope_ext
+        return fn(ctx, a, pos, ff, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor,
+                  beta_fast, beta_slow)
 
     def ref(out):
         x = values(out.src[0])
@@ -120,6 +135,7 @@ def rope_case(name, ne, n_dims, mode, type_=F32, freq_factors=False, n_ctx_orig=
             theta = theta * (1 - mix) + extrap * mix
             mscale *= 1 + 0.1 * math.log(1 / freq_scale)
         c, s = (np.cos(theta) * mscale)[None, :, None, :], (np.sin(theta) * mscale)[None, :, None, :]
+        s = -s if back else s
         res = x.copy()
         if mode == ops.RopeType.NORMAL:
             x0, x1 = x[..., 0:n_dims:2], x[..., 1:n_dims:2]
@@ -213,6 +229,9 @@ CASES = [
     soft_max_case("soft_max_ext_mask_bcast_heads", (16, 5, 6, 2), F32, mask_ne23=(3, 2)),
     soft_max_case("soft_max_ext_alibi", (16, 5, 6), F16, scale=0.7, max_bias=8.0),
     soft_max_case("soft_max_ext_sinks", (16, 5, 4, 2), F32, sinks=True),
+    soft_max_back_case("soft_max_ext_back", (16, 5, 3, 2), 0.5),
+    rope_case("rope_back_neox_yarn", (64, 2, 5), 64, ops.RopeType.NEOX, n_ctx_orig=512, freq_scale=0.25,
+              ext_factor=1.0, back=True),
     rope_case("rope_normal", (64, 4, 5), 64, ops.RopeType.NORMAL),
     rope_case("rope_neox", (64, 4, 5), 64, ops.RopeType.NEOX),
     rope_case("rope_partial_dims", (64, 3, 6, 2), 32, ops.RopeType.NEOX),

@@ -9,7 +9,7 @@ from pyggml.backend.cpu import kernels
 from pyggml.core import ops
 from pyggml.core.context import Context
 from pyggml.core.graph import Graph
-from pyggml.core.tensor import host_ndarray
+from pyggml.core.tensor import Op, host_ndarray
 from pyggml.core.types import GGMLType
 
 F32, F16 = GGMLType.F32, GGMLType.F16
@@ -98,3 +98,23 @@ def test_rope_multi_needs_sections():
                                            1, 0, 0))
     assert not kernels.supports(ops.rope_multi(ctx, a, pos, None, 16, (2, 3, 3, 0), ops.RopeType.VISION, 0, 1e4, 1,
                                                0, 1, 0, 0))  # VISION needs n_dims == ne0 / 2
+
+
+def test_rope_back_undoes_rope():
+    ctx = Context()
+    a = ctx.new_tensor(F32, (32, 3, 4), name="a")
+    pos = ctx.new_tensor(GGMLType.I32, (4,), name="pos")
+    fill_random(a, np.random.default_rng(0))
+    host_ndarray(pos)[...] = [3, 70, 0, 1000]
+    args = (32, ops.RopeType.NEOX, 4096, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0)
+    back = ops.rope_ext_back(ctx, ops.rope_ext(ctx, a, pos, None, *args), pos, None, *args)
+    _compute(back)
+    assert back.op == Op.ROPE_BACK
+    np.testing.assert_allclose(host_ndarray(back), host_ndarray(a), atol=1e-5)
+
+
+def test_soft_max_back_with_alibi_is_unsupported():
+    ctx = Context(no_alloc=True)
+    a = ctx.new_tensor(F32, (8, 2))
+    assert not kernels.supports(ops.soft_max_ext_back(ctx, a, a, 1.0, 8.0))
+    assert kernels.supports(ops.soft_max_ext_back_inplace(ctx, a, a, 1.0, 0.0))

@@ -107,6 +107,15 @@ def soft_max(dst: Tensor) -> None:
     np.multiply(scores, (1.0 / total).astype(np.float32), out=view(dst))
 
 
+@kernel(Op.SOFT_MAX_BACK, supports=lambda dst: dst.type == F32 and all(t.type == F32 for t in dst.srcs)
+        and dst.op_params_f32(1) == 0.0)
+def soft_max_back(dst: Tensor) -> None:
+    """dx = scale * y * (dy - <y, dy>) per row, from dy (src0) and the softmax output y (src1)."""
+    dy, y = as_f32(dst.src[0]), as_f32(dst.src[1])
+    dot = np.einsum("...i,...i->...", y, dy, dtype=np.float64)[..., None].astype(np.float32)
+    store(dst, np.float32(dst.op_params_f32(0)) * (y * (dy - dot)))
+
+
 # ----- rotary position embedding -------------------------------------------------------------------
 
 def _supports_rope(dst: Tensor) -> bool:
@@ -184,13 +193,16 @@ def _rotated_halves(mode: int, n_dims: int):
     return slice(0, n_dims // 2), slice(n_dims // 2, n_dims)
 
 
-@kernel(Op.ROPE, supports=_supports_rope)
+@kernel(Op.ROPE, Op.ROPE_BACK, supports=_supports_rope)
 def rope(dst: Tensor) -> None:
-    """Rotate pairs (x0, x1) of each row by the token's angles; dims past the rotated ones are copied."""
+    """Rotate pairs (x0, x1) of each row by the token's angles (ROPE_BACK: by minus them); dims past the
+    rotated ones are copied."""
     a, pos, factors = dst.src[0], dst.src[1], dst.src[2]
     n_dims, mode = dst.op_params_i32(1), dst.op_params_i32(2)
     positions = view(pos).reshape(-1, a.ne[2])              # (1 or 4 streams, tokens)
     cos, sin = rope_cos_sin(dst, positions, as_f32(factors).reshape(-1) if factors is not None else None)
+    if dst.op == Op.ROPE_BACK:
+        sin = -sin
     cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # (1, tokens, 1, pairs) against (ne3, ne2, ne1, ..)
     x = as_f32(a)
     first, second = _rotated_halves(mode, n_dims)
