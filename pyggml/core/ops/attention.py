@@ -217,7 +217,8 @@ def _yarn_corr_dim(n_dims: int, n_ctx_orig: int, n_rot: float, base: float) -> n
 
 def rope_yarn_corr_dims(n_dims: int, n_ctx_orig: int, freq_base: float, beta_fast: float,
                         beta_slow: float) -> tuple[float, float]:
-    """YaRN's ramp ends: dims below start keep extrapolated angles, above end interpolated (ggml_rope_yarn_corr_dims)."""
+    """YaRN's ramp ends (ggml_rope_yarn_corr_dims): dims below start keep extrapolated angles, above end
+    interpolated ones."""
     start = np.floor(_yarn_corr_dim(n_dims, n_ctx_orig, beta_fast, freq_base))
     end = np.ceil(_yarn_corr_dim(n_dims, n_ctx_orig, beta_slow, freq_base))
     return float(max(np.float32(0), start)), float(min(np.float32(n_dims - 1), end))

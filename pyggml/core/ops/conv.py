@@ -19,8 +19,9 @@ from pyggml.core.types import GGMLType, blck_size, type_size
 
 __all__ = [
     "PoolOp", "ScaleMode", "ScaleFlag", "im2col", "conv_1d", "conv_1d_ph", "conv_1d_dw", "conv_1d_dw_ph",
-    "conv_transpose_1d", "conv_2d", "conv_2d_sk_p0", "conv_2d_s1_ph", "conv_2d_direct", "conv_2d_dw", "conv_2d_dw_direct", "conv_transpose_2d_p0", "pool_1d", "pool_2d", "upscale", "upscale_ext",
-    "interpolate", "arange", "timestep_embedding", "pad_reflect_1d", "roll",
+    "conv_transpose_1d", "conv_2d", "conv_2d_sk_p0", "conv_2d_s1_ph", "conv_2d_direct", "conv_2d_dw",
+    "conv_2d_dw_direct", "conv_transpose_2d_p0", "pool_1d", "pool_2d", "upscale", "upscale_ext", "interpolate",
+    "arange", "timestep_embedding", "pad_reflect_1d", "roll",
 ]
 
 
@@ -189,8 +190,8 @@ def pool_2d(ctx: Context, a: Tensor, op: PoolOp, k0: int, k1: int, s0: int, s1: 
             p1: float) -> Tensor:
     """Max or average over k0 x k1 windows (average divides by k0*k1, padding included, as ggml's CPU does)."""
     ne = (_pool_output_size(a.ne[0], k0, s0, p0), _pool_output_size(a.ne[1], k1, s1, p1), a.ne[2], a.ne[3])
-    check_shape(ne[0] > 0 and ne[1] > 0, "pool_2d", f"kernel {k0}x{k1}, stride {s0}x{s1}, pad {p0}x{p1} leave no output",
-                a)
+    check_shape(ne[0] > 0 and ne[1] > 0, "pool_2d",
+                f"kernel {k0}x{k1}, stride {s0}x{s1}, pad {p0}x{p1} leave no output", a)
     return new_result(ctx, Op.POOL_2D, GGMLType.F32, ne, srcs=(a,),
                       params=(int(op), k0, k1, s0, s1, int(p0), int(p1)))
 

@@ -33,7 +33,8 @@ def test_supports_tells_the_truth():
     a = ctx.new_tensor(GGMLType.I32, (8, 4))
     b = ctx.new_tensor(GGMLType.F32, (8, 2))
     assert not kernels.supports(ops.mul_mat(ctx, a, b))
-    assert kernels.supports(ops.mul_mat(ctx, ctx.new_tensor(GGMLType.Q4_K, (256, 4)), ctx.new_tensor(GGMLType.F32, (256, 2))))
+    q4k = ctx.new_tensor(GGMLType.Q4_K, (256, 4))
+    assert kernels.supports(ops.mul_mat(ctx, q4k, ctx.new_tensor(GGMLType.F32, (256, 2))))
 
 
 def test_mul_mat_id_rejects_bad_expert_ids():

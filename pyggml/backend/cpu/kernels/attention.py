@@ -143,8 +143,8 @@ def _streams(mode: int, sections: list[int], n_pairs: int):
     starts = np.concatenate([[0], np.cumsum(sections)[:3]])
     sector = pair % sum(sections)
     if mode == RopeType.IMROPE:
-        stream = np.select([(sector % 3 == 1) & (sector < 3 * sections[1]), (sector % 3 == 2) & (sector < 3 * sections[2]),
-                            (sector % 3 == 0) & (sector < 3 * sections[0])], [1, 2, 0], 3)
+        in_stream = [(sector % 3 == s) & (sector < 3 * sections[s]) for s in (1, 2, 0)]
+        stream = np.select(in_stream, [1, 2, 0], 3)
     else:
         stream = np.searchsorted(starts[1:], sector, side="right")
     return stream, (sector - starts[stream] if mode == RopeType.VISION else pair)

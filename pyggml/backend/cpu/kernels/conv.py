@@ -65,7 +65,7 @@ def _like_kernel(x: np.ndarray, kernel_: Tensor) -> np.ndarray:
 @kernel(Op.CONV_2D, supports=lambda dst: dst.type in FLOATS and dst.src[0].type in (F32, F16)
         and dst.src[1].type in FLOATS)
 def conv_2d(dst: Tensor) -> None:
-    """dst[n, oc, oy, ox] = sum over (ic, ky, kx) of a[oc, ic, ky, kx] * b[n, ic, ..]: patches times kernel, one GEMM."""
+    """dst[n, oc, oy, ox] = sum over (ic, ky, kx) of a[oc, ic, ky, kx] * b[n, ic, ..]: patches x kernel in one GEMM."""
     a, b = dst.src[0], dst.src[1]
     s0, s1, p0, p1, d0, d1 = (dst.op_params_i32(i) for i in range(6))
     cols = _patches(as_f32(b), a.ne[1], a.ne[0], (s0, s1), (p0, p1), (d0, d1), dst.ne[1], dst.ne[0])
