@@ -148,6 +148,32 @@ def rope_case(name, ne, n_dims, mode, type_=F32, freq_factors=False, n_ctx_orig=
     return OpCase(name, build, 1e-7 if type_ == F32 else 1e-6, ref)
 
 
+def rope_long_positions_case(name, ne, n_dims, freq_base, max_pos, seed=5):
+    """Positions up to max_pos: angles must be built as ggml builds them (theta *= theta_scale, float32), since a
+    float64 angle differs by ~1e-6 NMSE there. The reference runs that recurrence one pair at a time."""
+    def build(ctx):
+        a = ctx.new_tensor(F32, ne, name="a")
+        pos = ctx.new_tensor(GGMLType.I32, (ne[2],), name="pos")
+        host_ndarray(pos)[...] = np.random.default_rng(seed).integers(0, max_pos, ne[2])
+        return ops.rope_ext(ctx, a, pos, None, n_dims, ops.RopeType.NEOX, 0, freq_base, 1.0, 0.0, 1.0, 0.0, 0.0)
+
+    def ref(out):
+        x = values(out.src[0])
+        theta_scale = np.float32(freq_base ** float(np.float32(-2.0) / np.float32(n_dims)))
+        theta = np.zeros((ne[2], n_dims // 2))
+        for t, p in enumerate(host_ndarray(out.src[1]).reshape(-1)):
+            angle = np.float32(p)
+            for i in range(n_dims // 2):
+                theta[t, i] = angle
+                angle = np.float32(angle * theta_scale)
+        c, s = np.cos(theta)[None, :, None, :], np.sin(theta)[None, :, None, :]
+        h = n_dims // 2
+        res = x.copy()
+        res[..., :h], res[..., h:n_dims] = x[..., :h] * c - x[..., h:n_dims] * s, x[..., :h] * s + x[..., h:n_dims] * c
+        return res
+    return OpCase(name, build, 1e-7, ref)
+
+
 def _ref_stream_and_exponent(mode, sections, pair):
     """Which position stream drives a pair and the exponent of its frequency, read off ggml's rules."""
     sect_dims = sum(sections)
@@ -245,6 +271,7 @@ CASES = [
     rope_multi_case("rope_imrope", (32, 3, 4), 32, (6, 5, 5, 0), ops.RopeType.IMROPE),
     rope_multi_case("rope_vision", (32, 2, 5), 16, (8, 8, 0, 0), ops.RopeType.VISION),
     rope_case("rope_strided_view", (32, 3, 4), 32, ops.RopeType.NEOX, fused_view=True),
+    rope_long_positions_case("rope_long_positions", (128, 2, 6), 128, 1e6, 120000),
     rope_case("rope_f16", (32, 2, 4), 32, ops.RopeType.NEOX, type_=F16),
     flash_attn_case("flash_attn", 32, 32, 4, 4, 16, 5),
     flash_attn_case("flash_attn_gqa_dv", 32, 16, 8, 2, 24, 3, permuted_q=True),
