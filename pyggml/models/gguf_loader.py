@@ -74,16 +74,12 @@ class Weights:
         return t
 
 
-def _repackable(type_) -> bool:
-    return T.is_quantized(type_)
-
-
 def load_weights(gguf: GGUFFile, backend, repack: bool = False, progress: bool | None = None) -> Weights:
     """Create every tensor of `gguf` and put its data on `backend`'s device (see the module docstring)."""
     direct, packed = Context(no_alloc=True), Context(no_alloc=True)
     infos = {}
     for info in gguf.tensors:
-        to_f32 = repack and _repackable(info.type)
+        to_f32 = repack and T.is_quantized(int(info.type))
         ctx = packed if to_f32 else direct
         try:
             t = ctx.new_tensor(GGMLType.F32 if to_f32 else T.as_type(int(info.type)), info.ne[:info.n_dims] or (1,),

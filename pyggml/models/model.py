@@ -8,7 +8,7 @@ steps never allocate; logits are computed only for the rows asked for (the last 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import numpy as np
@@ -35,7 +35,6 @@ class Timings:
     prompt_s: float = 0.0
     gen_tokens: int = 0
     gen_s: float = 0.0
-    steps: list = field(default_factory=list)
 
     @property
     def prompt_tps(self) -> float:

@@ -121,3 +121,31 @@ def hparam(gguf, key: str, default=_REQUIRED):
     if default is _REQUIRED:
         return gguf.require(full)
     return gguf.get(full, default)
+
+
+class Decoder:
+    """What every decoder reads the same way: sizes from `<arch>.*` keys, the embeddings and the output head
+    (output.weight, or the token embeddings when they are tied)."""
+
+    def __init__(self, gguf, w):
+        self.n_layer = hparam(gguf, "block_count")
+        self.n_embd = hparam(gguf, "embedding_length")
+        self.n_ff = hparam(gguf, "feed_forward_length")
+        self.n_head = hparam(gguf, "attention.head_count")
+        self.n_head_kv = hparam(gguf, "attention.head_count_kv", self.n_head)
+        self.head_dim = hparam(gguf, "attention.key_length", self.n_embd // self.n_head)
+        self.n_ctx_train = hparam(gguf, "context_length")
+        self.n_embd_k_gqa = self.n_embd_v_gqa = self.head_dim * self.n_head_kv
+        self.tok_embd = w.get("token_embd.weight", (self.n_embd, None))
+        self.n_vocab = self.tok_embd.ne[1]
+        self.output_norm = w.get("output_norm.weight", (self.n_embd,))
+        self.output = w.optional("output.weight", (self.n_embd, self.n_vocab)) or self.tok_embd
+
+    def projections(self, w, il: int) -> dict:
+        """Layer il's attention and gated-FFN matrices by their field names (shapes checked)."""
+        e, q, kv, f, p = self.n_embd, self.head_dim * self.n_head, self.n_embd_k_gqa, self.n_ff, f"blk.{il}."
+        return dict(attn_norm=w.get(p + "attn_norm.weight", (e,)), wq=w.get(p + "attn_q.weight", (e, q)),
+                    wk=w.get(p + "attn_k.weight", (e, kv)), wv=w.get(p + "attn_v.weight", (e, kv)),
+                    wo=w.get(p + "attn_output.weight", (q, e)), ffn_norm=w.get(p + "ffn_norm.weight", (e,)),
+                    ffn_gate=w.get(p + "ffn_gate.weight", (e, f)), ffn_up=w.get(p + "ffn_up.weight", (e, f)),
+                    ffn_down=w.get(p + "ffn_down.weight", (f, e)))

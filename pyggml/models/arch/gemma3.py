@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from pyggml.core import Tensor
 from pyggml.core import ops
-from pyggml.models.arch.blocks import ROPE_NEOX, Rope, Step, attention, hparam, rms_norm
+from pyggml.models.arch.blocks import ROPE_NEOX, Decoder, Rope, Step, attention, hparam, rms_norm
 
 SWA_PATTERN = 6           # layer il uses the sliding window unless il % 6 == 5 (llama.cpp's set_swa_pattern(6))
 SWA_FREQ_BASE = 10000.0   # llama.cpp hard-codes the local layers' RoPE base for gemma3
@@ -31,18 +31,11 @@ class Gemma3Layer:
     post_ffn_norm: Tensor
 
 
-class Gemma3:
+class Gemma3(Decoder):
     def __init__(self, gguf, w):
-        self.n_layer = hparam(gguf, "block_count")
-        self.n_embd = hparam(gguf, "embedding_length")
-        self.n_ff = hparam(gguf, "feed_forward_length")
-        self.n_head = hparam(gguf, "attention.head_count")
-        self.n_head_kv = hparam(gguf, "attention.head_count_kv", self.n_head)
-        self.head_dim = hparam(gguf, "attention.key_length", self.n_embd // self.n_head)
+        super().__init__(gguf, w)
         self.eps = hparam(gguf, "attention.layer_norm_rms_epsilon")
-        self.n_ctx_train = hparam(gguf, "context_length")
         self.n_swa = hparam(gguf, "attention.sliding_window", 0)
-        self.n_embd_k_gqa = self.n_embd_v_gqa = self.head_dim * self.n_head_kv
         n_rot = hparam(gguf, "rope.dimension_count", self.head_dim)
         scale = 1.0 / hparam(gguf, "rope.scaling.factor", 1.0)
         self.rope_global = Rope(n_rot, ROPE_NEOX, hparam(gguf, "rope.freq_base", 10000.0), scale, self.n_ctx_train)
@@ -50,25 +43,12 @@ class Gemma3:
         # gemma_pytorch: query_pre_attn_scalar = head_dim except for the 27B model (62 layers)
         self.attn_scale = 1.0 / math.sqrt(self.n_embd / self.n_head if self.n_layer == 62 else self.head_dim)
         self.softcap = gguf.get("gemma3.final_logit_softcapping")
-
-        e, hd, q, kv = self.n_embd, self.head_dim, self.head_dim * self.n_head, self.n_embd_k_gqa
-        self.tok_embd = w.get("token_embd.weight", (e, None))  # n_vocab is whatever the file has
-        self.n_vocab = self.tok_embd.ne[1]
-        self.output_norm = w.get("output_norm.weight", (e,))
-        self.output = w.optional("output.weight", (e, self.n_vocab)) or self.tok_embd
+        e, hd = self.n_embd, self.head_dim
         self.layers = [Gemma3Layer(
-            attn_norm=w.get(f"blk.{i}.attn_norm.weight", (e,)),
-            wq=w.get(f"blk.{i}.attn_q.weight", (e, q)),
-            wk=w.get(f"blk.{i}.attn_k.weight", (e, kv)),
-            wv=w.get(f"blk.{i}.attn_v.weight", (e, kv)),
-            wo=w.get(f"blk.{i}.attn_output.weight", (q, e)),
+            **self.projections(w, i),
             q_norm=w.get(f"blk.{i}.attn_q_norm.weight", (hd,)),
             k_norm=w.get(f"blk.{i}.attn_k_norm.weight", (hd,)),
             post_attn_norm=w.get(f"blk.{i}.post_attention_norm.weight", (e,)),
-            ffn_norm=w.get(f"blk.{i}.ffn_norm.weight", (e,)),
-            ffn_gate=w.get(f"blk.{i}.ffn_gate.weight", (e, self.n_ff)),
-            ffn_up=w.get(f"blk.{i}.ffn_up.weight", (e, self.n_ff)),
-            ffn_down=w.get(f"blk.{i}.ffn_down.weight", (self.n_ff, e)),
             post_ffn_norm=w.get(f"blk.{i}.post_ffw_norm.weight", (e,)),
         ) for i in range(self.n_layer)]
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from pyggml.core import Tensor
 from pyggml.core import ops
-from pyggml.models.arch.blocks import Step, attention, default_kq_scale, hparam, layer_norm, linear
+from pyggml.models.arch.blocks import Decoder, Step, attention, default_kq_scale, hparam, layer_norm, linear
 
 
 @dataclass
@@ -25,24 +25,13 @@ class GPT2Layer:
     ffn_down_b: Tensor
 
 
-class GPT2:
+class GPT2(Decoder):
     def __init__(self, gguf, w):
-        self.n_layer = hparam(gguf, "block_count")
-        self.n_embd = hparam(gguf, "embedding_length")
-        self.n_ff = hparam(gguf, "feed_forward_length")
-        self.n_head = self.n_head_kv = hparam(gguf, "attention.head_count")
-        self.head_dim = self.n_embd // self.n_head
+        super().__init__(gguf, w)
         self.eps = hparam(gguf, "attention.layer_norm_epsilon")
-        self.n_ctx_train = hparam(gguf, "context_length")
-        self.n_embd_k_gqa = self.n_embd_v_gqa = self.n_embd
-
         e, f = self.n_embd, self.n_ff
-        self.tok_embd = w.get("token_embd.weight", (e, None))
-        self.n_vocab = self.tok_embd.ne[1]
         self.pos_embd = w.get("position_embd.weight", (e, self.n_ctx_train))
-        self.output_norm = w.get("output_norm.weight", (e,))
         self.output_norm_b = w.get("output_norm.bias", (e,))
-        self.output = w.optional("output.weight", (e, self.n_vocab)) or self.tok_embd
         self.layers = [GPT2Layer(
             attn_norm=w.get(f"blk.{i}.attn_norm.weight", (e,)),
             attn_norm_b=w.get(f"blk.{i}.attn_norm.bias", (e,)),

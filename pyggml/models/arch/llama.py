@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from pyggml.core import Tensor
 from pyggml.core import ops
-from pyggml.models.arch.blocks import (ROPE_NEOX, ROPE_NORMAL, Rope, Step, attention, default_kq_scale, hparam,
-                                       linear, rms_norm)
+from pyggml.models.arch.blocks import (ROPE_NEOX, ROPE_NORMAL, Decoder, Rope, Step, attention, default_kq_scale,
+                                       hparam, linear, rms_norm)
 
 ROPE_MODES = {"llama": ROPE_NORMAL, "mistral": ROPE_NORMAL, "qwen2": ROPE_NEOX}
 
@@ -33,40 +33,20 @@ class LlamaLayer:
     ffn_down: Tensor
 
 
-class Llama:
+class Llama(Decoder):
     def __init__(self, gguf, w):
-        self.n_layer = hparam(gguf, "block_count")
-        self.n_embd = hparam(gguf, "embedding_length")
-        self.n_ff = hparam(gguf, "feed_forward_length")
-        self.n_head = hparam(gguf, "attention.head_count")
-        self.n_head_kv = hparam(gguf, "attention.head_count_kv", self.n_head)
-        self.head_dim = hparam(gguf, "attention.key_length", self.n_embd // self.n_head)
+        super().__init__(gguf, w)
         self.eps = hparam(gguf, "attention.layer_norm_rms_epsilon")
-        self.n_ctx_train = hparam(gguf, "context_length")
-        self.n_embd_k_gqa = self.n_embd_v_gqa = self.head_dim * self.n_head_kv
         scale = 1.0 / hparam(gguf, "rope.scaling.factor", 1.0)
         self.rope = Rope(hparam(gguf, "rope.dimension_count", self.head_dim), ROPE_MODES[gguf.architecture],
                          hparam(gguf, "rope.freq_base", 10000.0), scale, self.n_ctx_train)
-
         e, q, kv = self.n_embd, self.head_dim * self.n_head, self.n_embd_k_gqa
-        self.tok_embd = w.get("token_embd.weight", (e, None))
-        self.n_vocab = self.tok_embd.ne[1]
-        self.output_norm = w.get("output_norm.weight", (e,))
-        self.output = w.optional("output.weight", (e, self.n_vocab)) or self.tok_embd
         self.layers = [LlamaLayer(
-            attn_norm=w.get(f"blk.{i}.attn_norm.weight", (e,)),
-            wq=w.get(f"blk.{i}.attn_q.weight", (e, q)),
-            wk=w.get(f"blk.{i}.attn_k.weight", (e, kv)),
-            wv=w.get(f"blk.{i}.attn_v.weight", (e, kv)),
-            wo=w.get(f"blk.{i}.attn_output.weight", (q, e)),
+            **self.projections(w, i),
             bq=w.optional(f"blk.{i}.attn_q.bias", (q,)),
             bk=w.optional(f"blk.{i}.attn_k.bias", (kv,)),
             bv=w.optional(f"blk.{i}.attn_v.bias", (kv,)),
             bo=w.optional(f"blk.{i}.attn_output.bias", (e,)),
-            ffn_norm=w.get(f"blk.{i}.ffn_norm.weight", (e,)),
-            ffn_gate=w.get(f"blk.{i}.ffn_gate.weight", (e, self.n_ff)),
-            ffn_up=w.get(f"blk.{i}.ffn_up.weight", (e, self.n_ff)),
-            ffn_down=w.get(f"blk.{i}.ffn_down.weight", (self.n_ff, e)),
         ) for i in range(self.n_layer)]
 
     def build(self, step: Step, kv) -> Tensor:
