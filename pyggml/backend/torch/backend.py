@@ -268,6 +268,7 @@ class TorchBackend(Backend):
         self.name = device.name
         self.stream = device.new_stream(device.name)
         self._release = weakref.finalize(self, self.stream.release)  # a backend dropped without free()
+        self._release.atexit = False  # a worker ending while the interpreter shuts down can abort inside torch
 
     def _free(self) -> None:
         self._release.detach()

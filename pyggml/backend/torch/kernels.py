@@ -22,10 +22,10 @@ import torch
 
 from pyggml.backend.cpu import kernels as cpu_kernels
 from pyggml.backend.cpu.kernels import unary as cpu_unary
+from pyggml.backend.cpu.kernels.attention import _rotated_halves as rotated_halves  # the CPU's pairing, shared
 from pyggml.backend.cpu.kernels.attention import alibi_slopes, rope_cos_sin
 from pyggml.backend.tensor_io import tensor_buffer
 from pyggml.core import types as T
-from pyggml.core.ops.attention import RopeType
 from pyggml.core.tensor import VIEW_OPS, GluOp, Op, Tensor, UnaryOp
 from pyggml.errors import BackendError, OutOfBoundsError, UnsupportedOpError
 
@@ -472,15 +472,14 @@ def soft_max(dst: Tensor) -> None:
 
 
 def rope(dst: Tensor) -> None:
-    """Rotate pairs of the first n_dims of each row by the token's angles (the CPU's angle cache); copy the rest."""
+    """Rotate pairs of each row by the token's angles (the CPU's angle cache and pairing, every rope mode); copy
+    the rest."""
     a, pos, factors = dst.src[0], dst.src[1], dst.src[2]
-    n_dims, mode = dst.op_params_i32(1), dst.op_params_i32(2)
-    positions = view(pos).reshape(-1).cpu().numpy()
+    positions = view(pos).reshape(-1, a.ne[2]).cpu().numpy()      # (1 or 4 position streams, tokens)
     cos, sin = rope_cos_sin(dst, positions, f32(factors).reshape(-1).cpu().numpy() if factors is not None else None)
     x = f32(a)
     cos, sin = (torch.from_numpy(c).to(x.device)[None, :, None, :] for c in (cos, sin))
-    first, second = ((slice(0, n_dims, 2), slice(1, n_dims, 2)) if mode == RopeType.NORMAL
-                     else (slice(0, n_dims // 2), slice(n_dims // 2, n_dims)))
+    first, second = rotated_halves(dst.op_params_i32(2), dst.op_params_i32(1))
     x0, x1 = x[..., first], x[..., second]
     rotated = x.clone()
     rotated[..., first] = x0 * cos - x1 * sin
@@ -522,10 +521,6 @@ def _unary_supported(t: Tensor) -> bool:
     return t.op_params[0] in UNARY.keys() and cpu_types(t)
 
 
-def _rope_supported(t: Tensor) -> bool:
-    return cpu_types(t) and t.op_params_i32(2) in (RopeType.NORMAL, RopeType.NEOX)
-
-
 KERNELS: dict[Op, tuple[Callable[[Tensor], None], Callable[[Tensor], bool]]] = {
     **{op: (binary, cpu_types) for op in (Op.ADD, Op.SUB, Op.MUL, Op.DIV)},
     Op.ADD1: (add1, cpu_types),
@@ -563,7 +558,7 @@ KERNELS: dict[Op, tuple[Callable[[Tensor], None], Callable[[Tensor], bool]]] = {
     Op.DIAG_MASK_INF: (diag_mask, cpu_types),
     Op.DIAG_MASK_ZERO: (diag_mask, cpu_types),
     Op.SOFT_MAX: (soft_max, cpu_types),
-    Op.ROPE: (rope, _rope_supported),
+    Op.ROPE: (rope, cpu_types),
     Op.FLASH_ATTN_EXT: (flash_attn_ext, cpu_types),
 }
 

@@ -7,7 +7,7 @@ raised: an error is never lost, and the work queued after it is skipped until it
 Markers are ggml's events: `record` puts one in the stream, `wait` makes the stream wait for
 one (it may belong to another stream), `marker.synchronize()` makes the host wait for it.
 
-- WorkerStream (TORCH_CPU): one worker thread and a queue; markers are threading.Events.
+- WorkerStream (TORCH_CPU): a queue run by a worker thread; markers are threading.Events.
   This is what lets CI exercise every async and event path without a GPU.
 - CudaStream (CUDAn): a torch.cuda.Stream; a function runs at once on the host and only
   enqueues CUDA work; markers are torch.cuda.Events.
@@ -110,13 +110,17 @@ class Stream:
 
 
 class WorkerStream(Stream):
-    """A worker thread that runs the queue; the thread lives as long as the stream."""
+    """A queue run by a daemon worker thread until the stream closes."""
 
     def __init__(self, name: str):
         super().__init__(name)
         self._queue: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name=f"pyggml-{name}-stream", daemon=True)
         self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
 
     def submit(self, fn: Callable[[], None], always: bool = False) -> None:
         self._queue.put((fn, always))
@@ -129,6 +133,8 @@ class WorkerStream(Stream):
                     return
                 self._run(fn, always)
             finally:
+                fn = None  # release the task's tensors here and now: torch memory freed by this thread while
+                #            the interpreter exits aborts the process (a thread can't take the GIL back then)
                 self._queue.task_done()
 
     def _drain(self) -> None:

@@ -123,12 +123,12 @@ def test_two_threads_each_with_its_own_backend():
     assert errors == []
 
 
-def test_free_stops_the_worker_thread():
+def test_free_ends_the_stream():
     b = init_by_name("TORCH_CPU")
-    thread = b.stream._thread
-    assert thread.is_alive()
+    stream = b.stream
+    assert stream.running
     b.free()
-    assert not thread.is_alive()
+    assert not stream.running
 
 
 # ----- events ----------------------------------------------------------------------------------------
@@ -198,10 +198,10 @@ def test_markers_run_even_after_an_error():
     stream.close()
 
 
-def test_a_backend_dropped_without_free_lets_its_worker_end():
+def test_a_backend_dropped_without_free_ends_its_stream():
     b = init_by_name("TORCH_CPU")
-    thread = b.stream._thread
+    stream = b.stream
     del b
     gc.collect()
-    thread.join(5)
-    assert not thread.is_alive()
+    stream._thread.join(5)
+    assert not stream.running
