@@ -22,14 +22,13 @@ from pyggml.core.host_memory import aligned_bytes
 from pyggml.core.tensor import Tensor
 from pyggml.errors import BackendError, UnsupportedOpError
 
-try:
-    from threadpoolctl import threadpool_limits
-except ImportError:  # optional: without it n_threads is only recorded
-    threadpool_limits = None
+from threadpoolctl import ThreadpoolController
 
 CPU_GUID = bytes([0xAA, 0x67, 0xC7, 0x43, 0x96, 0xE6, 0xA3, 0x8A, 0xE3, 0xAF, 0xEA, 0x92, 0x36, 0xBC, 0xFC, 0x89])
 TENSOR_ALIGNMENT = 32
-DEFAULT_N_THREADS = 4
+AVAILABLE_CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+DEFAULT_N_THREADS = 4  # ggml's default; BLAS never gets more threads than there are cores
+_BLAS = ThreadpoolController()  # scanning the loaded BLAS libraries costs ~1 ms: do it once
 
 
 # ----------------------------------------------------------------------------------------------
@@ -193,8 +192,7 @@ class CpuBackend(Backend):
         return CpuGraphPlan(steps)
 
     def _run(self, plan: CpuGraphPlan) -> Status:
-        limits = threadpool_limits(self.n_threads) if threadpool_limits else contextlib.nullcontext()
-        with limits:
+        with _BLAS.limit(limits=min(self.n_threads, AVAILABLE_CPUS), user_api="blas"):
             for node, fn in plan.steps:
                 fn(node)
                 if self.abort_callback is not None and self.abort_callback():
@@ -228,7 +226,7 @@ def _cpu_backend(backend: Backend, what: str) -> CpuBackend:
 
 
 def set_n_threads(backend: Backend, n_threads: int) -> None:
-    """Threads for NumPy/BLAS during this backend's computes (through threadpoolctl when it is installed)."""
+    """Threads for BLAS during this backend's computes (threadpoolctl; capped at the available cores)."""
     if n_threads <= 0:
         raise BackendError(f"set_n_threads: n_threads must be positive, got {n_threads}")
     _cpu_backend(backend, "set_n_threads").n_threads = int(n_threads)
@@ -241,7 +239,7 @@ def set_abort_callback(backend: Backend, callback: Callable[[], bool] | None) ->
 
 def get_features() -> list[tuple[str, str]]:
     """ggml_backend_get_features: what this CPU backend is built on."""
-    return [("NUMPY", np.__version__), ("THREADPOOLCTL", "1" if threadpool_limits else "0")]
+    return [("NUMPY", np.__version__), ("BLAS_THREADS_MAX", str(AVAILABLE_CPUS))]
 
 
 class CpuReg(BackendReg):
