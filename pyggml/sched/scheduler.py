@@ -19,6 +19,8 @@ Where pyggml differs from ggml 0.15.3 (all deliberate):
   current split); graph_compute then returns Status.ABORTED.
 - A tensor pre-allocated in a buffer no backend can use raises SchedulerError
   (ggml aborts the process).
+- A view op always takes its root's backend, even when the user pinned it elsewhere: its
+  bytes are the root's, and a pinned view in ggml is copied before its root is computed.
 
 Thread-safety: a Scheduler is used by one thread at a time; use one per thread.
 """
@@ -338,8 +340,10 @@ class Scheduler:
 
         # pass 4: sources and views follow their node / root; leftovers take the first capable backend
         for node in nodes:
-            if node.view_src is not None and self._id(node) == -1:
-                self._set_id(node, self._id(node.view_src))
+            if node.view_src is not None and (self._id(node) == -1 or node.op in VIEW_OPS):
+                root_id = self._id(node.view_src)
+                if root_id != -1 or self._id(node) == -1:  # a view op lives where its memory is, pinned or not
+                    self._set_id(node, root_id)
             for src in node.srcs:
                 if self._id(src) == -1:
                     self._set_id(src, self._id(src.view_src) if src.view_src is not None else self._id(node))
@@ -350,6 +354,9 @@ class Scheduler:
             if self._id(node) == -1:
                 raise SchedulerError(f"no backend of this scheduler supports node {node.name!r} ({node.op.name}); "
                                      f"add a CPU backend that does")
+        for leaf in graph.leafs:  # a leaf no node reads (an output leaf): ggml leaves it at -1 and aborts
+            if self._id(leaf) == -1:
+                self._set_id(leaf, cpu)
 
         self._cut_splits(nodes)
         if self.debug:

@@ -183,3 +183,21 @@ def test_describe_names_splits_and_inputs():
     run(sched, g, t)
     text = sched.describe(g)
     assert "SPLIT #0: FAKE" in text and "SPLIT #1: CPU" in text and "r1" in text
+
+
+def test_a_view_pinned_away_from_its_root_still_reads_the_computed_root():
+    """A VIEW pinned to FAKE while its root is computed on the CPU: ggml copies the view at the start of
+    the split, before the root is computed; here views follow their roots."""
+    fake, cpu = FakeDevice(ops=()).init_backend(), gg.backend.init_by_name("CPU")
+    ctx = Context(no_alloc=True)
+    x = ctx.new_tensor_1d(GGMLType.F32, 4, "x").set_input()
+    r = ops.relu(ctx, x)
+    v = ops.view_1d(ctx, r, 2, 8)
+    out = ops.cont(ctx, v).set_output()
+    g = Graph().build_forward_expand(out)
+    sched = Scheduler([fake, cpu])
+    sched.set_tensor_backend(v, fake)
+    assert sched.alloc_graph(g)
+    tensor_set(x, np.array([1, -2, 3, -4], np.float32))
+    assert sched.graph_compute(g) == Status.SUCCESS
+    assert tensor_get(out).tolist() == [3, 0] and sched.get_tensor_backend(v) is cpu
