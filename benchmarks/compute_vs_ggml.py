@@ -4,7 +4,8 @@ For each graph of shared/graphs/: random weights and inputs (I32 positions and r
 causal), pyggml computes (weights via alloc_ctx_tensors on lg.preallocated, compute memory via GraphAllocator,
 backend.graph_compute) and so does ggml's CPU backend, both with the same thread count. The outputs must agree
 (NMSE against ggml, test-backend-ops' 2e-3 for llm-style subgraphs); the table gives median times over the timed
-runs after one warm-up and the ratio pyggml/ggml. A graph one side cannot compute is listed with the reason.
+runs, which alternate the two sides so that both see the same machine load, after one warm-up, and the ratio
+pyggml/ggml. A graph one side cannot compute is listed with the reason.
 A timed run is "set the graph inputs, compute", as in llama.cpp: the allocators reuse an input's memory once
 its last consumer has run, so a second compute without new inputs would read garbage (ggml aborts on the
 token ids of GET_ROWS).
@@ -19,6 +20,7 @@ import os
 import statistics
 import sys
 import time
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -107,20 +109,17 @@ def nmse(tested: np.ndarray, reference: np.ndarray) -> float:
     return float(np.sum((tested - reference) ** 2) / max(np.sum(tested ** 2), np.finfo(np.float64).tiny))
 
 
-def timed(fn, runs: int) -> float:
-    """Median seconds of fn over `runs` calls (the caller has already warmed up)."""
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def seconds(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
-# ----- the two sides ---------------------------------------------------------------------------------
+# ----- the two sides: each a context that yields (compute, get) -------------------------------------
 
-def run_ggml(lg, weights, inputs, outputs, threads: int, runs: int):
-    """(median seconds, output values) from ggml's CPU backend, or raise why not."""
+@contextmanager
+def ggml_side(lg, weights, inputs, threads: int):
+    """ggml's CPU backend through the peer: weights in a ggml buffer, the rest planned by ggml's gallocr."""
     from peer.ggml_peer import GGMLPeer
 
     with GGMLPeer(n_threads=threads) as peer, peer.prepare(lg.graph, weights, preallocated=lg.preallocated) as p:
@@ -128,21 +127,21 @@ def run_ggml(lg, weights, inputs, outputs, threads: int, runs: int):
             p.set_inputs(inputs)
             p.run()
 
-        compute()
-        result = [as_float(t, p.get(t)) for t in outputs]
-        return timed(compute, runs), result
+        yield compute, p.get
 
 
-def run_pyggml(lg, weights, inputs, outputs, threads: int, runs: int):
-    """(median seconds, output values) from pyggml's CPU backend, or raise why not."""
+@contextmanager
+def pyggml_side(lg, weights, inputs, threads: int):
+    """pyggml's CPU backend: weights via alloc_ctx_tensors, compute memory via GraphAllocator."""
     import pyggml.alloc as galloc
     import pyggml.backend as gb
 
     backend = gb.init_by_name("CPU")
     gb.reg_by_name("CPU").get_proc_address("set_n_threads")(backend, threads)
-    weights_buffer = galloc.alloc_ctx_tensors(lg.preallocated, backend)
-    allocator = galloc.GraphAllocator(backend.default_buffer_type)
+    weights_buffer = allocator = None
     try:
+        weights_buffer = galloc.alloc_ctx_tensors(lg.preallocated, backend)
+        allocator = galloc.GraphAllocator(backend.default_buffer_type)
         if not allocator.alloc_graph(lg.graph):
             raise gg.errors.AllocationError("GraphAllocator.alloc_graph returned False")
         for t, v in weights.items():
@@ -155,25 +154,21 @@ def run_pyggml(lg, weights, inputs, outputs, threads: int, runs: int):
             if status != gb.Status.SUCCESS:
                 raise gg.errors.BackendError(f"graph_compute returned {status!r}")
 
-        compute()
-        result = [as_float(t, gb.tensor_get(t)) for t in outputs]
-        return timed(compute, runs), result
+        yield compute, gb.tensor_get
     finally:
-        allocator.free()
+        if allocator is not None:
+            allocator.free()
         if weights_buffer is not None:
             weights_buffer.free()
         backend.free()
 
 
-def side(row: Row, who: str, fn, *args):
-    try:
-        return fn(*args)
-    except Exception as e:  # report, never fake: a missing piece is a row note, not a crash
-        row.problems.append(f"{who}: {type(e).__name__}: {e}")
-        return None, None
+SIDES = {"ggml": ggml_side, "pyggml": pyggml_side}
 
 
 def bench(name: str, threads: int, runs: int, seed: int = 0) -> Row:
+    """Set up both sides, compute once each (warm-up; these outputs are compared), then time `runs`
+    rounds that alternate the sides, so that both see the same machine load."""
     row = Row(name)
     path = graphs_dir() / f"{name}.json"
     if not path.exists():
@@ -184,12 +179,23 @@ def bench(name: str, threads: int, runs: int, seed: int = 0) -> Row:
     rng = np.random.default_rng(seed)
     weights, inputs = values_for(lg, lg.preallocated, rng), values_for(lg, input_leafs(lg), rng)
     outputs = outputs_of(lg.graph)
-    row.ggml_s, want = side(row, "ggml", run_ggml, lg, weights, inputs, outputs, threads, runs)
-    row.pyggml_s, got = side(row, "pyggml", run_pyggml, lg, weights, inputs, outputs, threads, runs)
-    if want is not None and got is not None:
-        errs = [nmse(g, w) for w, g in zip(want, got)]
-        row.nmse = max(errs)
-        if not all(np.isfinite(w).all() for w in want):
+    computes, results, times = {}, {}, {}
+    with ExitStack() as stack:
+        for who, make_side in SIDES.items():
+            try:  # report, never fake: a missing piece is a row note, not a crash
+                compute, get = stack.enter_context(make_side(lg, weights, inputs, threads))
+                compute()
+                results[who] = [as_float(t, get(t)) for t in outputs]
+                computes[who], times[who] = compute, []
+            except Exception as e:
+                row.problems.append(f"{who}: {type(e).__name__}: {e}")
+        for _ in range(runs):
+            for who, compute in computes.items():
+                times[who].append(seconds(compute))
+    row.ggml_s, row.pyggml_s = (statistics.median(times[w]) if times.get(w) else None for w in SIDES)
+    if len(results) == 2:
+        row.nmse = max(nmse(got, want) for want, got in zip(results["ggml"], results["pyggml"]))
+        if not all(np.isfinite(w).all() for w in results["ggml"]):
             row.problems.append("ggml's outputs are not all finite: the comparison means little")
         if not row.nmse <= NMSE_MAX:
             row.problems.append(f"outputs disagree: NMSE {row.nmse:.3g} > {NMSE_MAX:g}")
@@ -200,7 +206,8 @@ def print_table(rows: list[Row], threads: int, runs: int) -> None:
     def ms(s):
         return "-" if s is None else f"{s * 1e3:.1f}"
 
-    print(f"median of {runs} runs after 1 warm-up, {threads} threads each; NMSE = max over outputs vs ggml")
+    print(f"median of {runs} alternating runs after 1 warm-up, {threads} threads each; "
+          f"NMSE = max over outputs, pyggml vs ggml")
     header = f"{'graph':<27} {'nodes':>6} {'ggml ms':>10} {'pyggml ms':>10} {'pyggml/ggml':>12} {'NMSE':>10}  ok"
     print(header)
     print("-" * len(header))

@@ -62,7 +62,7 @@ def test_a_missing_pyggml_piece_is_reported_not_faked(tmp_path, monkeypatch, cap
     def missing(*args):
         raise NotImplementedError("GraphAllocator is not written yet")
 
-    monkeypatch.setattr(bench, "run_pyggml", missing)
+    monkeypatch.setitem(bench.SIDES, "pyggml", missing)
     row = bench.bench("tiny", threads=1, runs=1)
     assert row.ggml_s > 0 and row.pyggml_s is None and row.nmse is None
     assert row.problems == ["pyggml: NotImplementedError: GraphAllocator is not written yet"]
