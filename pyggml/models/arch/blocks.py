@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from pyggml.core import Context, GGMLType, Graph, Tensor
 from pyggml.core import ops
+from pyggml.errors import GGUFError
 
 ROPE_NORMAL = 0
 ROPE_NEOX = 2
@@ -118,9 +119,10 @@ _REQUIRED = object()
 def hparam(gguf, key: str, default=_REQUIRED):
     """`<architecture>.<key>` from the GGUF metadata; GGUFError names the key when a required one is missing."""
     full = f"{gguf.architecture}.{key}"
-    if default is _REQUIRED:
-        return gguf.require(full)
-    return gguf.get(full, default)
+    value = gguf.require(full) if default is _REQUIRED else gguf.get(full, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise GGUFError(f"{gguf.path}: metadata key '{full}' is {value!r}; expected a number >= 0")
+    return value
 
 
 class Decoder:
@@ -133,6 +135,11 @@ class Decoder:
         self.n_ff = hparam(gguf, "feed_forward_length")
         self.n_head = hparam(gguf, "attention.head_count")
         self.n_head_kv = hparam(gguf, "attention.head_count_kv", self.n_head)
+        for key, n in (("block_count", self.n_layer), ("embedding_length", self.n_embd),
+                       ("attention.head_count", self.n_head), ("attention.head_count_kv", self.n_head_kv)):
+            if not isinstance(n, int) or n == 0:  # sizes and divisors: a float or 0 would fail far from here
+                raise GGUFError(f"{gguf.path}: metadata key '{gguf.architecture}.{key}' is {n!r}; expected a "
+                                f"positive integer")
         self.head_dim = hparam(gguf, "attention.key_length", self.n_embd // self.n_head)
         self.n_ctx_train = hparam(gguf, "context_length")
         self.n_embd_k_gqa = self.n_embd_v_gqa = self.head_dim * self.n_head_kv
