@@ -1,0 +1,121 @@
+"""Two-backend split of a real graph under the scheduler, against the same graph on one backend.
+
+Prints the number of splits and copies, the bytes copied per compute, and median compute
+times (split / single). The second backend is TORCH_CPU when torch is installed (weights
+alternate between its buffers and the CPU's), else the scheduler tests' fake GPU.
+
+    python benchmarks/sched_split.py [graph_name] [--runs N] [--parallel]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import pyggml as gg
+from pyggml import Context, TensorFlag
+from pyggml.alloc import GraphAllocator, alloc_ctx_tensors_from_buft
+from pyggml.backend import BufferUsage, tensor_get, tensor_set
+from pyggml.sched import Scheduler
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("PYGGML_SHARED", REPO.parent / "shared"))
+
+
+def second_backend():
+    try:
+        import pyggml.backend.torch  # noqa: F401 - registers TORCH_CPU
+
+        return gg.backend.init_by_name("TORCH_CPU")
+    except ImportError:
+        sys.path.insert(0, str(REPO / "tests" / "sched"))
+        from fake_gpu import FakeDevice
+
+        return FakeDevice().init_backend()
+
+
+def place_weights(lg, values, bufts):
+    """Preallocated tensor i goes to bufts[i % len(bufts)], in WEIGHTS buffers."""
+    for k, buft in enumerate(bufts):
+        ctx = Context(no_alloc=True)
+        for i, t in enumerate(lg.preallocated):
+            if i % len(bufts) == k:
+                ctx.add(t)
+        buf = alloc_ctx_tensors_from_buft(ctx, buft)
+        if buf is not None:
+            buf.usage = BufferUsage.WEIGHTS
+    ids = lg.ids()
+    for t in lg.preallocated:
+        tensor_set(t, values[ids[id(t)]])
+
+
+def set_inputs(lg, values):
+    for tid, v in values.items():
+        if lg.tensors[tid].is_input:
+            tensor_set(lg.tensors[tid], v)
+
+
+def output_of(lg):
+    outs = [t for t in lg.graph.nodes if t.flags & TensorFlag.OUTPUT and t.view_src is None]
+    return outs[-1] if outs else lg.graph.nodes[-1]
+
+
+def timed(fn, runs):
+    fn()  # warm-up
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("graph", nargs="?", default="gpt2_small_prefill")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--parallel", action="store_true", help="pipeline parallelism (4 input copies)")
+    args = ap.parse_args()
+    path = SHARED / "graphs" / f"{args.graph}.json"
+    values = gg.load_graph_json(path).random_values(seed=0)
+    cpu = gg.backend.init_by_name("CPU")
+
+    single = gg.load_graph_json(path)
+    place_weights(single, values, [cpu.default_buffer_type])
+    galloc = GraphAllocator(cpu.default_buffer_type)
+    galloc.alloc_graph(single.graph)
+
+    split = gg.load_graph_json(path)
+    other = second_backend()
+    place_weights(split, values, [other.default_buffer_type, cpu.default_buffer_type])
+    sched = Scheduler([other, cpu], graph_size=4096, parallel=args.parallel)
+    sched.alloc_graph(split.graph)
+
+    def run(lg, compute):  # inputs are consumed: the planner may reuse their memory after their last use
+        set_inputs(lg, values)
+        compute(lg.graph)
+
+    t_single = timed(lambda: run(single, cpu.graph_compute), args.runs)
+    t_split = timed(lambda: run(split, sched.graph_compute), args.runs)
+    a, b = tensor_get(output_of(split)), tensor_get(output_of(single))
+    nmse = float(np.sum((a.astype(np.float64) - b) ** 2) / max(np.sum(b.astype(np.float64) ** 2), 1e-30))
+    copies = [(t, s.backend_id) for s in sched.splits for t in s.inputs]
+    copied = sum(t.nbytes for t, _ in copies)
+    print(f"graph {args.graph}: {split.graph.n_nodes} nodes; backends {other.name} + CPU"
+          f"{' (parallel, 4 copies)' if args.parallel else ''}")
+    print(f"splits {sched.n_splits}, copies {len(copies)}, bytes copied per compute {copied} "
+          f"({copied / 2**20:.2f} MiB)")
+    print(f"compute buffers: {other.name} {sched.get_buffer_size(other)} B, CPU {sched.get_buffer_size(cpu)} B; "
+          f"single backend {galloc.get_buffer_size(0)} B")
+    print(f"median compute: split {t_split * 1e3:.1f} ms, single {t_single * 1e3:.1f} ms, "
+          f"ratio {t_split / t_single:.2f}; output NMSE vs single {nmse:.2e}")
+
+
+if __name__ == "__main__":
+    main()
