@@ -9,6 +9,7 @@ at the cost of reading the raw bytes once per use (~4-6 GB/s).
 
 from __future__ import annotations
 
+import weakref
 import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -43,6 +44,12 @@ class _Entry:
     layout: tuple
     crc: int
     values: np.ndarray
+    buffer: weakref.ref | None  # the buffer holding the raw bytes: the entry goes when it is freed or collected
+
+    @property
+    def dead(self) -> bool:
+        buffer = self.buffer() if self.buffer is not None else None
+        return self.buffer is not None and (buffer is None or buffer.is_freed)
 
 
 class DequantCache:
@@ -75,11 +82,18 @@ class DequantCache:
             self.hits += 1
             return entry.values
         self.misses += 1
+        self._drop_dead()
         values = T.to_float(t.type, raw).reshape(tuple(reversed(t.ne)))
         values = np.ascontiguousarray(values, dtype=np.float32)
         values.flags.writeable = False
-        self._put(key, _Entry(layout, crc, values))
+        buffer = t.view_src.buffer if t.view_src is not None else t.buffer
+        self._put(key, _Entry(layout, crc, values, weakref.ref(buffer) if buffer is not None else None))
         return values
+
+    def _drop_dead(self) -> None:
+        """Forget copies of memory that is gone (an unloaded model's weights): they can never hit again."""
+        for key in [k for k, e in self._entries.items() if e.dead]:
+            self._bytes -= self._entries.pop(key).values.nbytes
 
     def _put(self, key: tuple, entry: _Entry) -> None:
         old = self._entries.pop(key, None)
