@@ -76,6 +76,28 @@ def test_one_cpu_backend_per_thread_computes_repeatedly():
     assert sum(run_threads(work)) == THREADS * ITERATIONS
 
 
+def test_cpu_backends_share_the_dequant_cache_safely():
+    """F16 weights go through the CPU kernels' process-wide cache of F32 copies; threads with their own weights
+    (some freed and re-created each round, so entries are added, hit and dropped concurrently) all compute right."""
+    def work(k):
+        backend = init_by_name("CPU")
+        weights = (np.random.default_rng(k).standard_normal((32, 32)) / 8).astype(np.float16)
+        for i in range(ITERATIONS // 2):
+            ctx = Context(no_alloc=True)
+            x = ctx.new_tensor_1d(GGMLType.F32, 32, "x")
+            w = ctx.new_tensor_2d(GGMLType.F16, 32, 32, "w")
+            y = ops.mul_mat(ctx, w, x)
+            buffer = alloc_ctx_tensors(ctx, backend)
+            tensor_set(w, weights)
+            values = np.full(32, i % 5 - 2, np.float32)
+            tensor_set(x, values)
+            assert backend.graph_compute(Graph().build_forward_expand(y)) == Status.SUCCESS
+            np.testing.assert_allclose(tensor_get(y), weights.astype(np.float32) @ values, rtol=1e-5, atol=1e-5)
+            buffer.free()
+
+    run_threads(work)
+
+
 def test_one_shared_cpu_backend_serializes_computes_of_separate_graphs():
     backend = init_by_name("CPU")
 

@@ -9,6 +9,7 @@ at the cost of reading the raw bytes once per use (~4-6 GB/s).
 
 from __future__ import annotations
 
+import threading
 import weakref
 import zlib
 from collections import OrderedDict
@@ -61,14 +62,16 @@ class DequantCache:
         self._bytes = 0
         self.hits = 0
         self.misses = 0
+        self._lock = threading.Lock()  # CPU backends on several threads share one cache
 
     @property
     def nbytes(self) -> int:
         return self._bytes
 
     def clear(self) -> None:
-        self._entries.clear()
-        self._bytes = 0
+        with self._lock:
+            self._entries.clear()
+            self._bytes = 0
 
     def get(self, t: Tensor) -> np.ndarray:
         """t's values as float32 (shape ne[::-1], read-only): cached if t's bytes are those seen last time."""
@@ -76,18 +79,20 @@ class DequantCache:
         key = (t.data, t.type)
         layout = (tuple(t.ne), tuple(t.nb))
         crc = zlib.crc32(raw if raw.flags.c_contiguous else np.ascontiguousarray(raw))
-        entry = self._entries.get(key)
-        if entry is not None and entry.layout == layout and entry.crc == crc:
-            self._entries.move_to_end(key)
-            self.hits += 1
-            return entry.values
-        self.misses += 1
-        self._drop_dead()
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None and entry.layout == layout and entry.crc == crc:
+                self._entries.move_to_end(key)
+                self.hits += 1
+                return entry.values
+            self.misses += 1
+            self._drop_dead()
         values = T.to_float(t.type, raw).reshape(tuple(reversed(t.ne)))
         values = np.ascontiguousarray(values, dtype=np.float32)
         values.flags.writeable = False
         buffer = t.view_src.buffer if t.view_src is not None else t.buffer
-        self._put(key, _Entry(layout, crc, values, weakref.ref(buffer) if buffer is not None else None))
+        with self._lock:
+            self._put(key, _Entry(layout, crc, values, weakref.ref(buffer) if buffer is not None else None))
         return values
 
     def _drop_dead(self) -> None:
