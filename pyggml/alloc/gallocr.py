@@ -385,6 +385,8 @@ class GraphAllocator:
 
     `GraphAllocator(buft)` or `GraphAllocator([buft0, buft1, ...])`; the same buffer type object given
     twice shares one allocator and one buffer. `debug=True` (or PYGGML_DEBUG_ALLOC=1) verifies every plan.
+
+    Thread-safety: one thread at a time; use one allocator per thread.
     """
 
     def __init__(self, bufts: BufferType | list[BufferType], planner: str = "best", debug: bool | None = None):

@@ -54,7 +54,10 @@ class _Entry:
 
 
 class DequantCache:
-    """LRU of float32 copies, bounded by `budget_bytes` of float32 data."""
+    """LRU of float32 copies, bounded by `budget_bytes` of float32 data.
+
+    Thread-safety: safe from several threads (CPU backends on several threads share DEQUANT_CACHE).
+    """
 
     def __init__(self, budget_bytes: int = DEFAULT_BUDGET_BYTES):
         self.budget_bytes = budget_bytes
