@@ -134,7 +134,8 @@ class Model:
     # ----- generation ------------------------------------------------------------------------------
     def generate_tokens(self, prompt_ids: list[int], n: int = 32, params: SamplingParams = SamplingParams(),
                         logits_callback: Callable[[np.ndarray], None] | None = None) -> Iterator[int]:
-        """Yield up to n sampled token ids after a fresh prompt; stops after an end-of-generation token."""
+        """Yield up to n sampled token ids after a fresh prompt; stops after an end-of-generation token
+        or when the context is full (a prompt longer than n_ctx raises AllocationError)."""
         self.reset()
         sampler = Sampler(params)
         for t in prompt_ids:
@@ -149,7 +150,7 @@ class Model:
             token = sampler.sample(logits)
             sampler.accept(token)
             yield token
-            if self.tokenizer.is_eog(token) or i == n - 1:
+            if self.tokenizer.is_eog(token) or i == n - 1 or self.n_past >= self.n_ctx:
                 return
             start = time.perf_counter()
             logits = self.decode([token])

@@ -5,6 +5,7 @@ import pytest
 from gguf import GGMLQuantizationType
 
 from pyggml.core import GGMLType
+from pyggml.errors import AllocationError
 from pyggml.models import load_model
 
 import numpy_reference as ref
@@ -54,3 +55,11 @@ def test_greedy_generation_follows_the_reference_argmax(tmp_path):
     meta, arrays = ref.load_arrays(tmp_path / "llama.gguf")
     full = ref.llama_logits(meta, arrays, np.array(prompt + out))
     assert out == [int(np.argmax(full[len(prompt) - 1 + i])) for i in range(len(out))]
+
+
+def test_generation_stops_when_the_context_is_full(tmp_path):
+    model, _ = _model_and_reference(tmp_path, "llama", [1], n_ctx=8, n_batch=4)
+    out = list(model.generate_tokens([1, 5, 9, 13], n=20))
+    assert len(out) == 5 and model.n_past == 8  # 4 prompt cells + 4 fed-back tokens; the 5th needs no cell
+    with pytest.raises(AllocationError, match="KV cache full"):
+        model.decode(list(range(3, 12)))
