@@ -17,18 +17,17 @@ import numpy as np
 from pyggml.backend.base import (Backend, BackendReg, Buffer, BufferType, Device, DeviceCaps, DeviceType, Status,
                                  check_graph_buffers, computed_nodes)
 from pyggml.backend.cpu import kernels
+from pyggml.backend.cpu.kernels._common import blas_threads
 from pyggml.backend.tensor_io import host_bytes
 from pyggml.core.host_memory import aligned_bytes
 from pyggml.core.tensor import Tensor
 from pyggml.errors import BackendError, UnsupportedOpError
 
-from threadpoolctl import ThreadpoolController
 
 CPU_GUID = bytes([0xAA, 0x67, 0xC7, 0x43, 0x96, 0xE6, 0xA3, 0x8A, 0xE3, 0xAF, 0xEA, 0x92, 0x36, 0xBC, 0xFC, 0x89])
 TENSOR_ALIGNMENT = 32
 AVAILABLE_CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 DEFAULT_N_THREADS = 4  # ggml's default; BLAS never gets more threads than there are cores
-_BLAS = ThreadpoolController()  # scanning the loaded BLAS libraries costs ~1 ms: do it once
 
 
 # ----------------------------------------------------------------------------------------------
@@ -192,7 +191,7 @@ class CpuBackend(Backend):
         return CpuGraphPlan(steps)
 
     def _run(self, plan: CpuGraphPlan) -> Status:
-        with _BLAS.limit(limits=min(self.n_threads, AVAILABLE_CPUS), user_api="blas"):
+        with blas_threads(min(self.n_threads, AVAILABLE_CPUS)):
             for node, fn in plan.steps:
                 fn(node)
                 if self.abort_callback is not None and self.abort_callback():

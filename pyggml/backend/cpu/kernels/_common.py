@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
 from pyggml.core import types as T
 from pyggml.core.tensor import Tensor, host_ndarray
 
 FLOAT_TYPES = frozenset({T.GGMLType.F32, T.GGMLType.F16, T.GGMLType.BF16})
+_BLAS = ThreadpoolController()  # scanning the loaded BLAS libraries costs ~1 ms: done once
+
+
+def blas_threads(n: int):
+    """A context that limits BLAS to n threads (about 10 us to enter and leave)."""
+    return _BLAS.limit(limits=n, user_api="blas")
 
 
 def view(t: Tensor) -> np.ndarray:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from pyggml.backend.cpu.kernels import kernel
-from pyggml.backend.cpu.kernels._common import FLOAT_TYPES, as_f32, view
+from pyggml.backend.cpu.kernels._common import FLOAT_TYPES, as_f32, blas_threads, view
 from pyggml.backend.cpu.kernels._dequant_cache import DEQUANT_CACHE, dequantizable
 from pyggml.core import types as T
 from pyggml.core.tensor import Op, Tensor
@@ -46,12 +46,20 @@ def _broadcast_split(dst: Tensor, wa: np.ndarray, wb: np.ndarray):
     return wa.reshape(*a_split, *wa.shape[2:]), wb.reshape(*split, *wb.shape[2:]), split
 
 
+SMALL_BATCH = 32  # below this many rows of b a product is memory-bound: one BLAS thread is faster and steadier
+
+
 @kernel(Op.MUL_MAT, supports=_supports_product)
 def mul_mat(dst: Tensor) -> None:
     """dst[.., i1, i0] = b[.., i1, :]·a[.., i0, :], one BLAS call per matrix pair."""
     a, b = dst.src[0], dst.src[1]
     wa, wb, split = _broadcast_split(dst, _blasable(src0_f32(a)), _blasable(as_f32(b)))
-    np.matmul(wb, wa.swapaxes(-1, -2), out=_out_view(dst, (*split, b.ne[1], a.ne[1])))
+    out = _out_view(dst, (*split, b.ne[1], a.ne[1]))
+    if b.nrows < SMALL_BATCH:  # threads only add synchronisation to a matrix-vector product
+        with blas_threads(1):
+            np.matmul(wb, wa.swapaxes(-1, -2), out=out)
+    else:
+        np.matmul(wb, wa.swapaxes(-1, -2), out=out)
 
 
 @kernel(Op.OUT_PROD, supports=_supports_product)
