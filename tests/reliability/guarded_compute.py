@@ -67,8 +67,8 @@ def planned(program, cpu, seed, galloc, ids=None):
     """Outputs computed in the allocator's memory with poisoning, and the guard-byte report."""
     prog = build(program, Context(no_alloc=True))
     graph = prog.graph()
-    if ids is not None:
-        assert galloc.reserve_n(graph, *ids(graph))
+    if ids is not None:  # (node buffer ids, leaf buffer ids)
+        assert galloc.reserve_n(graph, *ids)
     assert galloc.alloc_graph(graph)
     galloc.plan.verify()
     for buf in {id(t.buffer): t.buffer for t in _roots(graph)}.values():
