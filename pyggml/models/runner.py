@@ -1,0 +1,120 @@
+"""Where a model's step graphs are planned and computed: one backend, or several through the scheduler.
+
+With several backends the model is split by layers as llama.cpp's `--rpc` / `-sm layer` do: every
+layer's weights and KV cache live on one backend (the token embedding and the output head stay on the
+local CPU backend, the last one), layers are dealt out in proportion to each device's free memory,
+and the scheduler runs each op where its weights are, copying activations between backends.
+"""
+
+from __future__ import annotations
+
+from pyggml.alloc import GraphAllocator
+from pyggml.backend import Backend, BufferType, BufferUsage, tensor_alloc, tensor_get, tensor_set
+from pyggml.backend.base import Buffer
+from pyggml.core.graph import Graph
+from pyggml.core.tensor import Tensor
+from pyggml.errors import GGMLError
+from pyggml.sched import Scheduler
+
+
+class SingleBackend:
+    """One backend, one GraphAllocator reserved for the worst case."""
+
+    def __init__(self, backend: Backend):
+        self.backend = backend
+        self.galloc = GraphAllocator(backend.default_buffer_type)
+
+    def reserve(self, graph: Graph) -> None:
+        self.galloc.reserve(graph)
+
+    def alloc_graph(self, graph: Graph) -> None:
+        self.galloc.alloc_graph(graph)
+
+    def compute(self, graph: Graph) -> None:
+        self.backend.graph_compute(graph)
+
+    @property
+    def plan(self):
+        return self.galloc.plan
+
+    @property
+    def buffer_size(self) -> int:
+        return self.galloc.get_buffer_size(0)
+
+    def describe(self) -> str:
+        return self.backend.name
+
+
+class Scheduled:
+    """Several backends (the local CPU last) run by a Scheduler; each step graph is a new graph."""
+
+    def __init__(self, backends: list[Backend], placement: list[tuple[str, list[int]]]):
+        self.sched = Scheduler(backends, graph_size=8192)
+        self.placement = placement
+
+    def reserve(self, graph: Graph) -> None:
+        if not self.sched.reserve(graph):
+            raise GGMLError("the scheduler could not reserve the compute buffers of the worst-case step")
+
+    def alloc_graph(self, graph: Graph) -> None:
+        self.sched.reset()
+        if not self.sched.alloc_graph(graph):
+            raise GGMLError("the scheduler could not allocate a step graph")
+
+    def compute(self, graph: Graph) -> None:
+        self.sched.graph_compute(graph)
+
+    @property
+    def plan(self):
+        return self.sched.galloc.plan
+
+    @property
+    def buffer_size(self) -> int:
+        return sum(self.sched.get_buffer_size(i) for i in range(self.sched.n_backends))
+
+    def describe(self) -> str:
+        return ", ".join(f"{name} layers {ls[0]}..{ls[-1]}" if ls else f"{name} no layers"
+                         for name, ls in self.placement)
+
+
+def layer_counts(n_layer: int, backends: list[Backend]) -> list[int]:
+    """Layers per backend in proportion to each device's free memory (largest remainders get the rest)."""
+    free = [max(b.device.memory()[0], 1) for b in backends]
+    shares = [n_layer * f / sum(free) for f in free]
+    counts = [int(s) for s in shares]
+    for i in sorted(range(len(shares)), key=lambda i: counts[i] - shares[i])[: n_layer - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+def move_tensors(tensors: list[Tensor], buft: BufferType, usage: BufferUsage) -> Buffer:
+    """Re-home tensors (roots) into one new buffer of buft, bytes included."""
+    offsets, size = [], 0
+    for t in tensors:
+        offsets.append(size)
+        size += -(-buft.alloc_size(t) // buft.alignment) * buft.alignment
+    buf = buft.alloc_buffer(size)
+    buf.usage = usage
+    for t, off in zip(tensors, offsets):
+        raw = tensor_get(t, 0, t.nbytes)
+        t.buffer = t.data = None
+        tensor_alloc(buf, t, buf.base + off)
+        tensor_set(t, raw)
+    return buf
+
+
+def split_layers(weights: dict[str, Tensor], kv, n_layer: int, backends: list[Backend]) -> Scheduled:
+    """Move each layer's weights and KV cache from the local backend (the last) to its backend."""
+    placement: list[tuple[str, list[int]]] = []
+    first = 0
+    for backend, count in zip(backends, layer_counts(n_layer, backends)):
+        layers = list(range(first, first + count))
+        first += count
+        placement.append((backend.name, layers))
+        if backend is backends[-1] or not layers:
+            continue
+        prefixes = tuple(f"blk.{il}." for il in layers)
+        move_tensors([t for name, t in weights.items() if name.startswith(prefixes)], backend.default_buffer_type,
+                     BufferUsage.WEIGHTS)
+        move_tensors([c for il in layers for c in (kv.k[il], kv.v[il])], backend.default_buffer_type, BufferUsage.ANY)
+    return Scheduled(backends, placement)

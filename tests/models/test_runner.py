@@ -1,0 +1,51 @@
+"""Several backends: the layers are split by free memory and the scheduler gives the one-backend logits."""
+
+import numpy as np
+import pytest
+
+import pyggml as gg
+from pyggml.models import load_model
+from pyggml.models.runner import Scheduled, SingleBackend, layer_counts
+
+from tiny_models import write_llama
+
+
+class _Dev:
+    def __init__(self, free):
+        self.free = free
+
+    def memory(self):
+        return self.free, self.free
+
+
+class _Backend:
+    def __init__(self, free):
+        self.device = _Dev(free)
+
+
+def test_layer_counts_follow_free_memory():
+    assert layer_counts(18, [_Backend(1), _Backend(1), _Backend(1)]) == [6, 6, 6]
+    assert layer_counts(10, [_Backend(3), _Backend(1)]) == [8, 2]
+    assert sum(layer_counts(7, [_Backend(5), _Backend(7), _Backend(11)])) == 7
+
+
+def test_split_across_torch_cpu_and_cpu_matches_one_backend(tmp_path):
+    pytest.importorskip("torch")
+    import pyggml.backend.torch  # noqa: F401 - registers TORCH_CPU
+
+    path = tmp_path / "tiny.gguf"
+    write_llama(path, n_layer=4)
+    tokens = [1, 5, 9, 3, 7, 2]
+    one = load_model(path, backend="CPU", n_ctx=32, n_batch=8)
+    assert isinstance(one.runner, SingleBackend)
+    expected = one.decode(tokens, all_logits=True)
+    two = load_model(path, backend=[gg.backend.init_by_name("TORCH_CPU"), "CPU"], n_ctx=32, n_batch=8)
+    assert isinstance(two.runner, Scheduled)
+    assert [name for name, _ in two.runner.placement] == ["TORCH_CPU", "CPU"]
+    assert sorted(il for _, layers in two.runner.placement for il in layers) == [0, 1, 2, 3]
+    got = two.decode(tokens, all_logits=True)
+    assert two.runner.sched.n_splits >= 2
+    nmse = np.sum((got - expected) ** 2) / np.sum(expected ** 2)
+    assert nmse < 5e-4
+    assert int(np.argmax(got[-1])) == int(np.argmax(expected[-1]))
+    assert two.decode([4]).shape == (one.n_vocab,)  # single-token steps after the prompt
