@@ -67,7 +67,7 @@ def test_a_tensor_of_the_wrong_shape_is_named(tmp_path):
     gguf.metadata["llama.feed_forward_length"] = 128
     from pyggml.models.model import Model
     with pytest.raises(GGUFError, match=r"'blk.0.ffn_gate.weight' has shape \[64, 96\], expected \[64, 128\]"):
-        Model(gguf, init_by_name("CPU"), 16, 4, True, GGMLType.F16, None)
+        Model(gguf, [init_by_name("CPU")], 16, 4, True, GGMLType.F16, None)
 
 
 def test_unsupported_architecture_is_refused(tmp_path):
