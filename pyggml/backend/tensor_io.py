@@ -110,7 +110,7 @@ def _typed(t: Tensor, raw: np.ndarray | None) -> np.ndarray:
     """
     shape, strides, dtype = _layout(t)
     arr = np.empty(shape, dtype) if t.nbytes == 0 else np.ndarray(shape, dtype=dtype, buffer=raw, strides=strides)
-    return arr.reshape(shape[len(shape) - t.n_dims:])
+    return arr.reshape(shape[len(shape) - t.numpy_ndim:])
 
 
 def _check_dtype(t: Tensor, arr: np.ndarray, what: str) -> None:

@@ -137,6 +137,11 @@ class Tensor:
                 return i + 1
         return 1
 
+    @property
+    def numpy_ndim(self) -> int:
+        """Dims of `numpy()`: n_dims, except that a dim of 0 elements is kept (ggml_n_dims counts dims > 1 only)."""
+        return max((i + 1 for i, n in enumerate(self.ne) if n != 1), default=1)
+
     def _contiguous_from(self, n: int) -> bool:
         """ggml_is_contiguous_n: dims above n are packed; dims 1..n may have any stride."""
         next_nb = T.type_size(self.type)
@@ -273,7 +278,7 @@ class Tensor:
         Leading size-1 dims are dropped for convenience; `host_ndarray` gives the full 4-D view.
         """
         v = host_ndarray(self)
-        return v.reshape(v.shape[MAX_DIMS - self.n_dims:])
+        return v.reshape(v.shape[MAX_DIMS - self.numpy_ndim:])
 
     def __repr__(self) -> str:
         if not hasattr(self, "_arena"):  # __init__ refused its arguments before finishing

@@ -69,3 +69,13 @@ def test_empty_tensors_take_empty_arrays(cpu):
     gg.alloc.alloc_ctx_tensors(ctx, cpu)
     gg.backend.tensor_set(empty, np.zeros((2, 0), np.float32))
     assert gg.backend.tensor_get(empty).shape == (2, 0)
+
+
+def test_empty_permuted_tensors_read_back(cpu):
+    """Regression: an empty tensor permuted to ne [2, 0] has ggml n_dims 1, and numpy()/tensor_get reshaped its
+    0 elements to shape (2,) (ValueError); the 0-element dim is now kept: shape (0, 2)."""
+    ctx = gg.Context(no_alloc=True)
+    transposed = gg.ops.permute(ctx, ctx.new_tensor_2d(gg.GGMLType.F32, 0, 2, "empty"), 1, 0, 2, 3)
+    ctx.new_tensor_1d(gg.GGMLType.F32, 4, "not_empty")
+    gg.alloc.alloc_ctx_tensors(ctx, cpu)
+    assert gg.backend.tensor_get(transposed).shape == transposed.numpy().shape == (0, 2)
