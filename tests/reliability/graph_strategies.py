@@ -151,7 +151,7 @@ def build(program, ctx: Context) -> Program:
         except GGMLError:
             prog.skipped += 1
             continue
-        if t.type != GGMLType.F32 and step[0] != "cpy" or not kernels.supports(t) or t.is_empty:
+        if t.type != GGMLType.F32 and step[0] != "cpy" or not kernels.supports(t):
             prog.skipped += 1  # kept F32 (or a cpy's F16) and not empty, so later steps have operands they accept
             continue
         prog.values.append(t)
@@ -168,7 +168,7 @@ def fill(prog: Program, seed: int, write) -> None:
         t = leaf.tensor
         shape = tuple(reversed(t.ne[:max(t.n_dims, 1)]))
         if leaf.kind == "rows":
-            values = rng.integers(0, leaf.bound, shape).astype(np.int32)
+            values = rng.integers(0, max(leaf.bound, 1), shape).astype(np.int32)
         elif leaf.kind == "pos":
             values = rng.integers(0, 64, shape).astype(np.int32)
         else:

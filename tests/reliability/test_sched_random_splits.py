@@ -37,8 +37,8 @@ def test_random_splits_match_one_backend(cpu, program, data, parallel, seed):
     fake_ops = data.draw(st.lists(st.sampled_from(graph_ops), unique=True)) if graph_ops else []
     fake = FakeDevice(ops=fake_ops).init_backend()
     sched = Scheduler([fake, cpu], parallel=parallel)
-    for node in graph.nodes:
-        if data.draw(st.integers(0, 3)) == 0:  # a quarter of the nodes pinned to a backend that can run them
+    for node in graph.nodes:  # a quarter of the nodes pinned to a backend that can run them; not in-place
+        if node.view_src is None and data.draw(st.integers(0, 3)) == 0:  # results (see the xfail below)
             choices = [b for b in (fake, cpu) if b.supports_op(node)]
             sched.set_tensor_backend(node, data.draw(st.sampled_from(choices)))
     assert sched.alloc_graph(graph)
@@ -60,3 +60,20 @@ def test_an_output_leaf_no_node_reads_goes_to_the_cpu(cpu):
     tensor_set(leaf, np.arange(3, dtype=np.float32))
     assert sched.graph_compute(graph) == Status.SUCCESS
     assert tensor_get(leaf).tolist() == [0, 1, 2]
+
+
+@pytest.mark.xfail(strict=True, reason="open: an in-place op pinned to another backend than its root's writes the "
+                                       "root's memory while its split reads a copy made before (ggml does the same)")
+def test_an_in_place_op_pinned_away_from_its_root(cpu):
+    """x (input, CPU) += x pinned on the FAKE GPU, then x + (that view): the FAKE split adds its copy of x (the
+    old value) to the updated x: 3x instead of 4x. Unpinned, the scheduler keeps the in-place op with x."""
+    program = ((1, 1, 1), [("inplace", "add_inplace", 0, 0), ("binary", "add", 0, 1)])
+    prog = build(program, Context(no_alloc=True))
+    graph = prog.graph()
+    fake = FakeDevice(ops=[Op.ADD]).init_backend()
+    sched = Scheduler([fake, cpu])
+    sched.set_tensor_backend(graph.nodes[0], fake)
+    assert sched.alloc_graph(graph)
+    fill(prog, 0, lambda t, v: tensor_set(t, v) if t.buffer is not None else None)
+    assert sched.graph_compute(graph) == Status.SUCCESS
+    assert [flat_bytes(tensor_get(t)) for t in prog.outputs] == reference(program, cpu, 0)
