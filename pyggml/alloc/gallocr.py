@@ -46,7 +46,6 @@ from pyggml.errors import AllocationError, BufferIdError
 
 log = logging.getLogger("pyggml.alloc")
 
-MAX_CHUNKS = offsets.MAX_CHUNKS
 PLANNERS = ("ggml", "best")
 
 INPLACE_OPS = frozenset({
