@@ -1,5 +1,5 @@
 """Random small graph programs for the allocator's property tests: element-wise ops, cont, views, reshapes,
-permutes, several inputs and constant leafs, and OUTPUT flags. A program is a list of steps (plain data, so hypothesis can shrink
+permutes, inputs, constant leafs and preallocated weights, and OUTPUT flags. A program is a list of steps (plain data, so hypothesis can shrink
 it); `build` turns it into tensors on a context."""
 
 from hypothesis import strategies as st
@@ -12,13 +12,19 @@ UNARY = {"relu": ops.relu, "neg": ops.neg, "sqr": ops.sqr, "scale": lambda ctx, 
 BINARY = {"add": ops.add, "sub": ops.sub, "mul": ops.mul}
 
 
-def build(spec: list[tuple], ctx: Context) -> tuple[list, list, list]:
-    """Run a program spec: returns (inputs, outputs, every value in order); every tensor is in ctx."""
+def build(spec: list[tuple], ctx: Context, weights: Context | None = None) -> tuple[list, list, list]:
+    """Run a program spec: returns (inputs, outputs, every value in order).
+
+    Inputs are INPUT leafs, consts (leafs without the flag) and weights; all three get their values after
+    allocation. Weights go to the `weights` context when given (to be allocated outside the graph
+    allocator, as model weights are), else to ctx like every other tensor.
+    """
     values, inputs, outputs = [], [], []
     for step in spec:
         kind, args = step[0], step[1:]
-        if kind in ("input", "const"):  # a const is a leaf without the INPUT flag (set like an input)
-            t = ctx.new_tensor_2d(GGMLType.F32, *SHAPE, f"{kind}{len(inputs)}")
+        if kind in ("input", "const", "weight"):
+            home = weights if kind == "weight" and weights is not None else ctx
+            t = home.new_tensor_2d(GGMLType.F32, *SHAPE, f"{kind}{len(inputs)}")
             inputs.append(t.set_input() if kind == "input" else t)
         elif kind == "unary":
             t = UNARY[args[0]](ctx, values[args[1]])
@@ -52,11 +58,11 @@ def programs(draw):
     spec = [("input",)]
     values = build(spec, Context(no_alloc=True))[2]
     for _ in range(draw(st.integers(1, 12))):
-        kind = draw(st.sampled_from(["input", "const", "unary", "binary", "binary", "cont", "permute", "reshape",
-                                     "view", "output"]))
+        kind = draw(st.sampled_from(["input", "const", "weight", "unary", "binary", "binary", "cont", "permute",
+                                     "reshape", "view", "output"]))
         i = draw(st.integers(0, len(values) - 1))
         a = values[i]
-        if kind in ("input", "const"):
+        if kind in ("input", "const", "weight"):
             step = (kind,)
         elif kind == "unary" and _packed(a):
             step = ("unary", draw(st.sampled_from(sorted(UNARY))), i)

@@ -10,7 +10,7 @@ from hypothesis import given, strategies as st
 
 import pyggml as gg
 from pyggml import Context, Graph
-from pyggml.alloc import GraphAllocator, compute_poisoned
+from pyggml.alloc import GraphAllocator, alloc_ctx_tensors, compute_poisoned
 from pyggml.backend import tensor_get, tensor_set
 from pyggml.backend.cpu.backend import CpuBufferType
 from alloc_programs import SHAPE, build, programs  # tests/alloc is on sys.path under pytest
@@ -53,8 +53,11 @@ def _graph(outputs) -> Graph:
 
 
 def planned(spec, cpu, data, galloc, ids=None) -> list[bytes] | None:
-    """Outputs computed in the allocator's memory, each tensor poisoned when its lifetime ends."""
-    inputs, outputs, _ = build(spec, Context(no_alloc=True))
+    """Outputs computed in the allocator's memory, each tensor poisoned when its lifetime ends; the weights
+    live in a buffer of their own, allocated first, which the graph allocator must leave alone."""
+    weights = Context(no_alloc=True)
+    inputs, outputs, _ = build(spec, Context(no_alloc=True), weights)
+    alloc_ctx_tensors(weights, cpu)
     graph = _graph(outputs)
     if ids is not None:
         node_ids, leaf_ids = ids(graph)
@@ -70,7 +73,7 @@ def planned(spec, cpu, data, galloc, ids=None) -> list[bytes] | None:
 
 def input_data(spec, seed: int) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
-    n_inputs = sum(step[0] in ("input", "const") for step in spec)
+    n_inputs = sum(step[0] in ("input", "const", "weight") for step in spec)
     return [rng.integers(-8, 8, SHAPE[::-1]).astype(np.float32) for _ in range(n_inputs)]
 
 

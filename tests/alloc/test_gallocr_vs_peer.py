@@ -8,7 +8,7 @@ pytest.importorskip("ggml", reason="ggml-python (the ggml peer) is not installed
 
 import pyggml as gg  # noqa: E402
 from pyggml import Context, Graph  # noqa: E402
-from pyggml.alloc import GraphAllocator  # noqa: E402
+from pyggml.alloc import GraphAllocator, alloc_ctx_tensors  # noqa: E402
 from alloc_programs import build, programs  # noqa: E402  (tests/alloc is on sys.path under pytest)
 from peer.ggml_peer import GGMLPeer  # noqa: E402
 
@@ -23,13 +23,16 @@ def peer():
 
 @given(spec=programs())
 def test_ggml_planner_matches_ggml(peer, spec):
-    _, outputs, _ = build(spec, Context(no_alloc=True))
+    cpu = gg.backend.init_by_name("CPU")
+    weights = Context(no_alloc=True)
+    _, outputs, _ = build(spec, Context(no_alloc=True), weights)
     graph = Graph()
     for t in outputs:
         graph.build_forward_expand(t)
-    galloc = GraphAllocator(gg.backend.init_by_name("CPU").default_buffer_type, planner="ggml")
+    offsets, size = peer.plan(graph, preallocated=weights.tensors)  # before ours: the peer mirrors data-less twins
+    alloc_ctx_tensors(weights, cpu)
+    galloc = GraphAllocator(cpu.default_buffer_type, planner="ggml")
     assert galloc.reserve(graph)
-    offsets, size = peer.plan(graph)
     for t, offset in offsets.items():
         assert galloc.plan.placement(t) == (0, 0, offset), t.name
     assert len(galloc.plan.tensors) == len(offsets)
