@@ -1,8 +1,8 @@
 """Random graphs over every op family, for the reliability tests.
 
 A program is (dims, steps): plain tuples that hypothesis can shrink. `build` runs the steps on a context;
-a step whose op refuses its operands (ShapeError/TypeError from the op builders), that the CPU backend
-has no kernel for, or whose result has no elements (see the report on empty tensors) is skipped, so every drawn program builds, and the same dims-free steps replayed with
+a step whose op refuses its operands (ShapeError/TypeError from the op builders) or that the CPU backend
+has no kernel for is skipped, so every drawn program builds, and the same dims-free steps replayed with
 other dims give the same topology with other sizes (when every step still applies).
 """
 
@@ -152,7 +152,7 @@ def build(program, ctx: Context) -> Program:
             prog.skipped += 1
             continue
         if t.type != GGMLType.F32 and step[0] != "cpy" or not kernels.supports(t):
-            prog.skipped += 1  # kept F32 (or a cpy's F16) and not empty, so later steps have operands they accept
+            prog.skipped += 1  # kept F32 (or a cpy's F16) so that later steps have operands they accept
             continue
         prog.values.append(t)
     prog.outputs.append(prog.values[-1])
