@@ -19,6 +19,8 @@ Where ggml is unsafe, this allocator is safe:
   ops, INPUT/OUTPUT flags, views and same-layout relations; a changed fingerprint is re-planned (one
   buffer) or refused with False (several buffers), like any other needed re-plan; `needs_realloc(graph)`
   says why.
+* ggml never checks a leaf that is no node's source (an output leaf) before reusing a plan; here every
+  leaf must fit its planned memory too.
 * `reserve_n_size` followed by `alloc_graph` allocates the planned buffers instead of dereferencing the
   buffers that `reserve_n_size` released (a crash in ggml 0.15.3).
 * Asserts are exceptions: bad buffer ids or id lists of the wrong length raise BufferIdError before any
