@@ -25,26 +25,43 @@ import torch
 
 
 class HostMarker:
-    """An event of a worker stream: set once the stream has run everything queued before it.
-
+    """An event of a worker stream. As with a CUDA event, a wait refers to the latest record made
+    *before the wait was called*: recording again later does not move an earlier wait's target.
     A marker never recorded counts as reached (as a fresh CUDA event does).
     """
 
     def __init__(self):
-        self._reached = threading.Event()
-        self._reached.set()
+        self._changed = threading.Condition()
+        self._recorded = 0  # records made (host side)
+        self._reached = 0   # the latest record the stream has passed
 
-    def arm(self) -> None:
-        self._reached.clear()
+    def arm(self) -> int:
+        """A new record; returns its number, for `reach`."""
+        with self._changed:
+            self._recorded += 1
+            return self._recorded
 
-    def reach(self) -> None:
-        self._reached.set()
+    def reach(self, record: int) -> None:
+        with self._changed:
+            self._reached = max(self._reached, record)
+            self._changed.notify_all()
+
+    def waiter(self) -> Callable[[], None]:
+        """A function that waits for the records made so far (and no later ones)."""
+        with self._changed:
+            target = self._recorded
+        return lambda: self._wait_for(target)
+
+    def _wait_for(self, record: int) -> None:
+        with self._changed:
+            self._changed.wait_for(lambda: self._reached >= record)
 
     def query(self) -> bool:
-        return self._reached.is_set()
+        with self._changed:
+            return self._reached >= self._recorded
 
     def synchronize(self) -> None:
-        self._reached.wait()
+        self.waiter()()
 
 
 class Stream:
@@ -146,11 +163,11 @@ class WorkerStream(Stream):
     def record(self, marker) -> None:
         if not isinstance(marker, HostMarker):
             raise TypeError(f"stream {self.name}: cannot record a {type(marker).__name__} on a worker stream")
-        marker.arm()
-        self.submit(marker.reach, always=True)
+        record = marker.arm()
+        self.submit(lambda: marker.reach(record), always=True)
 
     def wait(self, marker) -> None:
-        self.submit(marker.synchronize, always=True)
+        self.submit(marker.waiter() if isinstance(marker, HostMarker) else marker.synchronize, always=True)
 
     def release(self) -> None:
         self._queue.put((None, True))
@@ -185,4 +202,4 @@ class CudaStream(Stream):
         if isinstance(marker, torch.cuda.Event):
             self.stream.wait_event(marker)
         else:  # a worker stream's marker: only the host can wait for it
-            marker.synchronize()
+            marker.waiter()()

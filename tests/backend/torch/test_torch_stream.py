@@ -205,3 +205,19 @@ def test_a_backend_dropped_without_free_ends_its_stream():
     gc.collect()
     stream._thread.join(5)
     assert not stream.running
+
+
+def test_a_wait_targets_the_record_made_before_it(backend):
+    """record, wait, record again (the scheduler's per-copy events): the wait must not move to the second record,
+    which sits behind it in the same queue (that would never finish)."""
+    event = backend.device.event_new()
+    release = gate(backend.stream)
+    backend.event_record(event)
+    backend.event_wait(event)
+    backend.event_record(event)
+    assert not event.marker.query()
+    release.set()
+    waiter = threading.Thread(target=backend.synchronize)
+    waiter.start()
+    waiter.join(5)
+    assert not waiter.is_alive() and event.marker.query()
