@@ -68,7 +68,7 @@ class Tensor:
 
     __slots__ = (
         "type", "ne", "nb", "op", "op_params", "src", "flags", "view_src", "view_offs",
-        "buffer", "data", "name", "extra", "_arena", "__weakref__",
+        "buffer", "data", "name", "extra", "_arena", "_host_view", "__weakref__",
     )
 
     def __init__(self, type_, ne, nb=None, *, op=Op.NONE, view_src: Tensor | None = None, view_offs: int = 0,
@@ -98,6 +98,7 @@ class Tensor:
         self.name = ""
         self.extra = None
         self._arena = None
+        self._host_view: tuple | None = None  # (key, ndarray): host_ndarray's last answer
         self.set_name(name)
         if view_src is not None:
             if self.nbytes and self.view_offs + self.nbytes > view_src.nbytes:
@@ -310,6 +311,18 @@ def host_ndarray(t: Tensor) -> np.ndarray:
     host = getattr(owner, "host_array", None)
     if host is None:
         raise GGMLError(f"tensor {t.name!r} lives in {owner!r}, which is not host memory")
+    # The view is cached while address, memory and layout stay the same; the cached view keeps `host`
+    # alive, so id(host) cannot be reused by other memory meanwhile.
+    key = (t.data, id(host), t.type, *t.ne, *t.nb)
+    cached = t._host_view
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    view = _new_host_view(t, owner, host)
+    t._host_view = (key, view)
+    return view
+
+
+def _new_host_view(t: Tensor, owner, host: np.ndarray) -> np.ndarray:
     offset = t.data - owner.base
     nbytes = t.nbytes
     if offset < 0 or offset + nbytes > host.nbytes:
