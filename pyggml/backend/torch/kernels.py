@@ -213,14 +213,7 @@ GLU = {GluOp.REGLU: UNARY[UnaryOp.RELU], GluOp.GEGLU: gelu, GluOp.SWIGLU: UNARY[
 
 def glu(dst: Tensor) -> None:
     """act(x) * gate, with x and gate the two halves of src0's rows (swapped if asked) or src0 and src1."""
-    a = f32(dst.src[0])
-    if dst.src[1] is not None:
-        x, g = a, f32(dst.src[1])
-    else:
-        n = dst.ne[0]
-        x, g = a[..., :n], a[..., n: 2 * n]
-        if dst.op_params[1]:
-            x, g = g, x
+    x, g = cpu_unary.glu_operands(dst, f32)
     if dst.glu_op == GluOp.SWIGLU_OAI:
         alpha, limit = dst.op_params_f32(2), dst.op_params_f32(3)
         x, g = x.clamp(max=limit), g.clamp(-limit, limit)

@@ -189,17 +189,24 @@ def _glu_supported(t: Tensor) -> bool:
     return t.op_params[0] in GLU_ACTIVATIONS.keys() and t.type == t.src[0].type and t.type in (G.F32, G.F16)
 
 
+def glu_operands(dst: Tensor, values):
+    """(x, gate) of a GLU node: src0 and src1, or the two halves of src0's rows (swapped if asked).
+
+    `values(t)` reads a source as float32 in any array library that slices like NumPy (the torch
+    backend shares this).
+    """
+    a = values(dst.src[0])
+    if dst.src[1] is not None:
+        return a, values(dst.src[1])
+    n = dst.ne[0]
+    x, g = a[..., :n], a[..., n: 2 * n]
+    return (g, x) if dst.op_params[1] else (x, g)
+
+
 @kernel(Op.GLU, supports=_glu_supported)
 def glu(dst: Tensor) -> None:
     """act(x) * gate, with x and gate the two halves of src0's rows or src0 and src1."""
-    a = as_f32(dst.src[0])
-    if dst.src[1] is not None:
-        x, g = a, as_f32(dst.src[1])
-    else:
-        n = dst.ne[0]
-        x, g = a[..., :n], a[..., n: 2 * n]
-        if dst.op_params[1]:
-            x, g = g, x
+    x, g = glu_operands(dst, as_f32)
     if dst.glu_op == GluOp.SWIGLU_OAI:
         store(dst, _swiglu_oai(x, g, dst.op_params_f32(2), dst.op_params_f32(3)))
     else:
