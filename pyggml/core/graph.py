@@ -10,6 +10,21 @@ from pyggml.errors import GraphError, GraphSizeError
 DEFAULT_GRAPH_SIZE = 2048
 
 
+def reachable_tensors(roots) -> list[Tensor]:
+    """The roots and every tensor they reach through src or view_src, each once (order unspecified)."""
+    seen: dict[int, Tensor] = {}
+    todo = list(roots)
+    while todo:
+        t = todo.pop()
+        if id(t) in seen:
+            continue
+        seen[id(t)] = t
+        todo.extend(t.srcs)
+        if t.view_src is not None:
+            todo.append(t.view_src)
+    return list(seen.values())
+
+
 class EvalOrder(IntEnum):
     LEFT_TO_RIGHT = 0
     RIGHT_TO_LEFT = 1

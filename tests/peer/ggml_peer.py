@@ -26,7 +26,7 @@ import numpy as np
 
 from pyggml.core import types as T
 from pyggml.core.context import Context
-from pyggml.core.graph import Graph
+from pyggml.core.graph import Graph, reachable_tensors
 from pyggml.core.graph_json import graph_to_json, load_graph_json
 from pyggml.core.tensor import MAX_DIMS, MAX_NAME, MAX_OP_PARAMS, MAX_SRC, Tensor, host_ndarray
 from pyggml.errors import (AllocationError, BackendError, GGMLError, GraphError, LayoutError, NotAllocatedError,
@@ -147,17 +147,7 @@ def ggml_version() -> str:
 
 def _tensors_of(graph: Graph) -> list[Tensor]:
     """Leafs, nodes, and everything they reach through src or view_src, each once."""
-    seen: dict[int, Tensor] = {}
-    todo = list(graph.leafs) + list(graph.nodes)
-    while todo:
-        t = todo.pop()
-        if id(t) in seen:
-            continue
-        seen[id(t)] = t
-        todo.extend(t.srcs)
-        if t.view_src is not None:
-            todo.append(t.view_src)
-    return list(seen.values())
+    return reachable_tensors(list(graph.leafs) + list(graph.nodes))
 
 
 class PreparedGraph:

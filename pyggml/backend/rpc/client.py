@@ -20,6 +20,7 @@ from pyggml.backend import registry
 from pyggml.backend.base import Backend, BackendReg, Buffer, BufferType, Device, DeviceType, Status
 from pyggml.backend.rpc import protocol as P
 from pyggml.core import types as T
+from pyggml.core.graph import reachable_tensors
 from pyggml.core.tensor import Op, Tensor
 from pyggml.errors import BackendError, RPCError
 
@@ -165,17 +166,7 @@ def _packed(t: Tensor | None) -> bytes:
 
 def serialize_graph(device: int, nodes: list[Tensor]) -> P.WireGraph:
     """ggml's serialize_graph: the node ids, and every tensor reachable from them through src/view_src once."""
-    seen: dict[int, Tensor] = {}
-    todo = list(nodes)
-    while todo:
-        t = todo.pop()
-        if id(t) in seen:
-            continue
-        seen[id(t)] = t
-        todo.extend(t.srcs)
-        if t.view_src is not None:
-            todo.append(t.view_src)
-    return P.WireGraph(device, [id(n) for n in nodes], [serialize_tensor(t) for t in seen.values()])
+    return P.WireGraph(device, [id(n) for n in nodes], [serialize_tensor(t) for t in reachable_tensors(nodes)])
 
 
 def _needs_server_size(t: Tensor) -> bool:
