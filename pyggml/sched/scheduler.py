@@ -21,6 +21,9 @@ Where pyggml differs from ggml 0.15.3 (all deliberate):
   (ggml aborts the process).
 - A view op always takes its root's backend, even when the user pinned it elsewhere: its
   bytes are the root's, and a pinned view in ggml is copied before its root is computed.
+- An in-place op (one that writes into its root's memory) runs on a backend that can use that
+  memory, pinned or not; when none of those can run the op, SchedulerError says so (ggml
+  computes on a stale copy and gives wrong results).
 
 Thread-safety: a Scheduler is used by one thread at a time; use one per thread.
 """
@@ -358,10 +361,28 @@ class Scheduler:
             if self._id(leaf) == -1:
                 self._set_id(leaf, cpu)
 
+        self._keep_in_place_ops_with_their_memory(nodes)
         self._cut_splits(nodes)
         if self.debug:
             print(self.describe(graph), file=sys.stderr)
         self._build_graph_copy(graph)
+
+    def _keep_in_place_ops_with_their_memory(self, nodes: list[Tensor]) -> None:
+        """An op that writes into another tensor's memory (add_inplace, cpy into a view) must run on a
+        backend that can use that memory; ggml may place it elsewhere and compute on a stale copy."""
+        for node in nodes:
+            if node.view_src is None or node.op in VIEW_OPS:
+                continue
+            if self._buffer_supported(node.view_src, self._id(node)):
+                continue
+            able = [b for b in range(self.n_backends)
+                    if self._buffer_supported(node.view_src, b) and self.backends[b].supports_op(node)]
+            if not able:
+                raise SchedulerError(
+                    f"node {node.name!r} ({node.op.name}) writes into the memory of {node.view_src.name!r}, but no "
+                    f"backend that can use that memory runs {node.op.name}; compute it out of place")
+            root = self._id(node.view_src)
+            self._set_id(node, root if root in able else able[0])
 
     def _cut_splits(self, nodes: list[Tensor]) -> None:
         """Pass 5: consecutive nodes of one backend form a split; sources from elsewhere get copies."""
