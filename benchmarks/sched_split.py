@@ -19,12 +19,14 @@ from pathlib import Path
 import numpy as np
 
 import pyggml as gg
-from pyggml import Context, TensorFlag
-from pyggml.alloc import GraphAllocator, alloc_ctx_tensors_from_buft
-from pyggml.backend import BufferUsage, tensor_get, tensor_set
+from pyggml.alloc import GraphAllocator
+from pyggml.backend import tensor_get
 from pyggml.sched import Scheduler
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "sched"))
+from graph_fixtures import load_weights, outputs, set_inputs  # noqa: E402 - shared with the scheduler tests
+
 SHARED = Path(os.environ.get("PYGGML_SHARED", REPO.parent / "shared"))
 
 
@@ -34,36 +36,9 @@ def second_backend():
 
         return gg.backend.init_by_name("TORCH_CPU")
     except ImportError:
-        sys.path.insert(0, str(REPO / "tests" / "sched"))
         from fake_gpu import FakeDevice
 
         return FakeDevice().init_backend()
-
-
-def place_weights(lg, values, bufts):
-    """Preallocated tensor i goes to bufts[i % len(bufts)], in WEIGHTS buffers."""
-    for k, buft in enumerate(bufts):
-        ctx = Context(no_alloc=True)
-        for i, t in enumerate(lg.preallocated):
-            if i % len(bufts) == k:
-                ctx.add(t)
-        buf = alloc_ctx_tensors_from_buft(ctx, buft)
-        if buf is not None:
-            buf.usage = BufferUsage.WEIGHTS
-    ids = lg.ids()
-    for t in lg.preallocated:
-        tensor_set(t, values[ids[id(t)]])
-
-
-def set_inputs(lg, values):
-    for tid, v in values.items():
-        if lg.tensors[tid].is_input:
-            tensor_set(lg.tensors[tid], v)
-
-
-def output_of(lg):
-    outs = [t for t in lg.graph.nodes if t.flags & TensorFlag.OUTPUT and t.view_src is None]
-    return outs[-1] if outs else lg.graph.nodes[-1]
 
 
 def timed(fn, runs):
@@ -87,13 +62,13 @@ def main() -> None:
     cpu = gg.backend.init_by_name("CPU")
 
     single = gg.load_graph_json(path)
-    place_weights(single, values, [cpu.default_buffer_type])
+    load_weights(single, values, [cpu.default_buffer_type])
     galloc = GraphAllocator(cpu.default_buffer_type)
     galloc.alloc_graph(single.graph)
 
     split = gg.load_graph_json(path)
     other = second_backend()
-    place_weights(split, values, [other.default_buffer_type, cpu.default_buffer_type])
+    load_weights(split, values, [other.default_buffer_type, cpu.default_buffer_type])
     sched = Scheduler([other, cpu], graph_size=4096, parallel=args.parallel)
     sched.alloc_graph(split.graph)
 
@@ -103,7 +78,7 @@ def main() -> None:
 
     t_single = timed(lambda: run(single, cpu.graph_compute), args.runs)
     t_split = timed(lambda: run(split, sched.graph_compute), args.runs)
-    a, b = tensor_get(output_of(split)), tensor_get(output_of(single))
+    a, b = tensor_get(outputs(split)[-1]), tensor_get(outputs(single)[-1])
     nmse = float(np.sum((a.astype(np.float64) - b) ** 2) / max(np.sum(b.astype(np.float64) ** 2), 1e-30))
     copies = [(t, s.backend_id) for s in sched.splits for t in s.inputs]
     copied = sum(t.nbytes for t, _ in copies)

@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 
 import pyggml as gg
-from pyggml import Context, Op, TensorFlag
-from pyggml.alloc import GraphAllocator, alloc_ctx_tensors_from_buft
-from pyggml.backend import BufferUsage, Status, tensor_get, tensor_set
+from pyggml import Op
+from pyggml.alloc import GraphAllocator
+from pyggml.backend import Status, tensor_get
 from pyggml.sched import Scheduler
 
 from fake_gpu import FakeDevice
+from graph_fixtures import load_weights, outputs, set_inputs
 
 CASES = [("FAKE", "mlp_chain", False), ("FAKE", "mlp_chain", True), ("FAKE", "gpt2_small_decode", False),
          ("FAKE", "gpt2_small_decode", True), ("FAKE", "llama_like_block_stack", True),
@@ -24,38 +25,6 @@ FAKE_OPS = (Op.MUL_MAT, Op.ADD, Op.MUL, Op.CPY, Op.CONT, Op.SOFT_MAX, Op.NORM, O
 
 def nmse(a, b):
     return float(np.sum((a.astype(np.float64) - b) ** 2) / max(np.sum(np.asarray(b, np.float64) ** 2), 1e-30))
-
-
-def outputs(lg):
-    """The values a user reads: OUTPUT tensors, else the graph's sinks."""
-    outs = [t for t in lg.graph.nodes if t.flags & TensorFlag.OUTPUT and t.view_src is None]
-    consumed = {id(s) for t in lg.graph.nodes for s in t.srcs}
-    return outs or [t for t in lg.graph.nodes if id(t) not in consumed and t.view_src is None]
-
-
-def load_weights(lg, values, bufts):
-    """Each preallocated tensor goes to bufts[i % len(bufts)], in WEIGHTS buffers, with the given values."""
-    buffers = []
-    for k, buft in enumerate(bufts):
-        ctx = Context(no_alloc=True)
-        for i, t in enumerate(lg.preallocated):
-            if i % len(bufts) == k:
-                ctx.add(t)
-        buf = alloc_ctx_tensors_from_buft(ctx, buft)
-        if buf is not None:
-            buf.usage = BufferUsage.WEIGHTS
-            buffers.append(buf)
-    ids = lg.ids()
-    for t in lg.preallocated:
-        tensor_set(t, values[ids[id(t)]])
-    return buffers
-
-
-def set_inputs(lg, values):
-    for tid, v in values.items():
-        t = lg.tensors[tid]
-        if t.is_input:
-            tensor_set(t, v)
 
 
 def single_backend(name, values):
