@@ -82,8 +82,8 @@ def load_weights(gguf: GGUFFile, backend, repack: bool = False, progress: bool |
         to_f32 = repack and T.is_quantized(int(info.type))
         ctx = packed if to_f32 else direct
         try:
-            t = ctx.new_tensor(GGMLType.F32 if to_f32 else T.as_type(int(info.type)), info.ne[:info.n_dims] or (1,),
-                               info.name)
+            ctx.new_tensor(GGMLType.F32 if to_f32 else T.as_type(int(info.type)), info.ne[:info.n_dims] or (1,),
+                           info.name)
         except GGMLError as e:
             raise GGUFError(f"{gguf.path}: tensor '{info.name}' ({info.type.name}{list(info.ne)}): {e}") from e
         infos[info.name] = info

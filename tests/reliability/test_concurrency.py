@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import pyggml as gg
 from pyggml import Context, GGMLType, Graph, ops
 from pyggml.alloc import GraphAllocator, alloc_ctx_tensors, alloc_ctx_tensors_from_buft
 from pyggml.backend import (Status, init_by_name, registry, tensor_copy_async, tensor_get, tensor_get_async,
