@@ -64,10 +64,11 @@ def test_dequant_cache_budget_evicts_oldest():
     ts = [ctx.new_tensor(GGMLType.F16, (64, 4)) for _ in range(3)]
     for i, t in enumerate(ts):
         host_ndarray(t)[...] = i
-    cache = DequantCache(budget_bytes=2 * 64 * 4 * 4)
+    entry_bytes = 64 * 4 * (4 + 2)  # float32 values and the F16 elements they were made from
+    cache = DequantCache(budget_bytes=2 * entry_bytes)
     for t in ts:
         cache.get(t)
-    assert cache.nbytes == 2 * 64 * 4 * 4
+    assert cache.nbytes == 2 * entry_bytes
     cache.get(ts[0])
     assert cache.misses == 4
 
@@ -81,4 +82,20 @@ def test_dequant_cache_keeps_one_entry_per_address():
     cache = DequantCache()
     for n_kv in range(1, 9):
         cache.get(ops.view_2d(ctx, cache_tensor, 16, n_kv, cache_tensor.nb[1], 0))
-    assert cache.nbytes == 16 * 8 * 4 and cache.misses == 8
+    assert cache.nbytes == 16 * 8 * (4 + 2) and cache.misses == 8
+
+
+def test_dequant_cache_converts_only_changed_elements_of_f16():
+    """A KV cache gaining a token: the entry is updated in place, and equals a fresh conversion."""
+    ctx = Context()
+    k = ctx.new_tensor(GGMLType.F16, (16, 8), name="k_cache")
+    raw = host_ndarray(k)[0, 0]
+    raw[...] = np.random.default_rng(1).standard_normal(raw.shape)
+    cache = DequantCache()
+    first = cache.get(k)
+    raw[3] = 7.5               # a token's row
+    raw[:, 5] = -0.0           # a column (a transposed V cache), including a sign-only change
+    second = cache.get(k)
+    assert second is first and cache.hits == 1 and cache.misses == 1
+    np.testing.assert_array_equal(second[0, 0], raw.astype(np.float32))
+    assert np.signbit(second[0, 0, :, 5]).all() and not second.flags.writeable
