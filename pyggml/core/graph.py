@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 from enum import IntEnum
 
-from pyggml.core.tensor import MAX_SRC, Op, Tensor, TensorFlag
+from pyggml.core.tensor import Op, Tensor, TensorFlag
 from pyggml.errors import GraphError, GraphSizeError
 
 DEFAULT_GRAPH_SIZE = 2048
@@ -23,6 +24,21 @@ def reachable_tensors(roots) -> list[Tensor]:
         if t.view_src is not None:
             todo.append(t.view_src)
     return list(seen.values())
+
+
+_PARAM = int(TensorFlag.PARAM)
+_COMPUTE = int(TensorFlag.COMPUTE)
+
+
+@functools.cache
+def _with_compute(flags: int) -> TensorFlag:
+    return TensorFlag(flags) | TensorFlag.COMPUTE
+
+
+def _mark_compute(t: Tensor) -> None:
+    """Flag COMPUTE on an op's result (int tests and a cached result: IntFlag arithmetic costs microseconds)."""
+    if t.op != Op.NONE and not int(t.flags) & _COMPUTE:
+        t.flags = _with_compute(int(t.flags))
 
 
 class EvalOrder(IntEnum):
@@ -68,54 +84,55 @@ class Graph:
             raise GraphError(f"internal: the last added node must be {tensor.name!r}")
         return self
 
-    def _slots(self, t: Tensor):
-        order = range(MAX_SRC) if self.order == EvalOrder.LEFT_TO_RIGHT else range(MAX_SRC - 1, -1, -1)
-        return [t.src[k] for k in order if t.src[k] is not None]
-
-    def _mark_compute(self, t: Tensor) -> None:
-        if t.op != Op.NONE:
-            t.flags |= TensorFlag.COMPUTE
+    def _slots(self, t: Tensor) -> list[Tensor]:
+        """t's sources in visiting order (src[0] first, or last for RIGHT_TO_LEFT)."""
+        srcs = [s for s in t.src if s is not None]
+        if self.order == EvalOrder.RIGHT_TO_LEFT:
+            srcs.reverse()
+        return srcs
 
     def _visit(self, root: Tensor) -> None:
-        """Iterative DFS (graphs can be deeper than Python's recursion limit)."""
-        stack: list[tuple[Tensor, int]] = [(root, 0)]
-        self._mark_compute(root)
+        """Iterative DFS (graphs can be deeper than Python's recursion limit). A stack entry is
+        (tensor, its sources or None before the first visit, index of the next source)."""
+        visited = self._visited
+        _mark_compute(root)
+        stack: list[tuple[Tensor, list | None, int]] = [(root, None, 0)]
         while stack:
-            t, i = stack.pop()
-            if i == 0:
-                if id(t) in self._visited:
+            t, srcs, i = stack.pop()
+            if srcs is None:
+                if id(t) in visited:
                     self._refresh_compute(t)
                     continue
-                self._visited.add(id(t))
-            srcs = self._slots(t)
+                visited.add(id(t))
+                srcs = self._slots(t)
             if i < len(srcs):
-                stack.append((t, i + 1))
-                self._mark_compute(srcs[i])
-                stack.append((srcs[i], 0))
+                stack.append((t, srcs, i + 1))
+                _mark_compute(srcs[i])
+                stack.append((srcs[i], None, 0))
                 continue
             self._append(t)
 
     def _refresh_compute(self, t: Tensor) -> None:
         """A visited tensor's sources still get the COMPUTE flag if they lack it (ggml does the same)."""
-        todo = [s for s in t.srcs if not s.flags & TensorFlag.COMPUTE]
+        todo = [s for s in t.srcs if not int(s.flags) & _COMPUTE]
         while todo:
             s = todo.pop()
-            if s.op != Op.NONE and not s.flags & TensorFlag.COMPUTE:
-                s.flags |= TensorFlag.COMPUTE
-                todo.extend(x for x in s.srcs if not x.flags & TensorFlag.COMPUTE)
+            if s.op != Op.NONE and not int(s.flags) & _COMPUTE:
+                _mark_compute(s)
+                todo.extend(x for x in s.srcs if not int(x.flags) & _COMPUTE)
 
     def _append(self, t: Tensor) -> None:
-        if t.op == Op.NONE and not t.flags & TensorFlag.PARAM:
-            if self.n_leafs >= self.size:
+        if t.op == Op.NONE and not int(t.flags) & _PARAM:
+            if len(self.leafs) >= self.size:
                 raise GraphSizeError(f"graph is full: {self.size} leafs; create the Graph with a larger size")
             if not t.name:
-                t.set_name(f"leaf_{self.n_leafs}")
+                t.set_name(f"leaf_{len(self.leafs)}")
             self.leafs.append(t)
         else:
-            if self.n_nodes >= self.size:
+            if len(self.nodes) >= self.size:
                 raise GraphSizeError(f"graph is full: {self.size} nodes; create the Graph with a larger size")
             if not t.name:
-                t.set_name(f"node_{self.n_nodes}")
+                t.set_name(f"node_{len(self.nodes)}")
             self.nodes.append(t)
 
     def add_node(self, t: Tensor) -> None:

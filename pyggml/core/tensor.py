@@ -57,10 +57,15 @@ class TensorFlag(IntFlag):
 
 def contiguous_strides(type_, ne) -> list[int]:
     """ggml's nb for a freshly created tensor: nb[0] = type size, nb[1] = one row, then products."""
-    nb = [T.type_size(type_), T.row_size(type_, ne[0])]
-    for i in range(2, MAX_DIMS):
-        nb.append(nb[i - 1] * ne[i - 1])
-    return nb
+    blck, size = T.block_traits(type_)
+    if ne[0] % blck:
+        T.row_size(type_, ne[0])  # raises the error that names the type and its block size
+    nb1 = size * (ne[0] // blck)
+    nb2 = nb1 * ne[1]
+    return [size, nb1, nb2, nb2 * ne[2]]
+
+
+_NO_FLAGS = TensorFlag(0)
 
 
 class Tensor:
@@ -74,12 +79,15 @@ class Tensor:
     def __init__(self, type_, ne, nb=None, *, op=Op.NONE, view_src: Tensor | None = None, view_offs: int = 0,
                  name: str = ""):
         type_ = T.as_type(type_)
-        ne = [int(n) for n in ne] + [1] * (MAX_DIMS - len(ne))
-        if len(ne) != MAX_DIMS or any(n < 0 for n in ne):
+        ne = [int(n) for n in ne]
+        if len(ne) < MAX_DIMS:
+            ne += [1] * (MAX_DIMS - len(ne))
+        if len(ne) != MAX_DIMS or min(ne) < 0:
             raise ShapeError(f"tensor {name!r}: ne must be up to {MAX_DIMS} non-negative ints, got {ne}")
-        if ne[0] % T.blck_size(type_):
+        blck = T.block_traits(type_)[0]
+        if ne[0] % blck:
             raise ShapeError(
-                f"tensor {name!r}: ne[0]={ne[0]} is not a multiple of the {type_.name} block size {T.blck_size(type_)}"
+                f"tensor {name!r}: ne[0]={ne[0]} is not a multiple of the {type_.name} block size {blck}"
             )
         if view_src is not None and view_src.view_src is not None:  # views of views collapse to the root
             view_offs += view_src.view_offs
@@ -87,10 +95,10 @@ class Tensor:
         self.type = type_
         self.ne = ne
         self.nb = list(nb) if nb is not None else contiguous_strides(type_, ne)
-        self.op = Op(op)
+        self.op = op if type(op) is Op else Op(op)  # Op(member) costs an enum lookup per tensor
         self.op_params = [0] * MAX_OP_PARAMS
         self.src: list[Tensor | None] = [None] * MAX_SRC
-        self.flags = TensorFlag(0)
+        self.flags = _NO_FLAGS
         self.view_src = view_src
         self.view_offs = int(view_offs)
         self.buffer = None
@@ -126,10 +134,10 @@ class Tensor:
         if ne[0] <= 0 or ne[1] <= 0 or ne[2] <= 0 or ne[3] <= 0:
             return 0
         rows = (ne[1] - 1) * nb[1] + (ne[2] - 1) * nb[2] + (ne[3] - 1) * nb[3]
-        bs = T.blck_size(self.type)
-        if bs == 1:
-            return T.type_size(self.type) + (ne[0] - 1) * nb[0] + rows
-        return ne[0] * nb[0] // bs + rows
+        blck, size = T.block_traits(self.type)
+        if blck == 1:
+            return size + (ne[0] - 1) * nb[0] + rows
+        return ne[0] * nb[0] // blck + rows
 
     @property
     def n_dims(self) -> int:
@@ -229,8 +237,11 @@ class Tensor:
 
     def set_name(self, name: str) -> Tensor:
         """ggml keeps at most 63 bytes of a name; longer names are cut the same way."""
-        raw = str(name).encode("utf-8")[: MAX_NAME - 1]
-        self.name = raw.decode("utf-8", errors="ignore")
+        name = str(name)
+        if len(name) < MAX_NAME and name.isascii():  # the common case: already within ggml's limit
+            self.name = name
+        else:
+            self.name = name.encode("utf-8")[: MAX_NAME - 1].decode("utf-8", errors="ignore")
         return self
 
     def format_name(self, fmt: str, *args) -> Tensor:

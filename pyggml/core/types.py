@@ -7,7 +7,6 @@ Quantized blocks are converted with `gguf.quants` (vectorised NumPy).
 
 from __future__ import annotations
 
-import functools
 from enum import IntEnum
 
 import numpy as np
@@ -43,20 +42,25 @@ def as_type(t) -> GGMLType:
         raise UnsupportedTypeError(f"unknown ggml type {t!r}; known: {', '.join(m.name for m in GGMLType)}") from None
 
 
-@functools.cache
-def _block_traits(t: GGMLType) -> tuple[int, int]:
-    """(elements, bytes) per block, cached: sizes are asked for on every tensor the allocators place."""
-    return GGML_QUANT_SIZES[GGMLQuantizationType(t)]
+_TRAITS: dict[GGMLType, tuple[int, int]] = {t: GGML_QUANT_SIZES[GGMLQuantizationType(t)] for t in GGMLType}
+"""(elements, bytes) per block. Looked up directly: sizes are asked for on every tensor built and placed,
+and an int or a GGMLType finds its entry without a conversion (IntEnum members hash as their values)."""
+
+
+def block_traits(t) -> tuple[int, int]:
+    """(elements per block, bytes per block)."""
+    traits = _TRAITS.get(t) if not isinstance(t, str) else None
+    return traits if traits is not None else _TRAITS[as_type(t)]
 
 
 def blck_size(t) -> int:
     """Elements per block (1 for plain types, 32 or 256 for most quant types)."""
-    return _block_traits(as_type(t))[0]
+    return block_traits(t)[0]
 
 
 def type_size(t) -> int:
     """Bytes per block."""
-    return _block_traits(as_type(t))[1]
+    return block_traits(t)[1]
 
 
 def type_name(t) -> str:

@@ -31,10 +31,11 @@ def new_result(ctx: Context, op: Op, type_, ne, srcs=(), params=(), inplace_of: 
         t = ctx.view_tensor(inplace_of)
     else:
         t = ctx.new_tensor(type_, ne)
-    t.op = Op(op)
+    t.op = op if type(op) is Op else Op(op)
     for i, s in enumerate(srcs):
         t.src[i] = s
-    t.set_op_params(params)
+    if params:
+        t.set_op_params(params)
     return t
 
 
