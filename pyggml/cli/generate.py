@@ -30,6 +30,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--ctx", type=int, default=2048, help="context size in tokens (default 2048)")
     p.add_argument("--batch", type=int, default=512, help="prompt tokens per step (default 512)")
     p.add_argument("--no-repack", action="store_true", help="keep quantized weights as they are in the file")
+    p.add_argument("--kv-type", default="F32", choices=["F32", "F16"],
+                   help="KV cache type (default F32; F16 as llama.cpp: half the memory, slower steps)")
     p.set_defaults(run=run)
 
 
@@ -46,7 +48,7 @@ def run(args) -> int:
         backend = args.backend or [dev.init_backend() for dev in devices] + ["CPU"]
     start = time.perf_counter()
     model = load_model(args.model, backend=backend, n_ctx=args.ctx, n_batch=args.batch,
-                       repack=not args.no_repack)
+                       repack=not args.no_repack, kv_type=args.kv_type)
     load_s = time.perf_counter() - start
     print(args.prompt, end="", flush=True)
     model.generate(args.prompt, n=args.n, temperature=args.temp, top_k=args.top_k, top_p=args.top_p,

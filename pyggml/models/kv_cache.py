@@ -21,7 +21,7 @@ N_KV_PAD = 256  # llama.cpp's padding of the attended cells: shapes change once 
 
 class KVCache:
     def __init__(self, backend, n_layer: int, n_head_kv: int, n_embd_k: int, n_embd_v: int, size: int,
-                 type_=GGMLType.F16):
+                 type_=GGMLType.F32):
         self.type = T.as_type(type_)
         self.size = size
         self.n_head_kv = n_head_kv

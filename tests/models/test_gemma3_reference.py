@@ -27,7 +27,7 @@ NEAR_TIE = 0.6
 
 @pytest.fixture(scope="module")
 def model():
-    return load_model(n_ctx=REFS["n_ctx"], n_batch=512)
+    return load_model(n_ctx=REFS["n_ctx"], n_batch=512, kv_type="F16")  # llama.cpp's KV type
 
 
 def _margin(step) -> float:

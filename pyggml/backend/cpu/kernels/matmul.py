@@ -46,7 +46,8 @@ def _broadcast_split(dst: Tensor, wa: np.ndarray, wb: np.ndarray):
     return wa.reshape(*a_split, *wa.shape[2:]), wb.reshape(*split, *wb.shape[2:]), split
 
 
-SMALL_BATCH = 32  # below this many rows of b a product is memory-bound: one BLAS thread is faster and steadier
+SMALL_BATCH = 32            # below this many rows of b a product is memory-bound, and ...
+SMALL_MATRIX = 256 * 1024  # ... below this many elements of a, threads only add synchronisation
 
 
 @kernel(Op.MUL_MAT, supports=_supports_product)
@@ -55,7 +56,7 @@ def mul_mat(dst: Tensor) -> None:
     a, b = dst.src[0], dst.src[1]
     wa, wb, split = _broadcast_split(dst, _blasable(src0_f32(a)), _blasable(as_f32(b)))
     out = _out_view(dst, (*split, b.ne[1], a.ne[1]))
-    if b.nrows < SMALL_BATCH:  # threads only add synchronisation to a matrix-vector product
+    if b.nrows < SMALL_BATCH and a.ne[0] * a.ne[1] < SMALL_MATRIX:
         with blas_threads(1):
             np.matmul(wb, wa.swapaxes(-1, -2), out=out)
     else:
