@@ -298,7 +298,8 @@ class _Record:
         self.nodes = [(get(id(t)), tuple([None if s is None else get(id(s)) for s in _used_slots(t)]))
                       for t in graph.nodes]
         self.fingerprint = fingerprint(graph)
-        self.graph_tensors = graph.leafs + graph.nodes  # to rebind the plan when a rebuilt graph reuses it
+        self.graph_tensors = graph.leafs + graph.nodes  # the tensors the plan names
+        self.bound_tensors = self.graph_tensors  # the latest graph placed with it (the plan is rebound on demand)
 
 
 def _used_slots(t: Tensor) -> list[Tensor | None]:
@@ -413,7 +414,13 @@ class GraphAllocator:
 
     @property
     def plan(self) -> Plan | None:
-        """The latest plan (None before the first reserve)."""
+        """The latest plan (None before the first reserve), naming the tensors of the latest graph placed."""
+        rec = self._record
+        if rec is not None and rec.bound_tensors is not rec.graph_tensors:
+            current = rec.bound_tensors
+            if not all(a is b for a, b in zip(current, rec.graph_tensors)):
+                self._plan = self._plan.rebound({id(old): new for old, new in zip(rec.graph_tensors, current)})
+            rec.graph_tensors = current
         return self._plan
 
     # ----- reserve ---------------------------------------------------------------------------------
@@ -501,26 +508,34 @@ class GraphAllocator:
         if graph.n_nodes != len(rec.nodes) or graph.n_leafs != len(rec.leafs):
             return (f"the graph has {graph.n_nodes} nodes and {graph.n_leafs} leafs, the plan "
                     f"{len(rec.nodes)} and {len(rec.leafs)}")
+        fitting: dict[int, TensorAlloc | None] = {}  # id(tensor) -> the record it was found to fit
         for i, leaf in enumerate(graph.leafs):  # ggml checks leafs only as sources; a leaf may be an output
-            if not self._fits(leaf, rec.leafs[i]):
+            if not self._fits(leaf, rec.leafs[i], fitting):
                 return f"leaf {i} ({leaf.name!r}) does not fit its planned memory"
         for i, node in enumerate(graph.nodes):
             dst, srcs = rec.nodes[i]
-            if not self._fits(node, dst):
+            if not self._fits(node, dst, fitting):
                 return f"node {i} ({node.name!r}) does not fit its planned memory"
             for j, src in enumerate(node.src):
-                if src is not None and not self._fits(src, srcs[j] if j < len(srcs) else None):
+                if src is not None and not self._fits(src, srcs[j] if j < len(srcs) else None, fitting):
                     return f"source {j} ({src.name!r}) of node {i} ({node.name!r}) does not fit its planned memory"
         if fingerprint(graph) != rec.fingerprint:
             return "the graph's topology (edges, ops, flags or views) differs from the planned one"
         return None
 
-    def _fits(self, t: Tensor, ta: TensorAlloc | None) -> bool:
+    def _fits(self, t: Tensor, ta: TensorAlloc | None, fitting: dict[int, TensorAlloc | None]) -> bool:
+        """Whether t fits its record; a tensor is sized once per record (a node is checked again as every
+        consumer's source, with the same record)."""
         if t.data is not None or t.view_src is not None:
             return True
         if ta is None:
             return t.buffer is not None
-        return ta[3] >= self.bufts[ta[0]].alloc_size(t)
+        if fitting.get(id(t)) is ta:
+            return True
+        if ta[3] < self.bufts[ta[0]].alloc_size(t):
+            return False
+        fitting[id(t)] = ta
+        return True
 
     def alloc_graph(self, graph: Graph) -> bool:
         """Give every tensor of the graph its planned memory, re-planning first if needed (one buffer only).
@@ -548,9 +563,9 @@ class GraphAllocator:
             for leaf, ta in zip(graph.leafs, rec.leafs):
                 self._init_tensor(leaf, ta, bound)
             for node, (dst, srcs) in zip(graph.nodes, rec.nodes):
-                for j, src in enumerate(node.src):
+                for src, ta in zip(node.src, srcs):  # the record has every used slot: the fingerprint matched
                     if src is not None:
-                        self._init_tensor(src, srcs[j] if j < len(srcs) else None, bound)
+                        self._init_tensor(src, ta, bound)
                 self._init_tensor(node, dst, bound)
         except BaseException:
             for t, buffer, data in bound:  # all or nothing: a failed call leaves no tensor half-placed
@@ -559,13 +574,9 @@ class GraphAllocator:
         return True
 
     def _rebind(self, graph: Graph) -> None:
-        """Point the plan at this graph's tensors when it reuses a plan made for another graph object."""
-        rec = self._record
-        current = graph.leafs + graph.nodes
-        if all(a is b for a, b in zip(current, rec.graph_tensors)):
-            return
-        self._plan = self._plan.rebound({id(old): new for old, new in zip(rec.graph_tensors, current)})
-        rec.graph_tensors = current
+        """Note this graph as the plan's user; `plan` swaps the tensors it names only when asked for
+        (a model step reuses the plan every token and never looks at it)."""
+        self._record.bound_tensors = graph.leafs + graph.nodes
 
     def _init_tensor(self, t: Tensor, ta: TensorAlloc | None, bound: list[tuple]) -> None:
         if t.view_src is not None:

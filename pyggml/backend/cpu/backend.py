@@ -42,6 +42,7 @@ class CpuBuffer(Buffer):
     def __init__(self, buft: BufferType, host_array: np.ndarray):
         super().__init__(buft, host_array.nbytes)
         self._host = host_array
+        self._address = host_array.ctypes.data  # asked for on every tensor placed; the array never moves
         self.read_only = not host_array.flags.writeable
 
     @property
@@ -54,7 +55,7 @@ class CpuBuffer(Buffer):
         return self._host[start: start + size]
 
     def _base(self) -> int:
-        return self._host.ctypes.data
+        return self._address
 
     def _free(self) -> None:
         self._host = None  # drops the memory (or the reference to a borrowed object)
