@@ -163,7 +163,8 @@ class Buffer:
     `free()` raises BufferFreedError; so does freeing it twice. A read-only buffer (e.g. over a
     read-only mmap) refuses writes with BufferError. A host buffer (buft.is_host) must also
     expose `host_array`, a uint8 NumPy array whose first byte is at `base`, so that
-    `core.tensor.host_ndarray` and the host fast paths of tensor_copy can reach its tensors.
+    `core.tensor.host_ndarray` and the host fast paths of tensor_copy can reach its tensors; it may
+    offer `host_views`, a dict in which host_ndarray keeps views by layout (emptied when freed).
 
     Thread-safety: concurrent set/get/memset on disjoint tensors are safe; overlapping writes,
     or `free`/`clear`/`reset` concurrent with any other use, are not.

@@ -26,6 +26,7 @@ class HostArena:
         self.host_array = aligned_bytes(nbytes)
         self.base = self.host_array.ctypes.data
         self.size = nbytes
+        self.host_views: dict = {}  # host_ndarray's views of this memory by layout
 
     def __repr__(self) -> str:
         return f"HostArena({self.size} bytes @0x{self.base:x})"

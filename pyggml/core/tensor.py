@@ -20,6 +20,7 @@ MAX_DIMS = 4
 MAX_SRC = 10
 MAX_OP_PARAMS = 16  # int32 words (GGML_MAX_OP_PARAMS = 64 bytes)
 MAX_NAME = 64
+MAX_SHARED_VIEWS = 4096  # views an owner keeps by layout (a step graph has about a thousand)
 
 Op = IntEnum(
     "Op",
@@ -323,12 +324,21 @@ def host_ndarray(t: Tensor) -> np.ndarray:
     if host is None:
         raise GGMLError(f"tensor {t.name!r} lives in {owner!r}, which is not host memory")
     # The view is cached while address, memory and layout stay the same; the cached view keeps `host`
-    # alive, so id(host) cannot be reused by other memory meanwhile.
+    # alive, so id(host) cannot be reused by other memory meanwhile. An owner that offers `host_views`
+    # (a dict) also keeps views by layout, so that the tensors of a graph rebuilt every step with the
+    # same plan (a model's next token) find their views already made.
     key = (t.data, id(host), t.type, *t.ne, *t.nb)
     cached = t._host_view
     if cached is not None and cached[0] == key:
         return cached[1]
-    view = _new_host_view(t, owner, host)
+    shared = getattr(owner, "host_views", None)
+    view = shared.get(key) if shared is not None else None
+    if view is None:
+        view = _new_host_view(t, owner, host)
+        if shared is not None:
+            if len(shared) >= MAX_SHARED_VIEWS:
+                shared.clear()
+            shared[key] = view
     t._host_view = (key, view)
     return view
 

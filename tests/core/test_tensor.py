@@ -84,3 +84,16 @@ def test_host_views_are_zero_copy_and_checked():
     assert tv.numpy()[2, 1] == 100 and tv.numpy().base is not None
     with pytest.raises(NotAllocatedError, match="has no memory"):
         Context(no_alloc=True).new_tensor(GGMLType.F32, (4,)).numpy()
+
+
+def test_host_views_are_shared_by_layout_within_their_memory():
+    """A tensor rebuilt with the same address and layout (the next step's graph) reuses the view."""
+    ctx = Context(no_alloc=False)
+    a = ctx.new_tensor(GGMLType.F32, (4, 3), name="a")
+    same = Tensor(GGMLType.F32, (4, 3), view_src=a)
+    other = Tensor(GGMLType.F32, (3, 4), [16, 4, 48, 48], view_src=a)
+    assert host_ndarray(same) is host_ndarray(a)
+    assert host_ndarray(other) is not host_ndarray(a) and host_ndarray(other).shape == (1, 1, 4, 3)
+    a.nb[1] = 32  # a changed layout is a new key: the view must follow it
+    a.ne[1] = 1
+    assert host_ndarray(a).strides == (48, 48, 32, 4) and host_ndarray(a).shape == (1, 1, 1, 4)

@@ -44,6 +44,7 @@ class CpuBuffer(Buffer):
         self._host = host_array
         self._address = host_array.ctypes.data  # asked for on every tensor placed; the array never moves
         self.read_only = not host_array.flags.writeable
+        self.host_views: dict = {}  # host_ndarray's views of this memory by layout, dropped with the memory
 
     @property
     def host_array(self) -> np.ndarray:
@@ -59,6 +60,7 @@ class CpuBuffer(Buffer):
 
     def _free(self) -> None:
         self._host = None  # drops the memory (or the reference to a borrowed object)
+        self.host_views = {}
 
     def _memset_tensor(self, t: Tensor, value: int, offset: int, size: int) -> None:
         self._span(t, offset, size).fill(value)

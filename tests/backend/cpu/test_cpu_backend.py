@@ -238,3 +238,13 @@ def test_freed_backend_refuses_work(backend):
     backend.free()
     with pytest.raises(BackendError, match="after free"):
         backend.graph_compute(g)
+
+
+def test_freed_buffer_drops_its_shared_views(backend):
+    from pyggml.core.tensor import host_ndarray
+
+    g, buf, s, y = small_graph(backend)
+    host_ndarray(y)
+    assert buf.host_views
+    buf.free()
+    assert not buf.host_views
