@@ -118,3 +118,23 @@ def test_soft_max_back_with_alibi_is_unsupported():
     a = ctx.new_tensor(F32, (8, 2))
     assert not kernels.supports(ops.soft_max_ext_back(ctx, a, a, 1.0, 8.0))
     assert kernels.supports(ops.soft_max_ext_back_inplace(ctx, a, a, 1.0, 0.0))
+
+
+def test_rope_angles_are_shared_read_only_and_exact():
+    """Layers of a step share their angles; the cache gives the same values as computing them afresh."""
+    from pyggml.backend.cpu.kernels.attention import cached_cos_sin, rope_cos_sin
+
+    ctx = Context()
+    a = ctx.new_tensor(F32, (32, 2, 3), name="a")
+    pos = ctx.new_tensor(GGMLType.I32, (3,), name="pos")
+    host_ndarray(pos)[...] = [7, 300, 4096]
+    r1 = ops.rope_ext(ctx, a, pos, None, 32, ops.RopeType.NEOX, 4096, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0)
+    r2 = ops.rope_ext(ctx, a, pos, None, 32, ops.RopeType.NEOX, 4096, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0)
+    r3 = ops.rope_ext(ctx, a, pos, None, 32, ops.RopeType.NEOX, 4096, 1e6, 1.0, 0.0, 1.0, 32.0, 1.0)
+    positions = host_ndarray(pos).reshape(1, 3)
+    cos1, sin1 = cached_cos_sin(r1, positions, None)
+    assert cached_cos_sin(r2, positions.copy(), None)[0] is cos1
+    assert not cos1.flags.writeable and not sin1.flags.writeable
+    fresh_cos, fresh_sin = rope_cos_sin(r1, positions, None)
+    assert np.array_equal(cos1, fresh_cos) and np.array_equal(sin1, fresh_sin)
+    assert not np.array_equal(cached_cos_sin(r3, positions, None)[0], cos1)

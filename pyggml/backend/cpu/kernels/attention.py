@@ -183,6 +183,25 @@ def rope_cos_sin(dst: Tensor, positions: np.ndarray, freq_factors: np.ndarray | 
     return np.cos(theta64).astype(np.float32) * mscale, np.sin(theta64).astype(np.float32) * mscale
 
 
+_ANGLES: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+MAX_ANGLES = 64  # (params, positions) sets kept; a step has a few (one per rope base), all layers share them
+
+
+def cached_cos_sin(dst: Tensor, positions: np.ndarray, freq_factors: np.ndarray | None):
+    """rope_cos_sin, remembered (read-only): every layer's Q and K in a step rotate by the same angles."""
+    key = (tuple(dst.op_params), positions.shape, positions.tobytes(),
+           None if freq_factors is None else freq_factors.tobytes())
+    angles = _ANGLES.get(key)
+    if angles is None:
+        angles = rope_cos_sin(dst, positions, freq_factors)
+        for a in angles:
+            a.flags.writeable = False
+        if len(_ANGLES) >= MAX_ANGLES:
+            _ANGLES.clear()
+        _ANGLES[key] = angles
+    return angles
+
+
 def _rotated_halves(mode: int, n_dims: int):
     """The two index sets rotated together: adjacent pairs (NORMAL), i and i + n_dims/2 (NEOX, MROPE,
     IMROPE), or i and i + n_dims over the whole row (VISION)."""
@@ -200,7 +219,7 @@ def rope(dst: Tensor) -> None:
     a, pos, factors = dst.src[0], dst.src[1], dst.src[2]
     n_dims, mode = dst.op_params_i32(1), dst.op_params_i32(2)
     positions = view(pos).reshape(-1, a.ne[2])              # (1 or 4 streams, tokens)
-    cos, sin = rope_cos_sin(dst, positions, as_f32(factors).reshape(-1) if factors is not None else None)
+    cos, sin = cached_cos_sin(dst, positions, as_f32(factors).reshape(-1) if factors is not None else None)
     if dst.op == Op.ROPE_BACK:
         sin = -sin
     cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # (1, tokens, 1, pairs) against (ne3, ne2, ne1, ..)

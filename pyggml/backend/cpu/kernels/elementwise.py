@@ -77,10 +77,15 @@ def binary(dst: Tensor) -> None:
     """dst = src0 (op) src1 repeated to src0's shape; F32 goes straight into dst's memory."""
     a, b = dst.src[0], dst.src[1]
     ufunc = _BINARY_UFUNCS[dst.op]
-    a8, b8 = split_for_repeat(as_f32(a), b.ne[::-1]), as_repeated(as_f32(b))
+    plain = all(m == n or m == 1 for m, n in zip(b.ne, a.ne))  # then NumPy's broadcasting is ggml's repeat
+
+    def split(x: np.ndarray) -> np.ndarray:
+        return x if plain else split_for_repeat(x, b.ne[::-1])
+
+    a8, b8 = split(as_f32(a)), as_f32(b) if plain else as_repeated(as_f32(b))
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # inf and NaN as C float arithmetic gives
         if dst.type == G.F32:
-            ufunc(a8, b8, out=split_for_repeat(view(dst), b.ne[::-1]))
+            ufunc(a8, b8, out=split(view(dst)))
         else:
             store(dst, ufunc(a8, b8).reshape(dst.ne[::-1]))
 
