@@ -345,7 +345,9 @@ class Event:
 def check_graph_buffers(backend_name: str, nodes) -> None:
     """Refuse to compute when any tensor of the nodes lives in a freed buffer (checked before anything runs)."""
     for node in nodes:
-        for t in (node, *node.srcs):
+        for t in (node, *node.src):
+            if t is None:
+                continue
             buf = t.view_src.buffer if t.view_src is not None else t.buffer
             if buf is not None and buf.is_freed:
                 raise BufferFreedError(f"{backend_name}: tensor {t.name!r} (used by node {node.name!r}) lives in "
@@ -486,10 +488,13 @@ def _buffer_of(t: Tensor) -> Buffer:
     return t.view_src.buffer if t.view_src is not None else t.buffer
 
 
+_COMPUTE = int(TensorFlag.COMPUTE)  # a plain int: testing an IntFlag with & costs an enum construction
+
+
 def computed_nodes(graph):
     """The nodes a backend actually runs: flagged COMPUTE, not a view or NONE, not empty (ggml's node loop)."""
     return [n for n in graph.nodes
-            if n.flags & TensorFlag.COMPUTE and n.op != Op.NONE and n.op not in VIEW_OPS and not n.is_empty]
+            if int(n.flags) & _COMPUTE and n.op != Op.NONE and n.op not in VIEW_OPS and 0 not in n.ne]
 
 
 # ----------------------------------------------------------------------------------------------
