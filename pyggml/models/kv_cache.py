@@ -1,7 +1,8 @@
 """The KV cache: per layer, the keys and values of every position seen so far, in a buffer of its own.
 
 One sequence, cells = positions: a step writes its tokens' K and V into cells [pos0, pos0 + n) with
-`cpy` into views, and its queries read cells [0, pos0 + n). K rows are positions ([n_embd_k, size]);
+`set_rows`, the cell numbers being inputs of the step (as in llama.cpp, so that a graph does not depend
+on pos0 and serves the next step too), and its queries read cells [0, n_kv). K rows are positions ([n_embd_k, size]);
 V is stored transposed ([size, n_embd_v]) so that softmax(KQ)·V is a plain mul_mat, as in llama.cpp
 without flash attention. Sliding-window layers keep all cells too; their mask hides the old ones.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from pyggml.alloc import alloc_ctx_tensors_from_buft
+from pyggml.backend import tensor_set
 from pyggml.core import Context, GGMLType, Tensor
 from pyggml.core import ops
 from pyggml.core import types as T
@@ -50,15 +52,35 @@ class KVCache:
                                   f"its {self.size} cells (raise n_ctx)")
 
     def store(self, step, il: int, k: Tensor, v: Tensor) -> None:
-        """Add to the step's graph the copies of k, v ([head_dim, n_head_kv, n_tokens]) into their cells."""
-        ctx, n, pos0 = step.ctx, step.n_tokens, step.pos0
-        self.check_room(pos0, n)
-        cache_k, cache_v = self.k[il], self.v[il]
-        k_cells = ops.view_1d(ctx, cache_k, n * self.n_embd_k, pos0 * cache_k.nb[1])
-        step.graph.build_forward_expand(ops.cpy(ctx, k, k_cells))
-        v_rows = ops.transpose(ctx, ops.reshape_2d(ctx, v, self.n_embd_v, n))
-        v_cells = ops.view_2d(ctx, cache_v, n, self.n_embd_v, cache_v.nb[1], pos0 * cache_v.nb[0])
-        step.graph.build_forward_expand(ops.cpy(ctx, v_rows, v_cells))
+        """Add to the step's graph the writes of k, v ([head_dim, n_head_kv, n_tokens]) into the step's cells.
+
+        K rows are cells, so row i of k goes to row cell_i; Vᵀ's cells are columns, so (as llama.cpp does)
+        both V and the cache are seen as one-value rows and value d of token i goes to row d * size + cell_i.
+        """
+        ctx, n = step.ctx, step.n_tokens
+        k_cells, v_cells = self._cell_inputs(step)
+        k_rows = ops.reshape_2d(ctx, k, self.n_embd_k, n)
+        step.graph.build_forward_expand(ops.set_rows(ctx, self.k[il], k_rows, k_cells))
+        v_values = ops.reshape_2d(ctx, v, 1, self.n_embd_v * n)
+        v_flat = ops.reshape_2d(ctx, self.v[il], 1, self.size * self.n_embd_v)
+        step.graph.build_forward_expand(ops.set_rows(ctx, v_flat, v_values, v_cells))
+
+    def _cell_inputs(self, step) -> tuple[Tensor, Tensor]:
+        """The step's I64 inputs naming the rows that store() writes (one set per step, shared by the layers)."""
+        if step.kv_cells is None:
+            n = step.n_tokens
+            step.kv_cells = (step.ctx.new_tensor_1d(GGMLType.I64, n, "kv_k_cells").set_input(),
+                             step.ctx.new_tensor_1d(GGMLType.I64, n * self.n_embd_v, "kv_v_cells").set_input())
+        return step.kv_cells
+
+    def set_cell_inputs(self, step, pos0: int) -> None:
+        """Fill the step's cell inputs for tokens at positions pos0, pos0 + 1, ... (after allocation)."""
+        if step.kv_cells is None:
+            return
+        self.check_room(pos0, step.n_tokens)
+        cells = np.arange(pos0, pos0 + step.n_tokens, dtype=np.int64)
+        tensor_set(step.kv_cells[0], cells)
+        tensor_set(step.kv_cells[1], (cells[:, None] + np.arange(self.n_embd_v, dtype=np.int64) * self.size).ravel())
 
     def views(self, ctx: Context, il: int, n_kv: int) -> tuple[Tensor, Tensor]:
         """K as [head_dim, n_kv, n_head_kv] and Vᵀ as [n_kv, head_dim, n_head_kv] over cells [0, n_kv)."""

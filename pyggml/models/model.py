@@ -1,8 +1,11 @@
 """The Model API: load a GGUF file, tokenize, run forward steps over the KV cache, generate text.
 
-Each step builds a fresh graph (llama.cpp does the same) and places it with memory that was reserved
-once for the worst case (n_batch tokens over a full n_ctx cache, one output row), so steps never
-allocate; logits are computed only for the rows asked for (the last token by default). On one backend
+Each step's graph is built for its shape (tokens, output rows, attended cells) and placed in memory
+that was reserved once for the worst case (n_batch tokens over a full n_ctx cache, one output row), so
+steps never allocate; logits are computed only for the rows asked for (the last token by default).
+Positions, masks and the KV cells written are inputs, so a step of the same shape as the previous one
+reuses its graph and plan, as llama.cpp does (generation rebuilds once every 256 tokens);
+`Model.reuse_graphs = False` builds and plans every step afresh. On one backend
 a GraphAllocator plans the steps; on several, the layers are split and the scheduler runs them
 (pyggml.models.runner).
 """
@@ -54,6 +57,8 @@ class Model:
     are split across them and the scheduler computes each step.
     """
 
+    reuse_graphs = True  # False: every step builds and plans its graph afresh
+
     def __init__(self, gguf: GGUFFile, backends: list[Backend], n_ctx: int, n_batch: int, repack: bool,
                  kv_type, progress: bool | None):
         self.gguf = gguf
@@ -69,8 +74,9 @@ class Model:
         self.kv = KVCache(backend, a.n_layer, a.n_head_kv, a.n_embd_k_gqa, a.n_embd_v_gqa, n_ctx, kv_type)
         self.runner = (split_layers(self.weights.tensors, self.kv, a.n_layer, backends) if len(backends) > 1
                        else SingleBackend(backend))
-        worst, _ = self._build(self.n_ctx - self.n_batch, self.n_batch, 1)
+        worst, _ = self._build(self.n_batch, 1, self.kv.n_kv(self.n_ctx))
         self.runner.reserve(worst.graph)
+        self._last = None  # (shape, step, logits) of the last step planned, reused by a step of that shape
         self.reserved_plan = self.runner.plan
         self.n_past = 0
         self.timings = Timings()
@@ -106,18 +112,28 @@ class Model:
         """Forget the context (the cache cells are simply overwritten by the next steps)."""
         self.n_past = 0
 
-    def _build(self, pos0: int, n_tokens: int, n_outputs: int):
-        step = Step.new(pos0, n_tokens, n_outputs, self.kv.n_kv(pos0 + n_tokens))
+    def _build(self, n_tokens: int, n_outputs: int, n_kv: int):
+        step = Step.new(n_tokens, n_outputs, n_kv)
         logits = self.arch.build(step, self.kv)
         logits.set_output()
         step.graph.build_forward_expand(logits)
         return step, logits
 
+    def _step_for(self, n: int, n_outputs: int):
+        """The previous step's graph if this one has its shape (its plan is still in place), else a new one."""
+        shape = (n, n_outputs, self.kv.n_kv(self.n_past + n))
+        if not (self.reuse_graphs and self._last is not None and self._last[0] == shape):
+            step, logits = self._build(*shape)
+            self._last = None                   # no stale plan is left behind if planning fails
+            self.runner.alloc_graph(step.graph)
+            self._last = (shape, step, logits)
+        return self._last[1:]
+
     def _run(self, ids: list[int], all_logits: bool) -> np.ndarray:
         n = len(ids)
         self.kv.check_room(self.n_past, n)
-        step, logits = self._build(self.n_past, n, n if all_logits else 1)
-        self.runner.alloc_graph(step.graph)
+        step, logits = self._step_for(n, n if all_logits else 1)
+        self.kv.set_cell_inputs(step, self.n_past)
         tensor_set(step.tokens, np.asarray(ids, dtype=np.int32))
         tensor_set(step.positions, np.arange(self.n_past, self.n_past + n, dtype=np.int32))
         if step.out_ids is not None:

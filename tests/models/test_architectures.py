@@ -41,10 +41,31 @@ def test_all_logits_match_numpy_across_batches(tmp_path, case):
 @pytest.mark.parametrize("repack", [True, False])
 def test_token_by_token_decode_matches_numpy_with_f16_cache(tmp_path, case, repack):
     tokens = np.random.default_rng(2).integers(3, 60, 12).tolist()
-    model, expected = _model_and_reference(tmp_path, case, tokens, n_ctx=16, n_batch=4, repack=repack)
+    model, expected = _model_and_reference(tmp_path, case, tokens, n_ctx=16, n_batch=4, repack=repack,
+                                           kv_type=GGMLType.F16)
     got = np.stack([model.decode([t]) for t in tokens])
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-2 * np.abs(expected).max())
     assert model.n_past == len(tokens)
+
+
+@pytest.mark.parametrize("kv_type", [GGMLType.F32, GGMLType.F16], ids=["F32", "F16"])
+def test_steps_of_one_shape_reuse_a_graph_and_match_fresh_graphs(tmp_path, kv_type):
+    """Positions, masks and the KV cells written are inputs, so steps of one shape share a graph and plan:
+    the logits equal those of a model that builds and plans every step, and only shape changes build."""
+    tokens = np.random.default_rng(3).integers(3, 60, 14).tolist()
+    reused, _ = _model_and_reference(tmp_path, "llama", tokens, n_ctx=32, n_batch=4, kv_type=kv_type)
+    fresh = load_model(tmp_path / "llama.gguf", n_ctx=32, n_batch=4, kv_type=kv_type)
+    fresh.reuse_graphs = False
+    built = []
+    build = reused._build
+    reused._build = lambda *shape: built.append(shape) or build(*shape)
+    for model in (reused, fresh):
+        logits = [model.decode(tokens[:6], all_logits=True)] + [model.decode([t])[None] for t in tokens[6:]]
+        model.reset()
+        logits += [model.decode(tokens[:5])[None]]       # a new sequence over the old cells
+        model.results = np.concatenate(logits)
+    np.testing.assert_array_equal(reused.results, fresh.results)
+    assert built == [(4, 4, 32), (2, 2, 32), (1, 1, 32), (4, 1, 32), (1, 1, 32)]
 
 
 def test_greedy_generation_follows_the_reference_argmax(tmp_path):

@@ -21,15 +21,14 @@ ROPE_NEOX = 2
 class Step:
     """One forward graph: its context, graph, sizes and input tensors (filled by the model after allocation).
 
-    Cells [0, n_kv) of the KV cache are attended (n_kv >= pos0 + n_tokens, padded like llama.cpp so that
-    consecutive steps have the same shapes and reuse one allocation plan; the mask hides the extra cells);
-    this step's tokens go to cells [pos0, pos0 + n_tokens). `out_ids` selects the rows whose logits are
-    computed (None: every row).
+    Cells [0, n_kv) of the KV cache are attended (n_kv >= the cells in use, padded like llama.cpp so that
+    consecutive steps have the same shapes; the mask hides the extra cells). Nothing in the graph depends
+    on the tokens' positions: they, the mask and the KV cells written are inputs, so one Step serves every
+    step of the same shape. `out_ids` selects the rows whose logits are computed (None: every row).
     """
 
     ctx: Context
     graph: Graph
-    pos0: int
     n_tokens: int
     n_outputs: int
     n_kv: int
@@ -37,16 +36,17 @@ class Step:
     positions: Tensor
     out_ids: Tensor | None
     masks: dict = field(default_factory=dict)  # window (None = full causal) -> F32 [n_kv, n_tokens] input
+    kv_cells: tuple | None = None              # I64 inputs: the KV cache rows this step writes (kv_cache.store)
 
     @classmethod
-    def new(cls, pos0: int, n_tokens: int, n_outputs: int, n_kv: int, graph_size: int = 8192) -> Step:
+    def new(cls, n_tokens: int, n_outputs: int, n_kv: int, graph_size: int = 8192) -> Step:
         ctx = Context(no_alloc=True)
         tokens = ctx.new_tensor_1d(GGMLType.I32, n_tokens, "inp_tokens").set_input()
         positions = ctx.new_tensor_1d(GGMLType.I32, n_tokens, "inp_pos").set_input()
         out_ids = None
         if n_outputs < n_tokens:
             out_ids = ctx.new_tensor_1d(GGMLType.I32, n_outputs, "inp_out_ids").set_input()
-        return cls(ctx, Graph(graph_size), pos0, n_tokens, n_outputs, n_kv, tokens, positions, out_ids)
+        return cls(ctx, Graph(graph_size), n_tokens, n_outputs, n_kv, tokens, positions, out_ids)
 
     def mask(self, window: int | None = None) -> Tensor:
         """The attention mask input for a layer with this sliding window (one tensor per distinct window)."""
