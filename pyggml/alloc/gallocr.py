@@ -564,7 +564,7 @@ class GraphAllocator:
                 self._init_tensor(leaf, ta, bound)
             for node, (dst, srcs) in zip(graph.nodes, rec.nodes):
                 for src, ta in zip(node.src, srcs):  # the record has every used slot: the fingerprint matched
-                    if src is not None:
+                    if src is not None and (src.buffer is None or src.data is None):  # most were placed already
                         self._init_tensor(src, ta, bound)
                 self._init_tensor(node, dst, bound)
         except BaseException:
