@@ -12,7 +12,7 @@ from functools import cache
 import numpy as np
 
 from pyggml.backend.cpu.kernels import kernel
-from pyggml.backend.cpu.kernels._common import as_f32, store
+from pyggml.backend.cpu.kernels._common import as_f32, store, view
 from pyggml.backend.cpu.kernels.elementwise import unary_types_ok
 from pyggml.core.tensor import GluOp, Op, Tensor, UnaryOp
 from pyggml.core.types import GGMLType as G
@@ -77,8 +77,12 @@ def gelu_erf(x: np.ndarray) -> np.ndarray:
 
 
 def silu(x: np.ndarray) -> np.ndarray:
+    """x / (1 + exp(-x)), computed in one temporary array."""
     with np.errstate(over="ignore"):
-        return x / (np.float32(1) + np.exp(-x))
+        y = np.negative(x)
+        np.exp(y, out=y)
+        y += np.float32(1)
+        return np.divide(x, y, out=y)
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
@@ -209,5 +213,7 @@ def glu(dst: Tensor) -> None:
     x, g = glu_operands(dst, as_f32)
     if dst.glu_op == GluOp.SWIGLU_OAI:
         store(dst, _swiglu_oai(x, g, dst.op_params_f32(2), dst.op_params_f32(3)))
+    elif dst.type == G.F32:  # straight into dst's memory (GLU is never in place, so no source is overwritten)
+        np.multiply(GLU_ACTIVATIONS[dst.glu_op](x), g, out=view(dst))
     else:
         store(dst, GLU_ACTIVATIONS[dst.glu_op](x) * g)
