@@ -18,20 +18,40 @@ from pyggml.sched import Scheduler
 
 
 class SingleBackend:
-    """One backend, one GraphAllocator reserved for the worst case."""
+    """One backend, one GraphAllocator reserved for the worst case.
+
+    A step graph that is computed again (the model reuses it while the step shape stays the same) runs
+    through a backend graph plan made once, where the backend has plans (ggml_backend_graph_plan_*):
+    the kernels are looked up once per graph instead of once per token.
+    """
 
     def __init__(self, backend: Backend):
         self.backend = backend
         self.galloc = GraphAllocator(backend.default_buffer_type)
+        self.has_plans = type(backend)._graph_plan_create is not Backend._graph_plan_create
+        self._planned: tuple[Graph, object] | None = None  # (graph, its backend plan)
 
     def reserve(self, graph: Graph) -> None:
         self.galloc.reserve(graph)
 
     def alloc_graph(self, graph: Graph) -> None:
+        self._drop_plan()  # placing a graph anew may change what its plan would hold
         self.galloc.alloc_graph(graph)
 
     def compute(self, graph: Graph) -> None:
-        self.backend.graph_compute(graph)
+        if not self.has_plans:
+            self.backend.graph_compute(graph)
+            return
+        if self._planned is None or self._planned[0] is not graph:
+            self._drop_plan()
+            self._planned = (graph, self.backend.graph_plan_create(graph))
+        self.backend.graph_plan_compute(self._planned[1])
+        self.backend.synchronize()
+
+    def _drop_plan(self) -> None:
+        if self._planned is not None:
+            self.backend.graph_plan_free(self._planned[1])
+            self._planned = None
 
     @property
     def plan(self):
