@@ -93,24 +93,31 @@ class Graph:
 
     def _visit(self, root: Tensor) -> None:
         """Iterative DFS (graphs can be deeper than Python's recursion limit). A stack entry is
-        (tensor, its sources or None before the first visit, index of the next source)."""
+        (tensor, its sources or None before the first visit, index of the next source); a source
+        visited before only has its COMPUTE flags refreshed, without a trip through the stack."""
         visited = self._visited
         _mark_compute(root)
+        if id(root) in visited:
+            self._refresh_compute(root)
+            return
         stack: list[tuple[Tensor, list | None, int]] = [(root, None, 0)]
         while stack:
             t, srcs, i = stack.pop()
             if srcs is None:
-                if id(t) in visited:
-                    self._refresh_compute(t)
-                    continue
                 visited.add(id(t))
                 srcs = self._slots(t)
-            if i < len(srcs):
-                stack.append((t, srcs, i + 1))
-                _mark_compute(srcs[i])
-                stack.append((srcs[i], None, 0))
-                continue
-            self._append(t)
+            while i < len(srcs):
+                src = srcs[i]
+                i += 1
+                _mark_compute(src)
+                if id(src) in visited:
+                    self._refresh_compute(src)
+                else:
+                    stack.append((t, srcs, i))
+                    stack.append((src, None, 0))
+                    break
+            else:
+                self._append(t)
 
     def _refresh_compute(self, t: Tensor) -> None:
         """A visited tensor's sources still get the COMPUTE flag if they lack it (ggml does the same)."""
