@@ -56,11 +56,15 @@ class KVCache:
 
         K rows are cells, so row i of k goes to row cell_i; Vᵀ's cells are columns, so (as llama.cpp does)
         both V and the cache are seen as one-value rows and value d of token i goes to row d * size + cell_i.
+        V is transposed first, so that the writes run along the cache's rows (d-major) instead of jumping a
+        row per value (about 10x slower for a 512-token batch).
         """
         ctx, n = step.ctx, step.n_tokens
         k_cells, v_cells = self._cell_inputs(step)
         k_rows = ops.reshape_2d(ctx, k, self.n_embd_k, n)
         step.graph.build_forward_expand(ops.set_rows(ctx, self.k[il], k_rows, k_cells))
+        if n > 1:
+            v = ops.cont(ctx, ops.transpose(ctx, ops.reshape_2d(ctx, v, self.n_embd_v, n)))
         v_values = ops.reshape_2d(ctx, v, 1, self.n_embd_v * n)
         v_flat = ops.reshape_2d(ctx, self.v[il], 1, self.size * self.n_embd_v)
         step.graph.build_forward_expand(ops.set_rows(ctx, v_flat, v_values, v_cells))
@@ -80,7 +84,7 @@ class KVCache:
         self.check_room(pos0, step.n_tokens)
         cells = np.arange(pos0, pos0 + step.n_tokens, dtype=np.int64)
         tensor_set(step.kv_cells[0], cells)
-        tensor_set(step.kv_cells[1], (cells[:, None] + np.arange(self.n_embd_v, dtype=np.int64) * self.size).ravel())
+        tensor_set(step.kv_cells[1], (np.arange(self.n_embd_v, dtype=np.int64)[:, None] * self.size + cells).ravel())
 
     def views(self, ctx: Context, il: int, n_kv: int) -> tuple[Tensor, Tensor]:
         """K as [head_dim, n_kv, n_head_kv] and Vᵀ as [n_kv, head_dim, n_head_kv] over cells [0, n_kv)."""

@@ -75,9 +75,11 @@ def _exp_rows(scores: np.ndarray, mask: Tensor | None, max_bias: float, sinks: T
     if mask is not None:
         m = as_f32(mask)[:, :, :n_rows, :n_cols]
         m3, m2 = m.shape[:2]
-        slopes = alibi_slopes(n_head, max_bias).reshape(1, 1, n_head // m2, m2, 1, 1)
         tiled = _tiled(scores, (m3, m2))
-        tiled += slopes * m[None, :, None, :, :, :]
+        if max_bias == 0.0:  # every slope is 1: no product to form
+            tiled += m[None, :, None, :, :, :]
+        else:
+            tiled += alibi_slopes(n_head, max_bias).reshape(1, 1, n_head // m2, m2, 1, 1) * m[None, :, None, :, :, :]
     peak = scores.max(axis=-1, keepdims=True)
     sink = as_f32(sinks).reshape(1, -1, 1, 1) if sinks is not None else None
     if sink is not None:
@@ -226,14 +228,19 @@ def rope(dst: Tensor) -> None:
     x = as_f32(a)
     first, second = _rotated_halves(mode, n_dims)
     x0, x1 = x[..., first], x[..., second]
-    rotated0 = x0 * cos - x1 * sin
-    rotated1 = x0 * sin + x1 * cos
     out = view(dst)
     rotated_end = 2 * n_dims if mode == RopeType.VISION else n_dims
     if rotated_end < a.ne[0]:
         out[..., rotated_end:] = view(a)[..., rotated_end:]
-    out[..., first] = rotated0
-    out[..., second] = rotated1
+    if dst.type != F32 or np.may_share_memory(out, x):  # rounded once / in place: through temporaries
+        rotated0, rotated1 = x0 * cos - x1 * sin, x0 * sin + x1 * cos
+        out[..., first], out[..., second] = rotated0, rotated1
+        return
+    out0, out1 = out[..., first], out[..., second]
+    np.multiply(x0, cos, out=out0)
+    out0 -= x1 * sin
+    np.multiply(x0, sin, out=out1)
+    out1 += x1 * cos
 
 
 # ----- flash attention ------------------------------------------------------------------------------

@@ -122,8 +122,12 @@ def set_rows(dst: Tensor) -> None:
     ids3 = view(c)[0]
     n3, n2 = rows.shape[:2]
     values = rows if dst.type == G.F32 else T.from_float(dst.type, rows)
-    if n3 == n2 == 1:  # one plane (a KV cache write): plain row indexing
-        view(dst)[0, 0][_checked_ids(dst, c, ids3[0, 0], dst.ne[1])] = values[0, 0]
+    if n3 == n2 == 1:  # one plane (a KV cache write): plain row indexing, of values for one-value rows
+        ids = _checked_ids(dst, c, ids3[0, 0], dst.ne[1])
+        if dst.ne[0] == 1:
+            view(dst)[0, 0, :, 0][ids] = values[0, 0, :, 0]
+        else:
+            view(dst)[0, 0][ids] = values[0, 0]
         return
     ids = _checked_ids(dst, c, np.tile(ids3, (n3 // ids3.shape[0], n2 // ids3.shape[1], 1)), dst.ne[1])
     view(dst)[np.arange(n3)[:, None, None], np.arange(n2)[None, :, None], ids] = values

@@ -49,8 +49,10 @@ def by_f16_table(fn, x: np.ndarray) -> np.ndarray:
 def gelu(x: np.ndarray) -> np.ndarray:
     """ggml_vec_gelu_f32 with GGML_GELU_FP16: the table, except 0 below -10 and x above 10."""
     y = by_f16_table(gelu_tanh, x)
-    np.copyto(y, x, where=x >= 10)
-    np.copyto(y, np.float32(0), where=x <= -10)
+    if x.size and x.max() >= 10:  # the extremes are rare: test before a masked pass over every value
+        np.copyto(y, x, where=x >= 10)
+    if x.size and x.min() <= -10:
+        np.copyto(y, np.float32(0), where=x <= -10)
     return y
 
 
