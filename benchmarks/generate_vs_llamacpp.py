@@ -1,10 +1,11 @@
 """pyggml against llama.cpp (llama-cpp-python) on the same GGUF model, prompt and thread count.
 
-Each side runs in its own subprocess (so peak RSS is its own), --repeat times alternating with the best
-run of each kept (the machine is shared): prompt tokens/s, generated tokens/s
-(greedy), peak RSS and compute buffer size, then the ratios pyggml / llama.cpp. llama.cpp's side
-runs under --llama-python (a Python that has llama_cpp, e.g. /tmp/llamavenv/bin/python); its compute
-buffer size is read from llama.cpp's own log line.
+Each side runs in its own subprocess (so peak RSS is its own), --repeat times alternating; each process
+times one run after --warmup untimed ones (as llama-bench does), and the medians over the processes are
+shown: prompt tokens/s, generated tokens/s (greedy), peak RSS and compute buffer size, then the ratios
+pyggml / llama.cpp (--warmup 0 times each process's first run instead). llama.cpp's side runs under
+--llama-python (a Python that has llama_cpp, e.g. /tmp/llamavenv/bin/python); its compute buffer size
+is read from llama.cpp's own log line.
 
     python benchmarks/generate_vs_llamacpp.py --llama-python /tmp/llamavenv/bin/python
 """
@@ -16,6 +17,7 @@ import json
 import os
 import re
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -29,21 +31,33 @@ def peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def timed_runs(args, reset, prompt, step, ids) -> dict:
+    """--warmup untimed runs, then one timed run: the prompt in one call, then args.n greedy steps.
+
+    Like llama-bench, the timed run follows a warm-up (both sides pay first-use costs there: page faults
+    of fresh buffers, allocator and BLAS set-up); the model is reset between runs.
+    """
+    for _ in range(args.warmup + 1):
+        reset()
+        start = time.perf_counter()
+        token = prompt(ids)
+        prompt_s = time.perf_counter() - start
+        start = time.perf_counter()
+        for _ in range(args.n):
+            token = step(token)
+        gen_s = time.perf_counter() - start
+    return {"prompt_tokens": len(ids), "prompt_tps": len(ids) / prompt_s, "gen_tokens": args.n,
+            "gen_tps": args.n / gen_s, "peak_rss": peak_rss()}
+
+
 def run_pyggml(args) -> dict:
     from pyggml.models import load_model
 
     model = load_model(args.model, n_ctx=args.ctx, n_batch=args.batch, repack=not args.no_repack)
     ids = model.tokenize(TEXT * 200)[: args.prompt_tokens]
-    start = time.perf_counter()
-    logits = model.decode(ids)
-    prompt_s = time.perf_counter() - start
-    token = int(logits.argmax())
-    start = time.perf_counter()
-    for _ in range(args.n):
-        token = int(model.decode([token]).argmax())
-    gen_s = time.perf_counter() - start
-    return {"prompt_tokens": len(ids), "prompt_tps": len(ids) / prompt_s, "gen_tokens": args.n,
-            "gen_tps": args.n / gen_s, "peak_rss": peak_rss(), "compute_buffer": model.compute_buffer_size,
+    result = timed_runs(args, model.reset, lambda t: int(model.decode(t).argmax()),
+                        lambda t: int(model.decode([t]).argmax()), ids)
+    return {**result, "compute_buffer": model.compute_buffer_size,
             "compute_buffer_ggml_planner": model.reserved_plan.ggml_size}
 
 
@@ -53,29 +67,21 @@ def run_llama(args) -> dict:
     llm = llama_cpp.Llama(model_path=args.model, n_ctx=args.ctx, n_batch=args.batch, n_ubatch=args.batch,
                           n_threads=args.threads, n_threads_batch=args.threads, verbose=True)
     ids = llm.tokenize((TEXT * 200).encode())[: args.prompt_tokens]
-    start = time.perf_counter()
-    llm.eval(ids)
-    prompt_s = time.perf_counter() - start
     n_vocab = llm.n_vocab()
 
-    def last_argmax() -> int:
+    def eval_argmax(tokens) -> int:
         import numpy as np
+        llm.eval(tokens)
         return int(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(n_vocab,)).argmax())
 
-    token = last_argmax()
-    start = time.perf_counter()
-    for _ in range(args.n):
-        llm.eval([token])
-        token = last_argmax()
-    gen_s = time.perf_counter() - start
-    return {"prompt_tokens": len(ids), "prompt_tps": len(ids) / prompt_s, "gen_tokens": args.n,
-            "gen_tps": args.n / gen_s, "peak_rss": peak_rss()}
+    return timed_runs(args, llm.reset, eval_argmax, lambda t: eval_argmax([t]), ids)
 
 
 def _side(python: str, side: str, args) -> dict:
     cmd = [python, os.path.abspath(__file__), "--side", side, "--model", args.model, "--ctx", str(args.ctx),
            "--batch", str(args.batch), "--threads", str(args.threads), "-n", str(args.n),
-           "--prompt-tokens", str(args.prompt_tokens)] + (["--no-repack"] if args.no_repack else [])
+           "--prompt-tokens", str(args.prompt_tokens), "--warmup", str(args.warmup)] + (
+               ["--no-repack"] if args.no_repack else [])
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads),
                MKL_NUM_THREADS=str(args.threads))
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -88,12 +94,10 @@ def _side(python: str, side: str, args) -> dict:
     return result
 
 
-def _best(a: dict, b: dict) -> dict:
-    """Fastest speeds and smallest memory figures of two runs."""
-    if not a:
-        return b
-    return {k: (max if k.endswith("tps") else min)(a[k], b[k]) if isinstance(a[k], (int, float)) and b[k] is not None
-            else a[k] for k in a}
+def _median(runs: list[dict]) -> dict:
+    """Each figure's median over the runs (the machine is shared and noisy)."""
+    return {k: statistics.median(r[k] for r in runs) if all(isinstance(r.get(k), (int, float)) for r in runs)
+            else runs[0].get(k) for k in runs[0]}
 
 
 def main() -> None:
@@ -105,7 +109,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("-n", type=int, default=32, help="generated tokens")
     p.add_argument("--prompt-tokens", type=int, default=512)
-    p.add_argument("--repeat", type=int, default=3, help="runs per side, alternating; the best of each is shown")
+    p.add_argument("--repeat", type=int, default=5, help="runs per side, alternating; medians are shown")
+    p.add_argument("--warmup", type=int, default=1, help="untimed runs before the timed one, in each process")
     p.add_argument("--no-repack", action="store_true", help="pyggml keeps quantized weights as in the file")
     p.add_argument("--side", choices=["pyggml", "llama"], help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -115,12 +120,14 @@ def main() -> None:
     if args.side:
         print(json.dumps((run_pyggml if args.side == "pyggml" else run_llama)(args)))
         return
-    ours, theirs = {}, {}
-    for _ in range(args.repeat):  # alternate the sides and keep each one's best run: the machine is shared
-        ours = _best(ours, _side(sys.executable, "pyggml", args))
-        theirs = _best(theirs, _side(args.llama_python, "llama", args))
+    our_runs, their_runs = [], []
+    for _ in range(args.repeat):  # alternate the sides: both see the same spells of load
+        our_runs.append(_side(sys.executable, "pyggml", args))
+        their_runs.append(_side(args.llama_python, "llama", args))
+    ours, theirs = _median(our_runs), _median(their_runs)
     print(f"model {os.path.basename(args.model)}, n_ctx {args.ctx}, batch {args.batch}, {args.threads} threads, "
-          f"{ours['prompt_tokens']} prompt tokens, {args.n} generated")
+          f"{ours['prompt_tokens']} prompt tokens, {args.n} generated, medians of {args.repeat} runs per side "
+          f"(each after {args.warmup} warm-up run{'' if args.warmup == 1 else 's'})")
     print(f"{'':22}{'pyggml':>12}{'llama.cpp':>12}{'ratio':>8}")
     rows = [("prompt tokens/s", "prompt_tps", 1), ("generated tokens/s", "gen_tps", 1),
             ("peak RSS MiB", "peak_rss", MIB), ("compute buffer MiB", "compute_buffer", MIB)]
