@@ -195,7 +195,8 @@ def cached_cos_sin(dst: Tensor, positions: np.ndarray, freq_factors: np.ndarray 
            None if freq_factors is None else freq_factors.tobytes())
     angles = _ANGLES.get(key)
     if angles is None:
-        angles = rope_cos_sin(dst, positions, freq_factors)
+        # contiguous rows of pairs (rope_cos_sin's are transposed): NumPy's inner loops then run along them, ~7x faster
+        angles = tuple(np.ascontiguousarray(a) for a in rope_cos_sin(dst, positions, freq_factors))
         for a in angles:
             a.flags.writeable = False
         if len(_ANGLES) >= MAX_ANGLES:
@@ -221,14 +222,13 @@ def rope(dst: Tensor) -> None:
     a, pos, factors = dst.src[0], dst.src[1], dst.src[2]
     n_dims, mode = dst.op_params_i32(1), dst.op_params_i32(2)
     positions = view(pos).reshape(-1, a.ne[2])              # (1 or 4 streams, tokens)
+    x, out = as_f32(a), view(dst)
     cos, sin = cached_cos_sin(dst, positions, as_f32(factors).reshape(-1) if factors is not None else None)
     if dst.op == Op.ROPE_BACK:
         sin = -sin
     cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # (1, tokens, 1, pairs) against (ne3, ne2, ne1, ..)
-    x = as_f32(a)
     first, second = _rotated_halves(mode, n_dims)
     x0, x1 = x[..., first], x[..., second]
-    out = view(dst)
     rotated_end = 2 * n_dims if mode == RopeType.VISION else n_dims
     if rotated_end < a.ne[0]:
         out[..., rotated_end:] = view(a)[..., rotated_end:]
