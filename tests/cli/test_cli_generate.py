@@ -24,3 +24,13 @@ def test_generate_reports_a_bad_model_file_as_an_error(tmp_path, capsys):
     bad.write_bytes(b"GGUF" + b"\0" * 10)
     assert main(["generate", "x", "--model", str(bad)]) == 2
     assert "pyggml generate: error:" in capsys.readouterr().err
+
+
+def test_generate_kv_type_f16_halves_the_kv_cache(tmp_path, capsys):
+    path = write_llama(tmp_path / "tiny.gguf")
+    sizes = {}
+    for kv_type in ("F32", "F16"):
+        assert main(["generate", "the a", "--model", str(path), "-n", "2", "--ctx", "2048", "--kv-type", kv_type]) == 0
+        line = next(x for x in capsys.readouterr().err.splitlines() if x.startswith("KV cache:"))
+        sizes[kv_type] = float(line.split()[2])
+    assert sizes["F32"] > 0 and sizes["F16"] == sizes["F32"] / 2
