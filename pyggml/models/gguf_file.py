@@ -290,6 +290,17 @@ class GGUFFile:
             raise GGUFError(f"{self.path}: tensor '{info.name}' read after close()")
         return self._buf[info.offset_in_file : info.offset_in_file + info.nbytes]
 
+    def release_pages(self, offset: int, size: int) -> None:
+        """Let the OS drop this process's resident pages of bytes [offset, offset + size) of the file, e.g. a
+        repacked tensor's original bytes: they stop counting in RSS and are read again if touched (the
+        mapping is read-only, so nothing is lost). Only whole pages inside the range are dropped."""
+        if self._mmap is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        start = -(-offset // mmap.PAGESIZE) * mmap.PAGESIZE
+        end = min(offset + size, self.file_size) // mmap.PAGESIZE * mmap.PAGESIZE
+        if end > start:
+            self._mmap.madvise(mmap.MADV_DONTNEED, start, end - start)
+
     @property
     def buffer(self):
         """The whole file as a memoryview, e.g. to wrap in a host buffer without copying."""

@@ -136,5 +136,6 @@ def _place_repacked(gguf: GGUFFile, backend, ctx: Context, infos: dict, bar: Pro
             except GGMLError as e:
                 raise GGUFError(f"{gguf.path}: tensor '{t.name}' of type {file_type.name} cannot be repacked: {e}") from e
             tensor_set(t, np.ascontiguousarray(values, dtype=np.float32), first * f32_row, values.size * 4)
+            gguf.release_pages(info.offset_in_file + first * rows.shape[1], rows[first:first + REPACK_ROWS].nbytes)
             bar.advance(values.size * 4)
     return buf

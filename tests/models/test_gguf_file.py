@@ -270,3 +270,15 @@ def test_random_damage_parses_or_raises_gguf_error(draw):
         return
     for info in f.tensors:  # whatever parsed must be self-consistent
         assert f.data_offset <= info.offset_in_file and info.offset_in_file + info.nbytes <= len(damaged[:cut])
+
+
+def test_released_pages_read_back_the_same(tmp_path):
+    """release_pages only drops resident pages of the read-only mapping: the bytes are read again on use."""
+    from tiny_models import write_llama
+
+    with GGUFFile.open(write_llama(tmp_path / "tiny.gguf")) as f:
+        before = {t.name: bytes(f.tensor_bytes(t)) for t in f.tensors}
+        for t in f.tensors:
+            f.release_pages(t.offset_in_file, t.nbytes)
+        f.release_pages(0, f.file_size + 4096)  # a range past the end is clipped
+        assert {t.name: bytes(f.tensor_bytes(t)) for t in f.tensors} == before
