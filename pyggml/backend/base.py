@@ -531,6 +531,10 @@ class Device:
     def buffer_type(self) -> BufferType:
         raise NotImplementedError(f"device {self.name} does not implement buffer_type")
 
+    def extra_buffer_types(self) -> list[BufferType]:
+        """Buffer types for weights in a layout the device computes faster with (ggml_backend_dev_get_extra_bufts)."""
+        return []
+
     def buffer_from_host_ptr(self, obj, size: int | None = None, max_tensor_size: int | None = None) -> Buffer:
         """A buffer over existing host memory (any buffer-protocol object, e.g. an mmap), without copying."""
         try:

@@ -2,9 +2,10 @@
 
 Like llama.cpp's loader, every tensor is created in a no_alloc Context with its GGUF type and shape.
 Where the device offers `buffer_from_host_ptr` (the CPU device does), the mmap'ed file itself becomes
-the WEIGHTS buffer and no byte is copied. Optionally quantized matrices are *repacked*: dequantized
-once into F32 tensors of a separate buffer (what ggml's CPU_REPACK buffer type does with its own
-layouts), so that the NumPy matmul runs straight on BLAS without dequantizing at every step.
+the WEIGHTS buffer and no byte is copied. Optionally quantized tensors are *repacked*: placed, with
+their own types, in the device's extra buffer type (the CPU's "CPU_REPACK", as llama.cpp uses ggml's),
+which converts the bytes as they are written; there the CPU's products run straight on BLAS instead of
+dequantizing at every step.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 
 from pyggml.backend import BufferUsage, tensor_alloc, tensor_set
 from pyggml.alloc import alloc_ctx_tensors_from_buft
-from pyggml.core import Context, GGMLType, Tensor
+from pyggml.core import Context, Tensor
 from pyggml.core import types as T
 from pyggml.errors import GGMLError, GGUFError
 from pyggml.models.gguf_file import GGUFFile
@@ -58,6 +59,10 @@ class Weights:
     def nbytes(self) -> int:
         return sum(b.size for b in self.buffers)
 
+    def file_bytes(self, t: Tensor) -> np.ndarray:
+        """The bytes the file holds for weight t (a repacked tensor's own bytes cannot be read back)."""
+        return _raw(self.gguf, self.gguf.tensor(t.name))
+
     def get(self, name: str, ne: tuple | None = None) -> Tensor:
         t = self.optional(name, ne)
         if t is None:
@@ -77,20 +82,18 @@ class Weights:
 def load_weights(gguf: GGUFFile, backend, repack: bool = False, progress: bool | None = None) -> Weights:
     """Create every tensor of `gguf` and put its data on `backend`'s device (see the module docstring)."""
     direct, packed = Context(no_alloc=True), Context(no_alloc=True)
+    repack_type = next(iter(backend.device.extra_buffer_types()), None) if repack else None
     infos = {}
     for info in gguf.tensors:
-        to_f32 = repack and T.is_quantized(int(info.type))
-        ctx = packed if to_f32 else direct
+        ctx = packed if repack_type is not None and T.is_quantized(int(info.type)) else direct
         try:
-            ctx.new_tensor(GGMLType.F32 if to_f32 else T.as_type(int(info.type)), info.ne[:info.n_dims] or (1,),
-                           info.name)
+            ctx.new_tensor(T.as_type(int(info.type)), info.ne[:info.n_dims] or (1,), info.name)
         except GGMLError as e:
             raise GGUFError(f"{gguf.path}: tensor '{info.name}' ({info.type.name}{list(info.ne)}): {e}") from e
         infos[info.name] = info
-    total = sum(infos[t.name].nbytes for t in direct) + sum(t.nbytes for t in packed)
-    bar = Progress("loading", total, progress)
+    bar = Progress("loading", sum(info.nbytes for info in infos.values()), progress)
     buffers = [b for b in (_place_direct(gguf, backend, direct, infos, bar),
-                           _place_repacked(gguf, backend, packed, infos, bar)) if b is not None]
+                           _place_repacked(gguf, repack_type, packed, infos, bar)) if b is not None]
     for b in buffers:
         b.usage = BufferUsage.WEIGHTS
     return Weights(gguf, {t.name: t for ctx in (direct, packed) for t in ctx}, buffers)
@@ -119,23 +122,22 @@ def _place_direct(gguf: GGUFFile, backend, ctx: Context, infos: dict, bar: Progr
     return buf
 
 
-def _place_repacked(gguf: GGUFFile, backend, ctx: Context, infos: dict, bar: Progress):
-    """Quantized tensors dequantized once into F32 tensors of their own buffer, a slab of rows at a time
-    (so a 262144-row embedding never needs a second full-size copy in memory)."""
+def _place_repacked(gguf: GGUFFile, buft, ctx: Context, infos: dict, bar: Progress):
+    """Quantized tensors written into the repack buffer type a slab of rows at a time (so a 262144-row
+    embedding is never converted in one piece), each slab's file pages released once converted."""
     if not len(ctx):
         return None
-    buf = alloc_ctx_tensors_from_buft(ctx, backend.default_buffer_type)
+    buf = alloc_ctx_tensors_from_buft(ctx, buft)
     for t in ctx:
-        info = infos[t.name]
-        file_type = T.as_type(int(info.type))
-        rows = _raw(gguf, info).reshape(-1, T.row_size(file_type, info.ne[0]))
-        f32_row = t.nb[1]
-        for first in range(0, rows.shape[0], REPACK_ROWS):
+        info, raw = infos[t.name], _raw(gguf, infos[t.name])
+        slab = REPACK_ROWS * T.row_size(t.type, t.ne[0])
+        for start in range(0, raw.size, slab):
+            chunk = raw[start:start + slab]
             try:
-                values = T.to_float(file_type, rows[first:first + REPACK_ROWS])
+                tensor_set(t, chunk, start, chunk.size)
             except GGMLError as e:
-                raise GGUFError(f"{gguf.path}: tensor '{t.name}' of type {file_type.name} cannot be repacked: {e}") from e
-            tensor_set(t, np.ascontiguousarray(values, dtype=np.float32), first * f32_row, values.size * 4)
-            gguf.release_pages(info.offset_in_file + first * rows.shape[1], rows[first:first + REPACK_ROWS].nbytes)
-            bar.advance(values.size * 4)
+                raise GGUFError(f"{gguf.path}: tensor '{t.name}' of type {T.type_name(t.type)} cannot be repacked: "
+                                f"{e}") from e
+            gguf.release_pages(info.offset_in_file + start, chunk.size)
+            bar.advance(chunk.size)
     return buf

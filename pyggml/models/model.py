@@ -72,7 +72,7 @@ class Model:
         self.n_ctx, self.n_batch = n_ctx, min(n_batch, n_ctx)
         a = self.arch
         self.kv = KVCache(backend, a.n_layer, a.n_head_kv, a.n_embd_k_gqa, a.n_embd_v_gqa, n_ctx, kv_type)
-        self.runner = (split_layers(self.weights.tensors, self.kv, a.n_layer, backends) if len(backends) > 1
+        self.runner = (split_layers(self.weights, self.kv, a.n_layer, backends) if len(backends) > 1
                        else SingleBackend(backend))
         worst, _ = self._build(self.n_batch, 1, self.kv.n_kv(self.n_ctx))
         self.runner.reserve(worst.graph)

@@ -107,8 +107,8 @@ def layer_counts(n_layer: int, backends: list[Backend]) -> list[int]:
     return counts
 
 
-def move_tensors(tensors: list[Tensor], buft: BufferType, usage: BufferUsage) -> Buffer:
-    """Re-home tensors (roots) into one new buffer of buft, bytes included."""
+def move_tensors(tensors: list[Tensor], buft: BufferType, usage: BufferUsage, read=None) -> Buffer:
+    """Re-home tensors (roots) into one new buffer of buft, with the bytes `read(t)` gives (default: their own)."""
     offsets, size = [], 0
     for t in tensors:
         offsets.append(size)
@@ -116,15 +116,16 @@ def move_tensors(tensors: list[Tensor], buft: BufferType, usage: BufferUsage) ->
     buf = buft.alloc_buffer(size)
     buf.usage = usage
     for t, off in zip(tensors, offsets):
-        raw = tensor_get(t, 0, t.nbytes)
-        t.buffer = t.data = None
+        raw = tensor_get(t, 0, t.nbytes) if read is None else read(t)
+        t.buffer = t.data = t.extra = None  # extra belonged to the old buffer (a repack buffer's marker)
         tensor_alloc(buf, t, buf.base + off)
         tensor_set(t, raw)
     return buf
 
 
-def split_layers(weights: dict[str, Tensor], kv, n_layer: int, backends: list[Backend]) -> Scheduled:
-    """Move each layer's weights and KV cache from the local backend (the last) to its backend."""
+def split_layers(weights, kv, n_layer: int, backends: list[Backend]) -> Scheduled:
+    """Move each layer's weights (their bytes from the file: repacked ones cannot be read back) and KV cache
+    from the local backend (the last) to its backend."""
     placement: list[tuple[str, list[int]]] = []
     first = 0
     for backend, count in zip(backends, layer_counts(n_layer, backends)):
@@ -134,7 +135,7 @@ def split_layers(weights: dict[str, Tensor], kv, n_layer: int, backends: list[Ba
         if backend is backends[-1] or not layers:
             continue
         prefixes = tuple(f"blk.{il}." for il in layers)
-        move_tensors([t for name, t in weights.items() if name.startswith(prefixes)], backend.default_buffer_type,
-                     BufferUsage.WEIGHTS)
+        move_tensors([t for name, t in weights.tensors.items() if name.startswith(prefixes)],
+                     backend.default_buffer_type, BufferUsage.WEIGHTS, weights.file_bytes)
         move_tensors([c for il in layers for c in (kv.k[il], kv.v[il])], backend.default_buffer_type, BufferUsage.ANY)
     return Scheduled(backends, placement)

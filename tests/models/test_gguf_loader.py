@@ -33,14 +33,16 @@ def test_without_repack_the_weights_buffer_is_the_mapped_file(q8_file):
         assert t.numpy().tobytes() == bytes(gguf.tensor_bytes(info))
 
 
-def test_repack_turns_quantized_matrices_into_their_f32_values(q8_file):
+def test_repack_places_quantized_matrices_in_the_cpu_repack_buffer_type(q8_file):
+    """They keep their file type and shape; the CPU_REPACK buffer holds their float32 values."""
     gguf = GGUFFile.open(q8_file)
     w = load_weights(gguf, init_by_name("CPU"), repack=True)
     info = gguf.tensor("blk.0.attn_q.weight")
     t = w.tensors[info.name]
     raw = np.frombuffer(gguf.tensor_bytes(info), np.uint8).reshape(info.ne[1], -1)
-    assert t.type == GGMLType.F32
-    np.testing.assert_array_equal(t.numpy(), dequantize(raw, Q8_0))
+    assert t.type == GGMLType.Q8_0 and t.buffer.buft.name == "CPU_REPACK"
+    np.testing.assert_array_equal(t.buffer.values(t)[0, 0], dequantize(raw, Q8_0))
+    assert w.file_bytes(t).tobytes() == raw.tobytes()
     assert w.tensors["blk.0.attn_norm.weight"].data - w.buffers[0].base == gguf.tensor("blk.0.attn_norm.weight").offset_in_file
     assert all(b.usage == BufferUsage.WEIGHTS for b in w.buffers) and len(w.buffers) == 2
 

@@ -128,6 +128,8 @@ class CpuDevice(Device):
         self.description = _cpu_model()
         self._buffer_type = CpuBufferType(self)
         self._mapped_type = CpuMappedBufferType(self)
+        from pyggml.backend.cpu.repack import RepackBufferType  # it builds on this module's CpuBuffer
+        self._repack_type = RepackBufferType(self)
 
     def memory(self) -> tuple[int, int]:
         """(free, total): physical memory; ggml counts all of it as free."""
@@ -151,8 +153,12 @@ class CpuDevice(Device):
     def supports_op(self, t: Tensor) -> bool:
         return kernels.supports(t)
 
+    def extra_buffer_types(self) -> list[BufferType]:
+        """[CPU_REPACK]: quantized weights kept as float32 values (pyggml.backend.cpu.repack)."""
+        return [self._repack_type]
+
     def supports_buft(self, buft: BufferType) -> bool:
-        return buft.is_host
+        return buft.is_host or buft is self._repack_type
 
 
 # ----------------------------------------------------------------------------------------------

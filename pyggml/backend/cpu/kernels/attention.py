@@ -85,7 +85,8 @@ def _exp_rows(scores: np.ndarray, mask: Tensor | None, max_bias: float, sinks: T
     if sink is not None:
         np.maximum(peak, sink, out=peak)
     peak[np.isneginf(peak)] = 0
-    scores -= peak
+    with np.errstate(invalid="ignore"):  # a row holding +inf gives NaN, as in ggml
+        scores -= peak
     np.exp(scores, out=scores)
     total = scores.sum(axis=-1, keepdims=True, dtype=sum_dtype)
     if sink is not None:
