@@ -26,7 +26,7 @@ def add_parser(subparsers) -> None:
                         "across them with the scheduler (default CPU)")
     p.add_argument("--rpc", help="RPC servers host:port[,host:port...] (pyggml or ggml rpc-server): the layers are "
                                  "split across their devices and the local CPU by free memory, as llama.cpp's "
-                                 "--rpc; add --no-repack to send the quantized weights, not F32 copies")
+                                 "--rpc (the weights go as the file holds them)")
     p.add_argument("--ctx", type=int, default=2048, help="context size in tokens (default 2048)")
     p.add_argument("--batch", type=int, default=512, help="prompt tokens per step (default 512)")
     p.add_argument("--no-repack", action="store_true", help="keep quantized weights as they are in the file")
