@@ -79,24 +79,34 @@ class Weights:
         return t
 
 
-def load_weights(gguf: GGUFFile, backend, repack: bool = False, progress: bool | None = None) -> Weights:
-    """Create every tensor of `gguf` and put its data on `backend`'s device (see the module docstring)."""
-    direct, packed = Context(no_alloc=True), Context(no_alloc=True)
+def load_weights(gguf: GGUFFile, backend, repack: bool = False, progress: bool | None = None,
+                 local=None) -> Weights:
+    """Create every tensor of `gguf` and put its data on `backend`'s device (see the module docstring).
+
+    With `local` (a predicate on tensor names), the tensors it refuses are created but left unplaced,
+    for the caller to place on other backends (`Weights.file_bytes` gives their bytes).
+    """
+    direct, packed, elsewhere = Context(no_alloc=True), Context(no_alloc=True), Context(no_alloc=True)
     repack_type = next(iter(backend.device.extra_buffer_types()), None) if repack else None
     infos = {}
     for info in gguf.tensors:
-        ctx = packed if repack_type is not None and T.is_quantized(int(info.type)) else direct
+        if local is not None and not local(info.name):
+            ctx = elsewhere
+        elif repack_type is not None and T.is_quantized(int(info.type)):
+            ctx = packed
+        else:
+            ctx = direct
         try:
             ctx.new_tensor(T.as_type(int(info.type)), info.ne[:info.n_dims] or (1,), info.name)
         except GGMLError as e:
             raise GGUFError(f"{gguf.path}: tensor '{info.name}' ({info.type.name}{list(info.ne)}): {e}") from e
         infos[info.name] = info
-    bar = Progress("loading", sum(info.nbytes for info in infos.values()), progress)
+    bar = Progress("loading", sum(infos[t.name].nbytes for ctx in (direct, packed) for t in ctx), progress)
     buffers = [b for b in (_place_direct(gguf, backend, direct, infos, bar),
                            _place_repacked(gguf, repack_type, packed, infos, bar)) if b is not None]
     for b in buffers:
         b.usage = BufferUsage.WEIGHTS
-    return Weights(gguf, {t.name: t for ctx in (direct, packed) for t in ctx}, buffers)
+    return Weights(gguf, {t.name: t for ctx in (direct, packed, elsewhere) for t in ctx}, buffers)
 
 
 def _raw(gguf: GGUFFile, info) -> np.ndarray:

@@ -22,13 +22,13 @@ from pyggml.backend import Backend, DeviceType, init_by_name, tensor_get, tensor
 from pyggml.core import GGMLType
 from pyggml.errors import GGMLError, GGUFError
 from pyggml.models.arch import architecture_of
-from pyggml.models.arch.blocks import Step
+from pyggml.models.arch.blocks import Step, hparam
 from pyggml.models.chat import detect_template, format_chat
 from pyggml.models.generate import Sampler, SamplingParams
 from pyggml.models.gguf_file import GGUFFile
 from pyggml.models.gguf_loader import load_weights
 from pyggml.models.kv_cache import KVCache, causal_mask
-from pyggml.models.runner import SingleBackend, split_layers
+from pyggml.models.runner import SingleBackend, plan_layers, remote_prefixes, split_layers
 from pyggml.models.tokenizer import load_tokenizer
 
 
@@ -65,15 +65,17 @@ class Model:
         self.backend = backend = backends[-1]
         arch_class = architecture_of(gguf)  # refuse an unknown architecture before reading any weight
         self.tokenizer = load_tokenizer(gguf)
-        self.weights = load_weights(gguf, backend, repack=repack, progress=progress)
+        placement = plan_layers(hparam(gguf, "block_count"), backends) if len(backends) > 1 else None
+        remote = remote_prefixes(placement) if placement else ()
+        self.weights = load_weights(gguf, backend, repack=repack, progress=progress,
+                                    local=(lambda name: not name.startswith(remote)) if remote else None)
         self.arch = arch_class(gguf, self.weights)
         if n_ctx <= 0 or n_batch <= 0:
             raise GGMLError(f"n_ctx ({n_ctx}) and n_batch ({n_batch}) must be positive")
         self.n_ctx, self.n_batch = n_ctx, min(n_batch, n_ctx)
         a = self.arch
         self.kv = KVCache(backend, a.n_layer, a.n_head_kv, a.n_embd_k_gqa, a.n_embd_v_gqa, n_ctx, kv_type)
-        self.runner = (split_layers(self.weights, self.kv, a.n_layer, backends) if len(backends) > 1
-                       else SingleBackend(backend))
+        self.runner = split_layers(self.weights, self.kv, placement) if placement else SingleBackend(backend)
         worst, _ = self._build(self.n_batch, 1, self.kv.n_kv(self.n_ctx))
         self.runner.reserve(worst.graph)
         self._last = None  # (shape, step, logits) of the last step planned, reused by a step of that shape

@@ -115,7 +115,7 @@ def move_tensors(tensors: list[Tensor], buft: BufferType, usage: BufferUsage, re
         size += -(-buft.alloc_size(t) // buft.alignment) * buft.alignment
     buf = buft.alloc_buffer(size)
     buf.usage = usage
-    for t, off in zip(tensors, offsets):
+    for t, off in zip(tensors, offsets):  # a tensor may be unplaced yet when `read` brings its bytes
         raw = tensor_get(t, 0, t.nbytes) if read is None else read(t)
         t.buffer = t.data = t.extra = None  # extra belonged to the old buffer (a repack buffer's marker)
         tensor_alloc(buf, t, buf.base + off)
@@ -123,19 +123,28 @@ def move_tensors(tensors: list[Tensor], buft: BufferType, usage: BufferUsage, re
     return buf
 
 
-def split_layers(weights, kv, n_layer: int, backends: list[Backend]) -> Scheduled:
-    """Move each layer's weights (their bytes from the file: repacked ones cannot be read back) and KV cache
-    from the local backend (the last) to its backend."""
-    placement: list[tuple[str, list[int]]] = []
-    first = 0
+def plan_layers(n_layer: int, backends: list[Backend]) -> list[tuple[Backend, list[int]]]:
+    """Consecutive layers per backend, in proportion to free memory (layer_counts)."""
+    placement, first = [], 0
     for backend, count in zip(backends, layer_counts(n_layer, backends)):
-        layers = list(range(first, first + count))
+        placement.append((backend, list(range(first, first + count))))
         first += count
-        placement.append((backend.name, layers))
-        if backend is backends[-1] or not layers:
+    return placement
+
+
+def remote_prefixes(placement) -> tuple[str, ...]:
+    """Name prefixes of the weights of layers that do not stay on the local backend (the last)."""
+    return tuple(f"blk.{il}." for backend, layers in placement[:-1] for il in layers)
+
+
+def split_layers(weights, kv, placement) -> Scheduled:
+    """Place each remote layer's weights (bytes from the file: the loader left them unplaced) and move its
+    KV cache from the local backend (the last) to its backend."""
+    for backend, layers in placement[:-1]:
+        if not layers:
             continue
         prefixes = tuple(f"blk.{il}." for il in layers)
         move_tensors([t for name, t in weights.tensors.items() if name.startswith(prefixes)],
                      backend.default_buffer_type, BufferUsage.WEIGHTS, weights.file_bytes)
         move_tensors([c for il in layers for c in (kv.k[il], kv.v[il])], backend.default_buffer_type, BufferUsage.ANY)
-    return Scheduled(backends, placement)
+    return Scheduled([backend for backend, _ in placement], [(b.name, layers) for b, layers in placement])

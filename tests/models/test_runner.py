@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType
 
 import pyggml as gg
 from pyggml.models import load_model
@@ -34,7 +35,7 @@ def test_split_across_torch_cpu_and_cpu_matches_one_backend(tmp_path):
     import pyggml.backend.torch  # noqa: F401 - registers TORCH_CPU
 
     path = tmp_path / "tiny.gguf"
-    write_llama(path, n_layer=4)
+    write_llama(path, n_layer=4, qtype=GGMLQuantizationType.Q8_0)  # quantized: the CPU repacks its layers
     tokens = [1, 5, 9, 3, 7, 2]
     one = load_model(path, backend="CPU", n_ctx=32, n_batch=8)
     assert isinstance(one.runner, SingleBackend)
@@ -49,3 +50,6 @@ def test_split_across_torch_cpu_and_cpu_matches_one_backend(tmp_path):
     assert nmse < 5e-4
     assert int(np.argmax(got[-1])) == int(np.argmax(expected[-1]))
     assert two.decode([4]).shape == (one.n_vocab,)  # single-token steps after the prompt
+    remote = [t for name, t in two.weights.tensors.items() if name.startswith(("blk.0.", "blk.1."))]
+    assert remote and all(t.buffer.buft.name != "CPU_REPACK" for t in remote)
+    assert two.weights.nbytes < one.weights.nbytes  # the local buffers hold only the local layers

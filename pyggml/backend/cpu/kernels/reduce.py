@@ -28,7 +28,8 @@ def sum_rows(dst: Tensor) -> None:
 def mean(dst: Tensor) -> None:
     """The row sum rounded to float, then divided in float (ggml's order)."""
     sums = view(dst.src[0]).sum(axis=-1, keepdims=True, dtype=np.float64).astype(np.float32)
-    np.divide(sums, np.float32(dst.src[0].ne[0]), out=view(dst))
+    with np.errstate(invalid="ignore", divide="ignore"):  # empty rows give NaN (0/0), as in ggml
+        np.divide(sums, np.float32(dst.src[0].ne[0]), out=view(dst))
 
 
 @kernel(Op.CUMSUM, supports=lambda t: src_f32(t) and t.type == G.F32)
