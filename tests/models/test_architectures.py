@@ -18,6 +18,7 @@ CASES = {
     "llama-q8_0": (lambda p: write_llama(p, "llama", qtype=GGMLQuantizationType.Q8_0), ref.llama_logits),
     "gpt2": (lambda p: write_gpt2(p), ref.gpt2_logits),
     "gpt2-untied": (lambda p: write_gpt2(p, tied=False), ref.gpt2_logits),
+    "gpt2-q8_0": (lambda p: write_gpt2(p, qtype=GGMLQuantizationType.Q8_0), ref.gpt2_logits),
 }
 
 
@@ -46,6 +47,16 @@ def test_token_by_token_decode_matches_numpy_with_f16_cache(tmp_path, case, repa
     got = np.stack([model.decode([t]) for t in tokens])
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-2 * np.abs(expected).max())
     assert model.n_past == len(tokens)
+
+
+@pytest.mark.parametrize("case", ["llama-q8_0", "gpt2-q8_0"])
+def test_repacked_weights_give_the_logits_of_the_file_bytes(tmp_path, case):
+    """CPU_REPACK holds the values the file's bytes dequantize to: products and embedding rows are identical."""
+    tokens = np.random.default_rng(4).integers(3, 60, 10).tolist()
+    packed, _ = _model_and_reference(tmp_path, case, tokens, n_ctx=32, n_batch=4, repack=True)
+    assert any(t.buffer.buft.name == "CPU_REPACK" for t in packed.weights.tensors.values())
+    plain = load_model(tmp_path / f"{case}.gguf", n_ctx=32, n_batch=4, repack=False)
+    np.testing.assert_array_equal(packed.decode(tokens, all_logits=True), plain.decode(tokens, all_logits=True))
 
 
 @pytest.mark.parametrize("kv_type", [GGMLType.F32, GGMLType.F16], ids=["F32", "F16"])

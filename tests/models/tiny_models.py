@@ -101,7 +101,7 @@ def write_llama(path, arch: str = "llama", n_vocab: int = 64, n_embd: int = 64, 
 
 
 def write_gpt2(path, n_vocab: int = 64, n_embd: int = 64, n_head: int = 4, n_ff: int = 128, n_layer: int = 2,
-               n_ctx: int = 128, tied: bool = True, seed: int = 0):
+               n_ctx: int = 128, tied: bool = True, seed: int = 0, qtype=None):
     rng = np.random.default_rng(seed)
     w = GGUFWriter(str(path), "gpt2")
     w.add_uint32("gpt2.context_length", n_ctx)
@@ -115,7 +115,7 @@ def write_gpt2(path, n_vocab: int = 64, n_embd: int = 64, n_head: int = 4, n_ff:
     def vec(n, centre=0.0):
         return centre + 0.1 * rng.normal(size=n)
 
-    _add(w, "token_embd.weight", rng.normal(0, 1, (n_vocab, n_embd)), None)
+    _add(w, "token_embd.weight", rng.normal(0, 1, (n_vocab, n_embd)), qtype)
     _add(w, "position_embd.weight", rng.normal(0, 0.5, (n_ctx, n_embd)), None)
     _add(w, "output_norm.weight", vec(n_embd, 1.0), None)
     _add(w, "output_norm.bias", vec(n_embd), None)
@@ -128,7 +128,7 @@ def write_gpt2(path, n_vocab: int = 64, n_embd: int = 64, n_head: int = 4, n_ff:
             _add(w, p + norm + ".bias", vec(n_embd), None)
         for name, n_out, n_in in (("attn_qkv", 3 * n_embd, n_embd), ("attn_output", n_embd, n_embd),
                                   ("ffn_up", n_ff, n_embd), ("ffn_down", n_embd, n_ff)):
-            _add(w, p + name + ".weight", rng.normal(0, 1 / np.sqrt(n_in), (n_out, n_in)), None)
+            _add(w, p + name + ".weight", rng.normal(0, 1 / np.sqrt(n_in), (n_out, n_in)), qtype)
             _add(w, p + name + ".bias", vec(n_out), None)
     _write(w)
     return path
