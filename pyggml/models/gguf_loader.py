@@ -80,17 +80,17 @@ class Weights:
 
 
 def load_weights(gguf: GGUFFile, backend, repack: bool = False, progress: bool | None = None,
-                 local=None) -> Weights:
+                 elsewhere_prefixes: tuple[str, ...] = ()) -> Weights:
     """Create every tensor of `gguf` and put its data on `backend`'s device (see the module docstring).
 
-    With `local` (a predicate on tensor names), the tensors it refuses are created but left unplaced,
-    for the caller to place on other backends (`Weights.file_bytes` gives their bytes).
+    Tensors whose names start with one of `elsewhere_prefixes` are created but left unplaced, for the
+    caller to place on other backends (`Weights.file_bytes` gives their bytes).
     """
     direct, packed, elsewhere = Context(no_alloc=True), Context(no_alloc=True), Context(no_alloc=True)
     repack_type = next(iter(backend.device.extra_buffer_types()), None) if repack else None
     infos = {}
     for info in gguf.tensors:
-        if local is not None and not local(info.name):
+        if info.name.startswith(elsewhere_prefixes):
             ctx = elsewhere
         elif repack_type is not None and T.is_quantized(int(info.type)):
             ctx = packed

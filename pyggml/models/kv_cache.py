@@ -78,10 +78,10 @@ class KVCache:
         return step.kv_cells
 
     def set_cell_inputs(self, step, pos0: int) -> None:
-        """Fill the step's cell inputs for tokens at positions pos0, pos0 + 1, ... (after allocation)."""
+        """Fill the step's cell inputs for tokens at positions pos0, pos0 + 1, ... (after allocation; the
+        caller has checked them with check_room)."""
         if step.kv_cells is None:
             return
-        self.check_room(pos0, step.n_tokens)
         cells = np.arange(pos0, pos0 + step.n_tokens, dtype=np.int64)
         tensor_set(step.kv_cells[0], cells)
         tensor_set(step.kv_cells[1], (np.arange(self.n_embd_v, dtype=np.int64)[:, None] * self.size + cells).ravel())

@@ -66,9 +66,8 @@ class Model:
         arch_class = architecture_of(gguf)  # refuse an unknown architecture before reading any weight
         self.tokenizer = load_tokenizer(gguf)
         placement = plan_layers(hparam(gguf, "block_count"), backends) if len(backends) > 1 else None
-        remote = remote_prefixes(placement) if placement else ()
         self.weights = load_weights(gguf, backend, repack=repack, progress=progress,
-                                    local=(lambda name: not name.startswith(remote)) if remote else None)
+                                    elsewhere_prefixes=remote_prefixes(placement) if placement else ())
         self.arch = arch_class(gguf, self.weights)
         if n_ctx <= 0 or n_batch <= 0:
             raise GGMLError(f"n_ctx ({n_ctx}) and n_batch ({n_batch}) must be positive")

@@ -132,9 +132,14 @@ def plan_layers(n_layer: int, backends: list[Backend]) -> list[tuple[Backend, li
     return placement
 
 
+def layer_prefixes(layers) -> tuple[str, ...]:
+    """Name prefixes of these layers' weights (for str.startswith)."""
+    return tuple(f"blk.{il}." for il in layers)
+
+
 def remote_prefixes(placement) -> tuple[str, ...]:
     """Name prefixes of the weights of layers that do not stay on the local backend (the last)."""
-    return tuple(f"blk.{il}." for backend, layers in placement[:-1] for il in layers)
+    return layer_prefixes(il for _, layers in placement[:-1] for il in layers)
 
 
 def split_layers(weights, kv, placement) -> Scheduled:
@@ -143,7 +148,7 @@ def split_layers(weights, kv, placement) -> Scheduled:
     for backend, layers in placement[:-1]:
         if not layers:
             continue
-        prefixes = tuple(f"blk.{il}." for il in layers)
+        prefixes = layer_prefixes(layers)
         move_tensors([t for name, t in weights.tensors.items() if name.startswith(prefixes)],
                      backend.default_buffer_type, BufferUsage.WEIGHTS, weights.file_bytes)
         move_tensors([c for il in layers for c in (kv.k[il], kv.v[il])], backend.default_buffer_type, BufferUsage.ANY)

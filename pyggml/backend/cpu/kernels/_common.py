@@ -18,6 +18,11 @@ def blas_threads(n: int):
     return _BLAS.limit(limits=n, user_api="blas")
 
 
+def repacked_values(t: Tensor) -> np.ndarray | None:
+    """The float32 values of a tensor in a CPU_REPACK buffer (shape ne[::-1], in place); None for others."""
+    return t.buffer.values(t) if t.extra is REPACKED else None
+
+
 def view(t: Tensor) -> np.ndarray:
     """Zero-copy view of t's memory (shape ne[::-1]; raw uint8 rows for block types)."""
     return host_ndarray(t)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from pyggml.backend.cpu.kernels import kernel
-from pyggml.backend.cpu.kernels._common import FLOAT_TYPES, REPACKED, as_f32, store, view
+from pyggml.backend.cpu.kernels._common import FLOAT_TYPES, as_f32, repacked_values, store, view
 from pyggml.backend.cpu.kernels._dequant_cache import dequantizable
 from pyggml.backend.cpu.kernels.elementwise import as_repeated, can_quantize, split_for_repeat
 from pyggml.core import types as T
@@ -107,9 +107,10 @@ def get_rows(dst: Tensor) -> None:
     a, b = dst.src[0], dst.src[1]
     ids = _checked_ids(dst, b, view(b)[0], a.ne[1])
     n12, n11 = ids.shape[:2]
-    rows = a.buffer.values(a) if a.extra is REPACKED else view(a)  # a repacked matrix's rows are float32 already
+    repacked = repacked_values(a)  # a repacked matrix's rows are float32 values already
+    rows = repacked if repacked is not None else view(a)
     picked = rows[np.arange(n12)[:, None, None], np.arange(n11)[None, :, None], ids]
-    if a.extra is REPACKED:
+    if repacked is not None:
         store(dst, picked)
     elif a.type == G.I32:
         view(dst)[...] = picked

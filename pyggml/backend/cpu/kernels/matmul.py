@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from pyggml.backend.cpu.kernels import kernel
-from pyggml.backend.cpu.kernels._common import FLOAT_TYPES, REPACKED, as_f32, blas_threads, view
+from pyggml.backend.cpu.kernels._common import FLOAT_TYPES, as_f32, blas_threads, repacked_values, view
 from pyggml.backend.cpu.kernels._dequant_cache import DEQUANT_CACHE, dequantizable
 from pyggml.core import types as T
 from pyggml.core.tensor import Op, Tensor
@@ -20,9 +20,8 @@ def src0_f32(t: Tensor) -> np.ndarray:
     """src0's values as float32, shape ne[::-1]: a view for F32 and repacked weights, else a (cached) dequantized copy."""
     if t.type == T.GGMLType.F32:
         return view(t)
-    if t.extra is REPACKED:
-        return t.buffer.values(t)
-    return DEQUANT_CACHE.get(t)
+    repacked = repacked_values(t)
+    return repacked if repacked is not None else DEQUANT_CACHE.get(t)
 
 
 def _blasable(m: np.ndarray) -> np.ndarray:
