@@ -1,0 +1,14 @@
+"""The CPU backend's compiled kernels (Numba, LLVM): one place, readable as Python, named as ggml names them.
+
+Kernels compile lazily on first call and are cached on disk (`cache=True`), so only the first process after an
+install pays the compilation. `jit` is the one decorator every module here uses; `parallel_jit` adds `prange`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numba
+
+jit = functools.partial(numba.njit, cache=True, nogil=True)
+parallel_jit = functools.partial(numba.njit, cache=True, nogil=True, parallel=True)
