@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -137,16 +138,26 @@ class WireGraph:
 # ----------------------------------------------------------------------------------------------
 # Framing over a socket whose timeout is set (every recv/send then raises socket.timeout)
 # ----------------------------------------------------------------------------------------------
-def recv_exact(sock: socket.socket, size: int) -> bytearray:
-    """Exactly `size` bytes; a peer that closes first raises ConnectionError."""
-    buf = bytearray(size)
-    view = memoryview(buf)
-    got = 0
+def recv_into_exact(sock: socket.socket, view: memoryview, deadline: float | None = None) -> None:
+    """Fill view from the socket; a peer that closes first raises ConnectionError, one slower than `deadline`
+    (a time.monotonic() instant) raises TimeoutError, whatever the pace of its bytes."""
+    got, size = 0, len(view)
     while got < size:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"peer sent {got} of {size} bytes before its deadline")
+            sock.settimeout(left)
         n = sock.recv_into(view[got:], min(size - got, 1 << 24))
         if n == 0:
             raise ConnectionError(f"peer closed the connection after {got} of {size} bytes")
         got += n
+
+
+def recv_exact(sock: socket.socket, size: int, deadline: float | None = None) -> bytearray:
+    """Exactly `size` bytes (the caller bounds `size`: the buffer is allocated before they arrive)."""
+    buf = bytearray(size)
+    recv_into_exact(sock, memoryview(buf), deadline)
     return buf
 
 
@@ -188,8 +199,10 @@ def _prime_powers(n: int) -> np.ndarray:
 _POWERS = None
 
 
-def fnv1a_64(data) -> int:
+def fnv1a_64(data, h: int = FNV_OFFSET) -> int:
     """ggml's fnv_hash: h = (h ^ byte) * P for every byte, from the FNV offset basis, modulo 2^64.
+
+    `h` continues a hash: fnv1a_64(b, fnv1a_64(a)) == fnv1a_64(a + b), so data can be hashed as it arrives.
 
     XOR with a byte changes only the low byte of h, and the low byte of the product depends only
     on the low byte of its factors. So the low bytes form a small automaton, solved bit by bit
@@ -200,7 +213,6 @@ def fnv1a_64(data) -> int:
     if _POWERS is None:
         _POWERS = _prime_powers(_CHUNK)[::-1].copy()  # index i of a full chunk: P^(CHUNK - i)
     raw = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
-    h = FNV_OFFSET
     for start in range(0, raw.size, _CHUNK):
         b = raw[start:start + _CHUNK]
         low = _low_bytes(h & 0xFF, b)

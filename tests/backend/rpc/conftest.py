@@ -29,7 +29,8 @@ def pyggml_cache_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def pyggml_server(pyggml_cache_dir):
     """pyggml's RPC server on the CPU device, in this process (a thread per connection)."""
-    with rpc.RPCServer([CPU_REG.device(0)], cache_dir=str(pyggml_cache_dir), request_timeout=5.0) as server:
+    with rpc.RPCServer([CPU_REG.device(0)], cache_dir=str(pyggml_cache_dir),
+                       limits=rpc.Limits(request_timeout=5.0)) as server:
         server.start()
         yield server
 

@@ -68,7 +68,7 @@ def wire(ptr=0, data=0, ne=(16, 1, 1, 1), type_=0, tid=1, src=(), op=0, view_src
 
 @pytest.fixture(scope="module")
 def server():
-    with rpc.RPCServer([CPU_REG.device(0)], request_timeout=2.0) as s:
+    with rpc.RPCServer([CPU_REG.device(0)], limits=rpc.Limits(request_timeout=2.0)) as s:
         s.start()
         yield s
 
