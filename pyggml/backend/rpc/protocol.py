@@ -146,9 +146,12 @@ def recv_into_exact(sock: socket.socket, view: memoryview, deadline: float | Non
         if deadline is not None:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise TimeoutError(f"peer sent {got} of {size} bytes before its deadline")
+                raise TimeoutError(f"timed out (message deadline) after {got} of {size} bytes")
             sock.settimeout(left)
-        n = sock.recv_into(view[got:], min(size - got, 1 << 24))
+        try:
+            n = sock.recv_into(view[got:], min(size - got, 1 << 24))
+        except TimeoutError:
+            raise TimeoutError(f"timed out after {got} of {size} bytes") from None
         if n == 0:
             raise ConnectionError(f"peer closed the connection after {got} of {size} bytes")
         got += n

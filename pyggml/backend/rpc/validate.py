@@ -100,13 +100,15 @@ def _im2col(ctx, t):
 
 
 def _pool(ctx, t):
-    if t.op == Op.POOL_1D:
-        kind, k0, s0, p0 = _i(t, 4)
-        _conv_params(t, _s(t, 0), 1, (s0,), (p0,), (1,))
-        return ops.pool_1d(ctx, _s(t, 0), conv.PoolOp(kind), k0, s0, p0)
-    kind, k0, k1, s0, s1, p0, p1 = _i(t, 7)
-    _conv_params(t, _s(t, 0), 2, (s0, s1), (p0, p1), (1, 1))
-    return ops.pool_2d(ctx, _s(t, 0), conv.PoolOp(kind), k0, k1, s0, s1, p0, p1)
+    one_d = t.op == Op.POOL_1D
+    kind, *p = _i(t, 4 if one_d else 7)
+    kernel, strides, pads = (p[0:1], p[1:2], p[2:3]) if one_d else (p[0:2], p[2:4], p[4:6])
+    if min(kernel) < 1 or any(k > _s(t, 0).ne[d] + 2 * max(pads[d], 0) for d, k in enumerate(kernel)):
+        raise Refused(f"{t.op.name} {t.name!r}: kernel {kernel} must be >= 1 and fit the padded input {_s(t, 0).ne}")
+    _conv_params(t, _s(t, 0), len(kernel), strides, pads, (1, 1))
+    if one_d:
+        return ops.pool_1d(ctx, _s(t, 0), conv.PoolOp(kind), *kernel, *strides, *pads)
+    return ops.pool_2d(ctx, _s(t, 0), conv.PoolOp(kind), *kernel, *strides, *pads)
 
 
 def _conv_transpose(ctx, t):

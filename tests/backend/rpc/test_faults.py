@@ -18,52 +18,9 @@ from pyggml.backend import rpc, tensor_get, tensor_set
 from pyggml.backend.cpu import CPU_REG
 from pyggml.backend.rpc import protocol as P
 from pyggml.errors import RPCError
+from raw_client import RawClient, wire
 
 F32 = gg.GGMLType.F32
-
-
-class RawClient:
-    """A hand-driven client: sends whatever bytes a test wants."""
-
-    def __init__(self, endpoint, hello=True):
-        host, port = endpoint.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=5)
-        if hello:
-            assert self.request(P.Cmd.HELLO, bytes(24), reply=True)[:3] == bytes([4, 0, 1])
-
-    def send(self, cmd, payload=b"", declared=None):
-        self.sock.sendall(struct.pack("<BQ", cmd, len(payload) if declared is None else declared) + payload)
-
-    def request(self, cmd, payload=b"", reply=False):
-        self.send(cmd, payload)
-        if reply:
-            (size,) = struct.unpack("<Q", P.recv_exact(self.sock, 8))
-            return bytes(P.recv_exact(self.sock, size))
-        return None
-
-    def closed_by_server(self) -> bool:
-        try:
-            while self.sock.recv(1 << 16):
-                pass
-            return True
-        except ConnectionResetError:
-            return True
-        except socket.timeout:
-            return False
-
-    def alloc(self, size):
-        ptr, got = P.PAIR_U64.unpack(self.request(P.Cmd.ALLOC_BUFFER, P.ALLOC_BUFFER_REQ.pack(0, size), True))
-        base = P.U64.unpack(self.request(P.Cmd.BUFFER_GET_BASE, P.U64.pack(ptr), True))[0]
-        return ptr, base
-
-    def close(self):
-        self.sock.close()
-
-
-def wire(ptr=0, data=0, ne=(16, 1, 1, 1), type_=0, tid=1, src=(), op=0, view_src=0):
-    return P.WireTensor(id=tid, type=type_, buffer=ptr, ne=list(ne), nb=[4, 64, 64, 64], op=op, op_params=[0] * 16,
-                        flags=0, src=list(src) + [0] * (10 - len(src)), view_src=view_src, view_offs=0, data=data,
-                        name=f"t{tid}")
 
 
 @pytest.fixture(scope="module")
