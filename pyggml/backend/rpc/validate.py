@@ -38,12 +38,16 @@ def logical_bytes(t: Tensor) -> int:
 
 
 def is_dense(t: Tensor) -> bool:
-    """Strides that pack the elements with no gap or overlap, in some order of the dims (blocks stay innermost)."""
+    """Strides that pack the elements with no gap or overlap, the dims in any order (conv_2d_dw_direct's
+    channels-innermost result is one); blocks of a quantized type stay innermost."""
     blck, size = T.block_traits(t.type)
-    if t.ne[0] > 1 and t.nb[0] != size:
-        return False
-    expect = size * (t.ne[0] // blck)
-    for i in sorted((i for i in range(1, 4) if t.ne[i] > 1), key=lambda i: (t.nb[i], i)):
+    if blck > 1:
+        if t.nb[0] != size:
+            return False
+        expect, dims = size * (t.ne[0] // blck), range(1, 4)
+    else:
+        expect, dims = size, range(4)
+    for i in sorted((i for i in dims if t.ne[i] > 1), key=lambda i: (t.nb[i], i)):
         if t.nb[i] != expect:
             return False
         expect *= t.ne[i]
