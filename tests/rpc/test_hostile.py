@@ -281,6 +281,19 @@ def test_slow_client_is_dropped_mid_message(server):
     check_unharmed(server)
 
 
+def test_client_that_never_reads_its_reply_is_dropped(server):
+    """A 64 MB GET_TENSOR whose reply is never read: the server's send times out instead of blocking for good."""
+    c = RawClient(server.endpoint, timeout=10)
+    ptr, base = c.alloc(64 * MB)
+    t = wire(ptr, base, ne=(16 * MB, 1, 1, 1))
+    c.send(P.Cmd.GET_TENSOR, P.TENSOR_OFFSET_U64.pack(t.pack(), 0, 64 * MB))
+    time.sleep(REQUEST_TIMEOUT + 1)
+    healthy(server.endpoint)  # served meanwhile
+    assert c.closed_by_server()  # what was sent drains, then the end of the connection
+    c.close()
+    check_unharmed(server)
+
+
 # ----- 4. op parameters checked up front ---------------------------------------------------------------
 def bad_nodes():
     a = dict(ne=(4, 4, 4, 1))

@@ -323,7 +323,9 @@ class Session:
             return True
         if self._recv_size(cmd, fixed) != fixed:
             raise Refused(f"{cmd.name} request is not {fixed} bytes")
-        reply = handler(self, self._recv(fixed))
+        request = self._recv(fixed)
+        self.sock.settimeout(self.server.limits.request_timeout)  # each reply (or 1 MiB of it) must go in time
+        reply = handler(self, request)
         if reply is not None:
             P.send_reply(self.sock, reply)
         return True
