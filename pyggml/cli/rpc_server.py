@@ -12,7 +12,8 @@ from pyggml.errors import BackendError, RPCError
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("rpc-server", help="serve local devices over ggml's RPC protocol")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: loopback only; any other address prints a warning: "
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1: loopback only; any other address prints a warning: "
                         "the protocol has no authentication)")
     p.add_argument("--port", "-p", type=int, default=50052, help="TCP port (default 50052, as ggml; 0 = any free)")
     p.add_argument("--backend", "-d", action="append",

@@ -338,6 +338,23 @@ def test_non_loopback_host_warns(caplog):
     assert "no authentication" in caplog.text and "0.0.0.0" in caplog.text
 
 
+def test_cli_limit_flags():
+    from pyggml.cli.main import build_parser
+    from pyggml.cli.rpc_server import limits_from
+
+    args = build_parser().parse_args(["rpc-server", "--max-buffer-memory", "8G", "--max-connection-memory", "512M",
+                                      "--compute-timeout", "0", "--max-connections", "4", "--work-per-byte", "100"])
+    limits = limits_from(args)
+    assert (limits.max_buffer_memory, limits.max_connection_memory) == (8 << 30, 512 << 20)
+    assert (limits.compute_timeout, limits.max_connections, limits.work_per_byte) == (0, 4, 100)
+    defaults = limits_from(build_parser().parse_args(["rpc-server"]))
+    assert defaults == rpc_limits.Limits() and defaults.max_connections == 64
+    assert rpc_limits.default_buffer_memory(10 << 30) == 9 << 30
+    assert rpc_limits.default_buffer_memory(1 << 20) == 0
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["rpc-server", "--max-buffer-memory", "lots"])
+
+
 # ----- fuzz ------------------------------------------------------------------------------------------------
 INTERESTING = [0, 1, 2, 3, 4, 16, 31, 32, 255, 256, 4096, (1 << 16) - 1, 1 << 24, (1 << 31) - 1, 1 << 31,
                (1 << 32) - 1]
@@ -356,7 +373,8 @@ def fuzz_tensor(rng: random.Random, ptr: int, base: int, tid: int, ids) -> P.Wir
              ne=ne, type_=rng.choice([0, 0, 0, 1, 2, 8, 24, 26, 39, 200]), tid=tid,
              op=rng.choice([0, 0, rng.randrange(96), 250]), view_src=rng.choice([0, 0, 0, *ids]),
              src=[rng.choice(ids) if ids and rng.random() < 0.5 else 0 for _ in range(rng.randrange(4))],
-             op_params=[i32(rng.choice(INTERESTING)) if rng.random() < 0.3 else rng.randrange(-4, 8) for _ in range(16)],
+             op_params=[i32(rng.choice(INTERESTING)) if rng.random() < 0.3 else rng.randrange(-4, 8)
+                        for _ in range(16)],
              flags=rng.choice([0, COMPUTE, COMPUTE | 1, rng.getrandbits(31)]))
     for field in ("ne", "nb"):
         if rng.random() < 0.2:
