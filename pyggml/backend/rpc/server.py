@@ -123,11 +123,6 @@ class RPCServer:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             threading.Thread(target=session.run, name=f"rpc-session-{peer}", daemon=True).start()
 
-    @property
-    def connection_count(self) -> int:
-        with self._lock:
-            return len(self._sessions)
-
     def forget(self, session: Session) -> None:
         with self._lock:
             self._sessions.discard(session)
@@ -151,10 +146,6 @@ class RPCServer:
         with self._lock:
             self._allocated[device] -= size
             session.allocated[device] -= size
-
-    def allocated(self, device: int) -> int:
-        with self._lock:
-            return self._allocated[device]
 
     # ----- computes -------------------------------------------------------------------------------
     def compute(self, session: Session, device: int, graph: Graph) -> None:
