@@ -1,6 +1,6 @@
-"""Compute the shared ggml graphs with pyggml's CPU backend and with ggml 0.15.3 itself (the peer), same inputs.
+"""Compute the ggml graph fixtures with pyggml's CPU backend and with ggml 0.15.3 itself (the peer), same inputs.
 
-For each graph of shared/graphs/: random weights and inputs (I32 positions and row indices valid, soft_max masks
+For each graph of tests/data/graphs/: random weights and inputs (I32 positions and row indices valid, soft_max masks
 causal), pyggml computes (weights via alloc_ctx_tensors on lg.preallocated, compute memory via GraphAllocator,
 backend.graph_compute) and so does ggml's CPU backend, both with the same thread count. The outputs must agree
 (NMSE against ggml, test-backend-ops' 2e-3 for llm-style subgraphs); the table gives median times over the timed
@@ -32,14 +32,9 @@ from pyggml.core.tensor import Op, TensorFlag
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
+from fixture_data import GRAPH_NAMES, GRAPHS  # noqa: E402 - the tests' graph fixtures
 
-GRAPHS = ["gpt2_small_prefill", "gpt2_small_decode", "llama_like_block_stack", "whisper_tiny_encoder_like",
-          "mlp_chain", "wide_dag"]
 NMSE_MAX = 2e-3
-
-
-def graphs_dir() -> Path:
-    return Path(os.environ.get("PYGGML_SHARED", REPO.parent / "shared")) / "graphs"
 
 
 @dataclass
@@ -166,13 +161,13 @@ def pyggml_side(lg, weights, inputs, threads: int):
 SIDES = {"ggml": ggml_side, "pyggml": pyggml_side}
 
 
-def bench(name: str, threads: int, runs: int, seed: int = 0) -> Row:
+def bench(name: str, threads: int, runs: int, seed: int = 0, graphs: Path = GRAPHS) -> Row:
     """Set up both sides, compute once each (warm-up; these outputs are compared), then time `runs`
     rounds that alternate the sides, so that both see the same machine load."""
     row = Row(name)
-    path = graphs_dir() / f"{name}.json"
+    path = graphs / f"{name}.json"
     if not path.exists():
-        row.problems.append(f"no graph file {path} (set PYGGML_SHARED)")
+        row.problems.append(f"no graph file {path}")
         return row
     lg = gg.load_graph_json(path)
     row.n_nodes = lg.graph.n_nodes
@@ -224,7 +219,7 @@ def print_table(rows: list[Row], threads: int, runs: int) -> None:
 def main(argv=None) -> int:
     os.environ.setdefault("GGML_NO_BACKTRACE", "1")  # a ggml abort would otherwise fork gdb
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("graphs", nargs="*", default=GRAPHS, help=f"graph names (default: {' '.join(GRAPHS)})")
+    ap.add_argument("graphs", nargs="*", default=GRAPH_NAMES, help=f"graph names (default: {' '.join(GRAPH_NAMES)})")
     ap.add_argument("--runs", type=int, default=5, help="timed runs per side after one warm-up (>= 5 advised)")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
