@@ -101,7 +101,8 @@ def llama_log_facts(log: str) -> dict:
         return found.group(1) if found else default
 
     return {"compute_buffer": compute_buffer(contexts[0]) if contexts else None,
-            "compute_buffer_1_output": compute_buffer(contexts[1]) if len(contexts) > 1 else None,
+            "compute_buffer_1_output": compute_buffer(contexts[1])  # a llama.cpp without n_outputs_max: none
+            if len(contexts) > 1 and re.search(r"n_outputs_max\s*=\s*1\n", contexts[1]) else None,
             "kv_type": setting(r"K \((\w+)\)").upper(), "outputs_reserved": setting(r"n_outputs_max\s*=\s*(\d+)"),
             "flash_attn": setting(r"flash_attn\s*=\s*(\w+)"),
             "weights": "quantized, repacked (CPU_REPACK)" if "CPU_REPACK model buffer size" in log else "as in the file"}
