@@ -1,16 +1,18 @@
-"""Compute the shared ggml graphs with pyggml's CPU backend and with ggml 0.15.3 itself (the peer), same inputs.
+"""Compute the ggml graph fixtures with pyggml's CPU backend and with ggml 0.15.3 itself (the peer), same inputs.
 
-For each graph of shared/graphs/: random weights and inputs (I32 positions and row indices valid, soft_max masks
+For each graph of tests/data/graphs/: random weights and inputs (I32 positions and row indices valid, soft_max masks
 causal), pyggml computes (weights via alloc_ctx_tensors on lg.preallocated, compute memory via GraphAllocator,
 backend.graph_compute) and so does ggml's CPU backend, both with the same thread count. The outputs must agree
 (NMSE against ggml, test-backend-ops' 2e-3 for llm-style subgraphs); the table gives median times over the timed
 runs, which alternate the two sides so that both see the same machine load, after one warm-up, and the ratio
-pyggml/ggml. A graph one side cannot compute is listed with the reason.
+pyggml/ggml. A graph one side cannot compute is listed with the reason. The load average at the start of every
+timed run is recorded (the table gives each graph's highest per core) and results taken above load 1.0 per core
+are marked noisy; the output ends with what the two sides do differently.
 A timed run is "set the graph inputs, compute", as in llama.cpp: the allocators reuse an input's memory once
 its last consumer has run, so a second compute without new inputs would read garbage (ggml aborts on the
 token ids of GET_ROWS).
 
-    .venv/bin/python benchmarks/compute_vs_ggml.py [--runs 5] [--threads 2] [graph names...]
+    .venv/bin/python benchmarks/compute_vs_ggml.py [--runs 5] [--threads 2] [--quick] [graph names...]
 """
 
 from __future__ import annotations
@@ -32,14 +34,12 @@ from pyggml.core.tensor import Op, TensorFlag
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
+from fixture_data import GRAPH_NAMES, GRAPHS  # noqa: E402 - the tests' graph fixtures
 
-GRAPHS = ["gpt2_small_prefill", "gpt2_small_decode", "llama_like_block_stack", "whisper_tiny_encoder_like",
-          "mlp_chain", "wide_dag"]
+sys.path.append(str(Path(__file__).resolve().parent))  # already there when run as a script
+from peer_run import RunLog, RunStart, differences  # noqa: E402
+
 NMSE_MAX = 2e-3
-
-
-def graphs_dir() -> Path:
-    return Path(os.environ.get("PYGGML_SHARED", REPO.parent / "shared")) / "graphs"
 
 
 @dataclass
@@ -50,6 +50,11 @@ class Row:
     pyggml_s: float | None = None
     nmse: float | None = None
     problems: list[str] = field(default_factory=list)
+    starts: list[RunStart] = field(default_factory=list)  # the machine as each timed run began
+
+    @property
+    def noisy(self) -> bool:
+        return any(s.noisy for s in self.starts)
 
 
 # ----- inputs ---------------------------------------------------------------------------------------
@@ -166,13 +171,13 @@ def pyggml_side(lg, weights, inputs, threads: int):
 SIDES = {"ggml": ggml_side, "pyggml": pyggml_side}
 
 
-def bench(name: str, threads: int, runs: int, seed: int = 0) -> Row:
+def bench(name: str, threads: int, runs: int, seed: int = 0, graphs: Path = GRAPHS, log: RunLog | None = None) -> Row:
     """Set up both sides, compute once each (warm-up; these outputs are compared), then time `runs`
-    rounds that alternate the sides, so that both see the same machine load."""
-    row = Row(name)
-    path = graphs_dir() / f"{name}.json"
+    rounds that alternate the sides, so that both see the same machine load (recorded in `log`)."""
+    row, log = Row(name), log if log is not None else RunLog()
+    path = graphs / f"{name}.json"
     if not path.exists():
-        row.problems.append(f"no graph file {path} (set PYGGML_SHARED)")
+        row.problems.append(f"no graph file {path}")
         return row
     lg = gg.load_graph_json(path)
     row.n_nodes = lg.graph.n_nodes
@@ -191,6 +196,7 @@ def bench(name: str, threads: int, runs: int, seed: int = 0) -> Row:
                 row.problems.append(f"{who}: {type(e).__name__}: {e}")
         for _ in range(runs):
             for who, compute in computes.items():
+                row.starts.append(log.start(f"{name} {who}", echo=False))
                 times[who].append(seconds(compute))
     row.ggml_s, row.pyggml_s = (statistics.median(times[w]) if times.get(w) else None for w in SIDES)
     if len(results) == 2:
@@ -207,32 +213,51 @@ def print_table(rows: list[Row], threads: int, runs: int) -> None:
         return "-" if s is None else f"{s * 1e3:.1f}"
 
     print(f"median of {runs} alternating runs after 1 warm-up, {threads} threads each; "
-          f"NMSE = max over outputs, pyggml vs ggml")
-    header = f"{'graph':<27} {'nodes':>6} {'ggml ms':>10} {'pyggml ms':>10} {'pyggml/ggml':>12} {'NMSE':>10}  ok"
+          f"NMSE = max over outputs, pyggml vs ggml; load = highest 1-minute load per core as a timed run began")
+    header = (f"{'graph':<27} {'nodes':>6} {'ggml ms':>10} {'pyggml ms':>10} {'pyggml/ggml':>12} {'NMSE':>10} "
+              f"{'load':>6}  ok")
     print(header)
     print("-" * len(header))
     for r in rows:
         ratio = "-" if r.ggml_s is None or r.pyggml_s is None else f"{r.pyggml_s / r.ggml_s:.1f}x"
         err = "-" if r.nmse is None else f"{r.nmse:.2e}"
-        print(f"{r.name:<27} {r.n_nodes:>6} {ms(r.ggml_s):>10} {ms(r.pyggml_s):>10} {ratio:>12} {err:>10}  "
-              f"{'no' if r.problems else 'yes'}")
+        load = f"{max(s.load_per_core for s in r.starts):.2f}" if r.starts else "-"
+        print(f"{r.name:<27} {r.n_nodes:>6} {ms(r.ggml_s):>10} {ms(r.pyggml_s):>10} {ratio:>12} {err:>10} "
+              f"{load:>6}  {'no' if r.problems else 'yes'}{' (noisy)' if r.noisy else ''}")
     for r in rows:
         for p in r.problems:
             print(f"  {r.name}: {p}")
 
 
+def sides_differences(threads: int) -> str:
+    return differences([
+        ("kernels", "NumPy (BLAS) and Numba", "ggml's C kernels"),
+        ("threads", f"{threads} (BLAS limited to {threads})", f"{threads} (ggml's threadpool)"),
+        ("compute memory", "GraphAllocator, planner 'best'", "ggml_gallocr"),
+        ("weights, inputs", "same types and values", "same types and values"),
+        ("graph", "the graph file's nodes", "the same nodes, rebuilt with ggml's ops"),
+    ], ("pyggml", "ggml 0.15.3"))
+
+
 def main(argv=None) -> int:
     os.environ.setdefault("GGML_NO_BACKTRACE", "1")  # a ggml abort would otherwise fork gdb
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("graphs", nargs="*", default=GRAPHS, help=f"graph names (default: {' '.join(GRAPHS)})")
+    ap.add_argument("graphs", nargs="*", default=GRAPH_NAMES, help=f"graph names (default: {' '.join(GRAPH_NAMES)})")
     ap.add_argument("--runs", type=int, default=5, help="timed runs per side after one warm-up (>= 5 advised)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--quick", action="store_true", help="a smoke test: mlp_chain and gpt2_small_decode, 2 runs")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.graphs, args.runs = ["mlp_chain", "gpt2_small_decode"], 2
+    log = RunLog()
+    print(log.header(), flush=True)
     rows = []
     for name in args.graphs:
-        rows.append(bench(name, args.threads, args.runs))
+        rows.append(bench(name, args.threads, args.runs, log=log))
         print(f"... {name} done", file=sys.stderr, flush=True)
     print_table(rows, args.threads, args.runs)
+    print(sides_differences(args.threads))
+    print(log.summary())
     return 1 if any(r.problems for r in rows) else 0
 
 

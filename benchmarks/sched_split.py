@@ -10,7 +10,6 @@ alternate between its buffers and the CPU's), else the scheduler tests' fake GPU
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -24,10 +23,9 @@ from pyggml.backend import tensor_get
 from pyggml.sched import Scheduler
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "sched"))
+sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "sched")]
+from fixture_data import GRAPH_NAMES, graph_path  # noqa: E402 - the tests' graph fixtures
 from graph_fixtures import load_weights, outputs, set_inputs  # noqa: E402 - shared with the scheduler tests
-
-SHARED = Path(os.environ.get("PYGGML_SHARED", REPO.parent / "shared"))
 
 
 def second_backend():
@@ -53,11 +51,11 @@ def timed(fn, runs):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("graph", nargs="?", default="gpt2_small_prefill")
+    ap.add_argument("graph", nargs="?", default="gpt2_small_prefill", choices=GRAPH_NAMES)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--parallel", action="store_true", help="pipeline parallelism (4 input copies)")
     args = ap.parse_args()
-    path = SHARED / "graphs" / f"{args.graph}.json"
+    path = graph_path(args.graph)
     values = gg.load_graph_json(path).random_values(seed=0)
     cpu = gg.backend.init_by_name("CPU")
 

@@ -213,7 +213,7 @@ class Interval:
 
 
 def load_csv(path: str | Path) -> list[Interval]:
-    """Read a planning-bench CSV (`id,lower,upper,size`); decimal ids become ints."""
+    """Read a planning CSV (`id,lower,upper,size`, tests/data/planning/README.md); decimal ids become ints."""
     path = Path(path)
     intervals = []
     with path.open(newline="") as f:

@@ -7,10 +7,14 @@ A third-party package declares, in its pyproject.toml,
 
 where `init()` returns a BackendReg (the Python form of ggml_backend_init); an optional
 `score()` in the same module that returns 0 rejects the backend on this system, as
-ggml_backend_score does. `load_all()` loads every installed entry point.
+ggml_backend_score does. `load_all()` loads every installed entry point (each once).
 
-Lookups that find nothing return None (as ggml returns NULL); the init_* functions raise
-BackendError instead, naming what is registered.
+A name that no registered device has makes `device_by_name`, `reg_by_name`, `init_by_name` and
+`init_by_type` call `load_all()` once and look again, and `init_best` loads them before it chooses
+(llama.cpp's tools call ggml_backend_load_all at start-up for the same reason): an installed plugin
+is found by name without an explicit `load_all()`.
+Lookups that still find nothing return None (as ggml returns NULL); the init_* functions raise
+BackendError instead, naming every registered device.
 
 Thread-safety: every function may be called from any thread; registration is serialized.
 """
@@ -32,6 +36,9 @@ ENTRY_POINT_GROUP = "pyggml.backends"
 _lock = threading.RLock()
 _regs: list[BackendReg] = []
 _devices: list[Device] = []
+_load_lock = threading.RLock()  # serializes load_all; held while plugins import, so never taken under _lock
+_loaded: dict[tuple[str, str], BackendReg | None] = {}  # entry point (name, value) -> its reg (None: refused)
+_entry_points_loaded = False  # load_all has run since the last unregister
 
 
 # ----------------------------------------------------------------------------------------------
@@ -58,9 +65,13 @@ def register_device(dev: Device) -> None:
 
 def unregister_backend(reg: BackendReg) -> None:
     """Remove a reg and its devices (ggml_backend_unload)."""
+    global _entry_points_loaded
     with _lock:
         _devices[:] = [d for d in _devices if d.reg is not reg]
         _regs[:] = [r for r in _regs if r is not reg]
+        for key in [k for k, r in _loaded.items() if r is reg]:
+            del _loaded[key]  # a later load_all loads that entry point again, as after ggml_backend_unload
+            _entry_points_loaded = False
 
 
 # ----------------------------------------------------------------------------------------------
@@ -78,9 +89,18 @@ def devices() -> list[Device]:
         return list(_devices)
 
 
+def _find(lookup):
+    """lookup(), and again after loading the installed plugins once when it found nothing."""
+    found = lookup()
+    if found is None and not _entry_points_loaded:
+        load_all()
+        found = lookup()
+    return found
+
+
 def reg_by_name(name: str) -> BackendReg | None:
     """The reg called `name` (case-insensitive), or None."""
-    return next((r for r in backends() if r.name.lower() == name.lower()), None)
+    return _find(lambda: next((r for r in backends() if r.name.lower() == name.lower()), None))
 
 
 backend_by_name = reg_by_name
@@ -88,7 +108,7 @@ backend_by_name = reg_by_name
 
 def device_by_name(name: str) -> Device | None:
     """The device called `name` (case-insensitive), or None."""
-    return next((d for d in devices() if d.name.lower() == name.lower()), None)
+    return _find(lambda: next((d for d in devices() if d.name.lower() == name.lower()), None))
 
 
 def device_by_type(type_: DeviceType) -> Device | None:
@@ -111,14 +131,16 @@ def init_by_name(name: str, params: str | None = None) -> Backend:
 
 
 def init_by_type(type_: DeviceType, params: str | None = None) -> Backend:
-    dev = device_by_type(DeviceType(type_))
+    dev = _find(lambda: device_by_type(DeviceType(type_)))
     if dev is None:
         raise BackendError(f"no device of type {DeviceType(type_).name}; registered devices: {_known()}")
     return dev.init_backend(params)
 
 
 def init_best() -> Backend:
-    """A backend on the first GPU, else the first integrated GPU, else the first CPU."""
+    """A backend on the first GPU, else the first integrated GPU, else the first CPU (plugins loaded first)."""
+    if not _entry_points_loaded:
+        load_all()
     for type_ in (DeviceType.GPU, DeviceType.IGPU, DeviceType.CPU):
         dev = device_by_type(type_)
         if dev is not None:
@@ -164,14 +186,25 @@ def load_backend(source: EntryPoint | str | ModuleType) -> BackendReg | None:
 
 
 def load_all() -> list[BackendReg]:
-    """Load every installed `pyggml.backends` entry point; one that fails is skipped with a warning."""
-    loaded = []
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            reg = load_backend(ep)
-        except BackendError as e:
-            warnings.warn(str(e), RuntimeWarning, stacklevel=2)
-            continue
-        if reg is not None:
-            loaded.append(reg)
-    return loaded
+    """Load every installed `pyggml.backends` entry point not loaded yet and return the regs of all the
+    installed ones. Idempotent: an entry point is loaded once (again only after its reg is unregistered);
+    one that fails is skipped with a warning, once."""
+    global _entry_points_loaded
+    with _load_lock:
+        keys = []
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            key = (ep.name, ep.value)
+            keys.append(key)
+            if key in _loaded:
+                continue
+            with _lock:
+                _loaded[key] = None  # being loaded: an init() that looks up an unknown name must not load it again
+            try:
+                reg = load_backend(ep)
+            except BackendError as e:
+                warnings.warn(str(e), RuntimeWarning, stacklevel=2)
+                reg = None
+            with _lock:
+                _loaded[key] = reg
+        _entry_points_loaded = True
+        return list(dict.fromkeys(r for r in (_loaded.get(k) for k in keys) if r is not None))

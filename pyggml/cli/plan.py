@@ -25,7 +25,7 @@ class AddressOnlyBufferType(BufferType):
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("plan", help="plan a graph file's compute buffer and compare planners")
-    p.add_argument("graph", help="a ggml-graph-json/1 file (see shared/graphs/FORMAT.md)")
+    p.add_argument("graph", help="a ggml-graph-json/1 file (see tests/data/graphs/FORMAT.md)")
     p.add_argument("--planner", choices=["best", "ggml"], default="best", help="offset planner (default: best)")
     p.add_argument("--plot", metavar="PNG", help="draw the plan (tensors over step and offset) to this file")
     p.set_defaults(run=run)

@@ -1,6 +1,6 @@
 """ggml-graph-json/1: real ggml graphs (and where ggml placed them) as JSON.
 
-The format is described in shared/graphs/FORMAT.md. Loading rebuilds every tensor
+The format is described in tests/data/graphs/FORMAT.md. Loading rebuilds every tensor
 from its recorded type, ne, nb, op, op_params, srcs and view, so the graph has
 ggml's node and leaf order exactly; no op function is re-run.
 """

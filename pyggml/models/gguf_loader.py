@@ -10,10 +10,8 @@ dequantizing at every step.
 
 from __future__ import annotations
 
-import sys
-import time
-
 import numpy as np
+from tqdm import tqdm
 
 from pyggml.backend import BufferUsage, tensor_alloc, tensor_set
 from pyggml.alloc import alloc_ctx_tensors_from_buft
@@ -24,27 +22,6 @@ from pyggml.models.gguf_file import GGUFFile
 
 
 REPACK_ROWS = 16384
-
-
-class Progress:
-    """A one-line progress bar on stderr, drawn only on a terminal (or when forced)."""
-
-    def __init__(self, label: str, total: int, enabled: bool | None = None):
-        self.label, self.total, self.done = label, max(total, 1), 0
-        self.enabled = sys.stderr.isatty() if enabled is None else enabled
-        self._last = 0.0
-
-    def advance(self, n: int) -> None:
-        self.done += n
-        now = time.monotonic()
-        if self.enabled and (now - self._last > 0.1 or self.done >= self.total):
-            self._last = now
-            frac = min(self.done / self.total, 1.0)
-            bar = "#" * int(frac * 30)
-            sys.stderr.write(f"\r{self.label:<10} {frac * 100:5.1f}% [{bar:<30}]")
-            if self.done >= self.total:
-                sys.stderr.write("\n")
-            sys.stderr.flush()
 
 
 class Weights:
@@ -101,9 +78,12 @@ def load_weights(gguf: GGUFFile, backend, repack: bool = False, progress: bool |
         except GGMLError as e:
             raise GGUFError(f"{gguf.path}: tensor '{info.name}' ({info.type.name}{list(info.ne)}): {e}") from e
         infos[info.name] = info
-    bar = Progress("loading", sum(infos[t.name].nbytes for ctx in (direct, packed) for t in ctx), progress)
-    buffers = [b for b in (_place_direct(gguf, backend, direct, infos, bar),
-                           _place_repacked(gguf, repack_type, packed, infos, bar)) if b is not None]
+    total = sum(infos[t.name].nbytes for ctx in (direct, packed) for t in ctx)
+    # progress None: a bar on a terminal only (tqdm's disable=None); True/False: always/never
+    with tqdm(total=total, desc="loading", unit="B", unit_scale=True, unit_divisor=1024,
+              disable=None if progress is None else not progress) as bar:
+        buffers = [b for b in (_place_direct(gguf, backend, direct, infos, bar),
+                               _place_repacked(gguf, repack_type, packed, infos, bar)) if b is not None]
     for b in buffers:
         b.usage = BufferUsage.WEIGHTS
     return Weights(gguf, {t.name: t for ctx in (direct, packed, elsewhere) for t in ctx}, buffers)
@@ -113,7 +93,7 @@ def _raw(gguf: GGUFFile, info) -> np.ndarray:
     return np.frombuffer(gguf.tensor_bytes(info), dtype=np.uint8)
 
 
-def _place_direct(gguf: GGUFFile, backend, ctx: Context, infos: dict, bar: Progress):
+def _place_direct(gguf: GGUFFile, backend, ctx: Context, infos: dict, bar: tqdm):
     """The tensors kept in their file type: wrap the mapping where the device can, else allocate and copy."""
     if not len(ctx):
         return None
@@ -123,16 +103,16 @@ def _place_direct(gguf: GGUFFile, backend, ctx: Context, infos: dict, bar: Progr
         buf = device.buffer_from_host_ptr(gguf.buffer, gguf.file_size, largest)
         for t in ctx:
             tensor_alloc(buf, t, buf.base + infos[t.name].offset_in_file)
-            bar.advance(infos[t.name].nbytes)
+            bar.update(infos[t.name].nbytes)
         return buf
     buf = alloc_ctx_tensors_from_buft(ctx, backend.default_buffer_type)
     for t in ctx:
         tensor_set(t, _raw(gguf, infos[t.name]))
-        bar.advance(t.nbytes)
+        bar.update(t.nbytes)
     return buf
 
 
-def _place_repacked(gguf: GGUFFile, buft, ctx: Context, infos: dict, bar: Progress):
+def _place_repacked(gguf: GGUFFile, buft, ctx: Context, infos: dict, bar: tqdm):
     """Quantized tensors written into the repack buffer type a slab of rows at a time (so a 262144-row
     embedding is never converted in one piece), each slab's file pages released once converted."""
     if not len(ctx):
@@ -149,5 +129,5 @@ def _place_repacked(gguf: GGUFFile, buft, ctx: Context, infos: dict, bar: Progre
                 raise GGUFError(f"{gguf.path}: tensor '{t.name}' of type {T.type_name(t.type)} cannot be repacked: "
                                 f"{e}") from e
             gguf.release_pages(info.offset_in_file + start, chunk.size)
-            bar.advance(chunk.size)
+            bar.update(chunk.size)
     return buf

@@ -1,4 +1,4 @@
-"""Conformance on the real ggml graphs of shared/graphs: planner="ggml" gives ggml 0.15.3's offset for every
+"""Conformance on the real ggml graphs of tests/data/graphs: planner="ggml" gives ggml 0.15.3's offset for every
 placed tensor and its buffer size; planner="best" is never larger, verifies, and stays within 1% of the
 in-place lower bound that FORMAT.md lists."""
 
@@ -9,10 +9,7 @@ from pyggml.alloc import GraphAllocator, alloc_ctx_tensors
 from pyggml.alloc.gallocr import INPLACE_OPS
 from pyggml.core.tensor import Op
 
-GRAPHS = ["mlp_chain", "gpt2_small_prefill", "gpt2_small_decode", "llama_like_block_stack",
-          "whisper_tiny_encoder_like", "wide_dag"]
-LOWER_BOUNDS = {"mlp_chain": 262144, "gpt2_small_prefill": 104499200, "gpt2_small_decode": 1605632,
-                "llama_like_block_stack": 15991808, "whisper_tiny_encoder_like": 63216000, "wide_dag": 19730432}
+from fixture_data import GRAPH_NAMES, IN_PLACE_LOWER_BOUNDS, graph_path
 
 
 @pytest.fixture(scope="module")
@@ -21,12 +18,10 @@ def cpu():
 
 
 @pytest.fixture(scope="module")
-def load(graph_files, cpu):
+def load(cpu):
     """Load a graph file and give its preallocated tensors (weights, KV cache) memory first, as ggml had it."""
-    by_name = {p.stem: p for p in graph_files}
-
     def load_graph(name: str):
-        lg = gg.load_graph_json(by_name[name])
+        lg = gg.load_graph_json(graph_path(name))
         alloc_ctx_tensors(lg.preallocated, cpu)
         return lg
 
@@ -38,7 +33,7 @@ def test_inplace_op_list_matches_the_dumps(load):
     assert {Op[name] for name in lg.doc["inplace_ops"]} == INPLACE_OPS
 
 
-@pytest.mark.parametrize("name", GRAPHS)
+@pytest.mark.parametrize("name", GRAPH_NAMES)
 def test_ggml_planner_reproduces_every_offset(name, load, cpu):
     lg = load(name)
     galloc = GraphAllocator(cpu.default_buffer_type, planner="ggml")
@@ -53,11 +48,11 @@ def test_ggml_planner_reproduces_every_offset(name, load, cpu):
     assert not wrong, f"{len(wrong)} tensors differ from ggml, e.g. {next(iter(wrong.items()))}"
     assert galloc.get_buffer_size(0) == lg.expected.compute_buffer_size
     assert plan.ggml_size == lg.expected.compute_buffer_size
-    assert plan.lower_bound == LOWER_BOUNDS[name]
+    assert plan.lower_bound == IN_PLACE_LOWER_BOUNDS[name]
     plan.verify()
 
 
-@pytest.mark.parametrize("name", GRAPHS)
+@pytest.mark.parametrize("name", GRAPH_NAMES)
 def test_best_planner_is_never_larger_and_near_the_lower_bound(name, load, cpu):
     lg = load(name)
     galloc = GraphAllocator(cpu.default_buffer_type)
@@ -65,7 +60,7 @@ def test_best_planner_is_never_larger_and_near_the_lower_bound(name, load, cpu):
     plan = galloc.plan
     plan.verify()
     assert plan.ggml_size == lg.expected.compute_buffer_size
-    assert plan.lower_bound == LOWER_BOUNDS[name]
+    assert plan.lower_bound == IN_PLACE_LOWER_BOUNDS[name]
     assert plan.size <= plan.ggml_size
     assert plan.size <= 1.01 * plan.lower_bound
     assert plan.buffers[0].planner == ("ggml" if plan.ggml_size == plan.lower_bound else "best")

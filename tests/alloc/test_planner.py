@@ -1,7 +1,6 @@
 """Offset planners: ggml's dynamic allocator (golden behaviours of ggml 0.15.3) and the offline planners."""
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -11,17 +10,12 @@ from pyggml.alloc import planner
 from pyggml.alloc.planner import DynAllocator, Interval, PlanResult, plan_offsets, verify_offsets
 from pyggml.errors import AllocationError
 
-SHARED = Path(os.environ.get("PYGGML_SHARED", Path(__file__).resolve().parents[3] / "shared"))
-BENCH = SHARED / "planning-bench"
-BENCH_CSVS = sorted(BENCH.glob("*.csv"))
-needs_bench = pytest.mark.skipif(not BENCH_CSVS, reason=f"no planning-bench instances under {BENCH} (set PYGGML_SHARED)")
-# gallocr's allocations on the shared graphs as intervals (in-place chains merged, one per dyn alloc,
+from fixture_data import IN_PLACE_LOWER_BOUNDS, PLANNING, graph_path, planning_paths
+
+# gallocr's allocations on the graph fixtures as intervals (in-place chains merged, one per dyn alloc,
 # in allocation order, named by the tensor that allocated), written by replaying ggml 0.15.3's
 # gallocr rules (ggml-notes §5.4-5.6) over graphs/*.json.
 GRAPH_LIFETIMES = Path(__file__).parent / "data" / "graph_lifetimes"
-IN_PLACE_LOWER_BOUND = {  # graphs/FORMAT.md
-    "mlp_chain": 262144, "gpt2_small_prefill": 104499200, "gpt2_small_decode": 1605632,
-    "llama_like_block_stack": 15991808, "whisper_tiny_encoder_like": 63216000, "wide_dag": 19730432}
 UNBOUNDED = 2**64 // 2 - 1
 
 
@@ -163,9 +157,8 @@ def test_reset_forgets_everything():
 # --- intervals, CSV, lower bound ------------------------------------------------------------------
 
 
-@needs_bench
 def test_paper_example_best_is_load():
-    intervals = planner.load_csv(BENCH / "paper_example.csv")
+    intervals = planner.load_csv(PLANNING / "paper_example.csv")
     assert intervals[0] == Interval("t0", 0, 2, 32)
     result = plan_offsets(intervals)
     verify_offsets(intervals, result)
@@ -208,11 +201,9 @@ def test_ggml_planner_frees_before_allocating_at_the_same_step():
     assert result.height == 20
 
 
-@pytest.mark.parametrize("name", sorted(IN_PLACE_LOWER_BOUND))
+@pytest.mark.parametrize("name", sorted(IN_PLACE_LOWER_BOUNDS))
 def test_ggml_planner_reproduces_gallocr_and_best_reaches_load_on_the_graphs(name):
-    if not (SHARED / "graphs" / f"{name}.json").exists():
-        pytest.skip("shared graphs not available")
-    graph = json.loads((SHARED / "graphs" / f"{name}.json").read_text())
+    graph = json.loads(graph_path(name).read_text())
     tensors = {t["id"]: t for t in graph["leafs"] + graph["nodes"]}
     intervals = planner.load_csv(GRAPH_LIFETIMES / f"{name}.csv")
     ggml = plan_offsets(intervals, alignment=graph["alignment"], planner="ggml")
@@ -220,7 +211,7 @@ def test_ggml_planner_reproduces_gallocr_and_best_reaches_load_on_the_graphs(nam
     assert {i: tensors[i]["offset"] for i in ggml.offsets} == ggml.offsets
     best = plan_offsets(intervals, alignment=graph["alignment"])
     verify_offsets(intervals, best)
-    assert best.lower_bound == IN_PLACE_LOWER_BOUND[name]
+    assert best.lower_bound == IN_PLACE_LOWER_BOUNDS[name]
     assert best.height == best.lower_bound
 
 
@@ -242,10 +233,9 @@ def test_verify_checks_max_size():
         verify_offsets(intervals, too_big)
 
 
-@pytest.mark.parametrize("name", [p.stem for p in BENCH_CSVS if p.stat().st_size < 100_000])
-@needs_bench
+@pytest.mark.parametrize("name", [p.stem for p in planning_paths() if p.stat().st_size < 100_000])
 def test_every_planner_verifies_on_the_bench(name):
-    intervals = planner.load_csv(BENCH / f"{name}.csv")
+    intervals = planner.load_csv(PLANNING / f"{name}.csv")
     results = {p: plan_offsets(intervals, planner=p, budget_s=0.3) for p in planner.PLANNERS}
     for result in results.values():
         verify_offsets(intervals, result)
@@ -254,9 +244,8 @@ def test_every_planner_verifies_on_the_bench(name):
 
 
 @pytest.mark.parametrize("name", ["resnet50", "G_1", "pangu_2.6B"])
-@needs_bench
 def test_best_is_within_half_a_percent_of_load_on_real_traces(name):
-    intervals = planner.load_csv(BENCH / f"{name}.csv")
+    intervals = planner.load_csv(PLANNING / f"{name}.csv")
     result = plan_offsets(intervals)
     verify_offsets(intervals, result)
     assert result.height <= 1.005 * result.lower_bound
@@ -278,18 +267,16 @@ def test_interval_bigger_than_max_size_gets_its_own_chunk():
     assert sorted(result.chunk_sizes) == [10, 100]
 
 
-@needs_bench
 def test_search_improves_on_best_for_a_hard_instance():
-    intervals = planner.load_csv(BENCH / "hard_B.csv")
+    intervals = planner.load_csv(PLANNING / "hard_B.csv")
     best = plan_offsets(intervals)
     search = plan_offsets(intervals, planner="search", budget_s=60, max_iterations=300)
     verify_offsets(intervals, search)
     assert search.height < 0.95 * best.height
 
 
-@needs_bench
 def test_search_is_deterministic_given_a_seed():
-    intervals = planner.load_csv(BENCH / "hard_F.csv")
+    intervals = planner.load_csv(PLANNING / "hard_F.csv")
     runs = [plan_offsets(intervals, planner="search", budget_s=60, seed=7, max_iterations=15) for _ in range(2)]
     assert runs[0].offsets == runs[1].offsets
 

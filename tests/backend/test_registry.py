@@ -3,8 +3,11 @@
 Entry points are tested with real (tiny) distributions written into tmp_path and put on sys.path.
 """
 
+import os
+import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from minimal_backend import MinimalDevice, MinimalReg
@@ -37,7 +40,11 @@ class FakeGpu(Device):
 class FakeReg(BackendReg):
     name = "FakeGPU"
 
+INITS = 0
+
 def init():
+    global INITS
+    INITS += 1
     return FakeReg([FakeGpu()])
 '''
 
@@ -148,3 +155,48 @@ def test_load_backend_refusals(fake_dist):
     with pytest.raises(BackendError, match="cannot load 'no_such_module_xyz'"):
         registry.load_backend("no_such_module_xyz")
     sys.modules.pop("wrong_backend", None)
+
+
+@pytest.fixture
+def plugins_not_loaded(monkeypatch):
+    """As in a fresh process: the installed entry points have not been loaded yet."""
+    monkeypatch.setattr(registry, "_entry_points_loaded", False)
+    monkeypatch.setattr(registry, "_loaded", {})
+
+
+def test_an_installed_plugin_is_found_by_name_without_load_all(fake_dist, plugins_not_loaded):
+    with pytest.warns(RuntimeWarning, match="no driver"):
+        backend = registry.init_by_name("FakeGPU0")
+    assert backend.name == "FakeGPU"
+    assert registry.reg_by_name("fakegpu") is backend.device.reg
+    with pytest.raises(BackendError, match="no device named 'Metal'; registered devices: .*CPU \\(CPU\\).*FakeGPU0 \\(GPU\\)"):
+        registry.init_by_name("Metal")
+
+
+def test_init_by_type_and_init_best_load_the_plugins(fake_dist, plugins_not_loaded):
+    with pytest.warns(RuntimeWarning, match="no driver"):
+        assert registry.init_by_type(DeviceType.GPU).name == "FakeGPU"
+    registry.unregister_backend(registry.reg_by_name("FakeGPU"))
+    assert registry.init_best().name == "FakeGPU"  # unregistered, then loaded again by init_best
+
+
+def test_load_all_is_idempotent(fake_dist, plugins_not_loaded):
+    with pytest.warns(RuntimeWarning, match="no driver"):
+        first = registry.load_all()
+    n_regs, n_devs = len(registry.backends()), len(registry.devices())
+    assert registry.load_all() == first  # no second warning, no second init()
+    assert registry.device_by_name("no such device") is None  # a miss after load_all loads nothing again
+    assert sys.modules["fake_gpu_backend"].INITS == 1
+    assert (len(registry.backends()), len(registry.devices())) == (n_regs, n_devs)
+
+
+def test_a_fresh_process_finds_the_torch_device_by_name():
+    """`pyggml devices` lists TORCH_CPU; init_by_name finds it too, with no import of the torch backend first."""
+    pytest.importorskip("torch")
+    repo = Path(__file__).resolve().parents[2]
+    code = ("import sys; import pyggml as gg; assert 'pyggml.backend.torch' not in sys.modules; "
+            "print(gg.backend.init_by_name('TORCH_CPU').name)")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["TORCH_CPU"]

@@ -43,30 +43,28 @@ def test_mlp_chain_agrees_with_ggml(graph_files):
 
 
 def tiny_graph_file(dirpath: Path) -> None:
-    """graphs/tiny.json: relu(w @ x) + b, with w preallocated (it has memory when saved) and x, b inputs."""
+    """tiny.json: relu(w @ x) + b, with w preallocated (it has memory when saved) and x, b inputs."""
     weights, acts = gg.Context(no_alloc=False), gg.Context(no_alloc=True)
     w = weights.new_tensor(gg.GGMLType.F32, (64, 16), name="w")
     x = acts.new_tensor(gg.GGMLType.F32, (64, 4), name="x").set_input()
     b = acts.new_tensor(gg.GGMLType.F32, (16,), name="b").set_input()
     y = ops.add(acts, ops.relu(acts, ops.mul_mat(acts, w, x)), b).set_output()
-    (dirpath / "graphs").mkdir()
-    gg.save_graph_json(gg.Graph().build_forward_expand(y), dirpath / "graphs" / "tiny.json", "tiny")
+    gg.save_graph_json(gg.Graph().build_forward_expand(y), dirpath / "tiny.json", "tiny")
 
 
 def test_a_missing_pyggml_piece_is_reported_not_faked(tmp_path, monkeypatch, capsys):
     tiny_graph_file(tmp_path)
-    monkeypatch.setenv("PYGGML_SHARED", str(tmp_path))
-    row = bench.bench("tiny", threads=1, runs=1)
+    row = bench.bench("tiny", threads=1, runs=1, graphs=tmp_path)
     assert not row.problems and row.nmse < 1e-12 and row.n_nodes == 3
 
     def missing(*args):
         raise NotImplementedError("GraphAllocator is not written yet")
 
     monkeypatch.setitem(bench.SIDES, "pyggml", missing)
-    row = bench.bench("tiny", threads=1, runs=1)
+    row = bench.bench("tiny", threads=1, runs=1, graphs=tmp_path)
     assert row.ggml_s > 0 and row.pyggml_s is None and row.nmse is None
     assert row.problems == ["pyggml: NotImplementedError: GraphAllocator is not written yet"]
-    bench.print_table([row, bench.bench("absent", threads=1, runs=1)], threads=1, runs=1)
+    bench.print_table([row, bench.bench("absent", threads=1, runs=1, graphs=tmp_path)], threads=1, runs=1)
     out = capsys.readouterr().out
     assert "tiny: pyggml: NotImplementedError: GraphAllocator is not written yet" in out
     assert "absent: no graph file" in out

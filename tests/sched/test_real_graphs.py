@@ -1,7 +1,4 @@
-"""The real-model graphs of shared/graphs split across two backends give the single-backend results."""
-
-import os
-from pathlib import Path
+"""The real-model graphs of tests/data/graphs split across two backends give the single-backend results."""
 
 import numpy as np
 import pytest
@@ -13,6 +10,7 @@ from pyggml.backend import Status, tensor_get
 from pyggml.sched import Scheduler
 
 from fake_gpu import FakeDevice
+from fixture_data import graph_path
 from graph_fixtures import load_weights, outputs, set_inputs
 
 CASES = [("FAKE", "mlp_chain", False), ("FAKE", "mlp_chain", True), ("FAKE", "gpt2_small_decode", False),
@@ -28,7 +26,7 @@ def nmse(a, b):
 
 
 def single_backend(name, values):
-    lg = gg.load_graph_json(f"{_graphs()}/{name}.json")
+    lg = gg.load_graph_json(graph_path(name))
     cpu = gg.backend.init_by_name("CPU")
     load_weights(lg, values, [cpu.default_buffer_type])
     galloc = GraphAllocator(cpu.default_buffer_type)
@@ -36,10 +34,6 @@ def single_backend(name, values):
     set_inputs(lg, values)
     assert cpu.graph_compute(lg.graph) == Status.SUCCESS
     return [tensor_get(t).copy() for t in outputs(lg)]
-
-
-def _graphs():
-    return Path(os.environ.get("PYGGML_SHARED", Path(__file__).resolve().parents[2].parent / "shared")) / "graphs"
 
 
 def second_backend(kind):
@@ -52,11 +46,11 @@ def second_backend(kind):
 
 
 @pytest.mark.parametrize("kind, name, parallel", CASES)
-def test_split_across_two_backends_matches_single_backend(kind, name, parallel, graph_files):
-    values = gg.load_graph_json(f"{_graphs()}/{name}.json").random_values(seed=1)
+def test_split_across_two_backends_matches_single_backend(kind, name, parallel):
+    values = gg.load_graph_json(graph_path(name)).random_values(seed=1)
     reference = single_backend(name, values)
 
-    lg = gg.load_graph_json(f"{_graphs()}/{name}.json")
+    lg = gg.load_graph_json(graph_path(name))
     fake, tol = second_backend(kind)
     cpu = gg.backend.init_by_name("CPU")
     load_weights(lg, values, [fake.default_buffer_type, cpu.default_buffer_type])

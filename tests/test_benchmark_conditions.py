@@ -1,0 +1,66 @@
+"""What the *_vs_* benchmarks report about their conditions: benchmarks/peer_run.py (CPU model, load at each
+run's start, the noisy mark, the differences table) and the generate benchmark's reading of llama.cpp's log."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.append(str(BENCHMARKS))  # as when a benchmark runs as a script (appended: shadows nothing)
+import peer_run  # noqa: E402
+
+LLAMA_LOG = """\
+load_tensors:   CPU_REPACK model buffer size =    12.66 MiB
+llama_context: constructing llama_context
+llama_context: flash_attn            = disabled
+llama_context: n_outputs_max         = 512
+llama_kv_cache: size =   15.00 MiB (  1024 cells,  15 layers,  1/1 seqs), K (f16):    7.50 MiB, V (f16):    7.50 MiB
+sched_reserve:        CPU compute buffer size =   514.50 MiB
+llama_context: constructing llama_context
+llama_context: flash_attn            = disabled
+llama_context: n_outputs_max         = 1
+sched_reserve:        CPU compute buffer size =    21.76 MiB
+~llama_context:        CPU compute buffer size is 514.5020 MiB, matches expectation of 514.5020 MiB
+"""
+
+
+def test_cpu_model_reads_x86_and_arm_cpuinfo(tmp_path):
+    x86, arm = tmp_path / "x86", tmp_path / "arm"
+    x86.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13 64-Core Processor\n")
+    arm.write_text("processor\t: 0\nBogoMIPS\t: 108.00\n\nModel\t\t: Raspberry Pi 5 Model B Rev 1.0\n")
+    assert peer_run.cpu_model(str(x86)) == "AMD EPYC 7B13 64-Core Processor"
+    assert peer_run.cpu_model(str(arm)) == "Raspberry Pi 5 Model B Rev 1.0"
+    assert peer_run.cpu_model(str(tmp_path / "absent"))  # falls back to platform's guess, never empty
+
+
+def test_runs_started_above_one_load_per_core_are_noisy(monkeypatch, capsys):
+    log = peer_run.RunLog(cores=2, cpu="Test CPU")
+    monkeypatch.setattr(peer_run.os, "getloadavg", lambda: (1.9, 1.0, 0.5))
+    log.start("ours")
+    assert "ours: load 1.90 1.00 0.50 (0.95 per core)\n" == capsys.readouterr().out
+    assert log.summary().startswith("quiet: all 1 runs started at or below load 1.0 per core (highest 0.95)")
+    monkeypatch.setattr(peer_run.os, "getloadavg", lambda: (2.4, 1.0, 0.5))
+    run = log.start("theirs", echo=False)
+    assert run.noisy and run.cpu == "Test CPU" and capsys.readouterr().out == ""
+    assert log.noisy == [run]
+    assert log.summary().startswith("NOISY: 1 of 2 runs started above load 1.0 per core (worst: theirs at 1.20)")
+
+
+def test_differences_mark_the_aspects_that_differ():
+    table = peer_run.differences([("KV cache type", "F32", "F16"), ("threads", "2", "2")], ("pyggml", "llama.cpp"))
+    lines = table.splitlines()
+    assert lines[1].split() == ["what", "pyggml", "llama.cpp"]
+    assert lines[2].split() == ["*", "KV", "cache", "type", "F32", "F16"]
+    assert lines[3].split() == ["threads", "2", "2"] and lines[3].startswith(" ")
+
+
+def test_the_generate_benchmark_reads_both_llama_contexts_from_the_log():
+    spec = importlib.util.spec_from_file_location("generate_vs_llamacpp", BENCHMARKS / "generate_vs_llamacpp.py")
+    generate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generate)
+    facts = generate.llama_log_facts(LLAMA_LOG)
+    assert facts == {"compute_buffer": 514.50 * 2**20, "compute_buffer_1_output": 21.76 * 2**20, "kv_type": "F16",
+                     "outputs_reserved": "512", "flash_attn": "disabled",
+                     "weights": "quantized, repacked (CPU_REPACK)"}
+    older = LLAMA_LOG.replace("n_outputs_max         = 1\n", "")  # a llama.cpp that ignores n_outputs_max
+    assert generate.llama_log_facts(older)["compute_buffer_1_output"] is None
