@@ -30,6 +30,7 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
+from pyggml.alloc import canonical
 from pyggml.errors import AllocationError
 
 __all__ = ["DynAllocator", "Interval", "PLANNERS", "PlanResult", "load_csv", "lower_bound", "plan_offsets",
@@ -589,6 +590,45 @@ def _plan_search(problem: _Problem, placer: _Placer, max_size: int | None, targe
     return best
 
 
+def _plan_canonical(problem: _Problem, max_size: int | None, target: int, start: _Placement, deadline: float,
+                    seed: int, max_iterations: int | None) -> _Placement:
+    """Binary search on the capacity between LOAD and the best height with `canonical`'s exact search.
+
+    Each capacity gets a short share of the time (or `max_iterations` placements): tight capacities
+    that the search cannot settle in their share are skipped, and tried again with twice the share
+    when the others are settled. Plans stay in one chunk, so the search only runs when the starting
+    plan fits one chunk.
+    """
+    nonzero = np.flatnonzero(problem.size > 0)
+    if not 0 < nonzero.size <= canonical.MAX_BUFFERS or (max_size is not None and start.height > max_size):
+        return start
+    begin, end, size = problem.start[nonzero], problem.end[nonzero], problem.size[nonzero]
+    ranks = canonical.static_orders(begin, end, size, problem.peak_load_over_lifetime()[nonzero])
+    ranks = ranks[seed % len(ranks):] + ranks[:seed % len(ranks)]
+    best, proven, hi = start, target, start.height  # a plan of height < proven is impossible; one of hi exists
+    lo, share = proven, max(deadline - time.perf_counter(), 0.0) / 16
+    while proven < hi and time.perf_counter() < deadline:
+        if lo >= hi:  # every capacity below hi was left unsettled: go over them again with more time
+            lo, share = proven, 2 * share
+        capacity = lo if lo == proven else (lo + hi) // 2
+        until = min(deadline, time.perf_counter() + share * (2 if capacity == target else 1))
+        status, offsets = canonical.solve_capacity(begin, end, size, capacity, ranks,
+                                                   lambda: time.perf_counter() > until, max_iterations)
+        if status == canonical.FOUND:
+            offset = np.zeros(problem.n, np.int64)
+            offset[nonzero] = offsets
+            height = int((offset + problem.size).max())
+            capacities = [_UNBOUNDED if max_size is None else max(max_size, height)]
+            best, hi = _Placement(offset, np.zeros(problem.n, np.int64), [height], capacities), height
+        elif status == canonical.EXHAUSTED:
+            proven = lo = capacity + 1
+        else:
+            lo = capacity + 1
+            if max_iterations is not None:
+                break  # a run bounded by placements gives up where a timed one would retry
+    return best
+
+
 def _ruin(problem: _Problem, plan: _Placement, rng: np.random.Generator) -> np.ndarray:
     """A random culprit and, of the intervals live with it in its chunk, either all those reaching
     above a random level (a band to repack) or a random share, higher ones likelier."""
@@ -638,6 +678,7 @@ def plan_offsets(intervals: Sequence[Interval], alignment: int = 1, planner: str
                 placement = online
         if planner == "search":
             deadline = began + (3.0 if budget_s is None else budget_s)
+            placement = _plan_canonical(problem, max_size, target, placement, deadline, seed, max_iterations)
             placement = _plan_search(problem, placer, max_size, target, placement, deadline, seed, max_iterations)
     return PlanResult(offsets=dict(zip(problem.ids, placement.offset.tolist())),
                       chunks=dict(zip(problem.ids, placement.chunk.tolist())),
