@@ -63,6 +63,7 @@ class Plan:
         self.n_steps = n_steps
         self.planner = planner
         self.time_s = 0.0  # how long planning took (set by the graph allocator)
+        self.ggml_order_lower_bound = 0  # LOAD of ggml's node order and in-place rules (set by the graph allocator)
         self._by_tensor = {id(p.tensor): p for p in tensors}
 
     def __repr__(self) -> str:
@@ -84,7 +85,7 @@ class Plan:
 
         placed = [p._replace(tensor=swap(p.tensor), inplace_parent=swap(p.inplace_parent)) for p in self.tensors]
         plan = Plan(placed, self.buffers, self.n_steps, self.planner)
-        plan.time_s = self.time_s
+        plan.time_s, plan.ggml_order_lower_bound = self.time_s, self.ggml_order_lower_bound
         return plan
 
     @property
