@@ -64,6 +64,10 @@ sources' element i (or, for CONT/DUP, is it), so that writing an element over th
 source of the same type, shape and strides never destroys a value still to be read. The CPU kernels of
 the additions compute their result before storing it, which makes them safe even beyond that."""
 
+REORDER_SEARCH_S = 0.5
+"""With `reorder=True` the offline placement runs planner "search" for at most this long: the new order's
+intervals are less regular than ggml's, and "best" alone can stay several percent above their LOAD."""
+
 # plain ints: testing an IntFlag with & costs ten times more than int(flags) & mask
 _OUTPUT = int(TensorFlag.OUTPUT)
 _INPUT = int(TensorFlag.INPUT)
@@ -253,18 +257,20 @@ def _unbounded(max_size: int) -> int | None:
     return None if max_size >= SIZE_MAX // 2 else max_size
 
 
-def _place_offline(members: list[_HashNode], buft: BufferType) -> offsets.PlanResult:
-    """The offline planner over the in-place chains of one allocator (each chain is one interval)."""
+def _place_offline(members: list[_HashNode], buft: BufferType, search_s: float | None) -> offsets.PlanResult:
+    """The offline planner over the in-place chains of one allocator (each chain is one interval): "best",
+    or "search" for at most `search_s` seconds (it stops as soon as it reaches the lower bound)."""
     chains = list({id(hn.chain): hn.chain for hn in members}.values())
     intervals = [offsets.Interval(k, c.start, c.end + 1, c.size) for k, c in enumerate(chains)]
-    result = offsets.plan_offsets(intervals, alignment=buft.alignment, planner="best",
+    result = offsets.plan_offsets(intervals, alignment=buft.alignment, planner="best" if search_s is None else "search",
+                                  budget_s=search_s,
                                   max_size=_unbounded(buft.max_size))
     for k, c in enumerate(chains):
         c.chunk, c.offset = result.chunks[k], result.offsets[k]
     return result
 
 
-def _make_plan(run: _PlanningPass, n_steps: int, planner: str) -> Plan:
+def _make_plan(run: _PlanningPass, n_steps: int, planner: str, search_s: float | None = None) -> Plan:
     """Collect the pass into a Plan, re-placing each allocator's chains offline when that is smaller."""
     placed, bufts, groups = run.placed, run.bufts, run.groups
     _close_lifetimes(placed, n_steps)
@@ -280,7 +286,7 @@ def _make_plan(run: _PlanningPass, n_steps: int, planner: str) -> Plan:
         chunks, chosen = ggml_chunks, "ggml"
         lower_bound = _lower_bound(members[i], buft.alignment)
         if planner == "best" and sum(ggml_chunks) > lower_bound:
-            result = _place_offline(members[i], buft)
+            result = _place_offline(members[i], buft, search_s)
             if result.height < sum(ggml_chunks):
                 chunks, chosen = list(result.chunk_sizes), "best"
                 for hn in members[i]:
@@ -482,7 +488,7 @@ class GraphAllocator:
         if self.reorder:
             node_ids, ggml_order_lower_bound = self._reorder(graph, node_ids, leaf_ids)
         run = self._pass(graph.leafs, graph.nodes, node_ids, leaf_ids, self.inplace_ops)
-        plan = _make_plan(run, max(graph.n_nodes, 1), self.planner)
+        plan = _make_plan(run, max(graph.n_nodes, 1), self.planner, REORDER_SEARCH_S if self.reorder else None)
         plan.ggml_order_lower_bound = plan.lower_bound if ggml_order_lower_bound is None else ggml_order_lower_bound
         record = _Record(graph, run.placed, self.inplace_ops)
         plan.time_s = time.perf_counter() - started
@@ -506,7 +512,8 @@ class GraphAllocator:
             return _make_plan(self._pass(graph.leafs, nodes, ids, leaf_ids, inplace_ops), n_steps, "ggml").lower_bound
 
         buft_of = {id(t): self.bufts[node_ids[i] if node_ids else 0] for i, t in enumerate(graph.nodes)}
-        orders = schedule.candidate_orders(graph.nodes, lambda t: buft_of[id(t)].alloc_size(t))
+        orders = schedule.candidate_orders(graph.nodes, lambda t: buft_of.get(id(t), self.bufts[0]).alloc_size(t),
+                                           self.inplace_ops)
         ggml_load = load(graph.nodes, node_ids, INPLACE_OPS)
         best_order, best_load = None, None
         for order in orders:

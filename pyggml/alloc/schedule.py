@@ -18,6 +18,8 @@ best, the original order included, so reordering never raises the lower bound.
 
 from __future__ import annotations
 
+import numpy as np
+
 from pyggml.core.tensor import VIEW_OPS, Op, Tensor, TensorFlag
 
 _PINNED = int(TensorFlag.OUTPUT) | int(TensorFlag.INPUT)
@@ -128,6 +130,42 @@ def greedy_order(nodes: list[Tensor], before: list[set[int]], size_of, lifo: boo
     return order[::-1] if backward else order
 
 
+def subtree_order(nodes: list[Tensor], before: list[set[int]], size_of) -> list[int]:
+    """A depth-first post-order that visits, below each node, the dependencies needing the most memory
+    for themselves first (decreasing peak minus result size: Liu's optimal order for trees, applied to
+    the DAG as if it were one); the sinks go in the same way, so each branch is finished before the next."""
+    size = [size_of(t) if _allocates(t) else 0 for t in nodes]
+    peak = [0] * len(nodes)
+    children: list[list[int]] = []
+    for i in range(len(nodes)):  # the original order is topological
+        kids = sorted(before[i], key=lambda k: (size[k] - peak[k], k))
+        held = top = 0
+        for k in kids:
+            top = max(top, held + peak[k])
+            held += size[k]
+        peak[i] = max(top, held + size[i])
+        children.append(kids)
+    used = set().union(*before) if before else set()
+    sinks = sorted((i for i in range(len(nodes)) if i not in used), key=lambda k: (size[k] - peak[k], k))
+    order, done = [], [False] * len(nodes)
+    for root in sinks:
+        stack = [(root, 0)]
+        while stack:
+            i, at = stack.pop()
+            if done[i]:
+                continue
+            kids = children[i]
+            while at < len(kids) and done[kids[at]]:
+                at += 1
+            if at < len(kids):
+                stack.append((i, at + 1))
+                stack.append((kids[at], 0))
+            else:
+                done[i] = True
+                order.append(i)
+    return order
+
+
 def is_topological(order: list[int], before: list[set[int]]) -> bool:
     """Whether every node comes after all the nodes it depends on."""
     seen = set()
@@ -138,14 +176,128 @@ def is_topological(order: list[int], before: list[set[int]]) -> bool:
     return len(seen) == len(before)
 
 
-def candidate_orders(nodes: list[Tensor], size_of) -> list[list[int]]:
-    """The original order and the greedy ones (position and readiness tie-breaks), without duplicates."""
+class LiveModel:
+    """Live bytes of the graph's tensors under any node order, in NumPy: a tensor lives from its node's
+    step (step 0 for the leafs the allocator places) to its last reader's step, outputs to the end; a
+    source of the same layout that dies at an in-place capable reader hands its bytes over a step early
+    (the allocator's in-place rule). Cheap enough to score thousands of moves."""
+
+    def __init__(self, nodes: list[Tensor], size_of, inplace_ops: frozenset):
+        self.n = n = len(nodes)
+        index = {id(t): i for i, t in enumerate(nodes)}
+        sizes = [size_of(t) if _allocates(t) else 0 for t in nodes]
+        pinned = [bool(int(t.flags) & int(TensorFlag.OUTPUT)) for t in nodes]
+        readers_r, readers_c, handover_r, handover_c = [], [], [], []
+        viewed = {id(t.view_src) for t in nodes if t.view_src is not None}
+        for c, t in enumerate(nodes):
+            roots = [s.view_src if s.view_src is not None else s for s in t.src if s is not None]
+            if t.view_src is not None:
+                roots.append(t.view_src)
+            for r in roots:
+                k = index.get(id(r))
+                if k is None:
+                    if not _allocates(r):
+                        continue
+                    k = index[id(r)] = len(sizes)
+                    sizes.append(size_of(r))
+                    pinned.append(bool(int(r.flags) & int(TensorFlag.OUTPUT)))
+                readers_r.append(k)
+                readers_c.append(c)
+            if t.op in inplace_ops and sizes[c]:
+                for s in t.src:
+                    k = None if s is None else index.get(id(s))
+                    if k is not None and k < n and sizes[k] and not pinned[k] and id(s) not in viewed and \
+                            s.type == t.type and s.ne == t.ne and s.nb == t.nb:
+                        handover_r.append(k)
+                        handover_c.append(c)
+        self.size = np.array(sizes, np.int64)
+        self.pinned = np.array(pinned, bool)
+        self.readers_r, self.readers_c = np.array(readers_r, np.int64), np.array(readers_c, np.int64)
+        self.handover_r, self.handover_c = np.array(handover_r, np.int64), np.array(handover_c, np.int64)
+
+    def lifetimes(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(birth, death) steps of every tensor for node positions `pos`, both inclusive."""
+        birth = np.zeros(len(self.size), np.int64)
+        birth[:self.n] = pos
+        death = birth.copy()
+        np.maximum.at(death, self.readers_r, pos[self.readers_c])
+        death[self.pinned] = self.n - 1
+        handed = death[self.handover_r] == pos[self.handover_c]
+        death[self.handover_r[handed]] -= 1
+        return birth, death
+
+    def score(self, pos: np.ndarray) -> tuple[int, int, np.ndarray]:
+        """(peak live bytes, byte-steps, live bytes per step)."""
+        birth, death = self.lifetimes(pos)
+        keep = death >= birth
+        delta = np.zeros(self.n + 1, np.int64)
+        np.add.at(delta, birth[keep], self.size[keep])
+        np.add.at(delta, death[keep] + 1, -self.size[keep])
+        live = np.cumsum(delta)[:-1]
+        return int(live.max()) if self.n else 0, int((self.size * np.maximum(death - birth + 1, 0)).sum()), live
+
+
+def _allocates(t: Tensor) -> bool:
+    return t.view_src is None and t.data is None and t.buffer is None
+
+
+def improve(order: list[int], before: list[set[int]], model: LiveModel, max_moves: int) -> list[int]:
+    """Local search on the peak: move a node live across the peak step to just before its first
+    dependent (so it is born after the peak), or the last reader of such a node to just after its last
+    dependency (so the node dies before it), while that lowers (peak, byte-steps)."""
+    after: list[list[int]] = [[] for _ in before]
+    for i, b in enumerate(before):
+        for j in b:
+            after[j].append(i)
+    order = list(order)
+    pos = np.empty(len(order), np.int64)
+    pos[order] = np.arange(len(order))
+    peak, area, live = model.score(pos)
+    for _ in range(max_moves):
+        p = int(live.argmax())
+        birth, death = model.lifetimes(pos)
+        across = np.flatnonzero((birth <= p) & (death >= p) & (model.size > 0))
+        moves = []
+        for t in across.tolist():
+            if t < model.n and birth[t] < p:
+                first_user = min((pos[k] for k in after[t]), default=len(order))
+                if first_user > p + 1:
+                    moves.append((t, first_user - 1))  # born just before its first dependent, after the peak
+            if death[t] > p:
+                for c in model.readers_c[model.readers_r == t].tolist():
+                    if pos[c] == death[t]:
+                        ready_at = max((pos[k] for k in before[c]), default=-1) + 1
+                        if ready_at < p:
+                            moves.append((c, ready_at))
+        best = None
+        for node, target in moves:
+            trial = list(order)
+            trial.pop(pos[node])
+            trial.insert(target, node)  # positions after the popped one shifted down by one
+            trial_pos = np.empty(len(trial), np.int64)
+            trial_pos[trial] = np.arange(len(trial))
+            score = model.score(trial_pos)
+            if score[:2] < (peak, area) and (best is None or score[:2] < best[0][:2]):
+                best = (score, trial, trial_pos)
+        if best is None:
+            break
+        (peak, area, live), order, pos = best
+    return order
+
+
+def candidate_orders(nodes: list[Tensor], size_of, inplace_ops: frozenset = frozenset(),
+                     max_moves: int = 200) -> list[list[int]]:
+    """The original order, the greedy ones (forward and backward, position and readiness tie-breaks)
+    and each of them improved by `improve`, without duplicates."""
     before = dependencies(nodes)
-    orders = [list(range(len(nodes)))]
+    model = LiveModel(nodes, size_of, inplace_ops)
+    starts = [list(range(len(nodes)))]
     for backward in (False, True):
         for lifo in (False, True):
-            order = greedy_order(nodes, before, size_of, lifo, backward)
-            if order not in orders:
-                orders.append(order)
+            starts.append(greedy_order(nodes, before, size_of, lifo, backward))
+    starts.append(subtree_order(nodes, before, size_of))
+    orders = []
+    for order in starts + [improve(o, before, model, max_moves) for o in starts]:
+        if order not in orders:
+            orders.append(order)
     return orders
-
