@@ -57,6 +57,12 @@ class CanonicalSearch:
         self.chosen = np.zeros(n + 1, np.int64)
         self.saved_cand = np.zeros((n + 1, n), np.int64)
         self.saved_floor = np.zeros((n + 1, sections), np.int64)
+        self.by_first = np.argsort(self.first, kind="stable").astype(np.int64)
+        self.label = np.zeros(n, np.int64)  # component of each unplaced buffer: (depth it appeared << 12) | index
+        _split(self.by_first, self.first, self.stop, self.placed, self.label, -1, 0)
+        self.saved_label = np.zeros((n + 1, n), np.int64)
+        self.active = np.zeros(n + 1, np.int64)  # the component placed at each depth
+        self.opens = np.zeros(n + 1, np.bool_)  # whether that depth places the component's first buffer
         self.depth = np.zeros(2, np.int64)  # [depth, expanded flag of that depth]
         self.status = PAUSED
         self.nodes = 0
@@ -66,9 +72,10 @@ class CanonicalSearch:
         if self.status != PAUSED:
             return self.status
         self.status, used = _search(self.first, self.stop, self.size, self.capacity, self.rank, self.overlap_ptr,
-                                    self.overlap_idx, self.twin, self.placed, self.offset, self.cand, self.floor,
-                                    self.rem, self.children, self.n_children, self.next_child, self.chosen,
-                                    self.saved_cand, self.saved_floor, self.depth, max_nodes)
+                                    self.overlap_idx, self.twin, self.by_first, self.placed, self.offset, self.cand,
+                                    self.floor, self.rem, self.label, self.children, self.n_children, self.next_child,
+                                    self.chosen, self.active, self.opens, self.saved_cand, self.saved_floor, self.saved_label,
+                                    self.depth, max_nodes)
         self.nodes += used
         return self.status
 
@@ -104,8 +111,25 @@ def _twins(first: np.ndarray, stop: np.ndarray, size: np.ndarray) -> np.ndarray:
 
 
 @jit
-def _place(b, first, stop, size, capacity, overlap_ptr, overlap_idx, placed, offset, cand, floor, rem):
-    """Place buffer b at its canonical offset and return whether the sections still fit the capacity."""
+def _split(by_first, first, stop, placed, label, component, depth):
+    """Give the unplaced buffers of `component` (-1: all) new labels, one per group linked by shared
+    sections: groups meet in no section, so each can be solved on its own. Returns the number of groups."""
+    groups, reach = 0, -1
+    for j in by_first:
+        if placed[j] or (component >= 0 and label[j] != component):
+            continue
+        if first[j] >= reach:
+            groups += 1
+        reach = max(reach, stop[j])
+        label[j] = (depth << 12) | (groups - 1)
+    return groups
+
+
+@jit
+def _place(b, depth, first, stop, size, capacity, overlap_ptr, overlap_idx, by_first, placed, offset, cand, floor,
+           rem, label):
+    """Place buffer b at its canonical offset, split its component when the remaining buffers fall apart,
+    and return whether the sections still fit the capacity."""
     o = cand[b]
     top = o + size[b]
     placed[b] = True
@@ -119,12 +143,19 @@ def _place(b, first, stop, size, capacity, overlap_ptr, overlap_idx, placed, off
             cand[j] = top
     if top > capacity:
         return False
+    component = label[b]
+    if _split(by_first, first, stop, placed, label, component, depth + 1) == 1:
+        for j in range(placed.shape[0]):  # one group: keep the label, so the offsets go on rising
+            if not placed[j] and label[j] == ((depth + 1) << 12):
+                label[j] = component
+    else:
+        component = -1  # new groups start again from offset 0
     # spatial inference: each section's lowest usable floor plus the unplaced bytes crossing it
     sections = floor.shape[0]
     lowest = np.full(sections, capacity + 1, np.int64)
     for j in range(placed.shape[0]):
         if not placed[j]:
-            c = max(cand[j], o)
+            c = max(cand[j], o) if label[j] == component else cand[j]
             for k in range(first[j], stop[j]):
                 if c < lowest[k]:
                     lowest[k] = c
@@ -135,22 +166,36 @@ def _place(b, first, stop, size, capacity, overlap_ptr, overlap_idx, placed, off
 
 
 @jit
-def _expand(d, first, stop, size, rank, twin, placed, cand, chosen, offset, children, n_children):
-    """The buffers that may come next: resting at or above the previous offset (ties in static order),
-    twins in index order, and below the lowest top any unplaced buffer could reach (placing one there
-    would leave a gap that buffer fits in: the plan with that buffer in the gap is found elsewhere)."""
+def _expand(d, size, rank, twin, placed, cand, label, chosen, offset, active, children, n_children):
+    """The buffers that may come next, all from one component (the previous one while it has buffers
+    left, else the first remaining): resting at or above the previous offset of that component (ties in
+    static order), twins in index order, and below the lowest top any unplaced buffer of the component
+    could reach (placing one there would leave a gap that buffer fits in: the plan with that buffer in
+    the gap is found elsewhere). Returns whether d starts a component."""
     n = placed.shape[0]
+    component = -1
+    if d > 0:
+        for j in range(n):
+            if not placed[j] and label[j] == active[d - 1]:
+                component = active[d - 1]
+                break
+    starts = component < 0
+    if starts:
+        for j in range(n):
+            if not placed[j] and (component < 0 or label[j] < component):
+                component = label[j]
+    active[d] = component
     last = chosen[d - 1] if d > 0 else -1
-    low = offset[last] if d > 0 else 0
-    low_rank = rank[last] if d > 0 else -1
+    low = 0 if starts else offset[last]
+    low_rank = -1 if starts else rank[last]
     keys = np.empty(n, np.int64)
     lowest_top = np.int64(2**62)
     for j in range(n):
-        if not placed[j] and cand[j] + size[j] < lowest_top:
+        if not placed[j] and label[j] == component and cand[j] + size[j] < lowest_top:
             lowest_top = cand[j] + size[j]
     m = 0
     for j in range(n):
-        if placed[j] or (twin[j] >= 0 and not placed[twin[j]]):
+        if placed[j] or label[j] != component or (twin[j] >= 0 and not placed[twin[j]]):
             continue
         if cand[j] < low or (cand[j] == low and rank[j] < low_rank) or cand[j] >= lowest_top:
             continue
@@ -162,11 +207,25 @@ def _expand(d, first, stop, size, rank, twin, placed, cand, chosen, offset, chil
     for i in range(m):
         children[d, i] = picked[order[i]]
     n_children[d] = m
+    return starts
 
 
 @jit
-def _search(first, stop, size, capacity, rank, overlap_ptr, overlap_idx, twin, placed, offset, cand, floor, rem,
-            children, n_children, next_child, chosen, saved_cand, saved_floor, depth, max_nodes):
+def _undo(d, first, stop, size, placed, cand, floor, rem, label, chosen, saved_cand, saved_floor, saved_label):
+    """Take back the placement made at depth d, restoring the state saved before it."""
+    b = chosen[d]
+    placed[b] = False
+    for k in range(first[b], stop[b]):
+        rem[k] += size[b]
+    cand[:] = saved_cand[d]
+    floor[:] = saved_floor[d]
+    label[:] = saved_label[d]
+
+
+@jit
+def _search(first, stop, size, capacity, rank, overlap_ptr, overlap_idx, twin, by_first, placed, offset, cand, floor,
+            rem, label, children, n_children, next_child, chosen, active, opens, saved_cand, saved_floor, saved_label,
+            depth, max_nodes):
     n = placed.shape[0]
     d = depth[0]
     expanded = depth[1] != 0
@@ -176,20 +235,21 @@ def _search(first, stop, size, capacity, rank, overlap_ptr, overlap_idx, twin, p
             depth[0], depth[1] = d, 1
             return 1, nodes
         if not expanded:
-            _expand(d, first, stop, size, rank, twin, placed, cand, chosen, offset, children, n_children)
+            opens[d] = _expand(d, size, rank, twin, placed, cand, label, chosen, offset, active, children, n_children)
             next_child[d] = 0
             expanded = True
         if next_child[d] >= n_children[d]:
-            if d == 0:
-                depth[0], depth[1] = 0, 1
+            # A component that cannot even start dooms the state it appeared in: go back to the choice
+            # made just before it appeared (for a component of the root: there is no plan at all).
+            appeared = active[d] >> 12 if opens[d] else d
+            if d == 0 or appeared == 0:
+                depth[0], depth[1] = d, 1
                 return 0, nodes
-            d -= 1  # backtrack: undo the placement made at depth d
-            b = chosen[d]
-            placed[b] = False
-            for k in range(first[b], stop[b]):
-                rem[k] += size[b]
-            cand[:] = saved_cand[d]
-            floor[:] = saved_floor[d]
+            target = appeared - 1
+            while d > target:
+                d -= 1
+                _undo(d, first, stop, size, placed, cand, floor, rem, label, chosen, saved_cand, saved_floor,
+                      saved_label)
             continue
         if nodes >= max_nodes:
             depth[0], depth[1] = d, 1
@@ -199,17 +259,14 @@ def _search(first, stop, size, capacity, rank, overlap_ptr, overlap_idx, twin, p
         nodes += 1
         saved_cand[d] = cand
         saved_floor[d] = floor
+        saved_label[d] = label
         chosen[d] = b
-        if _place(b, first, stop, size, capacity, overlap_ptr, overlap_idx, placed, offset, cand, floor, rem):
+        if _place(b, d, first, stop, size, capacity, overlap_ptr, overlap_idx, by_first, placed, offset, cand, floor,
+                  rem, label):
             d += 1
             expanded = False
         else:
-            placed[b] = False
-            for k in range(first[b], stop[b]):
-                rem[k] += size[b]
-            cand[:] = saved_cand[d]
-            floor[:] = saved_floor[d]
-
+            _undo(d, first, stop, size, placed, cand, floor, rem, label, chosen, saved_cand, saved_floor, saved_label)
 
 MAX_BUFFERS = 1500  # the search keeps two n-by-n tables; beyond this the planner's local search is used
 
