@@ -672,13 +672,13 @@ def plan_offsets(intervals: Sequence[Interval], alignment: int = 1, planner: str
         placer = _Placer(problem)
         deadline = began + (3.0 if budget_s is None else budget_s) if planner == "search" else float("inf")
         placement = _plan_best(problem, placer, max_size, target, THOROUGH if planner == "search" else QUICK, deadline)
+        if planner == "search":  # ggml's plan is only a fallback here: the search gets the time first
+            placement = _plan_canonical(problem, max_size, target, placement, deadline, seed, max_iterations)
+            placement = _plan_search(problem, placer, max_size, target, placement, deadline, seed, max_iterations)
         if placement.height > target:
             online = _plan_ggml(problem, max_size)
             if online.height < placement.height:
                 placement = online
-        if planner == "search":
-            placement = _plan_canonical(problem, max_size, target, placement, deadline, seed, max_iterations)
-            placement = _plan_search(problem, placer, max_size, target, placement, deadline, seed, max_iterations)
     return PlanResult(offsets=dict(zip(problem.ids, placement.offset.tolist())),
                       chunks=dict(zip(problem.ids, placement.chunk.tolist())),
                       chunk_sizes=placement.chunk_sizes, lower_bound=target, planner=planner,

@@ -250,6 +250,8 @@ def improve(order: list[int], before: list[set[int]], model: LiveModel, max_move
         for j in b:
             after[j].append(i)
     order = list(order)
+    if not order:
+        return order
     pos = np.empty(len(order), np.int64)
     pos[order] = np.arange(len(order))
     peak, area, live = model.score(pos)
