@@ -9,6 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from pyggml.alloc import canonical, planner
 from pyggml.alloc.planner import Interval, plan_offsets, verify_offsets
+from test_planner import interval_sets  # tests/alloc is on sys.path under pytest
 
 PLANNING = Path(__file__).resolve().parents[1] / "data" / "planning"
 
@@ -51,18 +52,8 @@ def test_canonical_search_is_exact_on_tiny_instances(instance):
     assert _search(start, end, size, optimum - 1)[0] == canonical.EXHAUSTED
 
 
-@st.composite
-def instances(draw):
-    n = draw(st.integers(1, 60))
-    out = []
-    for i in range(n):
-        start = draw(st.integers(0, 40))
-        out.append(Interval(i, start, start + draw(st.integers(1, 20)), draw(st.integers(0, 300))))
-    return out
-
-
 @settings(max_examples=40, deadline=None)
-@given(instances(), st.sampled_from([1, 16]), st.integers(0, 3))
+@given(interval_sets(), st.sampled_from([1, 16]), st.integers(0, 3))
 def test_search_is_valid_never_worse_than_best_and_deterministic(intervals, alignment, seed):
     best = plan_offsets(intervals, alignment)
     runs = [plan_offsets(intervals, alignment, "search", seed=seed, max_iterations=2000) for _ in range(2)]
