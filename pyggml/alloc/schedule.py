@@ -211,6 +211,7 @@ class LiveModel:
                         handover_r.append(k)
                         handover_c.append(c)
         self.size = np.array(sizes, np.int64)
+        self.view = [t.op in VIEW_OPS for t in nodes]  # view nodes move with their source
         self.pinned = np.array(pinned, bool)
         self.readers_r, self.readers_c = np.array(readers_r, np.int64), np.array(readers_c, np.int64)
         self.handover_r, self.handover_c = np.array(handover_r, np.int64), np.array(handover_c, np.int64)
@@ -242,9 +243,9 @@ def _allocates(t: Tensor) -> bool:
 
 
 def improve(order: list[int], before: list[set[int]], model: LiveModel, max_moves: int) -> list[int]:
-    """Local search on the peak: move a node live across the peak step to just before its first
-    dependent (so it is born after the peak), or the last reader of such a node to just after its last
-    dependency (so the node dies before it), while that lowers (peak, byte-steps)."""
+    """Local search on the peak: move a node live across the peak step (with the views of it) to just
+    before its first other dependent (so it is born after the peak), or the last reader of such a node
+    to just after its last dependency (so the node dies before it), while that lowers (peak, byte-steps)."""
     after: list[list[int]] = [[] for _ in before]
     for i, b in enumerate(before):
         for j in b:
@@ -262,20 +263,20 @@ def improve(order: list[int], before: list[set[int]], model: LiveModel, max_move
         moves = []
         for t in across.tolist():
             if t < model.n and birth[t] < p:
-                first_user = min((pos[k] for k in after[t]), default=len(order))
-                if first_user > p + 1:
-                    moves.append((t, first_user - 1))  # born just before its first dependent, after the peak
+                group = _with_views(t, before, after, model.view)
+                users = [k for g in group for k in after[g] if k not in group]
+                first_user = min(users, key=lambda k: pos[k], default=None)
+                if first_user is None or pos[first_user] > p + 1:
+                    moves.append((group, first_user, True))  # born just before its first user, after the peak
             if death[t] > p:
                 for c in model.readers_c[model.readers_r == t].tolist():
                     if pos[c] == death[t]:
-                        ready_at = max((pos[k] for k in before[c]), default=-1) + 1
-                        if ready_at < p:
-                            moves.append((c, ready_at))
+                        last_need = max(before[c], key=lambda k: pos[k], default=None)
+                        if last_need is None or pos[last_need] + 1 < p:
+                            moves.append(([c], last_need, False))  # right after what it needs, before the peak
         best = None
-        for node, target in moves:
-            trial = list(order)
-            trial.pop(pos[node])
-            trial.insert(target, node)  # positions after the popped one shifted down by one
+        for group, anchor, ahead in moves:
+            trial = _moved(order, group, anchor, ahead)
             trial_pos = np.empty(len(trial), np.int64)
             trial_pos[trial] = np.arange(len(trial))
             score = model.score(trial_pos)
@@ -285,6 +286,30 @@ def improve(order: list[int], before: list[set[int]], model: LiveModel, max_move
             break
         (peak, area, live), order, pos = best
     return order
+
+
+def _with_views(t: int, before: list[set[int]], after: list[list[int]], view: list[bool]) -> list[int]:
+    """t and the view nodes that depend on nothing but t and each other (they can move together)."""
+    group, members = [t], {t}
+    for g in group:
+        for k in after[g]:
+            if view[k] and k not in members and before[k] <= members:
+                group.append(k)
+                members.add(k)
+    return group
+
+
+def _moved(order: list[int], group: list[int], anchor: int | None, ahead: bool) -> list[int]:
+    """The order with `group` (kept in its order) moved just before `anchor` (ahead) or just after it
+    (None: to the end, or to the front)."""
+    members = set(group)
+    moving = [i for i in order if i in members]
+    rest = [i for i in order if i not in members]
+    if anchor is None:
+        at = len(rest) if ahead else 0
+    else:
+        at = rest.index(anchor) + (0 if ahead else 1)
+    return rest[:at] + moving + rest[at:]
 
 
 def candidate_orders(nodes: list[Tensor], size_of, inplace_ops: frozenset = frozenset(),
