@@ -39,6 +39,7 @@ import time
 import numpy as np
 
 from pyggml.alloc import planner as offsets
+from pyggml.alloc import schedule
 from pyggml.alloc.plan import BufferPlan, Plan, TensorPlan
 from pyggml.backend.base import SIZE_MAX, BufferType, BufferUsage
 from pyggml.backend.tensor_io import tensor_alloc, view_init
@@ -56,6 +57,16 @@ INPLACE_OPS = frozenset({
     Op.SOFT_MAX, Op.SOFT_MAX_BACK,
 })
 """ggml_op_can_inplace: the ops whose kernels may write over a source."""
+
+ELEMENTWISE_OPS = INPLACE_OPS | frozenset({Op.SIN, Op.COS, Op.CLAMP, Op.LEAKY_RELU, Op.GLU, Op.CONT, Op.DUP})
+"""The in-place ops of `reorder=True`: ggml's list plus ops whose output element i depends only on the
+sources' element i (or, for CONT/DUP, is it), so that writing an element over the same element of a
+source of the same type, shape and strides never destroys a value still to be read. The CPU kernels of
+the additions compute their result before storing it, which makes them safe even beyond that."""
+
+REORDER_SEARCH_S = 0.5
+"""With `reorder=True` the offline placement runs planner "search" for at most this long: the new order's
+intervals are less regular than ggml's, and "best" alone can stay several percent above their LOAD."""
 
 # plain ints: testing an IntFlag with & costs ten times more than int(flags) & mask
 _OUTPUT = int(TensorFlag.OUTPUT)
@@ -100,8 +111,10 @@ class _HashNode:
 class _PlanningPass:
     """One run of ggml's planning over a graph: ggml's offsets in the dynamic allocators, and the lifetimes."""
 
-    def __init__(self, bufts: list[BufferType], groups: list[int], allocators: dict[int, offsets.DynAllocator]):
+    def __init__(self, bufts: list[BufferType], groups: list[int], allocators: dict[int, offsets.DynAllocator],
+                 inplace_ops: frozenset = INPLACE_OPS):
         self.bufts, self.groups, self.allocators = bufts, groups, allocators
+        self.inplace_ops = inplace_ops
         self.hash: dict[int, _HashNode] = {}
         self.placed: list[_HashNode] = []
         self.step = 0
@@ -123,7 +136,7 @@ class _PlanningPass:
         hn.allocated = True
         hn.first = self.step
         self.placed.append(hn)
-        if t.op in INPLACE_OPS and self._reuse_parent(t, hn):
+        if t.op in self.inplace_ops and self._reuse_parent(t, hn):
             return
         hn.size = self.bufts[buffer_id].alloc_size(t)
         hn.buffer_id = buffer_id
@@ -171,13 +184,14 @@ class _PlanningPass:
         hn.last = self.step
         hn.chain.end = self.step
 
-    def run(self, graph: Graph, node_ids: list[int] | None, leaf_ids: list[int] | None) -> None:
+    def run(self, leafs: list[Tensor], nodes: list[Tensor], node_ids: list[int] | None,
+            leaf_ids: list[int] | None) -> None:
         get, allocate, hash_ = self.get, self.allocate_node, self.hash
-        for i, leaf in enumerate(graph.leafs):
+        for i, leaf in enumerate(leafs):
             allocate(leaf, leaf_ids[i] if leaf_ids else 0)
-        node_srcs = [[s for s in node.src if s is not None] for node in graph.nodes]
+        node_srcs = [[s for s in node.src if s is not None] for node in nodes]
         # count children and views; place INPUT tensors before anything else so nothing overwrites them
-        for i, node in enumerate(graph.nodes):
+        for i, node in enumerate(nodes):
             buffer_id = node_ids[i] if node_ids else 0
             if node.view_src is not None and node.op != Op.NONE:
                 get(node.view_src).n_views += 1
@@ -187,7 +201,7 @@ class _PlanningPass:
                 get(src).n_children += 1
                 if int(src.flags) & _INPUT:
                     allocate(src, buffer_id)
-        for i, node in enumerate(graph.nodes):
+        for i, node in enumerate(nodes):
             self.step = i
             buffer_id = node_ids[i] if node_ids else 0
             srcs = node_srcs[i]
@@ -243,18 +257,20 @@ def _unbounded(max_size: int) -> int | None:
     return None if max_size >= SIZE_MAX // 2 else max_size
 
 
-def _place_offline(members: list[_HashNode], buft: BufferType) -> offsets.PlanResult:
-    """The offline planner over the in-place chains of one allocator (each chain is one interval)."""
+def _place_offline(members: list[_HashNode], buft: BufferType, search_s: float | None) -> offsets.PlanResult:
+    """The offline planner over the in-place chains of one allocator (each chain is one interval): "best",
+    or "search" for at most `search_s` seconds (it stops as soon as it reaches the lower bound)."""
     chains = list({id(hn.chain): hn.chain for hn in members}.values())
     intervals = [offsets.Interval(k, c.start, c.end + 1, c.size) for k, c in enumerate(chains)]
-    result = offsets.plan_offsets(intervals, alignment=buft.alignment, planner="best",
+    result = offsets.plan_offsets(intervals, alignment=buft.alignment, planner="best" if search_s is None else "search",
+                                  budget_s=search_s,
                                   max_size=_unbounded(buft.max_size))
     for k, c in enumerate(chains):
         c.chunk, c.offset = result.chunks[k], result.offsets[k]
     return result
 
 
-def _make_plan(run: _PlanningPass, n_steps: int, planner: str) -> Plan:
+def _make_plan(run: _PlanningPass, n_steps: int, planner: str, search_s: float | None = None) -> Plan:
     """Collect the pass into a Plan, re-placing each allocator's chains offline when that is smaller."""
     placed, bufts, groups = run.placed, run.bufts, run.groups
     _close_lifetimes(placed, n_steps)
@@ -270,7 +286,7 @@ def _make_plan(run: _PlanningPass, n_steps: int, planner: str) -> Plan:
         chunks, chosen = ggml_chunks, "ggml"
         lower_bound = _lower_bound(members[i], buft.alignment)
         if planner == "best" and sum(ggml_chunks) > lower_bound:
-            result = _place_offline(members[i], buft)
+            result = _place_offline(members[i], buft, search_s)
             if result.height < sum(ggml_chunks):
                 chunks, chosen = list(result.chunk_sizes), "best"
                 for hn in members[i]:
@@ -291,13 +307,13 @@ TensorAlloc = tuple  # (buffer_id, chunk, offset, size_max); None for views, pre
 class _Record:
     """ggml's node_allocs/leaf_allocs (by graph position) and the fingerprint of the planned graph."""
 
-    def __init__(self, graph: Graph, placed: list[_HashNode]):
+    def __init__(self, graph: Graph, placed: list[_HashNode], inplace_ops: frozenset):
         allocs = {id(hn.tensor): (hn.buffer_id, hn.chunk, hn.offset, hn.size) for hn in placed}
         get = allocs.get
         self.leafs = [get(id(t)) for t in graph.leafs]
         self.nodes = [(get(id(t)), tuple([None if s is None else get(id(s)) for s in _used_slots(t)]))
                       for t in graph.nodes]
-        self.fingerprint = fingerprint(graph)
+        self.fingerprint = fingerprint(graph, inplace_ops)
         self.graph_tensors = graph.leafs + graph.nodes  # the tensors the plan names
         self.bound_tensors = self.graph_tensors  # the latest graph placed with it (the plan is rebound on demand)
 
@@ -311,7 +327,7 @@ def _used_slots(t: Tensor) -> list[Tensor | None]:
     return src[:n]
 
 
-def fingerprint(graph: Graph) -> tuple:
+def fingerprint(graph: Graph, inplace_ops: frozenset = INPLACE_OPS) -> tuple:
     """What a plan depends on beyond sizes: edges by position, ops, INPUT/OUTPUT flags, views and,
     for in-place ops, which sources share the node's layout. Tensor identities, data and view
     offsets are left out, so a rebuilt graph of the same shape (e.g. the next token) matches."""
@@ -329,7 +345,7 @@ def fingerprint(graph: Graph) -> tuple:
     for t in graph.nodes:
         slots = _used_slots(t)
         same = ()
-        if t.op in INPLACE_OPS:
+        if t.op in inplace_ops:
             same = tuple([s is not None and s.type == t.type and s.ne == t.ne and s.nb == t.nb for s in slots])
         refs = tuple([None if s is None else ref(s) for s in slots])
         nodes.append((t.op, int(t.flags) & _IO, None if t.view_src is None else ref(t.view_src), refs, same))
@@ -388,10 +404,16 @@ class GraphAllocator:
     `GraphAllocator(buft)` or `GraphAllocator([buft0, buft1, ...])`; the same buffer type object given
     twice shares one allocator and one buffer. `debug=True` (or PYGGML_DEBUG_ALLOC=1) verifies every plan.
 
+    `reorder=True` lets planning choose the execution order (see `schedule`) and reuse a dying source's
+    bytes for any of ELEMENTWISE_OPS: each reserve permutes `graph.nodes` into the order of lowest LOAD
+    (the graph then runs in that order; node buffer ids follow their nodes) and the plan reports ggml's
+    LOAD for the original order in `Plan.ggml_order_lower_bound`.
+
     Thread-safety: one thread at a time; use one allocator per thread.
     """
 
-    def __init__(self, bufts: BufferType | list[BufferType], planner: str = "best", debug: bool | None = None):
+    def __init__(self, bufts: BufferType | list[BufferType], planner: str = "best", debug: bool | None = None,
+                 reorder: bool = False):
         bufts = list(bufts) if isinstance(bufts, (list, tuple)) else [bufts]
         if not bufts:
             raise AllocationError("a graph allocator needs at least one buffer type")
@@ -399,6 +421,8 @@ class GraphAllocator:
             raise AllocationError(f"unknown planner {planner!r}; expected one of {PLANNERS}")
         self.bufts = bufts
         self.planner = planner
+        self.reorder = reorder
+        self.inplace_ops = ELEMENTWISE_OPS if reorder else INPLACE_OPS
         self.debug = os.environ.get("PYGGML_DEBUG_ALLOC") == "1" if debug is None else debug
         self._groups = [next(j for j in range(i + 1) if bufts[j] is bufts[i]) for i in range(len(bufts))]
         self._buffers: list[VirtualBuffer | None] = [None] * len(bufts)
@@ -406,7 +430,7 @@ class GraphAllocator:
         self._record: _Record | None = None
 
     def __repr__(self) -> str:
-        return f"GraphAllocator({[b.name for b in self.bufts]}, planner={self.planner!r})"
+        return f"GraphAllocator({[b.name for b in self.bufts]}, planner={self.planner!r}, reorder={self.reorder})"
 
     @property
     def n_buffers(self) -> int:
@@ -460,16 +484,46 @@ class GraphAllocator:
         node_ids = self._check_ids(graph, node_ids, graph.n_nodes, "node")
         leaf_ids = self._check_ids(graph, leaf_ids, graph.n_leafs, "leaf")
         started = time.perf_counter()
-        allocators = {g: offsets.DynAllocator(self.bufts[g].alignment, self.bufts[g].max_size)
-                      for g in sorted(set(self._groups))}
-        run = _PlanningPass(self.bufts, self._groups, allocators)
-        run.run(graph, node_ids, leaf_ids)
-        plan = _make_plan(run, max(graph.n_nodes, 1), self.planner)
-        record = _Record(graph, run.placed)
+        ggml_order_lower_bound = None
+        if self.reorder:
+            node_ids, ggml_order_lower_bound = self._reorder(graph, node_ids, leaf_ids)
+        run = self._pass(graph.leafs, graph.nodes, node_ids, leaf_ids, self.inplace_ops)
+        plan = _make_plan(run, max(graph.n_nodes, 1), self.planner, REORDER_SEARCH_S if self.reorder else None)
+        plan.ggml_order_lower_bound = plan.lower_bound if ggml_order_lower_bound is None else ggml_order_lower_bound
+        record = _Record(graph, run.placed, self.inplace_ops)
         plan.time_s = time.perf_counter() - started
         if self.debug:
             plan.verify()
         self._plan, self._record = plan, record
+
+    def _pass(self, leafs, nodes, node_ids, leaf_ids, inplace_ops) -> _PlanningPass:
+        allocators = {g: offsets.DynAllocator(self.bufts[g].alignment, self.bufts[g].max_size)
+                      for g in sorted(set(self._groups))}
+        run = _PlanningPass(self.bufts, self._groups, allocators, inplace_ops)
+        run.run(leafs, nodes, node_ids, leaf_ids)
+        return run
+
+    def _reorder(self, graph: Graph, node_ids, leaf_ids) -> tuple[list[int] | None, int]:
+        """Permute graph.nodes into the candidate order of lowest LOAD (the original one on ties) and
+        return the node ids in the new order and ggml's LOAD for the original order."""
+        n_steps = max(graph.n_nodes, 1)
+
+        def load(nodes, ids, inplace_ops) -> int:
+            return _make_plan(self._pass(graph.leafs, nodes, ids, leaf_ids, inplace_ops), n_steps, "ggml").lower_bound
+
+        buft_of = {id(t): self.bufts[node_ids[i] if node_ids else 0] for i, t in enumerate(graph.nodes)}
+        orders = schedule.candidate_orders(graph.nodes, lambda t: buft_of.get(id(t), self.bufts[0]).alloc_size(t),
+                                           self.inplace_ops)
+        ggml_load = load(graph.nodes, node_ids, INPLACE_OPS)
+        best_order, best_load = None, None
+        for order in orders:
+            nodes = [graph.nodes[i] for i in order]
+            ids = None if node_ids is None else [node_ids[i] for i in order]
+            candidate = load(nodes, ids, self.inplace_ops)
+            if best_load is None or candidate < best_load:
+                best_order, best_load = order, candidate
+        graph.nodes[:] = [graph.nodes[i] for i in best_order]
+        return (None if node_ids is None else [node_ids[i] for i in best_order]), ggml_load
 
     def _realloc(self, no_alloc: bool) -> bool:
         """Grow the buffers whose planned chunks no longer fit (a re-allocation re-creates every chunk)."""

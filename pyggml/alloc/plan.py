@@ -63,6 +63,7 @@ class Plan:
         self.n_steps = n_steps
         self.planner = planner
         self.time_s = 0.0  # how long planning took (set by the graph allocator)
+        self.ggml_order_lower_bound = 0  # LOAD of ggml's node order and in-place rules (set by the graph allocator)
         self._by_tensor = {id(p.tensor): p for p in tensors}
 
     def __repr__(self) -> str:
@@ -84,7 +85,7 @@ class Plan:
 
         placed = [p._replace(tensor=swap(p.tensor), inplace_parent=swap(p.inplace_parent)) for p in self.tensors]
         plan = Plan(placed, self.buffers, self.n_steps, self.planner)
-        plan.time_s = self.time_s
+        plan.time_s, plan.ggml_order_lower_bound = self.time_s, self.ggml_order_lower_bound
         return plan
 
     @property
@@ -173,17 +174,15 @@ class Plan:
 
         Needs matplotlib (the `plot` extra); it is imported here so that planning never pays for it.
         """
-        try:
-            import matplotlib
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-            from matplotlib.collections import PatchCollection
-            from matplotlib.patches import Rectangle
-        except ImportError as e:
-            raise ImportError("Plan.plot needs matplotlib: pip install 'pyggml[plot]'") from e
+        plot_plans(path, [(self, title)], buffer_id, chunk)
+
+    def draw(self, ax, buffer_id: int = 0, chunk: int = 0, title: str | None = None) -> float:
+        """Draw one chunk of this plan on a matplotlib Axes (see `plot`); returns the top of its offset axis."""
+        from matplotlib.collections import PatchCollection
+        from matplotlib.patches import Rectangle
+
         shared = self.buffers[buffer_id].shared_with
         members = [p for p in self.tensors if self.buffers[p.buffer_id].shared_with == shared and p.chunk == chunk]
-        fig, ax = plt.subplots(figsize=(12, 6))
         fresh, inplace = "tab:blue", "tab:red"
         drawn = [p for p in members if p.size]
         ax.add_collection(PatchCollection(
@@ -198,13 +197,32 @@ class Plan:
         ax.axhline(self.buffers[shared].lower_bound, color="g", linestyle="--",
                    label=f"lower bound {self.buffers[shared].lower_bound:,}")
         ax.set_xlim(0, max(self.n_steps, 1))
-        ax.set_ylim(0, max(height, self.buffers[shared].lower_bound, 1) * 1.05)
+        top = max(height, self.buffers[shared].lower_bound, 1) * 1.05
+        ax.set_ylim(0, top)
         ax.set_xlabel("step (node index)")
         ax.set_ylabel("offset (bytes)")
         ax.set_title(title or f"buffer {buffer_id} chunk {chunk}: planner {self.buffers[shared].planner}")
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: the top of the plot is the point
-        fig.savefig(path, dpi=120, bbox_inches="tight")
-        plt.close(fig)
+        ax.legend(loc="upper right", fontsize="small")
+        return top
+
+
+def plot_plans(path, plans: list[tuple[Plan, str | None]], buffer_id: int = 0, chunk: int = 0) -> None:
+    """Draw plans side by side in one figure on a shared offset axis (e.g. ggml's order and a reordered one).
+
+    Needs matplotlib (the `plot` extra); it is imported here so that planning never pays for it.
+    """
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise ImportError("Plan.plot needs matplotlib: pip install 'pyggml[plot]'") from e
+    fig, axes = plt.subplots(1, len(plans), figsize=(12 * len(plans), 6), squeeze=False)
+    top = max(plan.draw(ax, buffer_id, chunk, title) for ax, (plan, title) in zip(axes[0], plans))
+    for ax in axes[0]:
+        ax.set_ylim(0, top)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
 
 
 def compute_poisoned(backend: Backend, galloc, graph: Graph) -> None:

@@ -30,6 +30,8 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
+from pyggml.alloc import canonical
+from pyggml.backend.cpu.jit import jit
 from pyggml.errors import AllocationError
 
 __all__ = ["DynAllocator", "Interval", "PLANNERS", "PlanResult", "load_csv", "lower_bound", "plan_offsets",
@@ -387,90 +389,86 @@ class _Placement:
 class _Placer:
     """Places intervals one by one, in a given order, into the smallest free gap that fits.
 
-    This is greedy by size of Pisarchyk & Lee 2020 when the order is by size. The placed
-    intervals that overlap a query in time lie in a window of the start-sorted list: those that
-    start before the query ends, after the last one whose predecessors all end before it starts.
+    This is greedy by size of Pisarchyk & Lee 2020 when the order is by size. The placed intervals
+    are kept sorted by offset, so that the gaps left by those live with a query are found in one
+    pass without sorting (compiled: `_place_in_order`).
     """
 
     def __init__(self, problem: _Problem):
         self.problem = problem
-        by_start = np.argsort(problem.start, kind="stable")
-        self.slot = np.empty(problem.n, np.int64)
-        self.slot[by_start] = np.arange(problem.n)
-        ends_so_far = np.maximum.accumulate(problem.end[by_start])
-        self.window_lo = np.searchsorted(ends_so_far, problem.start, side="right").tolist()
-        self.window_hi = np.searchsorted(problem.start[by_start], problem.end).tolist()
-        self.start, self.end, self.size = problem.start.tolist(), problem.end.tolist(), problem.size.tolist()
-        self.slots = self.slot.tolist()
 
     def place(self, order: Sequence[int], max_size: int | None,
               keep: tuple[_Placement, np.ndarray] | None = None) -> _Placement:
         """Place the intervals of `order`; with `keep`, the given intervals of a plan stay where they are."""
         p = self.problem
-        # In start order: end (-1 until placed, so unplaced intervals never overlap), offset, top, chunk.
-        placed_end = np.full(p.n, -1, np.int64)
-        placed_off = np.zeros(p.n, np.int64)
-        placed_top = np.zeros(p.n, np.int64)
-        placed_chunk = np.zeros(p.n, np.int64)
-        capacities: list[int] = []
-        chunk_sizes: list[int] = []
+        offset = np.zeros(p.n, np.int64)
+        chunk = np.zeros(p.n, np.int64)
+        capacities = np.zeros(MAX_CHUNKS + 1, np.int64)
+        heights = np.zeros(MAX_CHUNKS + 1, np.int64)
+        kept = np.zeros(0, np.int64)
+        n_chunks = 0
         if keep is not None:
             plan, kept = keep
-            slots = self.slot[kept]
-            placed_end[slots], placed_off[slots], placed_chunk[slots] = p.end[kept], plan.offset[kept], plan.chunk[kept]
-            placed_top[slots] = plan.offset[kept] + p.size[kept]
-            capacities = list(plan.capacities)
-            heights = np.zeros(len(capacities), np.int64)
-            np.maximum.at(heights, plan.chunk[kept], placed_top[slots])
-            chunk_sizes = heights.tolist()
-        start, end, size = self.start, self.end, self.size
-        slots, lows, highs = self.slots, self.window_lo, self.window_hi
-        for i in order:
-            z = size[i]
-            lo, hi = lows[i], highs[i]
-            live = placed_end[lo:hi] > start[i]
-            offs, tops = placed_off[lo:hi][live], placed_top[lo:hi][live]
-            c, o = 0, -1
-            if len(capacities) == 1:
-                o = _best_gap(offs, tops, z, capacities[0])
-            elif capacities:
-                chunks = placed_chunk[lo:hi][live]
-                for c, capacity in enumerate(capacities):
-                    mine = chunks == c
-                    o = _best_gap(offs[mine], tops[mine], z, capacity)
-                    if o >= 0:
-                        break
-            if o < 0:
-                c, o = len(capacities), 0
-                unbounded = max_size is None or c == MAX_CHUNKS - 1
-                capacities.append(_UNBOUNDED if unbounded else max(max_size, z))
-                chunk_sizes.append(0)
-            chunk_sizes[c] = max(chunk_sizes[c], o + z)
-            k = slots[i]
-            placed_end[k], placed_off[k], placed_top[k], placed_chunk[k] = end[i], o, o + z, c
-        return _Placement(placed_off[self.slot], placed_chunk[self.slot], chunk_sizes, capacities)
+            offset[kept], chunk[kept] = plan.offset[kept], plan.chunk[kept]
+            n_chunks = len(plan.capacities)
+            capacities[:n_chunks] = plan.capacities
+            np.maximum.at(heights, chunk[kept], offset[kept] + p.size[kept])
+        kept = kept[np.argsort(offset[kept], kind="stable")].astype(np.int64)
+        n_chunks = _place_in_order(np.asarray(order, np.int64), kept, p.start, p.end, p.size, offset, chunk,
+                                   capacities, heights, n_chunks, -1 if max_size is None else max_size, MAX_CHUNKS,
+                                   _UNBOUNDED)
+        return _Placement(offset, chunk, heights[:n_chunks].tolist(), capacities[:n_chunks].tolist())
 
 
-def _best_gap(offs: np.ndarray, tops: np.ndarray, size: int, capacity: int) -> int:
-    """Lowest offset of the smallest hole below the busy ranges that fits `size`, else above them (-1: full)."""
-    if offs.size == 0:
-        return 0 if size <= capacity else -1
-    by_offset = offs.argsort()
-    busy_from = offs[by_offset]
-    busy_to = np.maximum.accumulate(tops[by_offset])
-    best_hole, best_at = _UNBOUNDED, -1
-    first_hole = int(busy_from[0])
-    if first_hole >= size:
-        best_hole, best_at = first_hole, 0
-    if busy_from.size > 1:
-        holes = busy_from[1:] - busy_to[:-1]
-        j = int(np.where(holes >= size, holes, _UNBOUNDED).argmin())
-        if holes[j] >= size and holes[j] < best_hole:
-            best_hole, best_at = int(holes[j]), int(busy_to[j])
+@jit
+def _place_in_order(order, kept, start, end, size, offset, chunk, capacities, heights, n_chunks, max_size,
+                    max_chunks, unbounded):
+    """Each interval of `order` into the smallest hole below the placed intervals live with it (the lowest
+    such hole on ties), else on top of them, else into a new chunk; `kept` are placed already (by offset)."""
+    n = start.shape[0]
+    by_offset = np.empty(n, np.int64)  # placed intervals, sorted by offset
+    placed = kept.shape[0]
+    by_offset[:placed] = kept
+    for i in order:
+        z = size[i]
+        c, o = 0, -1
+        for c in range(n_chunks):
+            o = _best_gap(by_offset, placed, i, c, start, end, size, offset, chunk, z, capacities[c], unbounded)
+            if o >= 0:
+                break
+        if o < 0:
+            c, o = n_chunks, 0
+            n_chunks += 1
+            capacities[c] = unbounded if max_size < 0 or c == max_chunks - 1 else max(max_size, z)
+            heights[c] = 0
+        heights[c] = max(heights[c], o + z)
+        offset[i], chunk[i] = o, c
+        at = placed
+        while at > 0 and offset[by_offset[at - 1]] > o:
+            by_offset[at] = by_offset[at - 1]
+            at -= 1
+        by_offset[at] = i
+        placed += 1
+    return n_chunks
+
+
+@jit
+def _best_gap(by_offset, placed, i, c, start, end, size, offset, chunk, z, capacity, unbounded):
+    """Lowest offset of the smallest hole below the intervals of chunk c live with i that fits z bytes,
+    else the top of them (-1: the chunk's capacity is exceeded)."""
+    best_hole, best_at = unbounded, -1
+    busy_to = 0
+    for k in range(placed):
+        j = by_offset[k]
+        if chunk[j] != c or start[j] >= end[i] or end[j] <= start[i]:
+            continue
+        hole = offset[j] - busy_to
+        if z <= hole < best_hole:
+            best_hole, best_at = hole, busy_to
+        busy_to = max(busy_to, offset[j] + size[j])
     if best_at >= 0:
         return best_at
-    highest = int(busy_to[-1])
-    return highest if highest + size <= capacity else -1
+    return busy_to if busy_to + z <= capacity else -1
 
 
 # ----------------------------------------------------------------------------------------------
@@ -535,11 +533,12 @@ THOROUGH = _Effort(rounds=8, stop_promoting=0.0, skip_orders=0.0)  # "search", b
 
 
 def _plan_best(problem: _Problem, placer: _Placer, max_size: int | None, target: int,
-               effort: _Effort) -> _Placement:
+               effort: _Effort, deadline: float = float("inf")) -> _Placement:
     """Greedy placement over the orders of `_orderings`, each followed by culprit promotion.
 
     A promotion round moves the intervals that define the height to the front of the order and
-    places everything again; rounds go on while they lower the height.
+    places everything again; rounds go on while they lower the height. Past `deadline` no further
+    placement starts (the first one always runs).
     """
     stop_promoting = target + int(target * effort.stop_promoting)
     skip_orders = target + int(target * effort.skip_orders)
@@ -550,11 +549,12 @@ def _plan_best(problem: _Problem, placer: _Placer, max_size: int | None, target:
             placement = placer.place(order, max_size)
             if best is None or placement.height < best.height:
                 best = placement
-            if best.height <= stop_promoting or (previous is not None and placement.height >= previous):
+            if best.height <= stop_promoting or (previous is not None and placement.height >= previous) \
+                    or time.perf_counter() > deadline:
                 break
             previous = placement.height
             order = _promoted(order, placement.culprits(problem.size))
-        if best.height <= skip_orders:
+        if best.height <= skip_orders or time.perf_counter() > deadline:
             break
     return best
 
@@ -586,6 +586,45 @@ def _plan_search(problem: _Problem, placer: _Placer, max_size: int | None, targe
             current, current_score = candidate, score
             if candidate.height < best.height:
                 best = candidate
+    return best
+
+
+def _plan_canonical(problem: _Problem, max_size: int | None, target: int, start: _Placement, deadline: float,
+                    seed: int, max_iterations: int | None) -> _Placement:
+    """Binary search on the capacity between LOAD and the best height with `canonical`'s exact search.
+
+    Each capacity gets a short share of the time (or `max_iterations` placements): tight capacities
+    that the search cannot settle in their share are skipped, and tried again with twice the share
+    when the others are settled. Plans stay in one chunk, so the search only runs when the starting
+    plan fits one chunk.
+    """
+    nonzero = np.flatnonzero(problem.size > 0)
+    if not 0 < nonzero.size <= canonical.MAX_BUFFERS or (max_size is not None and start.height > max_size):
+        return start
+    begin, end, size = problem.start[nonzero], problem.end[nonzero], problem.size[nonzero]
+    ranks = canonical.static_orders(begin, end, size, problem.peak_load_over_lifetime()[nonzero])
+    ranks = ranks[seed % len(ranks):] + ranks[:seed % len(ranks)]
+    best, proven, hi = start, target, start.height  # a plan of height < proven is impossible; one of hi exists
+    lo, share = proven, max(deadline - time.perf_counter(), 0.0) / 16
+    while proven < hi and time.perf_counter() < deadline:
+        if lo >= hi:  # every capacity below hi was left unsettled: go over them again with more time
+            lo, share = proven, 2 * share
+        capacity = lo if lo == proven else (lo + hi) // 2
+        until = min(deadline, time.perf_counter() + share * (2 if capacity == target else 1))
+        status, offsets = canonical.solve_capacity(begin, end, size, capacity, ranks,
+                                                   lambda: time.perf_counter() > until, max_iterations)
+        if status == canonical.FOUND:
+            offset = np.zeros(problem.n, np.int64)
+            offset[nonzero] = offsets
+            height = int((offset + problem.size).max())
+            capacities = [_UNBOUNDED if max_size is None else max(max_size, height)]
+            best, hi = _Placement(offset, np.zeros(problem.n, np.int64), [height], capacities), height
+        elif status == canonical.EXHAUSTED:
+            proven = lo = capacity + 1
+        else:
+            lo = capacity + 1
+            if max_iterations is not None:
+                break  # a run bounded by placements gives up where a timed one would retry
     return best
 
 
@@ -631,14 +670,15 @@ def plan_offsets(intervals: Sequence[Interval], alignment: int = 1, planner: str
         placement = _Placer(problem).place(_by_size(problem), max_size)
     else:
         placer = _Placer(problem)
-        placement = _plan_best(problem, placer, max_size, target, THOROUGH if planner == "search" else QUICK)
+        deadline = began + (3.0 if budget_s is None else budget_s) if planner == "search" else float("inf")
+        placement = _plan_best(problem, placer, max_size, target, THOROUGH if planner == "search" else QUICK, deadline)
+        if planner == "search":  # ggml's plan is only a fallback here: the search gets the time first
+            placement = _plan_canonical(problem, max_size, target, placement, deadline, seed, max_iterations)
+            placement = _plan_search(problem, placer, max_size, target, placement, deadline, seed, max_iterations)
         if placement.height > target:
             online = _plan_ggml(problem, max_size)
             if online.height < placement.height:
                 placement = online
-        if planner == "search":
-            deadline = began + (3.0 if budget_s is None else budget_s)
-            placement = _plan_search(problem, placer, max_size, target, placement, deadline, seed, max_iterations)
     return PlanResult(offsets=dict(zip(problem.ids, placement.offset.tolist())),
                       chunks=dict(zip(problem.ids, placement.chunk.tolist())),
                       chunk_sizes=placement.chunk_sizes, lower_bound=target, planner=planner,

@@ -7,6 +7,7 @@ type with the file's alignment, so the graph allocator leaves them alone exactly
 from __future__ import annotations
 
 from pyggml.alloc import GraphAllocator, alloc_ctx_tensors_from_buft
+from pyggml.alloc.plan import plot_plans
 from pyggml.backend.base import Buffer, BufferType
 from pyggml.core.graph_json import load_graph_json
 
@@ -27,7 +28,10 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("plan", help="plan a graph file's compute buffer and compare planners")
     p.add_argument("graph", help="a ggml-graph-json/1 file (see tests/data/graphs/FORMAT.md)")
     p.add_argument("--planner", choices=["best", "ggml"], default="best", help="offset planner (default: best)")
-    p.add_argument("--plot", metavar="PNG", help="draw the plan (tensors over step and offset) to this file")
+    p.add_argument("--reorder", action="store_true",
+                   help="also let the planner choose the node order (memory-aware) and report both orders")
+    p.add_argument("--plot", metavar="PNG", help="draw the plan (tensors over step and offset) to this file; "
+                   "with --reorder, ggml's order and the chosen one side by side")
     p.set_defaults(run=run)
 
 
@@ -52,7 +56,17 @@ def run(args) -> int:
     print(f"ggml's planner: {plan.ggml_size:,} bytes (ratio {_ratio(plan.ggml_size, plan.lower_bound)})"
           + (f"; recorded by ggml {lg.doc.get('ggml_version', '?')}: {recorded:,}" if recorded is not None else ""))
     print(f"planned in {plan.time_s * 1000:.1f} ms")
+    plots = [(plan, f"{lg.name}: ggml's order, planner {args.planner}")]
+    if args.reorder:
+        reordering = GraphAllocator(buft, planner=args.planner, reorder=True)
+        reordering.reserve(lg.graph)
+        chosen = reordering.plan
+        print(f"LOAD in ggml's order: {chosen.ggml_order_lower_bound:,} bytes; in the chosen order: "
+              f"{chosen.lower_bound:,} bytes; reordered plan: {chosen.size:,} bytes "
+              f"(ratio to ggml's LOAD {_ratio(chosen.size, chosen.ggml_order_lower_bound)}), "
+              f"planned in {chosen.time_s * 1000:.1f} ms")
+        plots.append((chosen, f"{lg.name}: chosen order, planner {args.planner}"))
     if args.plot:
-        plan.plot(args.plot, title=f"{lg.name}: planner {args.planner}")
+        plot_plans(args.plot, plots)
         print(f"plot: {args.plot}")
     return 0

@@ -33,3 +33,18 @@ def test_plan_of_a_bad_file_is_an_error(tmp_path, capsys):
     bad.write_text('{"format": "something else"}')
     assert main(["plan", str(bad)]) == 2
     assert "format" in capsys.readouterr().err
+
+
+def test_plan_with_reorder_reports_both_orders_and_plots_them_side_by_side(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    from pathlib import Path
+    png = tmp_path / "plans.png"
+    wide = Path(__file__).resolve().parents[1] / "data" / "graphs" / "wide_dag.json"
+    assert main(["plan", str(wide), "--reorder", "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "LOAD in ggml's order: 19,730,432 bytes; in the chosen order: " in out
+    chosen = int(out.split("in the chosen order: ")[1].split(" bytes")[0].replace(",", ""))
+    assert chosen <= 0.9 * 19730432
+    from matplotlib.image import imread
+    height, width = imread(png).shape[:2]
+    assert width > 2 * height  # two plans in one figure

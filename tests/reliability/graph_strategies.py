@@ -190,3 +190,45 @@ def _step(kind: str):
 dims = st.tuples(st.integers(1, 6), st.integers(1, 5), st.integers(1, 3))
 steps = st.lists(st.sampled_from(STEPS).flatmap(_step), min_size=1, max_size=24)
 programs = st.tuples(dims, steps)
+
+
+WIDTHS = (8, 16, 32, 64)
+
+
+def build_wide_dag(seed: int, n_nodes: int, ctx: Context, rows: tuple[int, ...] = (2, 32)) -> Program:
+    """A wide random DAG in the manner of the wide_dag fixture: every node applies a unary op, a scale, a
+    binary op or a product with a weight to values drawn from everything computed so far (half the time
+    from those nobody used yet, so that nearly every node is reached), and the values nobody used are the
+    outputs. Many tensors are alive at once, and the build order is far from the leanest."""
+    rng = np.random.default_rng(seed)
+    prog = Program()
+    unused: list = []
+    for w in WIDTHS:
+        for r in rows:
+            prog.values.append(_leaf(ctx, prog, [w, r]))
+
+    def draw(pool):
+        fresh = [t for t in unused if t in pool]
+        return fresh[int(rng.integers(len(fresh)))] if fresh and rng.random() < 0.5 else pool[int(rng.integers(len(pool)))]
+
+    while len(prog.values) < len(WIDTHS) * len(rows) + n_nodes:
+        kind = rng.choice(["unary", "scale", "binary", "binary", "mul_mat"])
+        a = draw(prog.values)
+        used = [a]
+        if kind == "unary":
+            t = getattr(ops, str(rng.choice(["relu", "neg", "tanh", "silu", "gelu", "sin"])))(ctx, a)
+        elif kind == "scale":
+            t = ops.scale(ctx, a, 0.5)
+        elif kind == "binary":
+            b = draw([v for v in prog.values if v.ne[:2] == a.ne[:2]])
+            used.append(b)
+            t = getattr(ops, str(rng.choice(BINARY[:3])))(ctx, a, b)
+        else:
+            w = _leaf(ctx, prog, [a.ne[0], int(rng.choice(WIDTHS))], is_input=False)
+            t = ops.mul_mat(ctx, w, a)
+        unused[:] = [v for v in unused if all(v is not u for u in used)] + [t]
+        prog.values.append(t)
+    prog.outputs = list(unused)
+    for t in prog.outputs:
+        t.set_output()
+    return prog

@@ -32,8 +32,8 @@ def flat_bytes(values: np.ndarray) -> bytes:
     return np.ascontiguousarray(values).reshape(-1).tobytes()
 
 
-def reference(program, cpu, seed) -> list[bytes]:
-    prog = build(program, Context(no_alloc=False))
+def reference(program, cpu, seed, builder=build) -> list[bytes]:
+    prog = builder(program, Context(no_alloc=False))
     fill(prog, seed, lambda t, v: t.numpy().__setitem__(..., v))
     cpu.graph_compute(prog.graph())
     return [flat_bytes(t.numpy()) for t in prog.outputs]
@@ -63,9 +63,9 @@ def guard_untouched(graph) -> list[str]:
     return bad
 
 
-def planned(program, cpu, seed, galloc, ids=None):
+def planned(program, cpu, seed, galloc, ids=None, builder=build):
     """Outputs computed in the allocator's memory with poisoning, and the guard-byte report."""
-    prog = build(program, Context(no_alloc=True))
+    prog = builder(program, Context(no_alloc=True))
     graph = prog.graph()
     if ids is not None:  # (node buffer ids, leaf buffer ids)
         assert galloc.reserve_n(graph, *ids)
