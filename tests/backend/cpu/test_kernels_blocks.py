@@ -112,3 +112,22 @@ def test_block_weights_are_read_in_place_not_cached():
     host_ndarray(x)[...] = 1.0
     kernels.compute(ops.mul_mat(ctx, w, x))
     assert matmul.DEQUANT_CACHE.nbytes == 0
+
+
+@pytest.mark.parametrize("type_", (G.Q4_0, G.Q6_K, G.F16), ids=lambda t: t.name)
+@pytest.mark.parametrize("n_tokens", [1, 9])  # an expert sees 1-2 rows (registers), or more (tiles + BLAS)
+def test_mul_mat_id_on_blocks_matches_float64(type_, n_tokens):
+    ctx = Context()
+    ne0, n_expert, n_used = 256, 4, 2
+    w, ref_w = _weight(ctx, type_, ne0, 6, planes=(n_expert, 1))
+    rng = np.random.default_rng(5)
+    b = ctx.new_tensor(G.F32, (ne0, 1, n_tokens))
+    host_ndarray(b)[...] = rng.standard_normal(host_ndarray(b).shape)
+    ids = ctx.new_tensor(G.I32, (n_used, n_tokens))
+    chosen = np.stack([rng.choice(n_expert, n_used, replace=False) for _ in range(n_tokens)])
+    host_ndarray(ids)[0, 0] = chosen
+    y = ops.mul_mat_id(ctx, w, b, ids)
+    kernels.compute(y)
+    x = host_ndarray(b)[0, :, 0].astype(np.float64)             # (n_tokens, ne0)
+    expected = np.einsum("tk,turk->tur", x, ref_w[0][chosen])
+    assert nmse(expected, host_ndarray(y)[0]) < 1e-10

@@ -69,15 +69,10 @@ def _a_planes(dst: Tensor, first: int) -> np.ndarray:
     return (first + (i3 // (b.ne[3] // a.ne[3])) * a.nb[3] + (i2 // (b.ne[2] // a.ne[2])) * a.nb[2]).astype(np.uint64)
 
 
-def _mul_mat_blocks(dst: Tensor) -> None:
-    """mul_mat with src0 read in its block format (see the module docstring)."""
-    a, b = dst.src[0], dst.src[1]
-    src, first = memory_of(a)
-    planes = _a_planes(dst, first)
-    x = np.ascontiguousarray(as_f32(b).reshape(len(planes), b.ne[1], b.ne[0]), dtype=np.float32)
-    y = _out_view(dst, (len(planes), b.ne[1], a.ne[1]))
+def _product_on_blocks(a: Tensor, src: np.ndarray, planes: np.ndarray, x: np.ndarray, y: np.ndarray) -> None:
+    """y[i] = x[i] · (a's matrix at byte planes[i] of src)ᵀ for float32 x (P, n, k) and y (P, n, a.ne1)."""
     qtype, nb = int(a.type), blocks_per_row(a)
-    if b.ne[1] <= VEC_COLUMNS:
+    if x.shape[1] <= VEC_COLUMNS:
         bands = max(1, min(numba.get_num_threads() * BANDS_PER_THREAD, a.ne[1] // 16))
         mul_mat_vec(qtype, qtype in HAS_VEC_DOT, src, planes, a.nb[1], a.ne[1], nb, x, y, bands)
         return
@@ -87,10 +82,19 @@ def _mul_mat_blocks(dst: Tensor) -> None:
         using = np.flatnonzero(planes == plane)
         xs = x if len(using) == len(planes) else x[using]
         for r0 in range(0, a.ne[1], tile_rows):
-            rows = int(plane) + np.arange(r0, min(r0 + tile_rows, a.ne[1]), dtype=np.uint64) * np.uint64(a.nb[1])
+            rows = plane + np.arange(r0, min(r0 + tile_rows, a.ne[1]), dtype=np.uint64) * np.uint64(a.nb[1])
             values = tile[:len(rows)]
             dequantize_rows(qtype, src, rows, nb, values)
             y[using, :, r0:r0 + len(rows)] = np.matmul(xs, values.T)
+
+
+def _mul_mat_blocks(dst: Tensor) -> None:
+    """mul_mat with src0 read in its block format (see the module docstring)."""
+    a, b = dst.src[0], dst.src[1]
+    src, first = memory_of(a)
+    planes = _a_planes(dst, first)
+    x = np.ascontiguousarray(as_f32(b).reshape(len(planes), b.ne[1], b.ne[0]), dtype=np.float32)
+    _product_on_blocks(a, src, planes, x, _out_view(dst, (len(planes), b.ne[1], a.ne[1])))
 
 
 @kernel(Op.MUL_MAT, supports=_supports_product)
@@ -125,7 +129,6 @@ def _supports_mul_mat_id(dst: Tensor) -> bool:
 def mul_mat_id(dst: Tensor) -> None:
     """dst[t, e, :] = as[ids[t, e]] · b[t, e % b.ne1, :]: one gathered matmul per expert actually used."""
     as_, b, ids = dst.src[0], dst.src[1], dst.src[2]
-    experts = src0_f32(as_)[0]                  # (n_expert, rows, k)
     rows = as_f32(b)[0]                          # (n_tokens, n_b, k)
     chosen = view(ids)[0, 0]                     # (n_tokens, n_used)
     out = view(dst)[0]                           # (n_tokens, n_used, rows)
@@ -133,6 +136,23 @@ def mul_mat_id(dst: Tensor) -> None:
     if chosen.size and (chosen.min() < 0 or chosen.max() >= n_expert):
         raise OutOfBoundsError(f"mul_mat_id {dst.name!r}: ids {ids.name!r} hold experts outside [0, {n_expert})")
     slot_of_b = np.arange(ids.ne[0]) % b.ne[1]
+    product = _expert_product(as_)
     for expert in np.unique(chosen):
         tok, slot = np.nonzero(chosen == expert)
-        out[tok, slot] = rows[tok, slot_of_b[slot]] @ experts[expert].T
+        out[tok, slot] = product(int(expert), rows[tok, slot_of_b[slot]])
+
+
+def _expert_product(as_: Tensor):
+    """(expert, x (n, k)) -> x · expert's matrixᵀ: on the blocks where the compiled kernels read as_, else float32."""
+    if not in_blocks(as_):
+        experts = src0_f32(as_)[0]              # (n_expert, rows, k)
+        return lambda expert, x: x @ experts[expert].T
+    src, first = memory_of(as_)
+
+    def on_blocks(expert: int, x: np.ndarray) -> np.ndarray:
+        y = np.empty((1, x.shape[0], as_.ne[1]), np.float32)
+        planes = np.array([first + expert * as_.nb[2]], np.uint64)
+        _product_on_blocks(as_, src, planes, np.ascontiguousarray(x[None], dtype=np.float32), y)
+        return y[0]
+
+    return on_blocks
