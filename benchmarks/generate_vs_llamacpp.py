@@ -56,11 +56,12 @@ def timed_runs(args, reset, prompt, step, ids) -> dict:
 def run_pyggml(args) -> dict:
     from pyggml.models import load_model
 
-    model = load_model(args.model, n_ctx=args.ctx, n_batch=args.batch, repack=not args.no_repack)
+    model = load_model(args.model, n_ctx=args.ctx, n_batch=args.batch, repack=args.weights == "f32")
     ids = model.tokenize(TEXT * 200)[: args.prompt_tokens]
     result = timed_runs(args, model.reset, lambda t: int(model.decode(t).argmax()),
                         lambda t: int(model.decode([t]).argmax()), ids)
-    return {**result, "compute_buffer": model.compute_buffer_size,
+    return {**result, "compute_buffer": model.compute_buffer_size, "weights": model.weights.nbytes,
+            "gguf_tensor_bytes": model.weights.file_tensor_bytes,
             "compute_buffer_ggml_planner": model.reserved_plan.ggml_size}
 
 
@@ -95,8 +96,7 @@ def write_synthetic(qtype: str, directory: str) -> str:
 def _side(python: str, side: str, args) -> dict:
     cmd = [python, os.path.abspath(__file__), "--side", side, "--model", args.model, "--ctx", str(args.ctx),
            "--batch", str(args.batch), "--threads", str(args.threads), "-n", str(args.n),
-           "--prompt-tokens", str(args.prompt_tokens), "--warmup", str(args.warmup)] + (
-               ["--no-repack"] if args.no_repack else [])
+           "--prompt-tokens", str(args.prompt_tokens), "--warmup", str(args.warmup), "--weights", args.weights]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads),
                MKL_NUM_THREADS=str(args.threads))
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -126,7 +126,8 @@ def main() -> None:
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--repeat", type=int, default=5, help="runs per side, alternating; medians are shown")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs before the timed one, in each process")
-    p.add_argument("--no-repack", action="store_true", help="pyggml keeps quantized weights as in the file")
+    p.add_argument("--weights", default="quantized", choices=["quantized", "f32"],
+                   help="pyggml's weights: the file's blocks, mapped (default), or expanded to float32 at load")
     p.add_argument("--synthetic", choices=["q4_0", "q4_1", "q8_0"],
                    help="run on a random-weight llama of realistic size in this type, written to a temporary directory")
     p.add_argument("--side", choices=["pyggml", "llama"], help=argparse.SUPPRESS)
@@ -156,6 +157,8 @@ def main() -> None:
         ratio = f"{a / b:8.3f}" if b else f"{'n/a':>8}"
         print(f"{label:22}{a / unit:12.2f}{(b / unit if b else float('nan')):12.2f}{ratio}")
     print(f"pyggml compute buffer with ggml's planner: {ours['compute_buffer_ggml_planner'] / MIB:.2f} MiB")
+    print(f"pyggml weights in memory {ours['weights'] / MIB:.2f} MiB, GGUF tensor bytes "
+          f"{ours['gguf_tensor_bytes'] / MIB:.2f} MiB: {ours['weights'] / ours['gguf_tensor_bytes']:.3f}x")
 
 
 if __name__ == "__main__":
