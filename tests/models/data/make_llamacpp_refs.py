@@ -134,25 +134,18 @@ def train_bpe(corpus, n_merges):
 
 
 def write_bpe_vocab(path, pre, merges):
+    from pyggml.models.synthetic import Vocab
+
     tokens = byte_chars() + list(dict.fromkeys(a + b for a, b in merges))
     tokens = [*tokens, "<|endoftext|>", "<|im_start|>", "Hello world"]
     types = [1] * (len(tokens) - 3) + [3, 4, 1]
-    w = gguf.GGUFWriter(str(path), "llama")
-    for key, value in [("context_length", 64), ("embedding_length", 8), ("block_count", 1),
-                       ("feed_forward_length", 8), ("attention.head_count", 1)]:
-        w.add_uint32(f"llama.{key}", value)
-    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(pre)
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges([f"{a} {b}" for a, b in merges])
-    w.add_bos_token_id(tokens.index("<|endoftext|>"))
-    w.add_eos_token_id(tokens.index("<|endoftext|>"))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    s, a, u32 = gguf.GGUFValueType.STRING, gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.UINT32
+    eot = tokens.index("<|endoftext|>")
+    Vocab({"tokenizer.ggml.model": ("gpt2", s, None), "tokenizer.ggml.pre": (pre, s, None),
+           "tokenizer.ggml.tokens": (tokens, a, s), "tokenizer.ggml.token_type": (types, a, gguf.GGUFValueType.INT32),
+           "tokenizer.ggml.merges": ([f"{left} {right}" for left, right in merges], a, s),
+           "tokenizer.ggml.bos_token_id": (eot, u32, None), "tokenizer.ggml.eos_token_id": (eot, u32, None),
+           }).write_vocab_only(path)
 
 
 def tokenize_ids(vocab, text, add_special, parse_special):
