@@ -141,7 +141,8 @@ def _set_f16(raw: np.ndarray, at: int, value) -> None:
 
 
 def _type_of(qtype, name: str):
-    """The type for tensor `name`: qtype itself, or the entry of a {name part: type, "*": default} mapping."""
+    """The type for tensor `name`: qtype itself, or from a {name part: type, "*": default} mapping the first
+    entry whose part occurs in the name (so "attn_output" listed before "output" keeps them apart)."""
     if not isinstance(qtype, Mapping):
         return qtype
     return next((t for part, t in qtype.items() if part != "*" and part in name), qtype.get("*"))
