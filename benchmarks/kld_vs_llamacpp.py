@@ -86,7 +86,7 @@ def pyggml_compare(path, chunks, store, pair: Pair, args, kv_type: str, **load) 
 def report(pairs: list[Pair], header: str) -> dict:
     print(header)
     cols = f"{'':34}{'positions':>10}{'KLD mean':>11}{'median':>11}{'p99':>11}{'max':>11}{'top-1':>9}" \
-           f"{'PPL llama':>11}{'PPL other':>11}"
+           f"{'PPL llama':>12}{'PPL other':>12}"
     print(cols)
     out = {}
     for pair in pairs:
@@ -94,8 +94,8 @@ def report(pairs: list[Pair], header: str) -> dict:
         for label, key in (("all", "all"), ("second halves", "second_half")):
             r = s[key]
             print(f"{pair.name + ', ' + label:34}{r['n']:10d}{r['kld_mean']:11.3e}{r['kld_median']:11.3e}"
-                  f"{r['kld_p99']:11.3e}{r['kld_max']:11.3e}{100 * r['top1']:8.2f}%{r['ppl_ref']:11.4f}"
-                  f"{r['ppl_other']:11.4f}")
+                  f"{r['kld_p99']:11.3e}{r['kld_max']:11.3e}{100 * r['top1']:8.2f}%{r['ppl_ref']:12.6g}"
+                  f"{r['ppl_other']:12.6g}")
     return out
 
 
