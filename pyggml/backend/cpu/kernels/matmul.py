@@ -10,6 +10,8 @@ products; here src1 stays float32, which is at least as accurate (within ggml's 
 
 from __future__ import annotations
 
+import functools
+
 import numba
 import numpy as np
 
@@ -58,15 +60,21 @@ def _broadcast_split(dst: Tensor, wa: np.ndarray, wb: np.ndarray):
 SMALL_BATCH = 32            # below this many rows of b a product is memory-bound, and ...
 SMALL_MATRIX = 256 * 1024  # ... below this many elements of a, threads only add synchronisation
 VEC_COLUMNS = 4            # up to this many columns of b per plane, block rows are multiplied in registers
-TILE_BYTES = 4 << 20       # float32 scratch for a tile of dequantized rows (stays in L2/L3 for sgemm)
+TILE_BYTES = 8 << 20       # float32 scratch for a tile of dequantized rows (a layer matrix of a small model whole)
 BANDS_PER_THREAD = 4       # row bands per thread in mul_mat_vec: a busy core delays only a small band
 
 
 def _a_planes(dst: Tensor, first: int) -> np.ndarray:
     """Byte offsets of a's matrix for each of b's planes (i3, i2) in order, broadcasting as ggml does."""
     a, b = dst.src[0], dst.src[1]
-    i3, i2 = np.divmod(np.arange(b.ne[3] * b.ne[2]), b.ne[2])
-    return (first + (i3 // (b.ne[3] // a.ne[3])) * a.nb[3] + (i2 // (b.ne[2] // a.ne[2])) * a.nb[2]).astype(np.uint64)
+    return _planes(first, b.ne[3], b.ne[2], a.ne[3], a.ne[2], a.nb[3], a.nb[2])
+
+
+@functools.lru_cache(maxsize=4096)
+def _planes(first: int, b3: int, b2: int, a3: int, a2: int, nb3: int, nb2: int) -> np.ndarray:
+    """(cached: a token's products ask for the same few layouts every step; the array is never written)"""
+    i3, i2 = np.divmod(np.arange(b3 * b2), b2)
+    return (first + (i3 // (b3 // a3)) * nb3 + (i2 // (b2 // a2)) * nb2).astype(np.uint64)
 
 
 def _product_on_blocks(a: Tensor, src: np.ndarray, planes: np.ndarray, x: np.ndarray, y: np.ndarray) -> None:
@@ -85,7 +93,10 @@ def _product_on_blocks(a: Tensor, src: np.ndarray, planes: np.ndarray, x: np.nda
             rows = plane + np.arange(r0, min(r0 + tile_rows, a.ne[1]), dtype=np.uint64) * np.uint64(a.nb[1])
             values = tile[:len(rows)]
             dequantize_rows(qtype, src, rows, nb, values)
-            y[using, :, r0:r0 + len(rows)] = np.matmul(xs, values.T)
+            if len(rows) == a.ne[1] and len(using) == len(planes):
+                np.matmul(xs, values.T, out=y)  # the whole matrix in one tile: straight into dst
+            else:
+                y[using, :, r0:r0 + len(rows)] = np.matmul(xs, values.T)
 
 
 def _mul_mat_blocks(dst: Tensor) -> None:
