@@ -17,7 +17,7 @@ import numpy as np
 
 from pyggml.backend.cpu.jit import jit
 from pyggml.backend.cpu.jit.quants import (_F16, _Q4_0, _Q4_1, _Q4_K, _Q5_0, _Q5_K, _Q6_K, _Q8_0, QK_K, U, _fp16,
-                                           _scale_min_k4, _u32)
+                                           _u32, k45_quants, k45_sub_scales)
 
 F32 = np.float32
 
@@ -87,48 +87,33 @@ def vec_dot_q5_0_f32(src, s, x, xo, nb):
     return acc
 
 
-@jit
-def vec_dot_q4_K_f32(src, s, x, xo, nb):
+@jit(inline="always")
+def _vec_dot_k45(src, s, x, xo, nb, size, fifth):
     acc = F32(0.0)
     for b in range(nb):
-        p, t = s + U(144) * b, xo + U(QK_K) * b
-        d, dmin = _fp16(src, p), _fp16(src, p + U(2))
+        p, t = s + size * b, xo + U(QK_K) * b
         for c in range(U(4)):
-            sc1, m1 = _scale_min_k4(src, p + U(4), U(2) * c)
-            sc2, m2 = _scale_min_k4(src, p + U(4), U(2) * c + U(1))
+            d1, n1, d2, n2 = k45_sub_scales(src, p, c)
             dot1, dot2, sum1, sum2 = F32(0.0), F32(0.0), F32(0.0), F32(0.0)
             for l in range(U(32)):
-                q = src[p + U(16) + c * U(32) + l]
-                lo, hi = x[t + c * U(64) + l], x[t + c * U(64) + U(32) + l]
-                dot1 += F32(q & 15) * lo
-                dot2 += F32(q >> 4) * hi
-                sum1 += lo
-                sum2 += hi
-            acc += d * (F32(sc1) * dot1 + F32(sc2) * dot2) - dmin * (F32(m1) * sum1 + F32(m2) * sum2)
-    return acc
-
-
-@jit
-def vec_dot_q5_K_f32(src, s, x, xo, nb):
-    acc = F32(0.0)
-    for b in range(nb):
-        p, t = s + U(176) * b, xo + U(QK_K) * b
-        d, dmin = _fp16(src, p), _fp16(src, p + U(2))
-        for c in range(U(4)):
-            sc1, m1 = _scale_min_k4(src, p + U(4), U(2) * c)
-            sc2, m2 = _scale_min_k4(src, p + U(4), U(2) * c + U(1))
-            dot1, dot2, sum1, sum2 = F32(0.0), F32(0.0), F32(0.0), F32(0.0)
-            for l in range(U(32)):
-                q, h = src[p + U(48) + c * U(32) + l], src[p + U(16) + l]
-                lo = np.int32(q & 15) | (np.int32((h >> (U(2) * c)) & 1) << np.int32(4))
-                hi = np.int32(q >> 4) | (np.int32((h >> (U(2) * c + U(1))) & 1) << np.int32(4))
+                lo, hi = k45_quants(src, p, c, l, fifth)
                 xl, xh = x[t + c * U(64) + l], x[t + c * U(64) + U(32) + l]
                 dot1 += F32(lo) * xl
                 dot2 += F32(hi) * xh
                 sum1 += xl
                 sum2 += xh
-            acc += d * (F32(sc1) * dot1 + F32(sc2) * dot2) - dmin * (F32(m1) * sum1 + F32(m2) * sum2)
+            acc += d1 * dot1 + d2 * dot2 - (n1 * sum1 + n2 * sum2)
     return acc
+
+
+@jit
+def vec_dot_q4_K_f32(src, s, x, xo, nb):
+    return _vec_dot_k45(src, s, x, xo, nb, U(144), False)
+
+
+@jit
+def vec_dot_q5_K_f32(src, s, x, xo, nb):
+    return _vec_dot_k45(src, s, x, xo, nb, U(176), True)
 
 
 @jit
