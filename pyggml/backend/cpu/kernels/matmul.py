@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import functools
 
-import numba
 import numpy as np
 
-from pyggml.backend.cpu.jit.mul_mat import dequantize_rows, mul_mat_vec
+from pyggml.backend.cpu.jit.mul_mat import dequantize_rows, mul_mat_vec, mul_mat_vec_1t
 from pyggml.backend.cpu.jit.vec_dot import HAS_VEC_DOT
 from pyggml.backend.cpu.kernels import kernel
-from pyggml.backend.cpu.kernels._blocks import blocks_per_row, in_blocks, memory_of
+from pyggml.backend.cpu.kernels._blocks import blocks_per_row, in_blocks, memory_of, threads
 from pyggml.backend.cpu.kernels._common import FLOAT_TYPES, as_f32, blas_threads, repacked_values, view
 from pyggml.backend.cpu.kernels._dequant_cache import DEQUANT_CACHE, dequantizable
 from pyggml.core import types as T
@@ -81,8 +80,12 @@ def _product_on_blocks(a: Tensor, src: np.ndarray, planes: np.ndarray, x: np.nda
     """y[i] = x[i] · (a's matrix at byte planes[i] of src)ᵀ for float32 x (P, n, k) and y (P, n, a.ne1)."""
     qtype, nb = int(a.type), blocks_per_row(a)
     if x.shape[1] <= VEC_COLUMNS:
-        bands = max(1, min(numba.get_num_threads() * BANDS_PER_THREAD, a.ne[1] // 16))
-        mul_mat_vec(qtype, qtype in HAS_VEC_DOT, src, planes, a.nb[1], a.ne[1], nb, x, y, bands)
+        direct, n_threads = qtype in HAS_VEC_DOT, threads()
+        if n_threads == 1 or len(planes) * a.ne[0] * a.ne[1] < SMALL_MATRIX:
+            mul_mat_vec_1t(qtype, direct, src, planes, a.nb[1], a.ne[1], nb, x, y)
+        else:
+            bands = max(1, min(n_threads * BANDS_PER_THREAD, a.ne[1] // 16))
+            mul_mat_vec(qtype, direct, src, planes, a.nb[1], a.ne[1], nb, x, y, bands)
         return
     tile_rows = max(1, min(a.ne[1], TILE_BYTES // (4 * a.ne[0])))
     tile = np.empty((tile_rows, a.ne[0]), np.float32)
