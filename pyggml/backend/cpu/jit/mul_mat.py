@@ -17,9 +17,7 @@ from numba import prange
 
 from pyggml.backend.cpu.jit import jit, parallel_jit
 from pyggml.backend.cpu.jit.quants import U, dequantize_row
-from pyggml.backend.cpu.jit.vec_dot import vec_dot
-
-FASTMATH = {"reassoc", "contract"}  # lets LLVM split a dot's sum over vector lanes; NaN and inf still propagate
+from pyggml.backend.cpu.jit.vec_dot import FASTMATH, vec_dot
 
 
 @jit(fastmath=FASTMATH)

@@ -20,9 +20,11 @@ from pyggml.backend.cpu.jit.quants import (_F16, _Q4_0, _Q4_1, _Q4_K, _Q5_0, _Q5
                                            _u32, k45_quants, k45_sub_scales)
 
 F32 = np.float32
+FASTMATH = {"reassoc", "contract"}  # lets LLVM split a dot's sum over vector lanes; NaN and inf still propagate
+BITS = np.array([1 << i for i in range(32)], np.uint32)
 
 
-@jit
+@jit(fastmath=FASTMATH)
 def vec_dot_f16_f32(src, s, x, xo, n):
     acc = F32(0.0)
     for j in range(n):
@@ -30,7 +32,7 @@ def vec_dot_f16_f32(src, s, x, xo, n):
     return acc
 
 
-@jit
+@jit(fastmath=FASTMATH)
 def vec_dot_q8_0_f32(src, s, x, xo, nb):
     acc = F32(0.0)
     for b in range(nb):
@@ -42,7 +44,7 @@ def vec_dot_q8_0_f32(src, s, x, xo, nb):
     return acc
 
 
-@jit
+@jit(fastmath=FASTMATH)
 def vec_dot_q4_0_f32(src, s, x, xo, nb):
     acc = F32(0.0)
     for b in range(nb):
@@ -55,7 +57,7 @@ def vec_dot_q4_0_f32(src, s, x, xo, nb):
     return acc
 
 
-@jit
+@jit(fastmath=FASTMATH)
 def vec_dot_q4_1_f32(src, s, x, xo, nb):
     acc = F32(0.0)
     for b in range(nb):
@@ -70,8 +72,9 @@ def vec_dot_q4_1_f32(src, s, x, xo, nb):
     return acc
 
 
-@jit
+@jit(fastmath=FASTMATH)
 def vec_dot_q5_0_f32(src, s, x, xo, nb):
+    bit = BITS  # the fifth bit tested against a per-lane mask: a variable shift kept the loop in 64-bit lanes
     acc = F32(0.0)
     for b in range(nb):
         p, t = s + U(22) * b, xo + U(32) * b
@@ -79,15 +82,15 @@ def vec_dot_q5_0_f32(src, s, x, xo, nb):
         part = F32(0.0)
         for j in range(U(16)):
             q = src[p + U(6) + j]
-            h0 = np.int32((qh >> np.uint32(j)) & np.uint32(1)) << np.int32(4)
-            h1 = np.int32((qh >> np.uint32(j + U(16))) & np.uint32(1)) << np.int32(4)
+            h0 = np.int32(16) if qh & bit[j] else np.int32(0)
+            h1 = np.int32(16) if qh & bit[j + U(16)] else np.int32(0)
             part += (F32((np.int32(q & 15) | h0) - np.int32(16)) * x[t + j]
                      + F32((np.int32(q >> 4) | h1) - np.int32(16)) * x[t + U(16) + j])
         acc += _fp16(src, p) * part
     return acc
 
 
-@jit(inline="always")
+@jit(inline="always", fastmath=FASTMATH)
 def _vec_dot_k45(src, s, x, xo, nb, size, fifth):
     acc = F32(0.0)
     for b in range(nb):
@@ -106,17 +109,17 @@ def _vec_dot_k45(src, s, x, xo, nb, size, fifth):
     return acc
 
 
-@jit
+@jit(fastmath=FASTMATH)
 def vec_dot_q4_K_f32(src, s, x, xo, nb):
     return _vec_dot_k45(src, s, x, xo, nb, U(144), False)
 
 
-@jit
+@jit(fastmath=FASTMATH)
 def vec_dot_q5_K_f32(src, s, x, xo, nb):
     return _vec_dot_k45(src, s, x, xo, nb, U(176), True)
 
 
-@jit
+@jit(fastmath=FASTMATH)
 def vec_dot_q6_K_f32(src, s, x, xo, nb):
     acc = F32(0.0)
     for b in range(nb):
