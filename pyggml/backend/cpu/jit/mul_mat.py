@@ -16,6 +16,7 @@ import numpy as np
 from numba import prange
 
 from pyggml.backend.cpu.jit import jit, parallel_jit
+from pyggml.backend.cpu.jit.compile_cache import drop_stale
 from pyggml.backend.cpu.jit.quants import U, dequantize_row
 from pyggml.backend.cpu.jit.vec_dot import FASTMATH, vec_dot
 
@@ -66,3 +67,6 @@ def dequantize_rows(qtype, src, rows, nb, out):
     """out[i] = the values of the row at byte rows[i] of src (nb blocks each): tiles and get_rows."""
     for i in range(U(rows.shape[0])):
         dequantize_row(qtype, src, U(rows[i]), out[i], U(0), U(nb))
+
+
+drop_stale(mul_mat_vec)

@@ -52,7 +52,8 @@ def vec_dot_q4_0_f32(src, s, x, xo, nb):
         part = F32(0.0)
         for j in range(U(16)):
             q = src[p + U(2) + j]
-            part += F32(np.int32(q & 15) - np.int32(8)) * x[t + j] + F32(np.int32(q >> 4) - np.int32(8)) * x[t + U(16) + j]
+            lo, hi = np.int32(np.int32(q & 15) - np.int32(8)), np.int32(np.int32(q >> 4) - np.int32(8))
+            part += F32(lo) * x[t + j] + F32(hi) * x[t + U(16) + j]
         acc += _fp16(src, p) * part
     return acc
 
@@ -66,7 +67,7 @@ def vec_dot_q4_1_f32(src, s, x, xo, nb):
         for j in range(U(16)):
             q = src[p + U(4) + j]
             lo, hi = x[t + j], x[t + U(16) + j]
-            part += F32(q & 15) * lo + F32(q >> 4) * hi
+            part += F32(np.int32(q & 15)) * lo + F32(np.int32(q >> 4)) * hi
             total += lo + hi
         acc += _fp16(src, p) * part + _fp16(src, p + U(2)) * total
     return acc
@@ -74,18 +75,21 @@ def vec_dot_q4_1_f32(src, s, x, xo, nb):
 
 @jit(fastmath=FASTMATH)
 def vec_dot_q5_0_f32(src, s, x, xo, nb):
-    bit = BITS  # the fifth bit tested against a per-lane mask: a variable shift kept the loop in 64-bit lanes
+    # Numba widens integer arithmetic to 64 bits; truncating each result to int32 (and testing the fifth bit
+    # against a mask table rather than shifting by the lane) lets LLVM keep 32-bit vector lanes
+    bit = BITS
     acc = F32(0.0)
     for b in range(nb):
         p, t = s + U(22) * b, xo + U(32) * b
         qh = _u32(src, p + U(2))
         part = F32(0.0)
         for j in range(U(16)):
-            q = src[p + U(6) + j]
-            h0 = np.int32(16) if qh & bit[j] else np.int32(0)
-            h1 = np.int32(16) if qh & bit[j + U(16)] else np.int32(0)
-            part += (F32((np.int32(q & 15) | h0) - np.int32(16)) * x[t + j]
-                     + F32((np.int32(q >> 4) | h1) - np.int32(16)) * x[t + U(16) + j])
+            q = np.int32(src[p + U(6) + j])
+            h0 = np.int32(16) if np.int32(qh & bit[j]) != 0 else np.int32(0)
+            h1 = np.int32(16) if np.int32(qh & bit[j + U(16)]) != 0 else np.int32(0)
+            lo = np.int32(np.int32(np.int32(q & np.int32(15)) | h0) - np.int32(16))
+            hi = np.int32(np.int32(np.int32(q >> np.int32(4)) | h1) - np.int32(16))
+            part += F32(lo) * x[t + j] + F32(hi) * x[t + U(16) + j]
         acc += _fp16(src, p) * part
     return acc
 
@@ -134,7 +138,8 @@ def vec_dot_q6_K_f32(src, s, x, xo, nb):
                         ql = src[p + n * U(64) + (k % U(2)) * U(32) + ll]
                         nib = np.int32(ql & 15) if k < U(2) else np.int32(ql >> 4)
                         qh = np.int32((src[p + U(128) + n * U(32) + ll] >> (U(2) * k)) & 3)
-                        part += F32((nib | (qh << np.int32(4))) - np.int32(32)) * x[t + n * U(128) + k * U(32) + ll]
+                        q = np.int32(np.int32(nib | np.int32(qh << np.int32(4))) - np.int32(32))
+                        part += F32(q) * x[t + n * U(128) + k * U(32) + ll]
                     acc += d * F32(np.int8(src[p + U(192) + n * U(8) + U(2) * k + half])) * part
     return acc
 
