@@ -11,6 +11,7 @@ products; here src1 stays float32, which is at least as accurate (within ggml's 
 from __future__ import annotations
 
 import functools
+import weakref
 
 import numpy as np
 
@@ -76,17 +77,22 @@ def _planes(first: int, b3: int, b2: int, a3: int, a2: int, nb3: int, nb2: int) 
     return (first + (i3 // (b3 // a3)) * nb3 + (i2 // (b2 // a2)) * nb2).astype(np.uint64)
 
 
+def _matvec_call(a: Tensor, src: np.ndarray, planes: np.ndarray, x: np.ndarray, y: np.ndarray, n_threads: int):
+    """The compiled matrix-vector call with all its arguments bound (a step's products repeat it token after token)."""
+    qtype, nb = int(a.type), blocks_per_row(a)
+    direct = qtype in HAS_VEC_DOT
+    if n_threads == 1 or len(planes) * a.ne[0] * a.ne[1] < SMALL_MATRIX:
+        return functools.partial(mul_mat_vec_1t, qtype, direct, src, planes, a.nb[1], a.ne[1], nb, x, y)
+    bands = max(1, min(n_threads * BANDS_PER_THREAD, a.ne[1] // 16))
+    return functools.partial(mul_mat_vec, qtype, direct, src, planes, a.nb[1], a.ne[1], nb, x, y, bands)
+
+
 def _product_on_blocks(a: Tensor, src: np.ndarray, planes: np.ndarray, x: np.ndarray, y: np.ndarray) -> None:
     """y[i] = x[i] · (a's matrix at byte planes[i] of src)ᵀ for float32 x (P, n, k) and y (P, n, a.ne1)."""
-    qtype, nb = int(a.type), blocks_per_row(a)
     if x.shape[1] <= VEC_COLUMNS:
-        direct, n_threads = qtype in HAS_VEC_DOT, threads()
-        if n_threads == 1 or len(planes) * a.ne[0] * a.ne[1] < SMALL_MATRIX:
-            mul_mat_vec_1t(qtype, direct, src, planes, a.nb[1], a.ne[1], nb, x, y)
-        else:
-            bands = max(1, min(n_threads * BANDS_PER_THREAD, a.ne[1] // 16))
-            mul_mat_vec(qtype, direct, src, planes, a.nb[1], a.ne[1], nb, x, y, bands)
+        _matvec_call(a, src, planes, x, y, threads())()
         return
+    qtype, nb = int(a.type), blocks_per_row(a)
     tile_rows = max(1, min(a.ne[1], TILE_BYTES // (4 * a.ne[0])))
     tile = np.empty((tile_rows, a.ne[0]), np.float32)
     for plane in np.unique(planes):
@@ -102,13 +108,33 @@ def _product_on_blocks(a: Tensor, src: np.ndarray, planes: np.ndarray, x: np.nda
                 y[using, :, r0:r0 + len(rows)] = np.matmul(xs, values.T)
 
 
+_BOUND_CALLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # dst -> (layout key, bound matvec call)
+
+
 def _mul_mat_blocks(dst: Tensor) -> None:
-    """mul_mat with src0 read in its block format (see the module docstring)."""
+    """mul_mat with src0 read in its block format (see the module docstring).
+
+    A matrix-vector product whose b is float32 in place is bound once per node and layout: the next
+    token's step (the same graph, the same buffers) then costs one dictionary lookup before the call.
+    """
     a, b = dst.src[0], dst.src[1]
+    key = None
+    if b.type == T.GGMLType.F32 and b.ne[1] <= VEC_COLUMNS:
+        key = (a.data, b.data, dst.data, threads(), *a.ne, *a.nb, *b.ne, *b.nb)
+        bound = _BOUND_CALLS.get(dst)
+        if bound is not None and bound[0] == key:
+            bound[1]()
+            return
     src, first = memory_of(a)
     planes = _a_planes(dst, first)
-    x = np.ascontiguousarray(as_f32(b).reshape(len(planes), b.ne[1], b.ne[0]), dtype=np.float32)
-    _product_on_blocks(a, src, planes, x, _out_view(dst, (len(planes), b.ne[1], a.ne[1])))
+    x = as_f32(b).reshape(len(planes), b.ne[1], b.ne[0])
+    y = _out_view(dst, (len(planes), b.ne[1], a.ne[1]))
+    if key is not None and x.flags.c_contiguous:  # x is b's memory, so the bound call sees each step's values
+        call = _matvec_call(a, src, planes, x, y, key[3])
+        _BOUND_CALLS[dst] = (key, call)
+        call()
+        return
+    _product_on_blocks(a, src, planes, np.ascontiguousarray(x, dtype=np.float32), y)
 
 
 @kernel(Op.MUL_MAT, supports=_supports_product)
