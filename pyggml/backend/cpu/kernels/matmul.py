@@ -11,6 +11,7 @@ products; here src1 stays float32, which is at least as accurate (within ggml's 
 from __future__ import annotations
 
 import functools
+import threading
 import weakref
 
 import numpy as np
@@ -77,6 +78,11 @@ def _planes(first: int, b3: int, b2: int, a3: int, a2: int, nb3: int, nb2: int) 
     return (first + (i3 // (b3 // a3)) * nb3 + (i2 // (b2 // a2)) * nb2).astype(np.uint64)
 
 
+# One parallel launch at a time: Numba's portable "workqueue" threading layer aborts the process on
+# concurrent launches from several Python threads (CPU backends computing on several threads).
+_PARALLEL_LAUNCH = threading.Lock()
+
+
 def _matvec_call(a: Tensor, src: np.ndarray, planes: np.ndarray, x: np.ndarray, y: np.ndarray, n_threads: int):
     """The compiled matrix-vector call with all its arguments bound (a step's products repeat it token after token)."""
     qtype, nb = int(a.type), blocks_per_row(a)
@@ -84,7 +90,13 @@ def _matvec_call(a: Tensor, src: np.ndarray, planes: np.ndarray, x: np.ndarray, 
     if n_threads == 1 or len(planes) * a.ne[0] * a.ne[1] < SMALL_MATRIX:
         return functools.partial(mul_mat_vec_1t, qtype, direct, src, planes, a.nb[1], a.ne[1], nb, x, y)
     bands = max(1, min(n_threads * BANDS_PER_THREAD, a.ne[1] // 16))
-    return functools.partial(mul_mat_vec, qtype, direct, src, planes, a.nb[1], a.ne[1], nb, x, y, bands)
+    args = (qtype, direct, src, planes, a.nb[1], a.ne[1], nb, x, y, bands)
+
+    def on_threads() -> None:
+        with _PARALLEL_LAUNCH:
+            mul_mat_vec(*args)
+
+    return on_threads
 
 
 def _product_on_blocks(a: Tensor, src: np.ndarray, planes: np.ndarray, x: np.ndarray, y: np.ndarray) -> None:
