@@ -14,6 +14,7 @@ from pyggml.backend.cpu import kernels
 from pyggml.backend.cpu.jit.mul_mat import dequantize_rows
 from pyggml.backend.cpu.jit.quants import BLOCKS
 from pyggml.backend.cpu.kernels import matmul
+from pyggml.backend.cpu.kernels._blocks import THREADS_MAX, set_threads
 from pyggml.core import ops
 from pyggml.core import types as T
 from pyggml.core.context import Context
@@ -131,3 +132,23 @@ def test_mul_mat_id_on_blocks_matches_float64(type_, n_tokens):
     x = host_ndarray(b)[0, :, 0].astype(np.float64)             # (n_tokens, ne0)
     expected = np.einsum("tk,turk->tur", x, ref_w[0][chosen])
     assert nmse(expected, host_ndarray(y)[0]) < 1e-10
+
+
+@pytest.mark.parametrize("type_", (G.Q8_0, G.Q6_K, G.Q3_K), ids=lambda t: t.name)
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_large_matrix_vector_products_on_threads(type_, n_threads):
+    """Past SMALL_MATRIX the rows are split in bands over Numba's threads (one thread: the serial kernel)."""
+    ctx = Context()
+    ne0, ne1 = 512, 601
+    assert ne0 * ne1 >= matmul.SMALL_MATRIX
+    w, ref_w = _weight(ctx, type_, ne0, ne1)
+    x = ctx.new_tensor(G.F32, (ne0, 2))
+    host_ndarray(x)[...] = np.random.default_rng(6).standard_normal((1, 1, 2, ne0))
+    y = ops.mul_mat(ctx, w, x)
+    set_threads(n_threads)
+    try:
+        kernels.compute(y)
+    finally:
+        set_threads(THREADS_MAX)
+    expected = host_ndarray(x)[0, 0].astype(np.float64) @ ref_w[0, 0].T
+    assert nmse(expected, host_ndarray(y)[0, 0]) < 1e-10

@@ -183,43 +183,53 @@ def _scale_min_k4(src, s, j):
     return sc, mn
 
 
+@jit(inline="always")
+def k45_sub_scales(src, s, c):
+    """(d·scale, dmin·min) of sub-blocks 2c and 2c + 1 of the Q4_K/Q5_K super-block at byte s."""
+    d, dmin = _fp16(src, s), _fp16(src, s + U(2))
+    sc1, m1 = _scale_min_k4(src, s + U(4), U(2) * c)
+    sc2, m2 = _scale_min_k4(src, s + U(4), U(2) * c + U(1))
+    return d * np.float32(sc1), dmin * np.float32(m1), d * np.float32(sc2), dmin * np.float32(m2)
+
+
+@jit(inline="always")
+def k45_quants(src, s, c, l, fifth):
+    """Quants of values 64c + l and 64c + 32 + l of the super-block at s: low and high nibble of byte 32c + l
+    (Q4_K: quants from byte 16); Q5_K (`fifth`, quants from byte 48) adds bits 2c and 2c + 1 of byte 16 + l."""
+    if not fifth:
+        q = src[s + U(16) + c * U(32) + l]
+        return np.int32(q & 15), np.int32(q >> 4)
+    q, h = src[s + U(48) + c * U(32) + l], src[s + U(16) + l]
+    lo = np.int32(q & 15) | (np.int32((h >> (U(2) * c)) & 1) << np.int32(4))
+    hi = np.int32(q >> 4) | (np.int32((h >> (U(2) * c + U(1))) & 1) << np.int32(4))
+    return lo, hi
+
+
+@jit(inline="always")
+def _dequantize_row_k45(src, p, dst, o, nb, size, fifth):
+    for b in range(nb):
+        s, t = p + size * b, o + U(QK_K) * b
+        for c in range(U(4)):
+            d1, n1, d2, n2 = k45_sub_scales(src, s, c)
+            for l in range(U(32)):
+                lo, hi = k45_quants(src, s, c, l, fifth)
+                dst[t + c * U(64) + l] = d1 * np.float32(lo) - n1
+                dst[t + c * U(64) + U(32) + l] = d2 * np.float32(hi) - n2
+
+
 @jit
 def dequantize_row_q4_K(src, p, dst, o, nb):
     """144-byte super-blocks: fp16 d, dmin, 12 bytes of 6-bit scale/min pairs, 128 bytes of nibbles.
 
     Each 64 values read 32 bytes: the first 32 their low nibbles (pair 2c), the next 32 the high (pair 2c + 1).
     """
-    for b in range(nb):
-        s, t = p + U(144) * b, o + U(QK_K) * b
-        d, dmin = _fp16(src, s), _fp16(src, s + U(2))
-        for c in range(U(4)):
-            sc1, m1 = _scale_min_k4(src, s + U(4), U(2) * c)
-            sc2, m2 = _scale_min_k4(src, s + U(4), U(2) * c + U(1))
-            d1, n1 = d * np.float32(sc1), dmin * np.float32(m1)
-            d2, n2 = d * np.float32(sc2), dmin * np.float32(m2)
-            for l in range(U(32)):
-                q = src[s + U(16) + c * U(32) + l]
-                dst[t + c * U(64) + l] = d1 * np.float32(q & 15) - n1
-                dst[t + c * U(64) + U(32) + l] = d2 * np.float32(q >> 4) - n2
+    _dequantize_row_k45(src, p, dst, o, nb, U(144), False)
 
 
 @jit
 def dequantize_row_q5_K(src, p, dst, o, nb):
-    """176-byte super-blocks: as Q4_K plus 32 bytes of fifth bits (bit 2c of byte l for value 64c + l, 2c + 1 for +32)."""
-    for b in range(nb):
-        s, t = p + U(176) * b, o + U(QK_K) * b
-        d, dmin = _fp16(src, s), _fp16(src, s + U(2))
-        for c in range(U(4)):
-            sc1, m1 = _scale_min_k4(src, s + U(4), U(2) * c)
-            sc2, m2 = _scale_min_k4(src, s + U(4), U(2) * c + U(1))
-            d1, n1 = d * np.float32(sc1), dmin * np.float32(m1)
-            d2, n2 = d * np.float32(sc2), dmin * np.float32(m2)
-            for l in range(U(32)):
-                q, h = src[s + U(48) + c * U(32) + l], src[s + U(16) + l]
-                lo = np.int32(q & 15) | (np.int32((h >> (U(2) * c)) & 1) << np.int32(4))
-                hi = np.int32(q >> 4) | (np.int32((h >> (U(2) * c + U(1))) & 1) << np.int32(4))
-                dst[t + c * U(64) + l] = d1 * np.float32(lo) - n1
-                dst[t + c * U(64) + U(32) + l] = d2 * np.float32(hi) - n2
+    """176-byte super-blocks: as Q4_K with 32 bytes of fifth bits before the nibbles."""
+    _dequantize_row_k45(src, p, dst, o, nb, U(176), True)
 
 
 @jit

@@ -17,12 +17,14 @@ import numpy as np
 
 from pyggml.backend.cpu.jit import jit
 from pyggml.backend.cpu.jit.quants import (_F16, _Q4_0, _Q4_1, _Q4_K, _Q5_0, _Q5_K, _Q6_K, _Q8_0, QK_K, U, _fp16,
-                                           _scale_min_k4, _u32)
+                                           _u32, k45_quants, k45_sub_scales)
 
 F32 = np.float32
+FASTMATH = {"reassoc", "contract"}  # lets LLVM split a dot's sum over vector lanes; NaN and inf still propagate
+BITS = np.array([1 << i for i in range(32)], np.uint32)
 
 
-@jit
+@jit(fastmath=FASTMATH)
 def vec_dot_f16_f32(src, s, x, xo, n):
     acc = F32(0.0)
     for j in range(n):
@@ -30,7 +32,7 @@ def vec_dot_f16_f32(src, s, x, xo, n):
     return acc
 
 
-@jit
+@jit(fastmath=FASTMATH)
 def vec_dot_q8_0_f32(src, s, x, xo, nb):
     acc = F32(0.0)
     for b in range(nb):
@@ -42,7 +44,7 @@ def vec_dot_q8_0_f32(src, s, x, xo, nb):
     return acc
 
 
-@jit
+@jit(fastmath=FASTMATH)
 def vec_dot_q4_0_f32(src, s, x, xo, nb):
     acc = F32(0.0)
     for b in range(nb):
@@ -50,12 +52,13 @@ def vec_dot_q4_0_f32(src, s, x, xo, nb):
         part = F32(0.0)
         for j in range(U(16)):
             q = src[p + U(2) + j]
-            part += F32(np.int32(q & 15) - np.int32(8)) * x[t + j] + F32(np.int32(q >> 4) - np.int32(8)) * x[t + U(16) + j]
+            lo, hi = np.int32(np.int32(q & 15) - np.int32(8)), np.int32(np.int32(q >> 4) - np.int32(8))
+            part += F32(lo) * x[t + j] + F32(hi) * x[t + U(16) + j]
         acc += _fp16(src, p) * part
     return acc
 
 
-@jit
+@jit(fastmath=FASTMATH)
 def vec_dot_q4_1_f32(src, s, x, xo, nb):
     acc = F32(0.0)
     for b in range(nb):
@@ -64,74 +67,63 @@ def vec_dot_q4_1_f32(src, s, x, xo, nb):
         for j in range(U(16)):
             q = src[p + U(4) + j]
             lo, hi = x[t + j], x[t + U(16) + j]
-            part += F32(q & 15) * lo + F32(q >> 4) * hi
+            part += F32(np.int32(q & 15)) * lo + F32(np.int32(q >> 4)) * hi
             total += lo + hi
         acc += _fp16(src, p) * part + _fp16(src, p + U(2)) * total
     return acc
 
 
-@jit
+@jit(fastmath=FASTMATH)
 def vec_dot_q5_0_f32(src, s, x, xo, nb):
+    # Numba widens integer arithmetic to 64 bits; truncating each result to int32 (and testing the fifth bit
+    # against a mask table rather than shifting by the lane) lets LLVM keep 32-bit vector lanes
+    bit = BITS
     acc = F32(0.0)
     for b in range(nb):
         p, t = s + U(22) * b, xo + U(32) * b
         qh = _u32(src, p + U(2))
         part = F32(0.0)
         for j in range(U(16)):
-            q = src[p + U(6) + j]
-            h0 = np.int32((qh >> np.uint32(j)) & np.uint32(1)) << np.int32(4)
-            h1 = np.int32((qh >> np.uint32(j + U(16))) & np.uint32(1)) << np.int32(4)
-            part += (F32((np.int32(q & 15) | h0) - np.int32(16)) * x[t + j]
-                     + F32((np.int32(q >> 4) | h1) - np.int32(16)) * x[t + U(16) + j])
+            q = np.int32(src[p + U(6) + j])
+            h0 = np.int32(16) if np.int32(qh & bit[j]) != 0 else np.int32(0)
+            h1 = np.int32(16) if np.int32(qh & bit[j + U(16)]) != 0 else np.int32(0)
+            lo = np.int32(np.int32(np.int32(q & np.int32(15)) | h0) - np.int32(16))
+            hi = np.int32(np.int32(np.int32(q >> np.int32(4)) | h1) - np.int32(16))
+            part += F32(lo) * x[t + j] + F32(hi) * x[t + U(16) + j]
         acc += _fp16(src, p) * part
     return acc
 
 
-@jit
-def vec_dot_q4_K_f32(src, s, x, xo, nb):
+@jit(inline="always", fastmath=FASTMATH)
+def _vec_dot_k45(src, s, x, xo, nb, size, fifth):
     acc = F32(0.0)
     for b in range(nb):
-        p, t = s + U(144) * b, xo + U(QK_K) * b
-        d, dmin = _fp16(src, p), _fp16(src, p + U(2))
+        p, t = s + size * b, xo + U(QK_K) * b
         for c in range(U(4)):
-            sc1, m1 = _scale_min_k4(src, p + U(4), U(2) * c)
-            sc2, m2 = _scale_min_k4(src, p + U(4), U(2) * c + U(1))
+            d1, n1, d2, n2 = k45_sub_scales(src, p, c)
             dot1, dot2, sum1, sum2 = F32(0.0), F32(0.0), F32(0.0), F32(0.0)
             for l in range(U(32)):
-                q = src[p + U(16) + c * U(32) + l]
-                lo, hi = x[t + c * U(64) + l], x[t + c * U(64) + U(32) + l]
-                dot1 += F32(q & 15) * lo
-                dot2 += F32(q >> 4) * hi
-                sum1 += lo
-                sum2 += hi
-            acc += d * (F32(sc1) * dot1 + F32(sc2) * dot2) - dmin * (F32(m1) * sum1 + F32(m2) * sum2)
-    return acc
-
-
-@jit
-def vec_dot_q5_K_f32(src, s, x, xo, nb):
-    acc = F32(0.0)
-    for b in range(nb):
-        p, t = s + U(176) * b, xo + U(QK_K) * b
-        d, dmin = _fp16(src, p), _fp16(src, p + U(2))
-        for c in range(U(4)):
-            sc1, m1 = _scale_min_k4(src, p + U(4), U(2) * c)
-            sc2, m2 = _scale_min_k4(src, p + U(4), U(2) * c + U(1))
-            dot1, dot2, sum1, sum2 = F32(0.0), F32(0.0), F32(0.0), F32(0.0)
-            for l in range(U(32)):
-                q, h = src[p + U(48) + c * U(32) + l], src[p + U(16) + l]
-                lo = np.int32(q & 15) | (np.int32((h >> (U(2) * c)) & 1) << np.int32(4))
-                hi = np.int32(q >> 4) | (np.int32((h >> (U(2) * c + U(1))) & 1) << np.int32(4))
+                lo, hi = k45_quants(src, p, c, l, fifth)
                 xl, xh = x[t + c * U(64) + l], x[t + c * U(64) + U(32) + l]
                 dot1 += F32(lo) * xl
                 dot2 += F32(hi) * xh
                 sum1 += xl
                 sum2 += xh
-            acc += d * (F32(sc1) * dot1 + F32(sc2) * dot2) - dmin * (F32(m1) * sum1 + F32(m2) * sum2)
+            acc += d1 * dot1 + d2 * dot2 - (n1 * sum1 + n2 * sum2)
     return acc
 
 
-@jit
+@jit(fastmath=FASTMATH)
+def vec_dot_q4_K_f32(src, s, x, xo, nb):
+    return _vec_dot_k45(src, s, x, xo, nb, U(144), False)
+
+
+@jit(fastmath=FASTMATH)
+def vec_dot_q5_K_f32(src, s, x, xo, nb):
+    return _vec_dot_k45(src, s, x, xo, nb, U(176), True)
+
+
+@jit(fastmath=FASTMATH)
 def vec_dot_q6_K_f32(src, s, x, xo, nb):
     acc = F32(0.0)
     for b in range(nb):
@@ -146,7 +138,8 @@ def vec_dot_q6_K_f32(src, s, x, xo, nb):
                         ql = src[p + n * U(64) + (k % U(2)) * U(32) + ll]
                         nib = np.int32(ql & 15) if k < U(2) else np.int32(ql >> 4)
                         qh = np.int32((src[p + U(128) + n * U(32) + ll] >> (U(2) * k)) & 3)
-                        part += F32((nib | (qh << np.int32(4))) - np.int32(32)) * x[t + n * U(128) + k * U(32) + ll]
+                        q = np.int32(np.int32(nib | np.int32(qh << np.int32(4))) - np.int32(32))
+                        part += F32(q) * x[t + n * U(128) + k * U(32) + ll]
                     acc += d * F32(np.int8(src[p + U(192) + n * U(8) + U(2) * k + half])) * part
     return acc
 

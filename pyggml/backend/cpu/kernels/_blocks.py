@@ -7,6 +7,8 @@ broadcasting need no copies.
 
 from __future__ import annotations
 
+import threading
+
 import numba
 import numpy as np
 
@@ -38,6 +40,18 @@ def blocks_per_row(t: Tensor) -> int:
     return t.ne[0] // T.blck_size(t.type)
 
 
+_threads = threading.local()  # Numba's thread count is per calling thread too
+
+
 def set_threads(n: int) -> None:
     """Threads for the compiled kernels run from this thread (numba.set_num_threads, capped at Numba's pool)."""
-    numba.set_num_threads(max(1, min(n, THREADS_MAX)))
+    n = max(1, min(n, THREADS_MAX))
+    if getattr(_threads, "n", None) != n:
+        numba.set_num_threads(n)
+        _threads.n = n
+
+
+def threads() -> int:
+    """The threads set for this thread's compiled kernels (Numba's default before any set_threads)."""
+    n = getattr(_threads, "n", None)
+    return n if n is not None else numba.get_num_threads()
