@@ -129,6 +129,7 @@ def random_weight(rng: np.random.Generator, n_out: int, n_in: int, qtype: QType 
     scaled, offset = values(1.0, 0.0), (values(0.0, 1.0) if dmin_at is not None else 0.0)
     ratio = -scaled.mean() / offset.mean() if dmin_at is not None else 0.0   # dmin/d that centres the values
     d = std / (scaled + ratio * offset).std()
+    ratio, d = float(f"{ratio:.3g}"), float(f"{d:.3g}")  # the same bytes whatever order a machine sums in
     jitter = rng.uniform(0.5, 1.5, (raw.shape[0], 1))                          # blocks differ in scale, as trained ones
     _set_f16(raw, d_at, d * jitter)
     if dmin_at is not None:

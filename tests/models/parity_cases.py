@@ -2,7 +2,7 @@
 with n_head not a multiple of 4, rope NORMAL (llama, mistral) and NEOX (qwen2, gemma3), tied and separate
 output, real BPE and SentencePiece token lists, F32 and each quantized type gguf can write or read.
 
-A case's file is rewritten from its seed wherever it is needed; its SHA-256 is recorded with llama.cpp's
+A case's file is rewritten from its seed wherever it is needed; a SHA-256 of its contents is recorded with llama.cpp's
 logits (data/llamacpp_logits.npz, written by data/make_llamacpp_refs.py), so a writer or gguf change that
 alters the file is caught instead of compared against another model's references.
 """
@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 from gguf import GGMLQuantizationType as Q
+
+from pyggml.models.gguf_file import GGUFFile
 
 from tiny_models import bpe_vocab, gemma3_vocab, write_gemma3, write_gpt2, write_llama
 
@@ -102,4 +104,12 @@ def write_case(case: Case, directory: Path) -> Path:
 
 
 def sha256(path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    """A digest of what the logits depend on: every metadata value and every tensor's name, type, shape and
+    bytes (not the file's layout, which another gguf version may write differently)."""
+    h = hashlib.sha256()
+    with GGUFFile.open(path) as f:
+        h.update(repr(sorted((k, v) for k, v in f.metadata.items() if not k.startswith("GGUF."))).encode())
+        for t in sorted(f.tensors, key=lambda t: t.name):
+            h.update(f"{t.name} {t.type.name} {t.ne}".encode())
+            h.update(f.tensor_bytes(t))
+    return h.hexdigest()
