@@ -12,8 +12,9 @@ Three comparisons, all against llama.cpp:
   yardstick         llama.cpp on the weights converted to F32 vs llama.cpp on the file
   F32 both sides    pyggml on the F32 copy                   vs llama.cpp on the F32 copy (KV cache F32)
 Targets (all positions): pyggml no further from llama.cpp than the yardstick (mean KLD and top-1, with
-the slack of pyggml.models.agreement.within_yardstick), and mean KLD <= 1e-6 with F32 weights on both sides. The F32 copy is written with gguf into a temporary directory; logits go
-to memory-mapped temporary files, one chunk in memory at a time (Gemma 3: 512 x 262144 floats = 512 MiB).
+the slack of pyggml.models.agreement.within_yardstick), and mean KLD <= 1e-6 with F32 weights on both
+sides. The F32 copy is written with gguf into a temporary directory; logits go to memory-mapped temporary
+files, one chunk in memory at a time (Gemma 3: 512 x 262144 floats = 512 MiB).
 
     OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 python benchmarks/kld_vs_llamacpp.py            # 4 chunks
     python benchmarks/kld_vs_llamacpp.py --quick                                             # 1 chunk

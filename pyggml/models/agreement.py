@@ -68,7 +68,8 @@ class Agreement:
                "kld_p99": float(np.percentile(kld, 99)), "kld_max": float(kld.max()),
                "top1": float(np.mean(self.same_top1))}
         if self.nll_ref:
-            out["ppl_ref"], out["ppl_other"] = float(np.exp(np.mean(self.nll_ref))), float(np.exp(np.mean(self.nll_other)))
+            out["ppl_ref"] = float(np.exp(np.mean(self.nll_ref)))
+            out["ppl_other"] = float(np.exp(np.mean(self.nll_other)))
         return out
 
 

@@ -61,10 +61,11 @@ def _llama(arch, vocab, **kw):
 
 CASES = [
     Case("llama-f32-spm", _llama("llama", _spm, n_vocab=1024, n_embd=96, n_head=6, n_head_kv=2, n_ff=160,
-                                 output_std=0.3), bos=GEMMA_BOS, n_vocab=1024, notes="rope NORMAL, GQA 6/2, separate output"),
+                                 output_std=0.3), bos=GEMMA_BOS, n_vocab=1024,
+         notes="rope NORMAL, GQA 6/2, separate output"),
     Case("llama-f32-bpe-tied", _llama("llama", partial(_bpe, "llama3"), n_vocab=BPE_N, n_embd=144, n_head=9,
                                         n_head_kv=3, n_ff=192, tied=True, seed=1),
-         bos=BPE_BOS, n_vocab=BPE_N, notes="mistral-style: GQA 9/3, tied output (llama.cpp reads mistral files as llama)"),
+         bos=BPE_BOS, n_vocab=BPE_N, notes="mistral-style: GQA 9/3, tied output (llama.cpp has no mistral arch)"),
     Case("qwen2-f32-bpe", _llama("qwen2", partial(_bpe, "qwen2"), n_vocab=BPE_N, n_embd=96, n_head=6, n_head_kv=2,
                                  n_ff=160, seed=2),
          bos=BPE_BOS, n_vocab=BPE_N, notes="rope NEOX, q/k/v biases"),

@@ -56,5 +56,6 @@ def test_a_real_vocabulary_is_truncated_or_padded_to_n_vocab():
     assert vocab.n_tokens == 2048 and vocab.keys["tokenizer.ggml.tokens"][0][248] == "<0x0A>"
     small, big = vocab.resized(300), vocab.resized(3000)
     assert small.n_tokens == 300 and len(small.keys["tokenizer.ggml.scores"][0]) == 300
-    assert big.n_tokens == 3000 and big.keys["tokenizer.ggml.tokens"][0][:2048] == vocab.keys["tokenizer.ggml.tokens"][0]
+    tokens = vocab.keys["tokenizer.ggml.tokens"][0]
+    assert big.n_tokens == 3000 and big.keys["tokenizer.ggml.tokens"][0][:2048] == tokens
     assert set(big.keys["tokenizer.ggml.token_type"][0][2048:]) == {1}
