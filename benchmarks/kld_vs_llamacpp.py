@@ -159,7 +159,7 @@ def main() -> None:
     load_text = ", ".join(f"{k} {v[0]:.2f}" for k, v in loads.items())
     summary = report([ours, yardstick, f32_pair],
                      f"model {Path(args.model).name}, text {Path(args.text).name} ({len(tokens)} tokens): "
-                     f"{len(chunks)} chunks of {args.ctx} from BOS, KV {args.kv_type}, llama.cpp "
+                     f"{len(chunks)} chunks of {args.ctx} from BOS, KV {args.kv_type}, no flash attention, llama.cpp "
                      f"(llama-cpp-python {version}) on {args.threads} threads\n1-min load average before: {load_text}")
     checks = verdicts(summary)
     for text_line, ok in checks:

@@ -18,7 +18,9 @@ Teacher-forced logits for the parity tests (see docs/models.md, "Agreement with 
 random-weight case of tests/models/parity_cases.py, with each quantized case's yardstick (llama.cpp's
 own run on the same weights converted to F32); ``gemma-kld`` writes gemma3_kld_refs.npz: the top-k
 logits and log-sum-exp of Gemma 3 270M on the first tokens of benchmarks/data/GPL-3.txt, for the
-quantized file and its F32 copy. Parts are chosen on the command line (default: all):
+quantized file and its F32 copy; ``spm`` writes spm_vocabs/gemma3.gguf (Gemma 3's first 2048 tokens,
+from the model package; the Gemma Terms of Use apply to them). Parts are chosen on the command line
+(default: all; ``spm`` before ``parity``, whose cases use it):
 
     python tests/models/data/make_llamacpp_refs.py parity gemma-kld
 """
@@ -361,6 +363,15 @@ def gemma_kld_refs():
     print(f"wrote {GEMMA_KLD}: yardstick {yardstick}, top-{GEMMA_TOP_K} bound {bound.mean():.3e}", file=sys.stderr)
 
 
+def spm_vocab():
+    """spm_vocabs/gemma3.gguf: the first 2048 tokens of Gemma 3's SentencePiece list (specials, the 256 byte
+    pieces, common pieces), a real SPM vocabulary small enough for random-weight test models."""
+    from pyggml.models.synthetic import Vocab
+
+    (DATA / "spm_vocabs").mkdir(exist_ok=True)
+    Vocab.from_gguf(assemble()).resized(2048).write_vocab_only(DATA / "spm_vocabs" / "gemma3.gguf", "gemma3")
+
+
 def gemma_refs():
     path = assemble()
     sha256 = hashlib.sha256(Path(path).read_bytes()).hexdigest()
@@ -384,7 +395,7 @@ def gemma_refs():
     print(f"wrote {OUT}", file=sys.stderr)
 
 
-PARTS = {"gemma": gemma_refs, "bpe": bpe_refs, "parity": parity_refs, "gemma-kld": gemma_kld_refs}
+PARTS = {"gemma": gemma_refs, "bpe": bpe_refs, "spm": spm_vocab, "parity": parity_refs, "gemma-kld": gemma_kld_refs}
 
 
 def main():
