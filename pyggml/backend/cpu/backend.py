@@ -17,6 +17,7 @@ import numpy as np
 from pyggml.backend.base import (Backend, BackendReg, Buffer, BufferType, Device, DeviceCaps, DeviceType, Status,
                                  check_graph_buffers, computed_nodes)
 from pyggml.backend.cpu import kernels
+from pyggml.backend.cpu.kernels._blocks import set_threads
 from pyggml.backend.cpu.kernels._common import blas_threads
 from pyggml.backend.tensor_io import host_bytes
 from pyggml.core.host_memory import aligned_bytes
@@ -200,7 +201,9 @@ class CpuBackend(Backend):
         return CpuGraphPlan(steps)
 
     def _run(self, plan: CpuGraphPlan) -> Status:
-        with blas_threads(min(self.n_threads, AVAILABLE_CPUS)):
+        n_threads = min(self.n_threads, AVAILABLE_CPUS)
+        set_threads(n_threads)
+        with blas_threads(n_threads):
             for node, fn in plan.steps:
                 fn(node)
                 if self.abort_callback is not None and self.abort_callback():
@@ -234,7 +237,7 @@ def _cpu_backend(backend: Backend, what: str) -> CpuBackend:
 
 
 def set_n_threads(backend: Backend, n_threads: int) -> None:
-    """Threads for BLAS during this backend's computes (threadpoolctl; capped at the available cores)."""
+    """Threads for BLAS and the compiled kernels during this backend's computes (capped at the available cores)."""
     if n_threads <= 0:
         raise BackendError(f"set_n_threads: n_threads must be positive, got {n_threads}")
     _cpu_backend(backend, "set_n_threads").n_threads = int(n_threads)

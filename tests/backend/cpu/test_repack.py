@@ -54,7 +54,7 @@ def test_values_are_the_dequantized_rows_written_in_slabs(cpu):
 
 
 def test_products_and_get_rows_equal_those_of_the_quantized_bytes(cpu):
-    """The same values are multiplied either way, so the results are bit-identical."""
+    """The same values either way: get_rows is bit-identical, products differ only by float32 summation order."""
     raw = _weight_bytes(16, 256)
     packed, _ = _placed(cpu, raw, cpu.device.extra_buffer_types()[0])
     plain, _ = _placed(cpu, raw, cpu.default_buffer_type)
@@ -63,11 +63,11 @@ def test_products_and_get_rows_equal_those_of_the_quantized_bytes(cpu):
     host_ndarray(x)[...] = np.random.default_rng(1).standard_normal((1, 1, 3, 256))
     ids = ctx.new_tensor_1d(GGMLType.I32, 4, "ids")
     host_ndarray(ids)[...] = [3, 0, 15, 3]
-    for build in (lambda w: ops.mul_mat(ctx, w, x), lambda w: ops.get_rows(ctx, w, ids)):
+    for build, rtol in ((lambda w: ops.mul_mat(ctx, w, x), 1e-5), (lambda w: ops.get_rows(ctx, w, ids), 0)):
         a, b = build(packed), build(plain)
         kernels.compute(a)
         kernels.compute(b)
-        np.testing.assert_array_equal(host_ndarray(a), host_ndarray(b))
+        np.testing.assert_allclose(host_ndarray(a), host_ndarray(b), rtol=rtol, atol=rtol * np.abs(host_ndarray(b)).max())
 
 
 def test_it_refuses_reads_partial_rows_and_tensors_it_cannot_hold(cpu):

@@ -2,7 +2,7 @@
 
 Run once, by hand, with a Python that has llama-cpp-python and the model package:
 
-    /tmp/llamavenv/bin/python tests/models/data/make_llamacpp_refs.py
+    python tests/models/data/make_llamacpp_refs.py
 
 It records (a) tokenization and detokenization of tricky strings, (b) greedy
 generation of 32 tokens for varied prompts, and (c) the top-5 logits of every
@@ -12,6 +12,17 @@ No BPE model is at hand, so it also trains a small byte-level BPE vocabulary, wr
 it once per pre-tokenizer to bpe_vocabs/*.gguf (vocab-only files llama.cpp loads with
 ``vocab_only``) and records llama.cpp's tokenization of the same strings in
 bpe_refs.json. That needs the ``gguf`` package in the same Python.
+
+Teacher-forced logits for the parity tests (see docs/models.md, "Agreement with llama.cpp"):
+``parity`` writes llamacpp_logits.npz and llamacpp_parity.json: llama.cpp's full logits on every
+random-weight case of tests/models/parity_cases.py, with each quantized case's yardstick (llama.cpp's
+own run on the same weights converted to F32); ``gemma-kld`` writes gemma3_kld_refs.npz: the top-k
+logits and log-sum-exp of Gemma 3 270M on the first tokens of benchmarks/data/GPL-3.txt, for the
+quantized file and its F32 copy; ``spm`` writes spm_vocabs/gemma3.gguf (Gemma 3's first 2048 tokens,
+from the model package; the Gemma Terms of Use apply to them). Parts are chosen on the command line
+(default: all; ``spm`` before ``parity``, whose cases use it):
+
+    python tests/models/data/make_llamacpp_refs.py parity gemma-kld
 """
 
 import ctypes
@@ -125,25 +136,18 @@ def train_bpe(corpus, n_merges):
 
 
 def write_bpe_vocab(path, pre, merges):
+    from pyggml.models.synthetic import Vocab
+
     tokens = byte_chars() + list(dict.fromkeys(a + b for a, b in merges))
     tokens = [*tokens, "<|endoftext|>", "<|im_start|>", "Hello world"]
     types = [1] * (len(tokens) - 3) + [3, 4, 1]
-    w = gguf.GGUFWriter(str(path), "llama")
-    for key, value in [("context_length", 64), ("embedding_length", 8), ("block_count", 1),
-                       ("feed_forward_length", 8), ("attention.head_count", 1)]:
-        w.add_uint32(f"llama.{key}", value)
-    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(pre)
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges([f"{a} {b}" for a, b in merges])
-    w.add_bos_token_id(tokens.index("<|endoftext|>"))
-    w.add_eos_token_id(tokens.index("<|endoftext|>"))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    s, a, u32 = gguf.GGUFValueType.STRING, gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.UINT32
+    eot = tokens.index("<|endoftext|>")
+    Vocab({"tokenizer.ggml.model": ("gpt2", s, None), "tokenizer.ggml.pre": (pre, s, None),
+           "tokenizer.ggml.tokens": (tokens, a, s), "tokenizer.ggml.token_type": (types, a, gguf.GGUFValueType.INT32),
+           "tokenizer.ggml.merges": ([f"{left} {right}" for left, right in merges], a, s),
+           "tokenizer.ggml.bos_token_id": (eot, u32, None), "tokenizer.ggml.eos_token_id": (eot, u32, None),
+           }).write_vocab_only(path)
 
 
 def tokenize_ids(vocab, text, add_special, parse_special):
@@ -286,7 +290,89 @@ def generation_refs(llm):
     return refs
 
 
-def main():
+DATA = Path(__file__).parent
+REPO = DATA.parents[2]
+PARITY_LOGITS = DATA / "llamacpp_logits.npz"
+PARITY_SUMMARY = DATA / "llamacpp_parity.json"
+GEMMA_KLD = DATA / "gemma3_kld_refs.npz"
+GEMMA_KLD_TOKENS = 128
+GEMMA_TOP_K = 64
+
+
+def parity_refs():
+    import tempfile
+
+    sys.path.insert(0, str(DATA.parent))
+    from parity_cases import CASES, sha256, write_case
+
+    from pyggml.models.agreement import agreement
+    from pyggml.models.llamacpp import llamacpp_logits
+    from pyggml.models.synthetic import write_f32_copy
+
+    arrays, summary = {}, {"llama_cpp_python_version": llama_cpp.__version__, "kv_type": "F32", "cases": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for case in CASES:
+            path, tokens = write_case(case, Path(tmp)), case.tokens()
+            logits = llamacpp_logits(path, tokens)
+            arrays[f"{case.name}/tokens"], arrays[f"{case.name}/logits"] = np.asarray(tokens, np.int32), logits
+            entry = {"sha256": sha256(path), "n_vocab": logits.shape[1]}
+            if case.quantized:
+                f32 = path.with_suffix(".f32.gguf")
+                write_f32_copy(path, f32)
+                entry["yardstick"] = agreement(logits, llamacpp_logits(f32, tokens))
+            summary["cases"][case.name] = entry
+            print(case.name, entry.get("yardstick", ""), file=sys.stderr)
+    np.savez_compressed(PARITY_LOGITS, **arrays)
+    PARITY_SUMMARY.write_text(json.dumps(summary, indent=1) + "\n")
+    print(f"wrote {PARITY_LOGITS} and {PARITY_SUMMARY}", file=sys.stderr)
+
+
+def gemma_kld_refs():
+    """Top-k logits and log-sum-exp (the full 262144-wide rows would be 1 MiB each) of llama.cpp on Gemma 3
+    270M and on its F32 copy, and the yardstick measured on the full rows."""
+    import tempfile
+
+    from pyggml.models.agreement import agreement, log_softmax, topk_kld_lower_bound
+    from pyggml.models.llamacpp import LlamaCpp
+    from pyggml.models.synthetic import write_f32_copy
+
+    path = assemble()
+    text = (REPO / "benchmarks" / "data" / "GPL-3.txt").read_text(encoding="utf-8")
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        f32 = Path(tmp) / "gemma3-f32.gguf"
+        write_f32_copy(path, f32)
+        rows = {}
+        for name, model in (("q", path), ("f32", f32)):
+            llm = LlamaCpp(model, n_ctx=GEMMA_KLD_TOKENS, n_batch=GEMMA_KLD_TOKENS)
+            tokens = llm.tokenize(text)[:GEMMA_KLD_TOKENS]
+            rows[name] = llm.logits(tokens)
+            llm.close()
+            top = np.argsort(-rows[name], axis=1, kind="stable")[:, :GEMMA_TOP_K]
+            out[f"{name}_top_ids"] = top.astype(np.int32)
+            out[f"{name}_top_logits"] = np.take_along_axis(rows[name], top, axis=1)
+            lse = rows[name].astype(np.float64).max(axis=1) - log_softmax(rows[name]).max(axis=1)
+            out[f"{name}_logsumexp"] = lse
+        out["tokens"] = np.asarray(tokens, np.int32)
+    yardstick = agreement(rows["q"], rows["f32"])
+    bound = topk_kld_lower_bound(out["q_top_logits"], out["q_top_ids"], out["q_logsumexp"], rows["f32"])
+    out["yardstick"] = np.array(json.dumps({**yardstick, "kld_mean_topk_bound": float(bound.mean()),
+                                            "llama_cpp_python_version": llama_cpp.__version__,
+                                            "model_sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest()}))
+    np.savez_compressed(GEMMA_KLD, **out)
+    print(f"wrote {GEMMA_KLD}: yardstick {yardstick}, top-{GEMMA_TOP_K} bound {bound.mean():.3e}", file=sys.stderr)
+
+
+def spm_vocab():
+    """spm_vocabs/gemma3.gguf: the first 2048 tokens of Gemma 3's SentencePiece list (specials, the 256 byte
+    pieces, common pieces), a real SPM vocabulary small enough for random-weight test models."""
+    from pyggml.models.synthetic import Vocab
+
+    (DATA / "spm_vocabs").mkdir(exist_ok=True)
+    Vocab.from_gguf(assemble()).resized(2048).write_vocab_only(DATA / "spm_vocabs" / "gemma3.gguf", "gemma3")
+
+
+def gemma_refs():
     path = assemble()
     sha256 = hashlib.sha256(Path(path).read_bytes()).hexdigest()
     llm = llama_cpp.Llama(
@@ -307,7 +393,14 @@ def main():
     }
     OUT.write_text(json.dumps(refs, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {OUT}", file=sys.stderr)
-    bpe_refs()
+
+
+PARTS = {"gemma": gemma_refs, "bpe": bpe_refs, "spm": spm_vocab, "parity": parity_refs, "gemma-kld": gemma_kld_refs}
+
+
+def main():
+    for part in sys.argv[1:] or list(PARTS):
+        PARTS[part]()
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from pyggml.backend.cpu.jit.mul_mat import dequantize_rows
 from pyggml.backend.cpu.kernels import kernel
+from pyggml.backend.cpu.kernels._blocks import blocks_per_row, in_blocks, memory_of
 from pyggml.backend.cpu.kernels._common import FLOAT_TYPES, as_f32, repacked_values, store, view
 from pyggml.backend.cpu.kernels._dequant_cache import dequantizable
 from pyggml.backend.cpu.kernels.elementwise import as_repeated, can_quantize, split_for_repeat
@@ -107,6 +109,9 @@ def get_rows(dst: Tensor) -> None:
     a, b = dst.src[0], dst.src[1]
     ids = _checked_ids(dst, b, view(b)[0], a.ne[1])
     n12, n11 = ids.shape[:2]
+    if in_blocks(a):
+        _get_rows_blocks(dst, ids)
+        return
     repacked = repacked_values(a)  # a repacked matrix's rows are float32 values already
     rows = repacked if repacked is not None else view(a)
     picked = rows[np.arange(n12)[:, None, None], np.arange(n11)[None, :, None], ids]
@@ -116,6 +121,20 @@ def get_rows(dst: Tensor) -> None:
         view(dst)[...] = picked
     else:
         store(dst, T.to_float(a.type, picked))
+
+
+def _get_rows_blocks(dst: Tensor, ids: np.ndarray) -> None:
+    """get_rows with src0 decoded in place by the compiled kernels (no float32 copy of the matrix)."""
+    a = dst.src[0]
+    src, first = memory_of(a)
+    i12, i11 = np.arange(ids.shape[0])[:, None, None], np.arange(ids.shape[1])[None, :, None]
+    rows = (first + ids.astype(np.int64) * a.nb[1] + i11 * a.nb[2] + i12 * a.nb[3]).reshape(-1).astype(np.uint64)
+    out = view(dst)
+    direct = out.flags.c_contiguous and out.dtype == np.float32
+    values = out.reshape(-1, a.ne[0]) if direct else np.empty((rows.size, a.ne[0]), np.float32)
+    dequantize_rows(int(a.type), src, rows, blocks_per_row(a), values)
+    if not direct:
+        store(dst, values.reshape(ids.shape + (a.ne[0],)))
 
 
 @kernel(Op.SET_ROWS, supports=lambda t: t.src[0].type == G.F32 and t.src[1].type in (G.I32, G.I64) and (

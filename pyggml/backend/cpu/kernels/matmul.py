@@ -1,14 +1,25 @@
-"""MUL_MAT, MUL_MAT_ID and OUT_PROD on the CPU: src0 as float32 (dequantized), then one BLAS matmul per op.
+"""MUL_MAT, MUL_MAT_ID and OUT_PROD on the CPU.
 
-ggml converts src1 to src0's vec_dot type (F16, Q8_0, Q8_K) before its dot products; here both sides
-are float32, which is at least as accurate (within ggml's 5e-4 NMSE for these ops).
+A src0 in a block format the compiled kernels decode (F16, BF16, Q4_0 ... Q6_K, IQ4_NL/XS; see
+pyggml.backend.cpu.jit) is read in place: a few columns go through `mul_mat_vec` (rows dequantized in
+registers, threads over rows), many columns through tiles of rows dequantized to float32 on one thread
+and BLAS sgemm. Other sources are float32 (F32, CPU_REPACK values, or a cached dequantized copy) and
+go to BLAS directly. ggml converts src1 to src0's vec_dot type (F16, Q8_0, Q8_K) before its dot
+products; here src1 stays float32, which is at least as accurate (within ggml's 5e-4 NMSE for these ops).
 """
 
 from __future__ import annotations
 
+import functools
+import threading
+import weakref
+
 import numpy as np
 
+from pyggml.backend.cpu.jit.mul_mat import dequantize_rows, mul_mat_vec, mul_mat_vec_1t
+from pyggml.backend.cpu.jit.vec_dot import HAS_VEC_DOT
 from pyggml.backend.cpu.kernels import kernel
+from pyggml.backend.cpu.kernels._blocks import blocks_per_row, in_blocks, memory_of, threads
 from pyggml.backend.cpu.kernels._common import FLOAT_TYPES, as_f32, blas_threads, repacked_values, view
 from pyggml.backend.cpu.kernels._dequant_cache import DEQUANT_CACHE, dequantizable
 from pyggml.core import types as T
@@ -49,12 +60,102 @@ def _broadcast_split(dst: Tensor, wa: np.ndarray, wb: np.ndarray):
 
 SMALL_BATCH = 32            # below this many rows of b a product is memory-bound, and ...
 SMALL_MATRIX = 256 * 1024  # ... below this many elements of a, threads only add synchronisation
+VEC_COLUMNS = 4            # up to this many columns of b per plane, block rows are multiplied in registers
+TILE_BYTES = 8 << 20       # float32 scratch for a tile of dequantized rows (a layer matrix of a small model whole)
+BANDS_PER_THREAD = 4       # row bands per thread in mul_mat_vec: a busy core delays only a small band
+
+
+def _a_planes(dst: Tensor, first: int) -> np.ndarray:
+    """Byte offsets of a's matrix for each of b's planes (i3, i2) in order, broadcasting as ggml does."""
+    a, b = dst.src[0], dst.src[1]
+    return _planes(first, b.ne[3], b.ne[2], a.ne[3], a.ne[2], a.nb[3], a.nb[2])
+
+
+@functools.lru_cache(maxsize=4096)
+def _planes(first: int, b3: int, b2: int, a3: int, a2: int, nb3: int, nb2: int) -> np.ndarray:
+    """(cached: a token's products ask for the same few layouts every step; the array is never written)"""
+    i3, i2 = np.divmod(np.arange(b3 * b2), b2)
+    return (first + (i3 // (b3 // a3)) * nb3 + (i2 // (b2 // a2)) * nb2).astype(np.uint64)
+
+
+# One parallel launch at a time: Numba's portable "workqueue" threading layer aborts the process on
+# concurrent launches from several Python threads (CPU backends computing on several threads).
+_PARALLEL_LAUNCH = threading.Lock()
+
+
+def _matvec_call(a: Tensor, src: np.ndarray, planes: np.ndarray, x: np.ndarray, y: np.ndarray, n_threads: int):
+    """The compiled matrix-vector call with all its arguments bound (a step's products repeat it token after token)."""
+    qtype, nb = int(a.type), blocks_per_row(a)
+    direct = qtype in HAS_VEC_DOT
+    if n_threads == 1 or len(planes) * a.ne[0] * a.ne[1] < SMALL_MATRIX:
+        return functools.partial(mul_mat_vec_1t, qtype, direct, src, planes, a.nb[1], a.ne[1], nb, x, y)
+    bands = max(1, min(n_threads * BANDS_PER_THREAD, a.ne[1] // 16))
+    args = (qtype, direct, src, planes, a.nb[1], a.ne[1], nb, x, y, bands)
+
+    def on_threads() -> None:
+        with _PARALLEL_LAUNCH:
+            mul_mat_vec(*args)
+
+    return on_threads
+
+
+def _product_on_blocks(a: Tensor, src: np.ndarray, planes: np.ndarray, x: np.ndarray, y: np.ndarray) -> None:
+    """y[i] = x[i] · (a's matrix at byte planes[i] of src)ᵀ for float32 x (P, n, k) and y (P, n, a.ne1)."""
+    if x.shape[1] <= VEC_COLUMNS:
+        _matvec_call(a, src, planes, x, y, threads())()
+        return
+    qtype, nb = int(a.type), blocks_per_row(a)
+    tile_rows = max(1, min(a.ne[1], TILE_BYTES // (4 * a.ne[0])))
+    tile = np.empty((tile_rows, a.ne[0]), np.float32)
+    for plane in np.unique(planes):
+        using = np.flatnonzero(planes == plane)
+        xs = x if len(using) == len(planes) else x[using]
+        for r0 in range(0, a.ne[1], tile_rows):
+            rows = plane + np.arange(r0, min(r0 + tile_rows, a.ne[1]), dtype=np.uint64) * np.uint64(a.nb[1])
+            values = tile[:len(rows)]
+            dequantize_rows(qtype, src, rows, nb, values)
+            if len(rows) == a.ne[1] and len(using) == len(planes):
+                np.matmul(xs, values.T, out=y)  # the whole matrix in one tile: straight into dst
+            else:
+                y[using, :, r0:r0 + len(rows)] = np.matmul(xs, values.T)
+
+
+_BOUND_CALLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # dst -> (layout key, bound matvec call)
+
+
+def _mul_mat_blocks(dst: Tensor) -> None:
+    """mul_mat with src0 read in its block format (see the module docstring).
+
+    A matrix-vector product whose b is float32 in place is bound once per node and layout: the next
+    token's step (the same graph, the same buffers) then costs one dictionary lookup before the call.
+    """
+    a, b = dst.src[0], dst.src[1]
+    key = None
+    if b.type == T.GGMLType.F32 and b.ne[1] <= VEC_COLUMNS:
+        key = (a.data, b.data, dst.data, threads(), *a.ne, *a.nb, *b.ne, *b.nb)
+        bound = _BOUND_CALLS.get(dst)
+        if bound is not None and bound[0] == key:
+            bound[1]()
+            return
+    src, first = memory_of(a)
+    planes = _a_planes(dst, first)
+    x = as_f32(b).reshape(len(planes), b.ne[1], b.ne[0])
+    y = _out_view(dst, (len(planes), b.ne[1], a.ne[1]))
+    if key is not None and x.flags.c_contiguous:  # x is b's memory, so the bound call sees each step's values
+        call = _matvec_call(a, src, planes, x, y, key[3])
+        _BOUND_CALLS[dst] = (key, call)
+        call()
+        return
+    _product_on_blocks(a, src, planes, np.ascontiguousarray(x, dtype=np.float32), y)
 
 
 @kernel(Op.MUL_MAT, supports=_supports_product)
 def mul_mat(dst: Tensor) -> None:
-    """dst[.., i1, i0] = b[.., i1, :]·a[.., i0, :], one BLAS call per matrix pair."""
+    """dst[.., i1, i0] = b[.., i1, :]·a[.., i0, :]: on a's blocks, or one BLAS call per float32 matrix pair."""
     a, b = dst.src[0], dst.src[1]
+    if in_blocks(a):
+        _mul_mat_blocks(dst)
+        return
     wa, wb, split = _broadcast_split(dst, _blasable(src0_f32(a)), _blasable(as_f32(b)))
     out = _out_view(dst, (*split, b.ne[1], a.ne[1]))
     if b.nrows < SMALL_BATCH and a.ne[0] * a.ne[1] < SMALL_MATRIX:
@@ -80,7 +181,6 @@ def _supports_mul_mat_id(dst: Tensor) -> bool:
 def mul_mat_id(dst: Tensor) -> None:
     """dst[t, e, :] = as[ids[t, e]] · b[t, e % b.ne1, :]: one gathered matmul per expert actually used."""
     as_, b, ids = dst.src[0], dst.src[1], dst.src[2]
-    experts = src0_f32(as_)[0]                  # (n_expert, rows, k)
     rows = as_f32(b)[0]                          # (n_tokens, n_b, k)
     chosen = view(ids)[0, 0]                     # (n_tokens, n_used)
     out = view(dst)[0]                           # (n_tokens, n_used, rows)
@@ -88,6 +188,23 @@ def mul_mat_id(dst: Tensor) -> None:
     if chosen.size and (chosen.min() < 0 or chosen.max() >= n_expert):
         raise OutOfBoundsError(f"mul_mat_id {dst.name!r}: ids {ids.name!r} hold experts outside [0, {n_expert})")
     slot_of_b = np.arange(ids.ne[0]) % b.ne[1]
+    product = _expert_product(as_)
     for expert in np.unique(chosen):
         tok, slot = np.nonzero(chosen == expert)
-        out[tok, slot] = rows[tok, slot_of_b[slot]] @ experts[expert].T
+        out[tok, slot] = product(int(expert), rows[tok, slot_of_b[slot]])
+
+
+def _expert_product(as_: Tensor):
+    """(expert, x (n, k)) -> x · expert's matrixᵀ: on the blocks where the compiled kernels read as_, else float32."""
+    if not in_blocks(as_):
+        experts = src0_f32(as_)[0]              # (n_expert, rows, k)
+        return lambda expert, x: x @ experts[expert].T
+    src, first = memory_of(as_)
+
+    def on_blocks(expert: int, x: np.ndarray) -> np.ndarray:
+        y = np.empty((1, x.shape[0], as_.ne[1]), np.float32)
+        planes = np.array([first + expert * as_.nb[2]], np.uint64)
+        _product_on_blocks(as_, src, planes, np.ascontiguousarray(x[None], dtype=np.float32), y)
+        return y[0]
+
+    return on_blocks

@@ -1,0 +1,58 @@
+"""llama.cpp's teacher-forced logits through llama-cpp-python (an optional peer, imported on use): the
+reference the parity tests and benchmarks/kld_vs_llamacpp.py measure pyggml against.
+
+Flash attention stays off (llama-cpp-python's default, and the graph pyggml builds); the KV cache type
+is chosen per run: F32 where F32 weights are compared to the 1e-6 bound, F16 as llama.cpp's default.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from pyggml.errors import GGMLError
+
+_GGML_TYPE = {"F32": 0, "F16": 1}
+
+
+class LlamaCpp:
+    """One llama.cpp model and context, evaluated on whole sequences from an empty cache."""
+
+    def __init__(self, path, n_ctx: int, n_batch: int = 512, n_threads: int = 2, kv_type: str = "F32"):
+        try:
+            import llama_cpp
+        except ImportError:
+            raise GGMLError("llama.cpp's logits need llama-cpp-python: pip install llama-cpp-python") from None
+        if kv_type not in _GGML_TYPE:
+            raise GGMLError(f"kv_type must be one of {sorted(_GGML_TYPE)}, not {kv_type!r}")
+        self.version = llama_cpp.__version__
+        self.llm = llama_cpp.Llama(model_path=os.fspath(path), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
+                                   n_threads=n_threads, n_threads_batch=n_threads, logits_all=True,
+                                   type_k=_GGML_TYPE[kv_type], type_v=_GGML_TYPE[kv_type], flash_attn=False,
+                                   verbose=False)
+
+    @property
+    def n_vocab(self) -> int:
+        return self.llm.n_vocab()
+
+    def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
+        return self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=False)
+
+    def logits(self, tokens) -> np.ndarray:
+        """[len(tokens), n_vocab] float32: the logits at every position, the sequence fed from position 0."""
+        self.llm.reset()
+        self.llm.eval(list(map(int, tokens)))
+        return np.array(self.llm.scores[:len(tokens)], dtype=np.float32)
+
+    def close(self) -> None:
+        self.llm.close()
+
+
+def llamacpp_logits(path, tokens, n_threads: int = 2, kv_type: str = "F32") -> np.ndarray:
+    """llama.cpp's logits for one sequence (a context just long enough, one batch)."""
+    llm = LlamaCpp(path, n_ctx=max(len(tokens), 8), n_batch=max(len(tokens), 8), n_threads=n_threads, kv_type=kv_type)
+    try:
+        return llm.logits(tokens)
+    finally:
+        llm.close()

@@ -1,0 +1,317 @@
+"""GGUF models with random weights and real shapes, written with gguf.GGUFWriter.
+
+The same files serve the tests (small models against NumPy and llama.cpp) and the benchmarks (a
+realistic-size llama model, an F32 copy of a quantized model): one writer per architecture pyggml
+supports (llama / mistral / qwen2, gemma3, gpt2) with the keys and tensor names llama.cpp expects.
+
+Weights are quantized with `gguf.quants` where it can (F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0); for
+the types it can only read (Q2_K..Q6_K, IQ4_NL, IQ4_XS) the blocks themselves are drawn at random:
+random quant bytes and sub-block scales under per-block float16 scales chosen so the values have the
+asked spread and mean zero -- weights in that type's format without a quantizer.
+
+A vocabulary is either a small synthetic one (SPM pieces or byte-level BPE letters) or a `Vocab` read
+from a real model's GGUF (all its tokenizer.* keys, truncated or padded to the model's n_vocab).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, LlamaFileType
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.quants import dequantize, quantize
+
+from pyggml.errors import GGMLError
+
+QType = GGMLQuantizationType
+SPM_PIECES = ["<unk>", "<s>", "</s>"] + list("\u2581abcdefghijklmnopqrstuvwxyz.,") + ["\u2581the", "\u2581a"]
+
+# Types gguf.quants reads but cannot write: byte offsets of the block's float16 scale `d` and of `dmin`.
+_SCALE_FIELDS = {QType.Q2_K: (80, 82), QType.Q3_K: (108, None), QType.Q4_K: (0, 2), QType.Q5_K: (0, 2),
+                 QType.Q6_K: (208, None), QType.IQ4_NL: (0, None), QType.IQ4_XS: (0, None)}
+_ARRAY_KEYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type")
+_NORMAL_TOKEN = 1
+
+
+# ----- vocabularies ---------------------------------------------------------------------------------
+@dataclass
+class Vocab:
+    """The tokenizer.* keys of a model: {key: (value, value type, element type of an array)}."""
+
+    keys: dict
+
+    @classmethod
+    def from_gguf(cls, path) -> "Vocab":
+        reader = GGUFReader(str(path))
+        return cls({name: (f.contents(), f.types[0], f.types[-1] if f.types[0] == GGUFValueType.ARRAY else None)
+                    for name, f in reader.fields.items() if name.startswith("tokenizer.")})
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.keys["tokenizer.ggml.tokens"][0])
+
+    def resized(self, n: int) -> "Vocab":
+        """The first n tokens, or all of them followed by normal tokens no merge or piece ever produces."""
+        keys = dict(self.keys)
+        pad = max(0, n - self.n_tokens)
+        fill = {"tokenizer.ggml.tokens": [f"<extra_{i}>" for i in range(pad)],
+                "tokenizer.ggml.scores": [-1e4] * pad, "tokenizer.ggml.token_type": [_NORMAL_TOKEN] * pad}
+        for key in _ARRAY_KEYS:
+            if key in keys:
+                value, vtype, sub = keys[key]
+                keys[key] = (list(value[:n]) + fill[key], vtype, sub)
+        return Vocab(keys)
+
+    def write_to(self, w: GGUFWriter) -> None:
+        for key, (value, vtype, sub) in self.keys.items():
+            w.add_key_value(key, value, vtype, sub)
+
+    def write_vocab_only(self, path, arch: str = "llama") -> None:
+        """A file llama.cpp opens with vocab_only (the hyperparameters are placeholders)."""
+        w = GGUFWriter(str(path), arch)
+        for key, value in [("context_length", 64), ("embedding_length", 8), ("block_count", 1),
+                           ("feed_forward_length", 8), ("attention.head_count", 1)]:
+            w.add_uint32(f"{arch}.{key}", value)
+        w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
+        self.write_to(w)
+        _finish(w)
+
+
+def spm_vocab(n_vocab: int) -> Vocab:
+    """A tiny SentencePiece vocabulary (letters and two words) padded with unused pieces."""
+    n = n_vocab - len(SPM_PIECES)
+    tokens = SPM_PIECES + [f"<extra_{i}>" for i in range(n)]
+    a, u32, f32 = GGUFValueType.ARRAY, GGUFValueType.UINT32, GGUFValueType.FLOAT32
+    return Vocab({"tokenizer.ggml.model": ("llama", GGUFValueType.STRING, None),
+                  "tokenizer.ggml.tokens": (tokens, a, GGUFValueType.STRING),
+                  "tokenizer.ggml.scores": ([0.0] * 3 + [-float(i) for i in range(n_vocab - 3)], a, f32),
+                  "tokenizer.ggml.token_type": ([2, 3, 3] + [1] * (len(SPM_PIECES) - 3) + [4] * n, a,
+                                                GGUFValueType.INT32),
+                  "tokenizer.ggml.unknown_token_id": (0, u32, None), "tokenizer.ggml.bos_token_id": (1, u32, None),
+                  "tokenizer.ggml.eos_token_id": (2, u32, None),
+                  "tokenizer.ggml.add_bos_token": (True, GGUFValueType.BOOL, None)})
+
+
+def bpe_vocab(n_vocab: int) -> Vocab:
+    """A tiny byte-level BPE vocabulary (letters, two merges, <|endoftext|>) padded with unused tokens."""
+    letters = list("abcdefghijklmnopqrstuvwxyz") + ["\u0120", "\u0120t", "th"]
+    n = n_vocab - len(letters) - 1
+    a, s, u32 = GGUFValueType.ARRAY, GGUFValueType.STRING, GGUFValueType.UINT32
+    return Vocab({"tokenizer.ggml.model": ("gpt2", s, None), "tokenizer.ggml.pre": ("gpt-2", s, None),
+                  "tokenizer.ggml.tokens": (letters + ["<|endoftext|>"] + [f"<extra_{i}>" for i in range(n)], a, s),
+                  "tokenizer.ggml.token_type": ([1] * len(letters) + [3] + [4] * n, a, GGUFValueType.INT32),
+                  "tokenizer.ggml.merges": (["\u0120 t", "t h"], a, s),
+                  "tokenizer.ggml.bos_token_id": (len(letters), u32, None),
+                  "tokenizer.ggml.eos_token_id": (len(letters), u32, None)})
+
+
+# ----- weights --------------------------------------------------------------------------------------
+def random_weight(rng: np.random.Generator, n_out: int, n_in: int, qtype: QType | None, std: float) -> tuple:
+    """(array, raw type) of an (n_out, n_in) matrix with values of spread `std`, in type qtype (None: F32)."""
+    if qtype is None or qtype == QType.F32:
+        return rng.normal(0, std, (n_out, n_in)).astype(np.float32), None
+    block, size = GGML_QUANT_SIZES[qtype]
+    if n_in % block:
+        raise GGMLError(f"rows of {n_in} values are not whole {qtype.name} blocks of {block}")
+    if qtype not in _SCALE_FIELDS:
+        return quantize(rng.normal(0, std, (n_out, n_in)).astype(np.float32), qtype), qtype
+    raw = rng.integers(0, 256, (n_out * n_in // block, size), dtype=np.uint8)
+    d_at, dmin_at = _SCALE_FIELDS[qtype]
+
+    def values(d: float, dmin: float) -> np.ndarray:
+        _set_f16(raw, d_at, d)
+        if dmin_at is not None:
+            _set_f16(raw, dmin_at, dmin)
+        return dequantize(raw, qtype).astype(np.float64)
+
+    scaled, offset = values(1.0, 0.0), (values(0.0, 1.0) if dmin_at is not None else 0.0)
+    ratio = -scaled.mean() / offset.mean() if dmin_at is not None else 0.0   # dmin/d that centres the values
+    d = std / (scaled + ratio * offset).std()
+    ratio, d = float(f"{ratio:.3g}"), float(f"{d:.3g}")  # the same bytes whatever order a machine sums in
+    jitter = rng.uniform(0.5, 1.5, (raw.shape[0], 1))                          # blocks differ in scale, as trained ones
+    _set_f16(raw, d_at, d * jitter)
+    if dmin_at is not None:
+        _set_f16(raw, dmin_at, ratio * d * jitter)
+    return raw.reshape(n_out, -1), qtype
+
+
+def _set_f16(raw: np.ndarray, at: int, value) -> None:
+    raw[:, at:at + 2] = np.broadcast_to(np.asarray(value, np.float16).reshape(-1, 1), (raw.shape[0], 1)).view(np.uint8)
+
+
+def _type_of(qtype, name: str):
+    """The type for tensor `name`: qtype itself, or from a {name part: type, "*": default} mapping the first
+    entry whose part occurs in the name (so "attn_output" listed before "output" keeps them apart)."""
+    if not isinstance(qtype, Mapping):
+        return qtype
+    return next((t for part, t in qtype.items() if part != "*" and part in name), qtype.get("*"))
+
+
+class _Writer(GGUFWriter):
+    """GGUFWriter that leaves out the keys and tensors named in `drop` (to write broken files) and draws
+    the weights from one generator."""
+
+    def __init__(self, path, arch: str, seed: int, qtype, drop=()):
+        self.drop, self.qtype, self.rng = set(drop), qtype, np.random.default_rng(seed)
+        super().__init__(str(path), arch)
+
+    def add_key_value(self, key, val, vtype, sub_type=None):
+        if key not in self.drop:
+            super().add_key_value(key, val, vtype, sub_type)
+
+    def add_tensor(self, name, tensor, raw_shape=None, raw_dtype=None, tensor_endianess=None):
+        if name not in self.drop:
+            super().add_tensor(name, tensor, raw_shape, raw_dtype, tensor_endianess)
+
+    def matrix(self, name: str, n_out: int, n_in: int, std: float | None = None) -> None:
+        """A weight in the file's type for `name` (F32 for types whose blocks do not fit its rows)."""
+        qtype = _type_of(self.qtype, name)
+        if qtype is not None and n_in % GGML_QUANT_SIZES[qtype][0]:
+            qtype = None
+        values, raw_type = random_weight(self.rng, n_out, n_in, qtype, 1 / np.sqrt(n_in) if std is None else std)
+        self.add_tensor(name, values, raw_dtype=raw_type)
+
+    def vector(self, name: str, n: int, centre: float = 0.0, spread: float = 0.1) -> None:
+        self.add_tensor(name, (centre + spread * self.rng.normal(size=n)).astype(np.float32))
+
+    def hparams(self, arch: str, **values) -> None:
+        for key, value in values.items():
+            key = f"{arch}.{key.replace('__', '.')}"
+            (self.add_float32 if isinstance(value, float) else self.add_uint32)(key, value)
+
+
+def write_llama(path, arch: str = "llama", n_vocab: int = 64, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2,
+                n_ff: int = 96, n_layer: int = 2, n_ctx: int = 128, qtype=None, tied: bool = False, seed: int = 0,
+                vocab: Vocab | None = None, output_std: float | None = None, drop=()):
+    """A llama / mistral (rope NORMAL) or qwen2 (rope NEOX, q/k/v biases) file; `qtype` is one type for
+    every matrix or a {name part: type, "*": default} mapping; `vocab` (resized to n_vocab) replaces the
+    synthetic SPM one; the output matrix (the token embeddings when tied) has values of spread output_std
+    (default 3/sqrt(n_embd): logits of spread ~3); `drop` names keys or tensors to leave out."""
+    hd = n_embd // n_head
+    w = _Writer(path, arch, seed, qtype, drop)
+    w.hparams(arch, context_length=n_ctx, embedding_length=n_embd, block_count=n_layer, feed_forward_length=n_ff,
+              attention__head_count=n_head, attention__head_count_kv=n_head_kv,
+              attention__layer_norm_rms_epsilon=1e-5, rope__freq_base=10000.0, rope__dimension_count=hd)
+    (vocab.resized(n_vocab) if vocab else spm_vocab(n_vocab)).write_to(w)
+    output_std = 3 / np.sqrt(n_embd) if output_std is None else output_std     # logits of spread ~3
+    w.matrix("token_embd.weight", n_vocab, n_embd, std=output_std if tied else 1.0)
+    w.vector("output_norm.weight", n_embd, 1.0)
+    if not tied:
+        w.matrix("output.weight", n_vocab, n_embd, std=output_std)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        w.vector(p + "attn_norm.weight", n_embd, 1.0)
+        w.matrix(p + "attn_q.weight", n_head * hd, n_embd)
+        w.matrix(p + "attn_k.weight", n_head_kv * hd, n_embd)
+        w.matrix(p + "attn_v.weight", n_head_kv * hd, n_embd)
+        w.matrix(p + "attn_output.weight", n_embd, n_head * hd)
+        if arch == "qwen2":
+            for name, n in (("attn_q", n_head * hd), ("attn_k", n_head_kv * hd), ("attn_v", n_head_kv * hd)):
+                w.vector(p + name + ".bias", n)
+        w.vector(p + "ffn_norm.weight", n_embd, 1.0)
+        w.matrix(p + "ffn_gate.weight", n_ff, n_embd)
+        w.matrix(p + "ffn_up.weight", n_ff, n_embd)
+        w.matrix(p + "ffn_down.weight", n_embd, n_ff)
+    _finish(w)
+    return path
+
+
+# SmolLM-135M's shapes: a llama model of realistic size for benchmarks (134 M parameters, tied output).
+SMALL_LLAMA = dict(arch="llama", n_vocab=49152, n_embd=576, n_head=9, n_head_kv=3, n_ff=1536, n_layer=30, n_ctx=2048,
+                   tied=True)
+
+
+def write_small_llama(path, qtype, vocab: Vocab, seed: int = 0):
+    """SMALL_LLAMA with every matrix in qtype and `vocab` (e.g. a GPT-2 BPE one) padded to 49152 tokens."""
+    return write_llama(path, qtype=qtype, vocab=vocab, seed=seed, **SMALL_LLAMA)
+
+
+def write_gemma3(path, n_vocab: int = 64, n_embd: int = 64, n_head: int = 3, n_head_kv: int = 1, head_dim: int = 32,
+                 n_ff: int = 128, n_layer: int = 7, n_ctx: int = 128, sliding_window: int = 16, qtype=None,
+                 seed: int = 0, vocab: Vocab | None = None, embd_std: float | None = None):
+    """A Gemma 3 file: q/k norms, pre- and post-norms, tied output, rope NEOX, head_dim independent of
+    n_embd / n_head, and (with n_layer >= 6) sliding-window layers next to a global one."""
+    w = _Writer(path, "gemma3", seed, qtype)
+    w.hparams("gemma3", context_length=n_ctx, embedding_length=n_embd, block_count=n_layer, feed_forward_length=n_ff,
+              attention__head_count=n_head, attention__head_count_kv=n_head_kv, attention__key_length=head_dim,
+              attention__value_length=head_dim, attention__layer_norm_rms_epsilon=1e-6,
+              attention__sliding_window=sliding_window, rope__freq_base=1000000.0)
+    (vocab.resized(n_vocab) if vocab else spm_vocab(n_vocab)).write_to(w)
+    embd_std = 3 / np.sqrt(n_embd) if embd_std is None else embd_std        # tied output: logits of spread ~3
+    w.matrix("token_embd.weight", n_vocab, n_embd, std=embd_std)
+    w.vector("output_norm.weight", n_embd, 1.0)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        for norm, n in (("attn_norm", n_embd), ("attn_q_norm", head_dim), ("attn_k_norm", head_dim),
+                        ("post_attention_norm", n_embd), ("ffn_norm", n_embd), ("post_ffw_norm", n_embd)):
+            w.vector(p + norm + ".weight", n, 1.0)
+        w.matrix(p + "attn_q.weight", n_head * head_dim, n_embd)
+        w.matrix(p + "attn_k.weight", n_head_kv * head_dim, n_embd)
+        w.matrix(p + "attn_v.weight", n_head_kv * head_dim, n_embd)
+        w.matrix(p + "attn_output.weight", n_embd, n_head * head_dim)
+        w.matrix(p + "ffn_gate.weight", n_ff, n_embd)
+        w.matrix(p + "ffn_up.weight", n_ff, n_embd)
+        w.matrix(p + "ffn_down.weight", n_embd, n_ff)
+    _finish(w)
+    return path
+
+
+def write_gpt2(path, n_vocab: int = 64, n_embd: int = 64, n_head: int = 4, n_ff: int = 128, n_layer: int = 2,
+               n_ctx: int = 128, tied: bool = True, seed: int = 0, qtype=None, vocab: Vocab | None = None):
+    """A GPT-2 file: learned positions, layer norms with biases, fused QKV, GELU; the synthetic vocabulary
+    is byte-level BPE."""
+    w = _Writer(path, "gpt2", seed, qtype)
+    w.hparams("gpt2", context_length=n_ctx, embedding_length=n_embd, block_count=n_layer, feed_forward_length=n_ff,
+              attention__head_count=n_head, attention__layer_norm_epsilon=1e-5)
+    (vocab.resized(n_vocab) if vocab else bpe_vocab(n_vocab)).write_to(w)
+    w.matrix("token_embd.weight", n_vocab, n_embd, std=1.0)
+    w.add_tensor("position_embd.weight", w.rng.normal(0, 0.5, (n_ctx, n_embd)).astype(np.float32))
+    w.vector("output_norm.weight", n_embd, 1.0)
+    w.vector("output_norm.bias", n_embd)
+    if not tied:
+        w.add_tensor("output.weight", w.rng.normal(0, 0.2, (n_vocab, n_embd)).astype(np.float32))
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        for norm in ("attn_norm", "ffn_norm"):
+            w.vector(p + norm + ".weight", n_embd, 1.0)
+            w.vector(p + norm + ".bias", n_embd)
+        for name, n_out, n_in in (("attn_qkv", 3 * n_embd, n_embd), ("attn_output", n_embd, n_embd),
+                                  ("ffn_up", n_ff, n_embd), ("ffn_down", n_embd, n_ff)):
+            w.matrix(p + name + ".weight", n_out, n_in)
+            w.vector(p + name + ".bias", n_out)
+    _finish(w)
+    return path
+
+
+# ----- conversion -----------------------------------------------------------------------------------
+def write_f32_copy(src, dst) -> None:
+    """dst: src with every tensor dequantized to F32 and its keys kept (the yardstick llama.cpp is measured
+    against: the same weights without the quantized products). Tensors are streamed, one at a time."""
+    reader = GGUFReader(str(src))
+    arch = reader.fields["general.architecture"].contents()
+    w = GGUFWriter(str(dst), arch)
+    for name, f in reader.fields.items():
+        if name.startswith("GGUF.") or name in ("general.architecture", "general.file_type",
+                                                  "general.quantization_version"):
+            continue
+        w.add_key_value(name, f.contents(), f.types[0], f.types[-1] if f.types[0] == GGUFValueType.ARRAY else None)
+    w.add_file_type(LlamaFileType.ALL_F32)
+    for t in reader.tensors:
+        shape = tuple(int(n) for n in reversed(t.shape))   # NumPy order
+        w.add_tensor_info(t.name, shape, np.dtype(np.float32), int(np.prod(shape)) * 4, QType.F32)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for t in reader.tensors:
+        shape = tuple(int(n) for n in reversed(t.shape))
+        w.write_tensor_data(dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32).reshape(shape))
+    w.close()
+
+
+def _finish(w: GGUFWriter) -> None:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()

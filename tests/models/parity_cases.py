@@ -1,0 +1,116 @@
+"""The random-weight models pyggml is compared with llama.cpp on, one per case: every architecture, GQA
+with n_head not a multiple of 4, rope NORMAL (llama, mistral) and NEOX (qwen2, gemma3), tied and separate
+output, real BPE and SentencePiece token lists, F32 and each quantized type gguf can write or read.
+
+A case's file is rewritten from its seed wherever it is needed; a SHA-256 of its contents is recorded with llama.cpp's
+logits (data/llamacpp_logits.npz, written by data/make_llamacpp_refs.py), so a writer or gguf change that
+alters the file is caught instead of compared against another model's references.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+
+from pyggml.models.gguf_file import GGUFFile
+
+from tiny_models import bpe_vocab, gemma3_vocab, write_gemma3, write_gpt2, write_llama
+
+N_TOKENS = 32          # teacher-forced positions per case (BOS first)
+N_BATCH = 12           # pyggml's batch: later batches attend to earlier ones through the KV cache
+N_CTX = 64
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    write: object                  # path -> path
+    quantized: bool = False        # compared with the F32-weights yardstick rather than the 1e-6 bound
+    bos: int = 1
+    n_vocab: int = 0
+    notes: str = field(default="", compare=False)
+
+    def tokens(self) -> list[int]:
+        rng = np.random.default_rng(len(self.name))
+        return [self.bos] + rng.integers(4, self.n_vocab, N_TOKENS - 1).tolist()
+
+
+def _spm(n=1024):
+    return gemma3_vocab().resized(n)
+
+
+def _bpe(pre):
+    return bpe_vocab(pre)
+
+
+BPE_N = 459            # the BPE vocabularies' size (256 bytes, 200 merges, 3 specials)
+GEMMA_BOS, BPE_BOS = 2, 456
+K_MIX = {"attn_q": Q.Q2_K, "attn_k": Q.Q3_K, "attn_v": Q.Q6_K, "attn_output": Q.Q5_K, "ffn_down": Q.Q6_K,
+         "ffn_up": Q.IQ4_XS, "ffn_gate": Q.IQ4_NL, "output": Q.Q6_K, "*": Q.Q4_K}
+Q4_K_M_LIKE = {"token_embd": Q.Q8_0, "attn_v": Q.Q8_0, "ffn_down": Q.Q6_K, "attn_output": Q.Q4_K, "*": Q.Q5_0}
+
+
+def _llama(arch, vocab, **kw):
+    return lambda p: write_llama(p, arch, vocab=vocab(), n_ctx=N_CTX, **kw)
+
+
+CASES = [
+    Case("llama-f32-spm", _llama("llama", _spm, n_vocab=1024, n_embd=96, n_head=6, n_head_kv=2, n_ff=160,
+                                 output_std=0.3), bos=GEMMA_BOS, n_vocab=1024,
+         notes="rope NORMAL, GQA 6/2, separate output"),
+    Case("llama-f32-bpe-tied", _llama("llama", partial(_bpe, "llama3"), n_vocab=BPE_N, n_embd=144, n_head=9,
+                                        n_head_kv=3, n_ff=192, tied=True, seed=1),
+         bos=BPE_BOS, n_vocab=BPE_N, notes="mistral-style: GQA 9/3, tied output (llama.cpp has no mistral arch)"),
+    Case("qwen2-f32-bpe", _llama("qwen2", partial(_bpe, "qwen2"), n_vocab=BPE_N, n_embd=96, n_head=6, n_head_kv=2,
+                                 n_ff=160, seed=2),
+         bos=BPE_BOS, n_vocab=BPE_N, notes="rope NEOX, q/k/v biases"),
+    Case("gemma3-f32-spm", lambda p: write_gemma3(p, vocab=_spm(), n_vocab=1024, n_ctx=N_CTX, seed=3),
+         bos=GEMMA_BOS, n_vocab=1024, notes="7 layers: sliding window 16 and a global layer, GQA 3/1, head_dim 32"),
+    Case("gpt2-f32-bpe-tied", lambda p: write_gpt2(p, vocab=bpe_vocab("gpt-2"), n_vocab=BPE_N, n_head=4, n_ctx=N_CTX,
+                                                    seed=4), bos=BPE_BOS, n_vocab=BPE_N),
+    Case("gpt2-f32-bpe-untied", lambda p: write_gpt2(p, vocab=bpe_vocab("starcoder"), n_vocab=BPE_N, n_embd=96,
+                                                      n_head=6, tied=False, n_ctx=N_CTX, seed=5),
+         bos=BPE_BOS, n_vocab=BPE_N),
+    Case("llama-q4_0", _llama("llama", _spm, n_vocab=1024, n_embd=96, n_head=6, n_head_kv=2, n_ff=160, qtype=Q.Q4_0,
+                              output_std=0.3, seed=6), quantized=True, bos=GEMMA_BOS, n_vocab=1024),
+    Case("llama-q4_1", _llama("llama", partial(_bpe, "default"), n_vocab=BPE_N, n_embd=96, n_head=6, n_head_kv=2,
+                              n_ff=160, qtype=Q.Q4_1, seed=7), quantized=True, bos=BPE_BOS, n_vocab=BPE_N),
+    Case("qwen2-q8_0", _llama("qwen2", partial(_bpe, "qwen2"), n_vocab=BPE_N, n_embd=96, n_head=6, n_head_kv=2,
+                              n_ff=160, qtype=Q.Q8_0, tied=True, seed=8), quantized=True, bos=BPE_BOS, n_vocab=BPE_N),
+    Case("llama-q5_0-q5_1", _llama("llama", partial(_bpe, "llama3"), n_vocab=BPE_N, n_embd=96, n_head=3,
+                                     n_head_kv=1, n_ff=160, qtype={"ffn": Q.Q5_1, "*": Q.Q5_0},
+                                     seed=9), quantized=True, bos=BPE_BOS, n_vocab=BPE_N),
+    Case("llama-f16", _llama("llama", _spm, n_vocab=1024, n_embd=96, n_head=6, n_head_kv=2, n_ff=160, qtype=Q.F16,
+                             output_std=0.3, seed=10), quantized=True, bos=GEMMA_BOS, n_vocab=1024),
+    Case("llama-k-quants", _llama("llama", _spm, n_vocab=1024, n_embd=256, n_head=4, n_head_kv=2, n_ff=512,
+                                  qtype=K_MIX, seed=11), quantized=True, bos=GEMMA_BOS, n_vocab=1024,
+         notes="Q2_K..Q6_K, IQ4_NL, IQ4_XS"),
+    Case("gemma3-q4_k_m", lambda p: write_gemma3(p, vocab=_spm(), n_vocab=1024, n_embd=256, n_head=4, n_head_kv=1,
+                                                 head_dim=64, n_ff=512, n_ctx=N_CTX, qtype=Q4_K_M_LIKE, seed=12,
+                                                 embd_std=0.12),
+         quantized=True, bos=GEMMA_BOS, n_vocab=1024, notes="Gemma 3 270M's mix of types"),
+    Case("gpt2-q8_0", lambda p: write_gpt2(p, vocab=bpe_vocab("gpt-2"), n_vocab=BPE_N, n_ctx=N_CTX, qtype=Q.Q8_0,
+                                            seed=13), quantized=True, bos=BPE_BOS, n_vocab=BPE_N),
+]
+BY_NAME = {c.name: c for c in CASES}
+
+
+def write_case(case: Case, directory: Path) -> Path:
+    return case.write(Path(directory) / f"{case.name}.gguf")
+
+
+def sha256(path) -> str:
+    """A digest of what the logits depend on: every metadata value and every tensor's name, type, shape and
+    bytes (not the file's layout, which another gguf version may write differently)."""
+    h = hashlib.sha256()
+    with GGUFFile.open(path) as f:
+        h.update(repr(sorted((k, v) for k, v in f.metadata.items() if not k.startswith("GGUF."))).encode())
+        for t in sorted(f.tensors, key=lambda t: t.name):
+            h.update(f"{t.name} {t.type.name} {t.ne}".encode())
+            h.update(f.tensor_bytes(t))
+    return h.hexdigest()

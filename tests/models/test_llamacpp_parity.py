@@ -1,0 +1,98 @@
+"""pyggml's logits against llama.cpp's on random-weight models of every architecture (parity_cases.py),
+teacher-forced and measured as llama-perplexity --kl-divergence measures a quantized model: KL(llama.cpp ||
+pyggml) per position and top-1 agreement.
+
+With F32 weights the mean KLD must stay <= 1e-6. With quantized weights pyggml may be no further from
+llama.cpp than llama.cpp's own run on the same weights converted to F32 (the yardstick: what leaving out
+llama.cpp's quantized products costs), with agreement.within_yardstick's slack.
+
+CI compares against the committed logits (data/llamacpp_logits.npz, data/llamacpp_parity.json, written by
+data/make_llamacpp_refs.py parity); the `peer` tests do the same against llama-cpp-python where installed.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pyggml.models import load_model
+from pyggml.models.agreement import F32_BOUND, agreement, within_yardstick
+from pyggml.models.synthetic import write_f32_copy
+
+from parity_cases import BY_NAME, CASES, N_BATCH, N_CTX, sha256, write_case
+
+DATA = Path(__file__).parent / "data"
+REPO = Path(__file__).resolve().parents[2]
+SUMMARY = json.loads((DATA / "llamacpp_parity.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def refs():
+    with np.load(DATA / "llamacpp_logits.npz") as f:
+        return dict(f)
+
+
+def pyggml_logits(path, tokens) -> np.ndarray:
+    return load_model(path, n_ctx=N_CTX, n_batch=N_BATCH).decode(list(tokens), all_logits=True)
+
+
+def check_agreement(case, got: dict, yardstick: dict | None) -> None:
+    if not case.quantized:
+        assert got["kld_mean"] <= F32_BOUND, f"{case.name}: mean KLD {got['kld_mean']:.3e} with F32 weights"
+        return
+    for what, holds in within_yardstick(got, yardstick):
+        assert holds, f"{case.name}: {what}"
+
+
+def test_cases_cover_the_architectures_vocabularies_and_types():
+    names = " ".join(c.name for c in CASES)
+    for part in ("llama", "qwen2", "gemma3", "gpt2", "spm", "bpe", "tied", "f32", "q4_0", "q4_1", "q8_0", "k-quants"):
+        assert part in names
+    assert len(SUMMARY["cases"]) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_logits_agree_with_committed_llamacpp_logits(tmp_path, refs, case):
+    path = write_case(case, tmp_path)
+    entry = SUMMARY["cases"][case.name]
+    assert sha256(path) == entry["sha256"], (
+        f"{case.name}: the file differs from the one llama.cpp ran on; rerun make_llamacpp_refs.py parity")
+    tokens = refs[f"{case.name}/tokens"]
+    assert tokens.tolist() == case.tokens()
+    check_agreement(case, agreement(refs[f"{case.name}/logits"], pyggml_logits(path, tokens)), entry.get("yardstick"))
+
+
+@pytest.mark.peer
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_logits_agree_with_live_llamacpp(tmp_path, case):
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
+    from pyggml.models.llamacpp import llamacpp_logits
+
+    path, tokens = write_case(case, tmp_path), case.tokens()
+    reference = llamacpp_logits(path, tokens)
+    yardstick = None
+    if case.quantized:
+        write_f32_copy(path, tmp_path / "f32.gguf")
+        yardstick = agreement(reference, llamacpp_logits(tmp_path / "f32.gguf", tokens))
+    check_agreement(case, agreement(reference, pyggml_logits(path, tokens)), yardstick)
+
+
+@pytest.mark.peer
+def test_kld_benchmark_measures_all_positions_and_second_halves(tmp_path):
+    """benchmarks/kld_vs_llamacpp.py end to end on a small quantized model: 2 chunks of 64 tokens of GPL-3."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
+    path = write_case(BY_NAME["llama-q4_1"], tmp_path)
+    cmd = [sys.executable, str(REPO / "benchmarks" / "kld_vs_llamacpp.py"), "--model", str(path), "--ctx", "64",
+           "--chunks", "2", "--json", str(tmp_path / "out.json")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["chunks"] == 2 and all(out["checks"].values()), out["checks"]
+    results = out["results"]["pyggml"]
+    assert results["all"]["n"] == 2 * 63 and results["second_half"]["n"] == 2 * 31
+    assert results["all"]["ppl_ref"] > 1 and results["all"]["ppl_other"] > 1
