@@ -6,12 +6,15 @@ float32, one factor per pair of dims), since angles of long positions amplify an
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 
+from pyggml.backend.cpu.jit.rope import rope_rows
+from pyggml.backend.cpu.jit.softmax import soft_max_rows
 from pyggml.backend.cpu.kernels import kernel
-from pyggml.backend.cpu.kernels._common import as_f32, store, view
+from pyggml.backend.cpu.kernels._common import as_f32, overlap, store, view
 from pyggml.backend.cpu.kernels._dequant_cache import dequantizable
 from pyggml.core.ops.attention import RopeType, rope_yarn_corr_dims
 from pyggml.core.tensor import Op, Tensor
@@ -100,7 +103,25 @@ def _supports_soft_max(dst: Tensor) -> bool:
             and (sinks is None or sinks.type == F32))
 
 
-@kernel(Op.SOFT_MAX, supports=_supports_soft_max)
+NO_MASK = np.zeros((0, 0, 0, 0), np.float32)
+NO_SINKS = np.zeros(0, np.float32)
+
+
+def _bind_soft_max(dst: Tensor):
+    """The compiled soft_max for F32 masks (or none) and rows it may read and write in place."""
+    a, mask, sinks = dst.src[0], dst.src[1], dst.src[2]
+    if mask is not None and mask.type != F32:
+        return None
+    x, out = view(a), view(dst)
+    m = view(mask)[:, :, : a.ne[1], : a.ne[0]] if mask is not None else NO_MASK
+    sink = view(sinks).reshape(-1) if sinks is not None else NO_SINKS
+    if overlap(out, x) or np.may_share_memory(out, m) or np.may_share_memory(out, sink):
+        return None
+    slopes = alibi_slopes(a.ne[2], dst.op_params_f32(1))
+    return functools.partial(soft_max_rows, x, out, np.float32(dst.op_params_f32(0)), m, slopes, sink)
+
+
+@kernel(Op.SOFT_MAX, supports=_supports_soft_max, bind=_bind_soft_max)
 def soft_max(dst: Tensor) -> None:
     """softmax(a*scale + slope[head]*mask) over each row, with optional per-head sinks in the denominator."""
     a, mask, sinks = dst.src[0], dst.src[1], dst.src[2]
@@ -216,7 +237,27 @@ def _rotated_halves(mode: int, n_dims: int):
     return slice(0, n_dims // 2), slice(n_dims // 2, n_dims)
 
 
-@kernel(Op.ROPE, Op.ROPE_BACK, supports=_supports_rope)
+def _bind_rope(dst: Tensor):
+    """The compiled rotation for F32 rows in the NORMAL and NEOX modes; the angles come from the cache."""
+    a, pos, factors = dst.src[0], dst.src[1], dst.src[2]
+    n_dims, mode = dst.op_params_i32(1), dst.op_params_i32(2)
+    if a.type != F32 or mode not in (RopeType.NORMAL, RopeType.NEOX) or n_dims % 2:
+        return None
+    x, out = view(a), view(dst)
+    if overlap(out, x):
+        return None
+    positions = view(pos).reshape(-1, a.ne[2])
+    freq_factors = view(factors).reshape(-1) if factors is not None else None
+    sign = np.float32(-1 if dst.op == Op.ROPE_BACK else 1)
+
+    def call():
+        cos, sin = cached_cos_sin(dst, positions, freq_factors)
+        rope_rows(x, out, cos, sin, n_dims, mode == RopeType.NEOX, sign)
+
+    return call
+
+
+@kernel(Op.ROPE, Op.ROPE_BACK, supports=_supports_rope, bind=_bind_rope)
 def rope(dst: Tensor) -> None:
     """Rotate pairs (x0, x1) of each row by the token's angles (ROPE_BACK: by minus them); dims past the
     rotated ones are copied."""
