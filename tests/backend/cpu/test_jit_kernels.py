@@ -20,9 +20,10 @@ from pyggml.errors import OutOfBoundsError
 NEOX, NORMAL = 2, 0
 
 
-def compiled_and_numpy(build, seed=0, ulps=0):
+def compiled_and_numpy(build, seed=0, ulps=0, rel=0.0):
     """Build a node, fill its inputs, run its bound call and its NumPy kernel; assert the call is compiled
-    (not the NumPy kernel) and the two outputs agree within `ulps` float32 ulps (NaN where NaN)."""
+    (not the NumPy kernel) and the two outputs agree within `ulps` float32 ulps, or within `rel` times the
+    largest output (sums in another order), or exactly (NaN where NaN)."""
     ctx = Context()
     node = build(ctx)
     rng = np.random.default_rng(seed)
@@ -40,7 +41,12 @@ def compiled_and_numpy(build, seed=0, ulps=0):
             memory[...] = before
         kernel.fn(node)
         want = host_ndarray(node).astype(np.float32)
-    np.testing.assert_array_max_ulp(got, want, maxulp=ulps) if ulps else np.testing.assert_array_equal(got, want)
+    if rel:
+        np.testing.assert_allclose(got, want, rtol=0, atol=rel * np.abs(want).max())
+    elif ulps:
+        np.testing.assert_array_max_ulp(got, want, maxulp=ulps)
+    else:
+        np.testing.assert_array_equal(got, want)
     return node
 
 
@@ -164,3 +170,26 @@ def test_set_rows_out_of_range_raises_and_writes_nothing():
     with pytest.raises(OutOfBoundsError):
         kernels.compute(node)
     assert not host_ndarray(dst).any()
+
+
+@pytest.mark.parametrize("case", [
+    dict(d=64, n_head=4, n_head_kv=1, n_kv=48, n_tok=1), dict(d=32, n_head=6, n_head_kv=3, n_kv=17, n_tok=5),
+    dict(d=16, n_head=2, n_head_kv=2, n_kv=9, n_tok=3, kv_type=G.F16, q_type=G.F16),
+    dict(d=16, n_head=4, n_head_kv=2, n_kv=8, n_tok=2, mask=False, ne3=2),
+    dict(d=16, n_head=4, n_head_kv=2, n_kv=8, n_tok=2, softcap=20.0, max_bias=8.0, sinks=True)], ids=str)
+def test_flash_attn_ext(case):
+    def build(ctx, d, n_head, n_head_kv, n_kv, n_tok, kv_type=G.F32, q_type=G.F32, mask=True, ne3=1,
+              softcap=0.0, max_bias=0.0, sinks=False):
+        q = ctx.new_tensor(q_type, (d, n_tok, n_head, ne3))
+        k = ctx.new_tensor(kv_type, (d, n_kv, n_head_kv, ne3))
+        v = ctx.new_tensor(kv_type, (d, n_kv, n_head_kv, ne3))
+        m = None
+        if mask:
+            m = ctx.new_tensor(G.F16, (n_kv, n_tok))
+            causal = np.triu(np.full((n_tok, n_kv), -np.inf, np.float32), n_kv - n_tok + 1)
+            host_ndarray(m)[0, 0] = causal.astype(np.float16)
+        out = ops.flash_attn_ext(ctx, q, k, v, m, 0.125, max_bias, softcap)
+        if sinks:
+            ops.flash_attn_ext_add_sinks(out, ctx.new_tensor(G.F32, (n_head,)))
+        return out
+    compiled_and_numpy(lambda ctx: build(ctx, **case), rel=1e-5)

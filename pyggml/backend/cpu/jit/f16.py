@@ -8,12 +8,26 @@ cache-resident load), and writing through the bit arithmetic of a round-to-neare
 from __future__ import annotations
 
 import numpy as np
+from numba import types
+from numba.extending import overload
 
 from pyggml.backend.cpu.jit import jit
 from pyggml.backend.cpu.jit.floatbits import float_bits
 
 F16_TO_F32 = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
 F16_TO_F32.flags.writeable = False
+
+
+def widen(x, table):
+    """A value as float32 inside a compiled kernel: F16 bits (uint16) through the table, float32 as it is."""
+    raise NotImplementedError("widen is for compiled kernels")  # pragma: no cover (Numba uses the overload)
+
+
+@overload(widen)
+def _widen(x, table):
+    if isinstance(x, types.Integer):
+        return lambda x, table: table[x]
+    return lambda x, table: x
 
 
 @jit

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from pyggml.backend.cpu.jit import jit
+from pyggml.backend.cpu.jit.f16 import widen
 
 
 @jit(fastmath={"reassoc", "nsz"})
@@ -33,3 +34,12 @@ def max_f32(x: np.ndarray) -> np.float32:
     for i in range(np.uintp(x.shape[0])):
         peak = max(peak, x[i])
     return peak
+
+
+@jit(fastmath={"reassoc", "nsz"})
+def dot_f32(x: np.ndarray, y: np.ndarray, table: np.ndarray) -> np.float32:
+    """Dot product of a float32 row with a float32 or F16-bits row (widened through table), in float32."""
+    total = np.float32(0)
+    for i in range(np.uintp(x.shape[0])):
+        total += x[i] * widen(y[i], table)
+    return total

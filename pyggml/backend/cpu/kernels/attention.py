@@ -11,6 +11,8 @@ import math
 
 import numpy as np
 
+from pyggml.backend.cpu.jit.attention import flash_attn_rows
+from pyggml.backend.cpu.jit.f16 import F16_TO_F32
 from pyggml.backend.cpu.jit.rope import rope_rows
 from pyggml.backend.cpu.jit.softmax import soft_max_rows
 from pyggml.backend.cpu.kernels import kernel
@@ -298,7 +300,28 @@ def _grouped(x: np.ndarray, n_groups: int) -> np.ndarray:
     return x.reshape(x.shape[0], n_groups, x.shape[1] // n_groups, *x.shape[2:])
 
 
-@kernel(Op.FLASH_ATTN_EXT, supports=_supports_flash_attn)
+def _bits_or_f32(t: Tensor) -> np.ndarray:
+    """t's memory as the compiled kernels read it: float32 values, or F16 as uint16 bit patterns."""
+    return view(t).view(np.uint16) if t.type == F16 else view(t)
+
+
+def _bind_flash_attn(dst: Tensor):
+    """The compiled attention for F32 or F16 q, K, V and mask."""
+    q, k, v, mask, sinks = dst.src[:5]
+    if any(t is not None and t.type not in (F32, F16) for t in (q, k, v, mask)):
+        return None
+    scale, max_bias, softcap = (dst.op_params_f32(i) for i in range(3))
+    pre_scale = np.float32(scale / softcap if softcap != 0.0 else scale)
+    out = view(dst)
+    m = _bits_or_f32(mask) if mask is not None else NO_MASK
+    sink = view(sinks).reshape(-1) if sinks is not None else NO_SINKS
+    if any(np.may_share_memory(out, x) for x in (view(q), view(k), view(v), m, sink)):
+        return None
+    return functools.partial(flash_attn_rows, _bits_or_f32(q), _bits_or_f32(k), _bits_or_f32(v), m, sink,
+                             alibi_slopes(q.ne[2], max_bias), out, pre_scale, np.float32(softcap), F16_TO_F32)
+
+
+@kernel(Op.FLASH_ATTN_EXT, supports=_supports_flash_attn, bind=_bind_flash_attn)
 def flash_attn_ext(dst: Tensor) -> None:
     """softmax(softcap(q·kᵀ*scale) + slope*mask (+ sinks)) · v, written in ggml's permuted [d_v, head, token] order.
 
