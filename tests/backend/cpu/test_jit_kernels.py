@@ -92,10 +92,10 @@ def test_rms_norm_in_place():
     compiled_and_numpy(lambda ctx: ops.rms_norm_inplace(ctx, ctx.new_tensor(G.F32, (33, 5)), 1e-5), ulps=2)
 
 
-def _soft_max(ne, mask_ne=None, max_bias=0.0, sinks=False, mask_values=None):
+def _soft_max(ne, mask_ne=None, max_bias=0.0, sinks=False, mask_values=None, mask_type=G.F32):
     def build(ctx):
         a = ctx.new_tensor(G.F32, ne)
-        mask = ctx.new_tensor(G.F32, mask_ne) if mask_ne else None
+        mask = ctx.new_tensor(mask_type, mask_ne) if mask_ne else None
         if mask_values is not None:
             host_ndarray(mask)[...] = mask_values
         node = ops.soft_max_ext(ctx, a, mask, 0.7, max_bias)
@@ -108,7 +108,7 @@ def _soft_max(ne, mask_ne=None, max_bias=0.0, sinks=False, mask_values=None):
 @pytest.mark.parametrize("case", [
     dict(ne=(768, 1, 4)), dict(ne=(17, 3, 2), mask_ne=(17, 5)), dict(ne=(33, 2, 4, 2), mask_ne=(33, 2, 2, 1)),
     dict(ne=(16, 2, 8), mask_ne=(16, 2), max_bias=8.0), dict(ne=(9, 3, 3), mask_ne=(9, 3), sinks=True),
-    dict(ne=(1, 1, 1))], ids=str)
+    dict(ne=(40, 3, 2), mask_ne=(40, 4), mask_type=G.F16), dict(ne=(1, 1, 1))], ids=str)
 def test_soft_max(case):
     compiled_and_numpy(_soft_max(**case), ulps=8)
 

@@ -105,22 +105,25 @@ def _supports_soft_max(dst: Tensor) -> bool:
             and (sinks is None or sinks.type == F32))
 
 
+def _bits_or_f32(t: Tensor) -> np.ndarray:
+    """t's memory as the compiled kernels read it: float32 values, or F16 as uint16 bit patterns."""
+    return view(t).view(np.uint16) if t.type == F16 else view(t)
+
+
 NO_MASK = np.zeros((0, 0, 0, 0), np.float32)
 NO_SINKS = np.zeros(0, np.float32)
 
 
 def _bind_soft_max(dst: Tensor):
-    """The compiled soft_max for F32 masks (or none) and rows it may read and write in place."""
+    """The compiled soft_max (F32 or F16 mask, or none), for memory it may read and write in place."""
     a, mask, sinks = dst.src[0], dst.src[1], dst.src[2]
-    if mask is not None and mask.type != F32:
-        return None
     x, out = view(a), view(dst)
-    m = view(mask)[:, :, : a.ne[1], : a.ne[0]] if mask is not None else NO_MASK
+    m = _bits_or_f32(mask)[:, :, : a.ne[1], : a.ne[0]] if mask is not None else NO_MASK
     sink = view(sinks).reshape(-1) if sinks is not None else NO_SINKS
     if overlap(out, x) or np.may_share_memory(out, m) or np.may_share_memory(out, sink):
         return None
     slopes = alibi_slopes(a.ne[2], dst.op_params_f32(1))
-    return functools.partial(soft_max_rows, x, out, np.float32(dst.op_params_f32(0)), m, slopes, sink)
+    return functools.partial(soft_max_rows, x, out, np.float32(dst.op_params_f32(0)), m, slopes, sink, F16_TO_F32)
 
 
 @kernel(Op.SOFT_MAX, supports=_supports_soft_max, bind=_bind_soft_max)
@@ -298,11 +301,6 @@ def _supports_flash_attn(dst: Tensor) -> bool:
 def _grouped(x: np.ndarray, n_groups: int) -> np.ndarray:
     """(ne3, n_head, ..) -> (ne3, n_groups, n_head / n_groups, ..): consecutive heads share one K/V head."""
     return x.reshape(x.shape[0], n_groups, x.shape[1] // n_groups, *x.shape[2:])
-
-
-def _bits_or_f32(t: Tensor) -> np.ndarray:
-    """t's memory as the compiled kernels read it: float32 values, or F16 as uint16 bit patterns."""
-    return view(t).view(np.uint16) if t.type == F16 else view(t)
 
 
 def _bind_flash_attn(dst: Tensor):
