@@ -1,7 +1,8 @@
 """FLASH_ATTN_EXT over an F32 or F16 KV cache, as kernels/attention.py computes it: per query row the scores
 q·k * scale (soft-capped: softcap * tanh(score * scale / softcap)) plus slope * mask, a softmax whose max
 includes the sink and whose sum is float32, then the weighted sum of V rows divided by that sum (0 for a
-row with every key masked and no sink). One pass over K and one over V per row and K/V head (the query heads sharing it together), no score matrix."""
+row with every key masked and no sink). One pass over K and one over V per token and K/V head (the query
+heads sharing it are done together), no score matrix."""
 
 from __future__ import annotations
 
