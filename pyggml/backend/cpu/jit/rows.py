@@ -22,11 +22,16 @@ def set_rows_f32(src: np.ndarray, ids: np.ndarray, dst: np.ndarray) -> np.intp:
     """dst[ids[i]] = src[i] for 2-D float32 arrays. Nothing is written when an id lies outside dst's rows:
     the position of the first such id is returned (else -1)."""
     bad = first_bad_id(ids, dst.shape[0])
-    if bad < 0:
+    if bad >= 0:
+        return bad
+    if src.shape[1] == 1:  # one-value rows (a transposed V cache written value by value): no inner loop
         for i in range(np.uintp(src.shape[0])):
-            r = np.uintp(ids[i])
-            for j in range(np.uintp(src.shape[1])):
-                dst[r, j] = src[i, j]
+            dst[np.uintp(ids[i]), 0] = src[i, 0]
+        return bad
+    for i in range(np.uintp(src.shape[0])):
+        r = np.uintp(ids[i])
+        for j in range(np.uintp(src.shape[1])):
+            dst[r, j] = src[i, j]
     return bad
 
 
