@@ -5,7 +5,9 @@ two variants round after round in this one process: "numpy" (every node runs its
 per call as before the compiled kernels) and "bound" (the graph plan's pre-bound calls: compiled kernels
 where they apply). For each it reports the median ms of a whole generation step, and per op the ms spent
 in kernels (matrix products with weights, "MUL_MAT_w", apart from the rest), plus one --prompt-token
-prompt step per variant. The load average is printed with every figure.
+prompt step per variant. The load average is printed with every figure. On a busy machine, `--clock
+thread` times each op by this thread's CPU time (time.thread_time) instead of wall time: waits for a core
+are left out, and so is the work of BLAS's other threads (read MUL_MAT rows as the calling thread's share).
 
     python benchmarks/cpu_step_profile.py [--quick]
 """
@@ -45,12 +47,15 @@ def label(node) -> str:
     return node.op.name
 
 
+CLOCK = time.perf_counter
+
+
 def timed_steps(plan_of, n: int, step) -> list[collections.Counter]:
     """Per-op seconds of each of n calls of step(), timing each bound call of the plan."""
     per_op = collections.Counter()
     plan = plan_of()
     original = plan.steps
-    plan.steps = [(node, _timer(call, per_op, label(node))) for node, call in original]
+    plan.steps = [(node, _timer(call, per_op, label(node), CLOCK)) for node, call in original]
     steps = []
     for _ in range(n):
         per_op.clear()
@@ -66,11 +71,11 @@ def median_ms(steps: list[collections.Counter], key=None) -> float:
                                    for s in steps)
 
 
-def _timer(call, per_op, key):
+def _timer(call, per_op, key, clock):
     def timed():
-        start = time.perf_counter()
+        start = clock()
         call()
-        per_op[key] += time.perf_counter() - start
+        per_op[key] += clock() - start
     return timed
 
 
@@ -81,8 +86,11 @@ def main() -> None:
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=10, help="generation steps per variant and round")
+    p.add_argument("--clock", choices=("wall", "thread"), default="wall", help="per-op timer (see above)")
     p.add_argument("--quick", action="store_true", help="a smoke test: --kv 64 --prompt-tokens 32, 1 round of 2")
     args = p.parse_args()
+    global CLOCK
+    CLOCK = time.thread_time if args.clock == "thread" else time.perf_counter
     if args.quick:
         args.kv, args.prompt_tokens, args.rounds, args.steps = 64, 32, 1, 2
     model = load_model(args.model, n_ctx=max(1024, args.kv + 64), n_batch=512)
@@ -124,7 +132,7 @@ def main() -> None:
     for variant in whole:
         print(f"  {variant:6s} whole step median {1e3 * statistics.median(whole[variant]):7.2f} ms")
     keys = sorted({k for s in ops["numpy"] for k in s}, key=lambda k: -median_ms(ops["numpy"], k))
-    print(f"  {'op':14s} {'numpy ms':>9s} {'bound ms':>9s}   (kernel time per step, median)")
+    print(f"  {'op':14s} {'numpy ms':>9s} {'bound ms':>9s}   (kernel {args.clock} time per step, median)")
     for k in keys:
         print(f"  {k:14s} {median_ms(ops['numpy'], k):9.3f} {median_ms(ops['bound'], k):9.3f}")
     for variant in whole:
