@@ -220,6 +220,31 @@ def test_plan_is_looked_up_once(backend, monkeypatch):
         backend.graph_compute(g)
 
 
+def test_plan_binds_again_when_the_graph_is_placed_anew(backend):
+    """A plan's calls hold views of the memory bound; moving the tensors to another buffer re-binds them."""
+    g, old, s, y = small_graph(backend)
+    plan = backend.graph_plan_create(g)
+    backend.graph_plan_compute(plan)
+    a, b = g.nodes[0].src[0], g.nodes[0].src[1]
+    new = backend.alloc_buffer(4 * 32)
+    for i, t in enumerate((a, b, s, y)):
+        t.buffer = t.data = None
+        tensor_alloc(new, t, new.base + 32 * i)
+    tensor_set(a, np.arange(8, dtype=np.float32) + 1)
+    tensor_set(b, np.full(8, 3, np.float32))
+    old.free()
+    assert backend.graph_plan_compute(plan) == Status.SUCCESS
+    np.testing.assert_array_equal(tensor_get(y), (np.arange(8) + 4) * 3)
+
+
+def test_plan_refuses_a_freed_buffer(backend):
+    g, buf, *_ = small_graph(backend)
+    plan = backend.graph_plan_create(g)
+    buf.free()
+    with pytest.raises(BufferFreedError):
+        backend.graph_plan_compute(plan)
+
+
 def test_plan_update_and_free(backend):
     g, _, s, y = small_graph(backend)
     plan = backend.graph_plan_create(g.view(0, 1))

@@ -2,6 +2,7 @@
 
 Kernels compile lazily on first call and are cached on disk (`cache=True`), so only the first process after an
 install pays the compilation. `jit` is the one decorator every module here uses; `parallel_jit` adds `prange`.
+Division follows C and NumPy (error_model "numpy": x / 0 gives inf or NaN, no exception, no check).
 """
 
 from __future__ import annotations
@@ -10,5 +11,5 @@ import functools
 
 import numba
 
-jit = functools.partial(numba.njit, cache=True, nogil=True)
-parallel_jit = functools.partial(numba.njit, cache=True, nogil=True, parallel=True)
+jit = functools.partial(numba.njit, cache=True, nogil=True, error_model="numpy")
+parallel_jit = functools.partial(numba.njit, cache=True, nogil=True, error_model="numpy", parallel=True)

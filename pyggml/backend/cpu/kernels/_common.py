@@ -44,3 +44,18 @@ def store(dst: Tensor, values: np.ndarray) -> None:
     else:
         full = np.broadcast_to(np.asarray(values, dtype=np.float32), tuple(reversed(dst.ne)))
         out[...] = T.from_float(dst.type, full).reshape(out.shape)
+
+
+def rows_2d(a: np.ndarray) -> np.ndarray | None:
+    """a as (rows, last dim) without copying (a view to bind a compiled kernel to), or None if impossible."""
+    try:
+        return np.reshape(a, (-1, a.shape[-1]), copy=False)
+    except ValueError:
+        return None
+
+
+def overlap(out: np.ndarray, *inputs: np.ndarray) -> bool:
+    """Whether out shares memory with an input other than by being exactly it (a kernel working row by row
+    may write in place, but not into memory that it has still to read)."""
+    return any(np.may_share_memory(out, x) and (out.__array_interface__["data"][0], out.shape, out.strides) !=
+               (x.__array_interface__["data"][0], x.shape, x.strides) for x in inputs)

@@ -6,12 +6,17 @@ float32, one factor per pair of dims), since angles of long positions amplify an
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 
+from pyggml.backend.cpu.jit.attention import flash_attn_rows
+from pyggml.backend.cpu.jit.f16 import F16_TO_F32
+from pyggml.backend.cpu.jit.rope import rope_rows
+from pyggml.backend.cpu.jit.softmax import soft_max_rows
 from pyggml.backend.cpu.kernels import kernel
-from pyggml.backend.cpu.kernels._common import as_f32, store, view
+from pyggml.backend.cpu.kernels._common import as_f32, overlap, store, view
 from pyggml.backend.cpu.kernels._dequant_cache import dequantizable
 from pyggml.core.ops.attention import RopeType, rope_yarn_corr_dims
 from pyggml.core.tensor import Op, Tensor
@@ -100,7 +105,28 @@ def _supports_soft_max(dst: Tensor) -> bool:
             and (sinks is None or sinks.type == F32))
 
 
-@kernel(Op.SOFT_MAX, supports=_supports_soft_max)
+def _bits_or_f32(t: Tensor) -> np.ndarray:
+    """t's memory as the compiled kernels read it: float32 values, or F16 as uint16 bit patterns."""
+    return view(t).view(np.uint16) if t.type == F16 else view(t)
+
+
+NO_MASK = np.zeros((0, 0, 0, 0), np.float32)
+NO_SINKS = np.zeros(0, np.float32)
+
+
+def _bind_soft_max(dst: Tensor):
+    """The compiled soft_max (F32 or F16 mask, or none), for memory it may read and write in place."""
+    a, mask, sinks = dst.src[0], dst.src[1], dst.src[2]
+    x, out = view(a), view(dst)
+    m = _bits_or_f32(mask)[:, :, : a.ne[1], : a.ne[0]] if mask is not None else NO_MASK
+    sink = view(sinks).reshape(-1) if sinks is not None else NO_SINKS
+    if overlap(out, x) or np.may_share_memory(out, m) or np.may_share_memory(out, sink):
+        return None
+    slopes = alibi_slopes(a.ne[2], dst.op_params_f32(1))
+    return functools.partial(soft_max_rows, x, out, np.float32(dst.op_params_f32(0)), m, slopes, sink, F16_TO_F32)
+
+
+@kernel(Op.SOFT_MAX, supports=_supports_soft_max, bind=_bind_soft_max)
 def soft_max(dst: Tensor) -> None:
     """softmax(a*scale + slope[head]*mask) over each row, with optional per-head sinks in the denominator."""
     a, mask, sinks = dst.src[0], dst.src[1], dst.src[2]
@@ -216,7 +242,27 @@ def _rotated_halves(mode: int, n_dims: int):
     return slice(0, n_dims // 2), slice(n_dims // 2, n_dims)
 
 
-@kernel(Op.ROPE, Op.ROPE_BACK, supports=_supports_rope)
+def _bind_rope(dst: Tensor):
+    """The compiled rotation for F32 rows in the NORMAL and NEOX modes; the angles come from the cache."""
+    a, pos, factors = dst.src[0], dst.src[1], dst.src[2]
+    n_dims, mode = dst.op_params_i32(1), dst.op_params_i32(2)
+    if a.type != F32 or mode not in (RopeType.NORMAL, RopeType.NEOX) or n_dims % 2:
+        return None
+    x, out = view(a), view(dst)
+    if overlap(out, x):
+        return None
+    positions = view(pos).reshape(-1, a.ne[2])
+    freq_factors = view(factors).reshape(-1) if factors is not None else None
+    sign = np.float32(-1 if dst.op == Op.ROPE_BACK else 1)
+
+    def call():
+        cos, sin = cached_cos_sin(dst, positions, freq_factors)
+        rope_rows(x, out, cos, sin, n_dims, mode == RopeType.NEOX, sign)
+
+    return call
+
+
+@kernel(Op.ROPE, Op.ROPE_BACK, supports=_supports_rope, bind=_bind_rope)
 def rope(dst: Tensor) -> None:
     """Rotate pairs (x0, x1) of each row by the token's angles (ROPE_BACK: by minus them); dims past the
     rotated ones are copied."""
@@ -257,7 +303,23 @@ def _grouped(x: np.ndarray, n_groups: int) -> np.ndarray:
     return x.reshape(x.shape[0], n_groups, x.shape[1] // n_groups, *x.shape[2:])
 
 
-@kernel(Op.FLASH_ATTN_EXT, supports=_supports_flash_attn)
+def _bind_flash_attn(dst: Tensor):
+    """The compiled attention for F32 or F16 q, K, V and mask."""
+    q, k, v, mask, sinks = dst.src[:5]
+    if any(t is not None and t.type not in (F32, F16) for t in (q, k, v, mask)):
+        return None
+    scale, max_bias, softcap = (dst.op_params_f32(i) for i in range(3))
+    pre_scale = np.float32(scale / softcap if softcap != 0.0 else scale)
+    out = view(dst)
+    m = _bits_or_f32(mask) if mask is not None else NO_MASK
+    sink = view(sinks).reshape(-1) if sinks is not None else NO_SINKS
+    if any(np.may_share_memory(out, x) for x in (view(q), view(k), view(v), m, sink)):
+        return None
+    return functools.partial(flash_attn_rows, _bits_or_f32(q), _bits_or_f32(k), _bits_or_f32(v), m, sink,
+                             alibi_slopes(q.ne[2], max_bias), out, pre_scale, np.float32(softcap), F16_TO_F32)
+
+
+@kernel(Op.FLASH_ATTN_EXT, supports=_supports_flash_attn, bind=_bind_flash_attn)
 def flash_attn_ext(dst: Tensor) -> None:
     """softmax(softcap(q·kᵀ*scale) + slope*mask (+ sinks)) · v, written in ggml's permuted [d_v, head, token] order.
 

@@ -3,6 +3,7 @@ sqr/sqrt/log/sin/cos, fill, leaky_relu. Values are computed in float32 and store
 
 from __future__ import annotations
 
+import functools
 from functools import cache
 
 import numpy as np
@@ -72,17 +73,31 @@ def as_repeated(small: np.ndarray) -> np.ndarray:
 _BINARY_UFUNCS = {Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.DIV: np.divide}
 
 
-@kernel(Op.ADD, Op.SUB, Op.MUL, Op.DIV, supports=binary_types_ok)
-def binary(dst: Tensor) -> None:
-    """dst = src0 (op) src1 repeated to src0's shape; F32 goes straight into dst's memory."""
+def _repeat_operands(dst: Tensor):
+    """(src0, src1) as float32 arrays that broadcast as ggml's repeat does, and the function that gives dst
+    (or any array of src0's shape) the same layout."""
     a, b = dst.src[0], dst.src[1]
-    ufunc = _BINARY_UFUNCS[dst.op]
     plain = all(m == n or m == 1 for m, n in zip(b.ne, a.ne))  # then NumPy's broadcasting is ggml's repeat
 
     def split(x: np.ndarray) -> np.ndarray:
         return x if plain else split_for_repeat(x, b.ne[::-1])
 
-    a8, b8 = split(as_f32(a)), as_f32(b) if plain else as_repeated(as_f32(b))
+    return split(as_f32(a)), as_f32(b) if plain else as_repeated(as_f32(b)), split
+
+
+def _bind_binary(dst: Tensor):
+    """All F32: the ufunc bound to the views (as_f32 of F32 is a view, so the call reads current values)."""
+    if not dst.type == dst.src[0].type == dst.src[1].type == G.F32:
+        return None
+    a8, b8, split = _repeat_operands(dst)
+    return functools.partial(_BINARY_UFUNCS[dst.op], a8, b8, out=split(view(dst)))
+
+
+@kernel(Op.ADD, Op.SUB, Op.MUL, Op.DIV, supports=binary_types_ok, bind=_bind_binary)
+def binary(dst: Tensor) -> None:
+    """dst = src0 (op) src1 repeated to src0's shape; F32 goes straight into dst's memory."""
+    ufunc = _BINARY_UFUNCS[dst.op]
+    a8, b8, split = _repeat_operands(dst)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # inf and NaN as C float arithmetic gives
         if dst.type == G.F32:
             ufunc(a8, b8, out=split(view(dst)))
@@ -109,7 +124,13 @@ def add_id(dst: Tensor) -> None:
     np.add(view(a), view(b)[0, 0][rows][None], out=view(dst))
 
 
-@kernel(Op.SCALE, supports=lambda t: t.type == t.src[0].type == G.F32)
+def _bind_scale(dst: Tensor):
+    if dst.op_params_f32(1) != 0.0:
+        return None
+    return functools.partial(np.multiply, view(dst.src[0]), np.float32(dst.op_params_f32(0)), out=view(dst))
+
+
+@kernel(Op.SCALE, supports=lambda t: t.type == t.src[0].type == G.F32, bind=_bind_scale)
 def scale(dst: Tensor) -> None:
     s, bias = dst.op_params_f32(0), dst.op_params_f32(1)
     out = view(dst)

@@ -3,12 +3,15 @@ concat, pad, get_rows, set_rows, diag."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
+from pyggml.backend.cpu.jit import rows as jit_rows
 from pyggml.backend.cpu.jit.mul_mat import dequantize_rows
 from pyggml.backend.cpu.kernels import kernel
 from pyggml.backend.cpu.kernels._blocks import blocks_per_row, in_blocks, memory_of
-from pyggml.backend.cpu.kernels._common import FLOAT_TYPES, as_f32, repacked_values, store, view
+from pyggml.backend.cpu.kernels._common import FLOAT_TYPES, as_f32, repacked_values, rows_2d, store, view
 from pyggml.backend.cpu.kernels._dequant_cache import dequantizable
 from pyggml.backend.cpu.kernels.elementwise import as_repeated, can_quantize, split_for_repeat
 from pyggml.core import types as T
@@ -36,7 +39,21 @@ def blocks(t: Tensor) -> np.ndarray:
     return np.lib.stride_tricks.as_strided(rows, shape, (*rows.strides[:3], ts, 1))
 
 
-@kernel(Op.DUP, Op.CPY, Op.CONT, supports=lambda t: copy_supported(t.src[0].type, t.type))
+def _bind_copy(dst: Tensor):
+    """A copy between plain tensors of one type: np.copyto between views of one shape."""
+    src = dst.src[0]
+    if src.type != dst.type or T.is_quantized(src.type):
+        return None
+    a, out = view(src), view(dst)
+    for shape in (out.shape, a.shape):  # src seen in dst's shape, or dst in src's, whichever is a view
+        try:
+            return functools.partial(np.copyto, np.reshape(out, shape, copy=False), np.reshape(a, shape, copy=False))
+        except ValueError:
+            continue
+    return None
+
+
+@kernel(Op.DUP, Op.CPY, Op.CONT, supports=lambda t: copy_supported(t.src[0].type, t.type), bind=_bind_copy)
 def copy(dst: Tensor) -> None:
     """dst's elements, in row-major order, are src0's elements in row-major order (shapes may differ)."""
     src = dst.src[0]
@@ -137,8 +154,28 @@ def _get_rows_blocks(dst: Tensor, ids: np.ndarray) -> None:
         store(dst, values.reshape(ids.shape + (a.ne[0],)))
 
 
+def _bind_set_rows(dst: Tensor):
+    """The compiled row scatter for one plane into F32 or F16 rows (a KV cache write)."""
+    src, ids = dst.src[0], dst.src[1]
+    if dst.type not in (G.F32, G.F16) or src.ne[2] != 1 or src.ne[3] != 1 or ids.ne[1] != 1 or ids.ne[2] != 1:
+        return None
+    rows, out = rows_2d(view(src)), rows_2d(view(dst))
+    if rows is None or out is None or np.may_share_memory(out, rows):
+        return None
+    scatter = jit_rows.set_rows_f32
+    if dst.type == G.F16:
+        out, scatter = out.view(np.uint16), jit_rows.set_rows_f16
+    row_ids = view(ids)[0, 0, 0]
+
+    def call():
+        if scatter(rows, row_ids, out) >= 0:
+            set_rows(dst)  # reports the ids out of range
+
+    return call
+
+
 @kernel(Op.SET_ROWS, supports=lambda t: t.src[0].type == G.F32 and t.src[1].type in (G.I32, G.I64) and (
-        t.type in FLOAT_TYPES or (T.is_quantized(t.type) and can_quantize(t.type))))
+        t.type in FLOAT_TYPES or (T.is_quantized(t.type) and can_quantize(t.type))), bind=_bind_set_rows)
 def set_rows(dst: Tensor) -> None:
     """dst row ids[i3 % n12, i2 % n11, i] of plane (i3, i2) = src0 row i of plane (i3, i2), converted."""
     rows, c = view(dst.src[0]), dst.src[1]

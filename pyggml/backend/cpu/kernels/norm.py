@@ -3,10 +3,13 @@ scale rounded to float32, then one float32 multiply per element."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
+from pyggml.backend.cpu.jit import norm as jit_norm
 from pyggml.backend.cpu.kernels import kernel
-from pyggml.backend.cpu.kernels._common import view
+from pyggml.backend.cpu.kernels._common import overlap, rows_2d, view
 from pyggml.core.tensor import Op, Tensor
 from pyggml.core.types import GGMLType as G
 
@@ -23,7 +26,19 @@ def row_sum(x: np.ndarray, axis=-1) -> np.ndarray:
     return x.sum(axis=axis, keepdims=True, dtype=np.float64)
 
 
-@kernel(Op.NORM, supports=all_f32)
+def bound_rows(compiled):
+    """bind for a compiled row normaliser(x, out, eps): rows that reshape to 2-D without a copy."""
+
+    def bind(dst: Tensor):
+        x, out = rows_2d(view(dst.src[0])), rows_2d(view(dst))
+        if x is None or out is None or overlap(out, x):
+            return None
+        return functools.partial(compiled, x, out, np.float32(dst.op_params_f32(0)))
+
+    return bind
+
+
+@kernel(Op.NORM, supports=all_f32, bind=bound_rows(jit_norm.norm_rows))
 def norm(dst: Tensor) -> None:
     x = view(dst.src[0])
     n = x.shape[-1]
@@ -33,7 +48,7 @@ def norm(dst: Tensor) -> None:
     np.multiply(centred, np.float32(1) / np.sqrt(variance + np.float32(dst.op_params_f32(0))), out=view(dst))
 
 
-@kernel(Op.RMS_NORM, supports=all_f32)
+@kernel(Op.RMS_NORM, supports=all_f32, bind=bound_rows(jit_norm.rms_norm_rows))
 def rms_norm(dst: Tensor) -> None:
     x = view(dst.src[0])
     mean = _f32(row_sum(x * x) / x.shape[-1])

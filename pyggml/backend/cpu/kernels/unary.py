@@ -7,12 +7,14 @@ pattern of the table, not only to an NMSE.
 
 from __future__ import annotations
 
+import functools
 from functools import cache
 
 import numpy as np
 
+from pyggml.backend.cpu.jit import glu as jit_glu
 from pyggml.backend.cpu.kernels import kernel
-from pyggml.backend.cpu.kernels._common import as_f32, store, view
+from pyggml.backend.cpu.kernels._common import as_f32, rows_2d, store, view
 from pyggml.backend.cpu.kernels.elementwise import unary_types_ok
 from pyggml.core.tensor import GluOp, Op, Tensor, UnaryOp
 from pyggml.core.types import GGMLType as G
@@ -209,7 +211,22 @@ def glu_operands(dst: Tensor, values):
     return (g, x) if dst.op_params[1] else (x, g)
 
 
-@kernel(Op.GLU, supports=_glu_supported)
+COMPILED_GLU = {GluOp.GEGLU: jit_glu.GEGLU, GluOp.SWIGLU: jit_glu.SWIGLU, GluOp.REGLU: jit_glu.REGLU}
+
+
+def _bind_glu(dst: Tensor):
+    """The compiled GEGLU / SWIGLU / REGLU for F32 (split or not, swapped or not)."""
+    kind = COMPILED_GLU.get(dst.glu_op)
+    if kind is None or dst.type != G.F32:
+        return None
+    x, g = (rows_2d(v) for v in glu_operands(dst, view))
+    out = rows_2d(view(dst))
+    if x is None or g is None or out is None or np.may_share_memory(out, x) or np.may_share_memory(out, g):
+        return None
+    return functools.partial(jit_glu.glu_rows, x, g, out, kind, f16_table(gelu_tanh))
+
+
+@kernel(Op.GLU, supports=_glu_supported, bind=_bind_glu)
 def glu(dst: Tensor) -> None:
     """act(x) * gate, with x and gate the two halves of src0's rows or src0 and src1."""
     x, g = glu_operands(dst, as_f32)

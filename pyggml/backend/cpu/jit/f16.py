@@ -1,0 +1,65 @@
+"""IEEE half precision inside compiled kernels: F16 values travel as their uint16 bit patterns.
+
+Numba has no float16 on the CPU, so reading goes through a 65,536-entry float32 table (exact, and a
+cache-resident load), and writing through the bit arithmetic of a round-to-nearest-even conversion
+(what F16C's vcvtps2ph, NumPy's astype(float16) and ggml's CPU backend do).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import types
+from numba.extending import overload
+
+from pyggml.backend.cpu.jit import jit
+from pyggml.backend.cpu.jit.floatbits import float_bits
+
+F16_TO_F32 = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+F16_TO_F32.flags.writeable = False
+
+
+def widen(x, table):
+    """A value as float32 inside a compiled kernel: F16 bits (uint16) through the table, float32 as it is."""
+    raise NotImplementedError("widen is for compiled kernels")  # pragma: no cover (Numba uses the overload)
+
+
+@overload(widen)
+def _widen(x, table):
+    if isinstance(x, types.Integer):
+        return lambda x, table: table[x]
+    return lambda x, table: x
+
+
+@jit
+def f16_bits(x: np.float32) -> np.uint16:
+    """The F16 bit pattern nearest to x (ties to even)."""
+    bits = float_bits(x)
+    sign = np.uint32((bits >> np.uint32(16)) & np.uint32(0x8000))
+    exp = bits & np.uint32(0x7F800000)
+    if exp >= np.uint32(0x47800000):                     # overflow, inf or NaN
+        sig = bits & np.uint32(0x007FFFFF)
+        if exp == np.uint32(0x7F800000) and sig != np.uint32(0):
+            half = np.uint32(0x7C00) + (sig >> np.uint32(13))
+            if half == np.uint32(0x7C00):                # a NaN whose top payload bits are 0 stays a NaN
+                half += np.uint32(1)
+            return np.uint16(sign + half)
+        return np.uint16(sign | np.uint32(0x7C00))
+    if exp <= np.uint32(0x38000000):                     # subnormal half or zero
+        if exp < np.uint32(0x33000000):
+            return np.uint16(sign)
+        shift = np.uint32(113) - (exp >> np.uint32(23))
+        sig = (np.uint32(0x00800000) + (bits & np.uint32(0x007FFFFF))) >> shift
+        if (sig & np.uint32(0x3FFF)) != np.uint32(0x1000) or (bits & np.uint32(0x7FF)) != np.uint32(0):
+            sig += np.uint32(0x1000)
+        return np.uint16(sign + (sig >> np.uint32(13)))
+    sig = bits & np.uint32(0x007FFFFF)
+    if (sig & np.uint32(0x3FFF)) != np.uint32(0x1000):
+        sig += np.uint32(0x1000)
+    return np.uint16(sign + ((exp - np.uint32(0x38000000)) >> np.uint32(13)) + (sig >> np.uint32(13)))
+
+
+@jit
+def f32_to_f16(x: np.ndarray, out: np.ndarray) -> None:
+    """out (uint16 bit patterns) = x (float32) rounded to F16, element by element (1-D, same length)."""
+    for i in range(np.uintp(x.shape[0])):
+        out[i] = f16_bits(x[i])

@@ -1,0 +1,71 @@
+"""float32 bit patterns and an exp that vectorises, for compiled kernels.
+
+`expf` is what ggml's CPU softmax uses too in spirit (ggml_v_expf): exp(x) = 2^n * exp(r) with n = round(x /
+ln 2) and r = x - n ln 2 split in two constants, exp(r) by a degree-6 polynomial, 2^n put into the
+exponent bits. Written without calls or branches that LLVM cannot turn into selects, so a loop over it
+becomes vector code, where libm's expf stays one scalar call per value (8x slower on a softmax row).
+Accuracy: within 3 ulp of the exact exp over the float32 range; exactly 0 below -87.3
+(where exp leaves the normal range), +inf above 88.7, NaN for NaN.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+from pyggml.backend.cpu.jit import jit
+
+
+@intrinsic
+def float_bits(typingctx, x):
+    """The bit pattern of a float32 as a uint32 (a register move)."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.uint32(types.float32), codegen
+
+
+@intrinsic
+def bits_float(typingctx, x):
+    """The float32 whose bit pattern is the low 32 bits of the integer x."""
+    if not isinstance(x, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        low = builder.trunc(args[0], ir.IntType(32)) if x.bitwidth > 32 else args[0]
+        return builder.bitcast(low, ir.FloatType())
+
+    return types.float32(x), codegen
+
+
+LOG2E = np.float32(1.44269504088896341)
+LN2_HI = np.float32(0.693359375)           # ln 2 in 10 significant bits: n * LN2_HI is exact
+LN2_LO = np.float32(-2.12194440e-4)        # ln 2 - LN2_HI
+ROUNDER = np.float32(12582912.0)           # 1.5 * 2^23: adding and subtracting it rounds to an integer
+EXP_MAX = np.float32(88.72283)             # above: +inf
+EXP_MIN = np.float32(-87.33654)            # below: 0 (2^n would leave the normal exponents)
+
+
+@jit
+def expf(x: np.float32) -> np.float32:
+    """exp(x) in float32 (see the module docstring)."""
+    clamped = min(max(x, EXP_MIN), EXP_MAX)
+    n = (clamped * LOG2E + ROUNDER) - ROUNDER
+    r = (clamped - n * LN2_HI) - n * LN2_LO
+    p = np.float32(1) + r * (np.float32(1) + r * (np.float32(0.5) + r * (np.float32(1 / 6) + r * (
+        np.float32(1 / 24) + r * (np.float32(1 / 120) + r * np.float32(1 / 720))))))
+    k = np.int32(n)
+    half = k >> 1  # 2^n as 2^half * 2^(k - half): both stay normal at k = 128 and k = -126
+    y = p * bits_float((half + 127) << 23) * bits_float((k - half + 127) << 23)
+    if x < EXP_MIN:
+        y = np.float32(0)
+    if x > EXP_MAX:
+        y = np.float32(np.inf)
+    if x != x:
+        y = x
+    return y

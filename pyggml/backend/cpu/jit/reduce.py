@@ -1,0 +1,45 @@
+"""Row reductions for compiled kernels, free to reorder their additions (`reassoc`) so that LLVM
+vectorises them: ggml's own SIMD reductions do not add in row order either."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pyggml.backend.cpu.jit import jit
+from pyggml.backend.cpu.jit.f16 import widen
+
+
+@jit(fastmath={"reassoc", "nsz"})
+def sum_f64(x: np.ndarray) -> float:
+    """Sum of a float32 row, accumulated in float64 (ggml_float)."""
+    total = 0.0
+    for i in range(np.uintp(x.shape[0])):
+        total += np.float64(x[i])
+    return total
+
+
+@jit(fastmath={"reassoc", "nsz"})
+def sum_squares_f64(x: np.ndarray) -> float:
+    """Sum of the float32 squares of a float32 row, accumulated in float64."""
+    total = 0.0
+    for i in range(np.uintp(x.shape[0])):
+        total += np.float64(x[i] * x[i])
+    return total
+
+
+@jit(fastmath={"reassoc", "nsz", "nnan"})
+def max_f32(x: np.ndarray) -> np.float32:
+    """The largest value of a float32 row (-inf for an empty row; NaNs are not looked for)."""
+    peak = np.float32(-np.inf)
+    for i in range(np.uintp(x.shape[0])):
+        peak = max(peak, x[i])
+    return peak
+
+
+@jit(fastmath={"reassoc", "nsz"})
+def dot_f32(x: np.ndarray, y: np.ndarray, table: np.ndarray) -> np.float32:
+    """Dot product of a float32 row with a float32 or F16-bits row (widened through table), in float32."""
+    total = np.float32(0)
+    for i in range(np.uintp(x.shape[0])):
+        total += x[i] * widen(y[i], table)
+    return total

@@ -1,0 +1,195 @@
+"""The compiled (Numba) kernels of cpu.jit against the NumPy kernels they stand in for, on random inputs and
+edge shapes: each case is computed once through the pre-bound compiled call and once by the NumPy kernel."""
+
+import functools
+
+import numpy as np
+import pytest
+from opcheck import fill_random
+
+from pyggml.backend.cpu import kernels
+from pyggml.backend.cpu.jit.f16 import f32_to_f16
+from pyggml.backend.cpu.jit.floatbits import expf
+from pyggml.backend.cpu.jit import jit
+from pyggml.core import ops
+from pyggml.core.context import Context
+from pyggml.core.tensor import GluOp, host_ndarray
+from pyggml.core.types import GGMLType as G
+from pyggml.errors import OutOfBoundsError
+
+NEOX, NORMAL = 2, 0
+
+
+def compiled_and_numpy(build, seed=0, ulps=0, rel=0.0):
+    """Build a node, fill its inputs, run its bound call and its NumPy kernel; assert the call is compiled
+    (not the NumPy kernel) and the two outputs agree within `ulps` float32 ulps, or within `rel` times the
+    largest output (sums in another order), or exactly (NaN where NaN)."""
+    ctx = Context()
+    node = build(ctx)
+    rng = np.random.default_rng(seed)
+    for s in node.srcs:
+        if s.view_src is None and s.type in (G.F32, G.F16) and not host_ndarray(s).any():
+            fill_random(s, rng)
+    kernel = kernels.KERNELS[node.op]
+    call = kernels.bound(node, kernel)
+    assert not (isinstance(call, functools.partial) and call.func is kernel.fn), "not bound to a compiled call"
+    inputs = [(host_ndarray(s), host_ndarray(s).copy()) for s in node.srcs]
+    with np.errstate(all="ignore"):
+        call()
+        got = host_ndarray(node).astype(np.float32)  # F16 outputs widened
+        for memory, before in inputs:  # the same inputs again for an in-place node
+            memory[...] = before
+        kernel.fn(node)
+        want = host_ndarray(node).astype(np.float32)
+    if rel:
+        np.testing.assert_allclose(got, want, rtol=0, atol=rel * np.abs(want).max())
+    elif ulps:
+        np.testing.assert_array_max_ulp(got, want, maxulp=ulps)
+    else:
+        np.testing.assert_array_equal(got, want)
+    return node
+
+
+def test_f16_rounding_matches_numpy_on_every_half_and_the_midpoints():
+    halves = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+    finite = halves[np.isfinite(halves)]
+    x = np.concatenate([halves, np.nextafter(finite, np.float32(np.inf)), np.nextafter(finite, np.float32(-np.inf)),
+                        (finite[:-1] / 2 + finite[1:] / 2), np.float32([1e-9, 70000, -1e30, 2.98e-8, 2.99e-8])])
+    out = np.empty(x.size, np.uint16)
+    f32_to_f16(x, out)
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16).view(np.uint16)
+    nan = np.isnan(x)
+    assert np.array_equal(out[~nan], want[~nan]) and np.isnan(out[nan].view(np.float16)).all()
+
+
+@jit
+def _expf_all(x, out):
+    for i in range(x.shape[0]):
+        out[i] = expf(x[i])
+
+
+def test_expf_within_3_ulp_and_exact_at_the_edges():
+    x = np.concatenate([np.linspace(-90, 90, 400_001, dtype=np.float32),
+                        np.float32([-np.inf, np.inf, np.nan, 0.0, -0.0, 88.72, 88.73, -87.33, -87.34])])
+    out = np.empty_like(x)
+    _expf_all(x, out)
+    exact = np.exp(x.astype(np.float64))
+    normal = (exact > np.finfo(np.float32).tiny) & (exact < np.finfo(np.float32).max)
+    ulp = np.abs(out[normal] - exact[normal]) / np.spacing(exact[normal].astype(np.float32))
+    assert ulp.max() <= 3
+    assert out[x < -87.34].max() == 0 and np.isinf(out[x > 88.73]).all()
+    assert np.isnan(out[np.isnan(x)]).all() and (out[x == 0] == 1).all()
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "norm"])
+@pytest.mark.parametrize("ne", [(640, 3), (1, 4), (17, 2, 3), (256, 4, 1, 2)])
+def test_norms(op, ne):
+    compiled_and_numpy(lambda ctx: getattr(ops, op)(ctx, ctx.new_tensor(G.F32, ne), 1e-6), ulps=2)
+
+
+def test_rms_norm_in_place():
+    compiled_and_numpy(lambda ctx: ops.rms_norm_inplace(ctx, ctx.new_tensor(G.F32, (33, 5)), 1e-5), ulps=2)
+
+
+def _soft_max(ne, mask_ne=None, max_bias=0.0, sinks=False, mask_values=None, mask_type=G.F32):
+    def build(ctx):
+        a = ctx.new_tensor(G.F32, ne)
+        mask = ctx.new_tensor(mask_type, mask_ne) if mask_ne else None
+        if mask_values is not None:
+            host_ndarray(mask)[...] = mask_values
+        node = ops.soft_max_ext(ctx, a, mask, 0.7, max_bias)
+        if sinks:
+            ops.soft_max_add_sinks(node, ctx.new_tensor(G.F32, (ne[2],)))
+        return node
+    return build
+
+
+@pytest.mark.parametrize("case", [
+    dict(ne=(768, 1, 4)), dict(ne=(17, 3, 2), mask_ne=(17, 5)), dict(ne=(33, 2, 4, 2), mask_ne=(33, 2, 2, 1)),
+    dict(ne=(16, 2, 8), mask_ne=(16, 2), max_bias=8.0), dict(ne=(9, 3, 3), mask_ne=(9, 3), sinks=True),
+    dict(ne=(40, 3, 2), mask_ne=(40, 4), mask_type=G.F16), dict(ne=(1, 1, 1))], ids=str)
+def test_soft_max(case):
+    compiled_and_numpy(_soft_max(**case), ulps=8)
+
+
+def test_soft_max_causal_mask_and_fully_masked_rows():
+    mask = np.triu(np.full((4, 6), -np.inf, np.float32), 2)
+    mask[3] = -np.inf  # a row with every key hidden: NaN in both kernels, as in ggml
+    compiled_and_numpy(_soft_max((6, 4, 2), (6, 4), mask_values=mask), ulps=8)
+
+
+def _rope(mode, n_dims, ne=(64, 4, 3), factors=False, ext=0.0, back=False):
+    def build(ctx):
+        x = ctx.new_tensor(G.F32, ne)
+        pos = ctx.tensor_from_numpy(np.array([0, 7, 300, 100000][: ne[2]], np.int32))
+        ff = ctx.tensor_from_numpy(np.linspace(1, 4, n_dims // 2).astype(np.float32)) if factors else None
+        rope = ops.rope_ext_back if back else ops.rope_ext
+        return rope(ctx, x, pos, ff, n_dims, mode, 4096, 10000.0, 0.5, ext, 1.0, 32.0, 1.0)
+    return build
+
+
+@pytest.mark.parametrize("mode", [NORMAL, NEOX])
+@pytest.mark.parametrize("case", [dict(n_dims=64), dict(n_dims=32), dict(n_dims=16, factors=True),
+                                  dict(n_dims=64, ext=1.0), dict(n_dims=64, back=True), dict(n_dims=0)], ids=str)
+def test_rope(mode, case):
+    compiled_and_numpy(_rope(mode, **case))
+
+
+@pytest.mark.parametrize("op", [GluOp.GEGLU, GluOp.SWIGLU, GluOp.REGLU])
+@pytest.mark.parametrize("split", [True, False])
+@pytest.mark.parametrize("swapped", [False, True])
+def test_glu(op, split, swapped):
+    def build(ctx):
+        if split:
+            return ops.glu_split(ctx, ctx.new_tensor(G.F32, (2048, 3)), ctx.new_tensor(G.F32, (2048, 3)), op)
+        return ops.glu(ctx, ctx.new_tensor(G.F32, (34, 3, 2)), op, swapped)
+    if split and swapped:
+        pytest.skip("glu_split has no swapped form")
+    node = compiled_and_numpy(build, ulps=4)
+    x = host_ndarray(node.src[0])
+    x[..., :3] = np.float32([-12.0, 11.0, 10.0])  # the GELU table's bounds (-10 and 10) and beyond
+    compiled_and_numpy(lambda ctx: node, ulps=4)
+
+
+@pytest.mark.parametrize("dst_type", [G.F32, G.F16])
+@pytest.mark.parametrize("ids_type", [G.I32, G.I64])
+@pytest.mark.parametrize("row", [64, 1])
+def test_set_rows(dst_type, ids_type, row):
+    def build(ctx):
+        ids = ctx.tensor_from_numpy(np.array([5, 0, 3], dtype=np.int64 if ids_type == G.I64 else np.int32))
+        return ops.set_rows(ctx, ctx.new_tensor(dst_type, (row, 8)), ctx.new_tensor(G.F32, (row, 3)), ids)
+    compiled_and_numpy(build)
+
+
+def test_set_rows_out_of_range_raises_and_writes_nothing():
+    ctx = Context()
+    dst = ctx.new_tensor(G.F32, (4, 3))
+    node = ops.set_rows(ctx, dst, ctx.tensor_from_numpy(np.ones((2, 4), np.float32)),
+                        ctx.tensor_from_numpy(np.array([1, 3], np.int32)))
+    with pytest.raises(OutOfBoundsError):
+        kernels.compute(node)
+    assert not host_ndarray(dst).any()
+
+
+@pytest.mark.parametrize("case", [
+    dict(d=64, n_head=4, n_head_kv=1, n_kv=48, n_tok=1), dict(d=32, n_head=6, n_head_kv=3, n_kv=17, n_tok=5),
+    dict(d=16, n_head=2, n_head_kv=2, n_kv=9, n_tok=3, kv_type=G.F16, q_type=G.F16),
+    dict(d=16, n_head=4, n_head_kv=2, n_kv=8, n_tok=2, mask=False, ne3=2),
+    dict(d=16, n_head=4, n_head_kv=2, n_kv=8, n_tok=2, softcap=20.0, max_bias=8.0, sinks=True)], ids=str)
+def test_flash_attn_ext(case):
+    def build(ctx, d, n_head, n_head_kv, n_kv, n_tok, kv_type=G.F32, q_type=G.F32, mask=True, ne3=1,
+              softcap=0.0, max_bias=0.0, sinks=False):
+        q = ctx.new_tensor(q_type, (d, n_tok, n_head, ne3))
+        k = ctx.new_tensor(kv_type, (d, n_kv, n_head_kv, ne3))
+        v = ctx.new_tensor(kv_type, (d, n_kv, n_head_kv, ne3))
+        m = None
+        if mask:
+            m = ctx.new_tensor(G.F16, (n_kv, n_tok))
+            causal = np.triu(np.full((n_tok, n_kv), -np.inf, np.float32), n_kv - n_tok + 1)
+            host_ndarray(m)[0, 0] = causal.astype(np.float16)
+        out = ops.flash_attn_ext(ctx, q, k, v, m, 0.125, max_bias, softcap)
+        if sinks:
+            ops.flash_attn_ext_add_sinks(out, ctx.new_tensor(G.F32, (n_head,)))
+        return out
+    compiled_and_numpy(lambda ctx: build(ctx, **case), rel=1e-5)
