@@ -25,9 +25,9 @@ class SingleBackend:
     the kernels are looked up once per graph instead of once per token.
     """
 
-    def __init__(self, backend: Backend):
+    def __init__(self, backend: Backend, planner: str = "best"):
         self.backend = backend
-        self.galloc = GraphAllocator(backend.default_buffer_type)
+        self.galloc = GraphAllocator(backend.default_buffer_type, planner=planner)
         self.has_plans = type(backend)._graph_plan_create is not Backend._graph_plan_create
         self._planned: tuple[Graph, object] | None = None  # (graph, its backend plan)
 

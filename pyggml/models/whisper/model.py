@@ -1,0 +1,363 @@
+"""Whisper's encoder and decoder as pyggml graphs, with weights on backends and planned compute buffers.
+
+As whisper.cpp builds them: the encoder is two 1-D convolutions (im2col + one matrix product each) with
+GELU, the positional embedding and pre-norm blocks over the 1500 frames of a 30 s window; at its end the
+cross-attention keys and values of every decoder layer are computed once and copied into buffers of
+their own (whisper.cpp's kv_cross). The decoder is a causal text transformer whose self-attention keys and
+values go to a KV cache (pyggml.models.kv_cache); a step's tokens may belong to different sequences (beam
+search keeps one sequence per beam in its own block of cells), so the cells written and the mask are
+inputs. A step of the same shape as the previous one reuses its graph and plan, as the LLM models do.
+
+Weights keep their file types (F16, Q8_0) for the matrix products and the token embedding; norms,
+biases and positional embeddings are F32 (as whisper.cpp stores them). `f32=True` expands the matrices
+to F32 at load (more memory, no per-step conversion by the CPU's products).
+
+GELU is the erf form by default (the weights were trained with it); `gelu="tanh"` uses ggml_gelu's tanh
+approximation, as whisper.cpp does.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from pyggml.alloc import alloc_ctx_tensors_from_buft
+from pyggml.backend import Backend, BufferUsage, tensor_get, tensor_set
+from pyggml.core import Context, GGMLType, Graph, Tensor
+from pyggml.core import ops
+from pyggml.core import types as T
+from pyggml.errors import GGMLError, GGUFError
+from pyggml.models.arch.blocks import Step, attention, layer_norm, linear
+from pyggml.models.kv_cache import KVCache
+from pyggml.models.runner import Scheduled, SingleBackend, move_tensors, plan_layers
+
+N_FRAMES = 3000          # mel frames of a 30 s window (hop 10 ms)
+LN_EPS = 1e-5
+GELU_FORMS = ("erf", "tanh")
+
+
+def _is_matrix(name: str, ne) -> bool:
+    """Weights used as products' src0 (or the embedding rows): these keep the file's type."""
+    return name.endswith(".weight") and sum(1 for n in ne if n > 1) >= 2 and "positional" not in name
+
+
+def _f32_values(w) -> np.ndarray:
+    """A weight's values as float32 (rows of whole blocks for quantized types)."""
+    if T.is_quantized(w.type):
+        return T.to_float(w.type, np.frombuffer(w.data, dtype=np.uint8).reshape(-1, T.row_size(w.type, w.ne[0])))
+    return T.to_float(w.type, np.frombuffer(w.data, dtype=T.numpy_dtype(w.type)))
+
+
+def _unit_of(name: str, n_audio_layer: int) -> int | None:
+    """The layer number (encoder blocks first, then decoder blocks) that a block weight belongs to."""
+    for prefix, first in (("encoder.blocks.", 0), ("decoder.blocks.", n_audio_layer)):
+        if name.startswith(prefix):
+            return first + int(name[len(prefix):].split(".", 1)[0])
+    return None
+
+
+class WhisperWeights:
+    """The file's tensors placed on backends: block i of the encoder / decoder on the backend of its layer
+    (placement over encoder + decoder blocks), everything else on the local backend (the last)."""
+
+    def __init__(self, wf, backends: list[Backend], f32: bool = False):
+        hp = wf.hparams
+        self.placement = plan_layers(hp.n_audio_layer + hp.n_text_layer, backends) if len(backends) > 1 else None
+        backend_of_unit = {u: b for b, units in (self.placement or []) for u in units}
+        ctxs: dict[int, tuple[Backend, Context]] = {}
+        self.tensors: dict[str, Tensor] = {}
+        sources = {}
+        for name, w in wf.tensors.items():
+            keep = _is_matrix(name, w.ne) and not f32
+            type_ = T.as_type(w.type) if keep else GGMLType.F32
+            backend = backend_of_unit.get(_unit_of(name, hp.n_audio_layer), backends[-1])
+            _, ctx = ctxs.setdefault(id(backend), (backend, Context(no_alloc=True)))
+            ne = tuple(w.ne)
+            while len(ne) > 1 and ne[-1] == 1:
+                ne = ne[:-1]
+            self.tensors[name] = ctx.new_tensor(type_, ne, name)
+            sources[name] = (w, keep)
+        self.buffers = []
+        for backend, ctx in ctxs.values():
+            buf = alloc_ctx_tensors_from_buft(ctx, backend.default_buffer_type)
+            buf.usage = BufferUsage.WEIGHTS
+            self.buffers.append(buf)
+        for name, t in self.tensors.items():
+            w, keep = sources[name]
+            tensor_set(t, np.frombuffer(w.data, dtype=np.uint8) if keep else _f32_values(w).ravel())
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.size for b in self.buffers)
+
+    def get(self, name: str) -> Tensor:
+        t = self.tensors.get(name)
+        if t is None:
+            raise GGUFError(f"Whisper model: tensor '{name}' is missing")
+        return t
+
+    def optional(self, name: str) -> Tensor | None:
+        return self.tensors.get(name)
+
+    def backend_of(self, unit: int, backends: list[Backend]) -> Backend:
+        if self.placement is None:
+            return backends[-1]
+        return next(b for b, units in self.placement if unit in units)
+
+
+class Linear:
+    """A weight and optional bias by whisper.cpp name prefix."""
+
+    def __init__(self, w: WhisperWeights, prefix: str):
+        self.weight = w.get(prefix + ".weight")
+        self.bias = w.optional(prefix + ".bias")
+
+    def __call__(self, ctx: Context, x: Tensor) -> Tensor:
+        return linear(ctx, self.weight, x, self.bias)
+
+
+class Norm(Linear):
+    def __call__(self, ctx: Context, x: Tensor) -> Tensor:
+        return layer_norm(ctx, x, self.weight, self.bias, LN_EPS)
+
+
+class Block:
+    """One pre-norm transformer block's weights (cross-attention only in the decoder)."""
+
+    def __init__(self, w: WhisperWeights, prefix: str, cross: bool):
+        self.attn_ln = Norm(w, prefix + ".attn_ln")
+        self.q, self.k, self.v, self.o = (Linear(w, f"{prefix}.attn.{p}") for p in ("query", "key", "value", "out"))
+        if cross:
+            self.cross_ln = Norm(w, prefix + ".cross_attn_ln")
+            self.cq, self.ck, self.cv, self.co = (Linear(w, f"{prefix}.cross_attn.{p}")
+                                                  for p in ("query", "key", "value", "out"))
+        self.mlp_ln = Norm(w, prefix + ".mlp_ln")
+        self.mlp0, self.mlp2 = Linear(w, prefix + ".mlp.0"), Linear(w, prefix + ".mlp.2")
+
+    def mlp(self, ctx: Context, x: Tensor, gelu) -> Tensor:
+        return ops.add(ctx, self.mlp2(ctx, gelu(ctx, self.mlp0(ctx, self.mlp_ln(ctx, x)))), x)
+
+
+def _heads_attention(ctx: Context, q: Tensor, k: Tensor, v_t: Tensor, scale: float) -> Tensor:
+    """softmax(scale·qkᵀ)·v per head: q [hd, n_q, H], k [hd, n_k, H], v_t [n_k, hd, H] -> [hd·H, n_q]."""
+    kq = ops.soft_max_ext(ctx, ops.mul_mat(ctx, k, q), None, scale, 0.0)   # [n_k, n_q, H]
+    kqv = ops.mul_mat(ctx, v_t, kq)                                          # [hd, n_q, H]
+    return ops.cont_2d(ctx, ops.permute(ctx, kqv, 0, 2, 1, 3), q.ne[0] * q.ne[2], q.ne[1])
+
+
+def _runner(backends: list[Backend], placement, planner: str):
+    """A graph's planner and executor: one backend's GraphAllocator, or the Scheduler over several."""
+    if len(backends) == 1:
+        return SingleBackend(backends[0], planner)
+    return Scheduled(backends, [(b.name, units) for b, units in placement])
+
+
+class WhisperModel:
+    """A loaded Whisper model: weights, the encoder graph, the cross-attention K/V, the decoder's KV cache.
+
+    `encode(mel)` runs a 30 s window ([n_mels, 3000] log-mel) and leaves its cross-attention K/V in place;
+    `decode(tokens, positions, seqs, out_rows)` runs one decoder step over them.
+    `n_seq` sequences (beams) of up to n_text_ctx tokens each fit the KV cache.
+    """
+
+    reuse_graphs = True
+
+    def __init__(self, wf, backends: list[Backend], f32: bool = False, gelu: str = "erf", n_seq: int = 5,
+                 planner: str = "best"):
+        if gelu not in GELU_FORMS:
+            raise GGMLError(f"gelu must be one of {GELU_FORMS}, got {gelu!r}")
+        hp = self.hparams = wf.hparams
+        self.backends = backends
+        self.gelu = ops.gelu_erf if gelu == "erf" else ops.gelu
+        self.n_state, self.n_head = hp.n_text_state, hp.n_text_head
+        self.n_audio_ctx, self.n_text_ctx, self.n_vocab = hp.n_audio_ctx, hp.n_text_ctx, hp.n_vocab
+        self.n_mels = hp.n_mels
+        if hp.n_audio_state != hp.n_text_state:
+            raise GGUFError(f"Whisper model: n_audio_state {hp.n_audio_state} != n_text_state {hp.n_text_state}")
+        w = self.weights = WhisperWeights(wf, backends, f32)
+        self.conv1, self.conv2 = Linear(w, "encoder.conv1"), Linear(w, "encoder.conv2")
+        self.enc_pos = w.get("encoder.positional_embedding")
+        self.enc_blocks = [Block(w, f"encoder.blocks.{i}", False) for i in range(hp.n_audio_layer)]
+        self.ln_post = Norm(w, "encoder.ln_post")
+        self.tok_emb = w.get("decoder.token_embedding.weight")
+        self.dec_pos = w.get("decoder.positional_embedding")
+        self.dec_blocks = [Block(w, f"decoder.blocks.{i}", True) for i in range(hp.n_text_layer)]
+        self.dec_ln = Norm(w, "decoder.ln")
+        self._check_shapes()
+        self.n_seq = n_seq
+        self._make_caches()
+        placement = w.placement
+        self.enc_runner = _runner(backends, placement, planner)
+        self.dec_runner = _runner(backends, placement, planner)
+        self._encoder = self._build_encoder()
+        self.enc_runner.reserve(self._encoder[1])
+        self.enc_runner.alloc_graph(self._encoder[1])
+        worst = self._build_decoder(max(n_seq, self.n_text_ctx // 2 + 4), 2, self.kv.size)
+        self.dec_runner.reserve(worst.graph)
+        self._last = None  # (shape, step, logits): the last decoder step graph planned
+
+    def _check_shapes(self) -> None:
+        d, hp = self.n_state, self.hparams
+        checks = (("encoder.conv1.weight", self.conv1.weight, (3, hp.n_mels, d)),
+                  ("encoder.conv2.weight", self.conv2.weight, (3, d, d)),
+                  ("encoder.positional_embedding", self.enc_pos, (d, hp.n_audio_ctx)),
+                  ("decoder.token_embedding.weight", self.tok_emb, (d, hp.n_vocab)),
+                  ("decoder.positional_embedding", self.dec_pos, (d, hp.n_text_ctx)))
+        for name, t, ne in checks:
+            if tuple(t.ne[:len(ne)]) != ne:
+                raise GGUFError(f"Whisper model: tensor '{name}' has shape {list(t.ne[:len(ne)])}, expected {list(ne)}")
+
+    def _make_caches(self) -> None:
+        """Decoder KV cache (n_seq blocks of n_text_ctx cells) and cross K [d, 1500] / Vᵀ [1500, d] per layer,
+        each on the backend of its decoder layer."""
+        d, n_layer, n_audio = self.n_state, self.hparams.n_text_layer, self.hparams.n_audio_layer
+        local = self.backends[-1]
+        self.kv = KVCache(local, n_layer, self.n_head, d, d, self.n_seq * self.n_text_ctx)
+        ctxs: dict[int, tuple[Backend, Context]] = {}
+        self.cross_k, self.cross_v = [], []
+        for il in range(n_layer):
+            backend = self.weights.backend_of(n_audio + il, self.backends)
+            _, ctx = ctxs.setdefault(id(backend), (backend, Context(no_alloc=True)))
+            self.cross_k.append(ctx.new_tensor_2d(GGMLType.F32, d, self.n_audio_ctx, f"cross_k_l{il}"))
+            self.cross_v.append(ctx.new_tensor_2d(GGMLType.F32, self.n_audio_ctx, d, f"cross_v_l{il}"))
+        self.cross_buffers = [alloc_ctx_tensors_from_buft(ctx, b.default_buffer_type) for b, ctx in ctxs.values()]
+        if len(self.backends) > 1:
+            for il in range(n_layer):
+                backend = self.weights.backend_of(n_audio + il, self.backends)
+                if backend is not local:
+                    move_tensors([self.kv.k[il], self.kv.v[il]], backend.default_buffer_type, BufferUsage.ANY)
+
+    # ----- memory ----------------------------------------------------------------------------------
+    @property
+    def kv_bytes(self) -> int:
+        return self.kv.nbytes + sum(b.size for b in self.cross_buffers)
+
+    @property
+    def compute_bytes(self) -> int:
+        return self.enc_runner.buffer_size + self.dec_runner.buffer_size
+
+    @property
+    def ggml_compute_bytes(self) -> int:
+        """What ggml's own planner takes for the same two graphs."""
+        return sum(r.plan.ggml_size for r in (self.enc_runner, self.dec_runner) if r.plan is not None)
+
+    # ----- encoder ---------------------------------------------------------------------------------
+    def _conv(self, ctx: Context, conv: Linear, x: Tensor, stride: int) -> Tensor:
+        """Conv1d (kernel 3, half padding) of x [time, channels] as im2col + one product: [out channels, time']."""
+        cols = ops.im2col(ctx, conv.weight, x, stride, 0, 1, 0, 1, 0, False, GGMLType.F32)   # [3·IC, T', 1]
+        k = conv.weight
+        y = ops.mul_mat(ctx, ops.reshape_2d(ctx, k, k.ne[0] * k.ne[1], k.ne[2]),
+                        ops.reshape_2d(ctx, cols, cols.ne[0], cols.ne[1]))                 # [OC, T']
+        return self.gelu(ctx, ops.add(ctx, y, ops.reshape_1d(ctx, conv.bias, conv.bias.nelements)))
+
+    def _build_encoder(self) -> tuple[Tensor, Graph]:
+        ctx = Context(no_alloc=True)
+        graph = Graph(4096)
+        d, H, n = self.n_state, self.hparams.n_audio_head, self.n_audio_ctx
+        hd = d // H
+        mel = ctx.new_tensor_2d(GGMLType.F32, N_FRAMES, self.n_mels, "mel").set_input()
+        x = self._conv(ctx, self.conv1, mel, 1)                                    # [d, 3000]
+        x = self._conv(ctx, self.conv2, ops.cont(ctx, ops.transpose(ctx, x)), 2)   # [d, 1500]
+        x = ops.add(ctx, x, self.enc_pos)
+        scale = 1.0 / math.sqrt(hd)
+        for b in self.enc_blocks:
+            cur = b.attn_ln(ctx, x)
+            q = ops.permute(ctx, ops.reshape_3d(ctx, b.q(ctx, cur), hd, H, n), 0, 2, 1, 3)
+            k = ops.permute(ctx, ops.reshape_3d(ctx, b.k(ctx, cur), hd, H, n), 0, 2, 1, 3)
+            v = ops.cont(ctx, ops.permute(ctx, ops.reshape_3d(ctx, b.v(ctx, cur), hd, H, n), 1, 2, 0, 3))
+            x = ops.add(ctx, b.o(ctx, _heads_attention(ctx, q, k, v, scale)), x)
+            x = b.mlp(ctx, x, self.gelu)
+        x = self.ln_post(ctx, x)
+        for il, b in enumerate(self.dec_blocks):
+            graph.build_forward_expand(ops.cpy(ctx, b.ck(ctx, x), self.cross_k[il]))
+            v_t = ops.transpose(ctx, b.cv(ctx, x))
+            graph.build_forward_expand(ops.cpy(ctx, v_t, self.cross_v[il]))
+        return mel, graph
+
+    def encode(self, mel: np.ndarray) -> None:
+        """Run the encoder on one window's log-mel [n_mels, 3000]; the decoder then attends to it."""
+        mel = np.ascontiguousarray(mel, dtype=np.float32)
+        if mel.shape != (self.n_mels, N_FRAMES):
+            raise GGMLError(f"encode: log-mel of shape {mel.shape}, expected ({self.n_mels}, {N_FRAMES})")
+        inp, graph = self._encoder
+        tensor_set(inp, mel)
+        self.enc_runner.compute(graph)
+
+    # ----- decoder ---------------------------------------------------------------------------------
+    def _build_decoder(self, n_tokens: int, n_outputs: int, n_kv: int) -> Step:
+        step = Step.new(n_tokens, n_outputs, n_kv)
+        ctx = step.ctx
+        d, H, n = self.n_state, self.n_head, n_tokens
+        hd = d // H
+        scale = 1.0 / math.sqrt(hd)
+        x = ops.add(ctx, ops.get_rows(ctx, self.tok_emb, step.tokens), ops.get_rows(ctx, self.dec_pos, step.positions))
+        for il, b in enumerate(self.dec_blocks):
+            cur = b.attn_ln(ctx, x)
+            q, k, v = (ops.reshape_3d(ctx, p(ctx, cur), hd, H, n) for p in (b.q, b.k, b.v))
+            x = ops.add(ctx, b.o(ctx, attention(step, self.kv, il, q, k, v, scale)), x)
+            cur = b.cross_ln(ctx, x)
+            q = ops.permute(ctx, ops.reshape_3d(ctx, b.cq(ctx, cur), hd, H, n), 0, 2, 1, 3)
+            ck, cv = self.cross_k[il], self.cross_v[il]
+            k = ops.view_3d(ctx, ck, hd, self.n_audio_ctx, H, ck.nb[1], hd * ck.nb[0], 0)
+            v_t = ops.view_3d(ctx, cv, self.n_audio_ctx, hd, H, cv.nb[1], hd * cv.nb[1], 0)
+            x = ops.add(ctx, b.co(ctx, _heads_attention(ctx, q, k, v_t, scale)), x)
+            if il == len(self.dec_blocks) - 1:
+                (x,) = step.select_outputs(x)
+            x = b.mlp(ctx, x, self.gelu)
+        logits = ops.mul_mat(ctx, self.tok_emb, self.dec_ln(ctx, x))
+        logits.set_output()
+        step.graph.build_forward_expand(logits)
+        step.logits = logits
+        return step
+
+    def _step_for(self, n: int, n_outputs: int, n_kv: int) -> Step:
+        shape = (n, n_outputs, n_kv)
+        if not (self.reuse_graphs and self._last is not None and self._last[0] == shape):
+            step = self._build_decoder(*shape)
+            self._last = None
+            self.dec_runner.alloc_graph(step.graph)
+            self._last = (shape, step)
+        return self._last[1]
+
+    def decode(self, tokens, positions, seqs=None, out_rows=None) -> np.ndarray:
+        """One decoder step: token i at position positions[i] of sequence seqs[i] (default 0); returns the
+        logits [len(out_rows), n_vocab] of the rows out_rows (default: the last row)."""
+        tokens = np.asarray(tokens, dtype=np.int32)
+        positions = np.asarray(positions, dtype=np.int32)
+        n = tokens.size
+        seqs = np.zeros(n, dtype=np.int64) if seqs is None else np.asarray(seqs, dtype=np.int64)
+        out_rows = [n - 1] if out_rows is None else list(out_rows)
+        if n == 0 or positions.shape != (n,) or seqs.shape != (n,):
+            raise GGMLError(f"decode: {n} tokens, {positions.size} positions, {seqs.size} sequences")
+        if positions.max() >= self.n_text_ctx or seqs.max() >= self.n_seq or min(positions.min(), seqs.min()) < 0:
+            raise GGMLError(f"decode: positions must be < {self.n_text_ctx} and sequences < {self.n_seq}")
+        cells = seqs * self.n_text_ctx + positions
+        n_kv = self.kv.n_kv(int(cells.max()) + 1)
+        step = self._step_for(n, len(out_rows), n_kv)
+        tensor_set(step.tokens, tokens)
+        tensor_set(step.positions, positions)
+        self.kv.set_cells(step, cells)
+        if step.out_ids is not None:
+            tensor_set(step.out_ids, np.asarray(out_rows, dtype=np.int32))
+        kv_cell = np.arange(n_kv)[None, :]
+        first = (seqs * self.n_text_ctx)[:, None]
+        visible = (kv_cell >= first) & (kv_cell <= cells[:, None])
+        tensor_set(step.masks[None], np.where(visible, np.float32(0), np.float32(-np.inf)).astype(np.float32))
+        self.dec_runner.compute(step.graph)
+        logits = np.asarray(tensor_get(step.logits), dtype=np.float32).reshape(-1, self.n_vocab)
+        return logits if step.out_ids is not None else logits[out_rows]
+
+    def copy_sequences(self, order: list[int], n_pos: int) -> None:
+        """Beam search's reordering: sequence i's first n_pos cache cells become those of sequence order[i]."""
+        if list(order) == list(range(len(order))) or n_pos == 0:
+            return
+        S, d = self.n_text_ctx, self.n_state
+        src = np.asarray(order)
+        for il in range(len(self.kv.k)):
+            k = tensor_get(self.kv.k[il]).reshape(self.n_seq, S, d)
+            k[:len(order), :n_pos] = k[src, :n_pos]
+            tensor_set(self.kv.k[il], k)
+            v = tensor_get(self.kv.v[il]).reshape(d, self.n_seq, S)
+            v[:, :len(order), :n_pos] = v[:, src, :n_pos]
+            tensor_set(self.kv.v[il], v)
