@@ -23,7 +23,8 @@ import math
 import numpy as np
 
 from pyggml.alloc import alloc_ctx_tensors_from_buft
-from pyggml.backend import Backend, BufferUsage, tensor_get, tensor_set
+from pyggml.backend import Backend, BufferUsage, DeviceType, tensor_get, tensor_set
+from pyggml.backend.cpu.backend import set_n_threads
 from pyggml.core import Context, GGMLType, Graph, Tensor
 from pyggml.core import ops
 from pyggml.core import types as T
@@ -164,7 +165,7 @@ class WhisperModel:
     reuse_graphs = True
 
     def __init__(self, wf, backends: list[Backend], f32: bool = False, gelu: str = "erf", n_seq: int = 5,
-                 planner: str = "best"):
+                 planner: str = "best", decoder_threads: int | None = 1):
         if gelu not in GELU_FORMS:
             raise GGMLError(f"gelu must be one of {GELU_FORMS}, got {gelu!r}")
         hp = self.hparams = wf.hparams
@@ -189,13 +190,23 @@ class WhisperModel:
         self._make_caches()
         placement = w.placement
         self.enc_runner = _runner(backends, placement, planner)
-        self.dec_runner = _runner(backends, placement, planner)
+        self.dec_runner = _runner(self._decoder_backends(decoder_threads), placement, planner)
         self._encoder = self._build_encoder()
         self.enc_runner.reserve(self._encoder[1])
         self.enc_runner.alloc_graph(self._encoder[1])
         worst = self._build_decoder(max(n_seq, self.n_text_ctx // 2 + 4), 2, self.kv.size)
         self.dec_runner.reserve(worst.graph)
         self._last = None  # (shape, step, logits): the last decoder step graph planned
+
+    def _decoder_backends(self, n_threads: int | None) -> list[Backend]:
+        """The decoder's backends: on one CPU, a second CPU backend with its own thread count. A step of a few
+        tokens is a handful of matrix-vector products, which BLAS threads slow down (they wait for each
+        other, badly so on a busy machine); the encoder's large products keep every thread."""
+        if n_threads is None or len(self.backends) > 1 or self.backends[0].device.type != DeviceType.CPU:
+            return self.backends
+        backend = self.backends[0].device.init_backend(None)
+        set_n_threads(backend, n_threads)
+        return [backend]
 
     def _check_shapes(self) -> None:
         d, hp = self.n_state, self.hparams

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pyggml.backend import Backend, DeviceType
-from pyggml.errors import GGMLError
+from pyggml.errors import AudioError, WhisperError
 from pyggml.models.whisper.decoding import (TIME_PRECISION, LogitFilter, WindowResult, compression_ratio,
                                             decode_window, log_softmax)
 from pyggml.models.runner import backend_list
@@ -114,7 +114,7 @@ class Whisper:
         from pyggml.models.whisper.mel import log_mel_spectrogram
 
         samples = _samples(audio)
-        mel = log_mel_spectrogram(samples, n_mels=self.model.n_mels, padding=padding)
+        mel = log_mel_spectrogram(samples, n_mels=self.model.n_mels, padding=padding, filters=self.file.mel_filters)
         content = samples.size // HOP
         if mel.shape[1] < content + N_FRAMES:
             mel = np.pad(mel, ((0, 0), (0, content + N_FRAMES - mel.shape[1])))
@@ -142,7 +142,7 @@ class Whisper:
         multilingual models; beam_size > 1 for beam search; temperatures=(0.0,) turns off the fallback)."""
         opts = Options(**options)
         if opts.beam_size < 1 or opts.beam_size > self.model.n_seq or opts.best_of > self.model.n_seq:
-            raise GGMLError(f"beam_size {opts.beam_size} / best_of {opts.best_of}: 1 to {self.model.n_seq} "
+            raise WhisperError(f"beam_size {opts.beam_size} / best_of {opts.best_of}: 1 to {self.model.n_seq} "
                             f"(load with max_beams for more)")
         tok = self.tokenizer
         t = Timings(load_s=self.timings.load_s)
@@ -246,12 +246,12 @@ def _samples(audio) -> np.ndarray:
     if isinstance(audio, np.ndarray):
         samples = np.asarray(audio, dtype=np.float32)
         if samples.ndim != 1:
-            raise GGMLError(f"audio samples must be 1-D (16 kHz mono), got shape {samples.shape}")
+            raise AudioError(f"audio samples must be 1-D (16 kHz mono), got shape {samples.shape}")
     else:
         from pyggml.models.whisper.audio import load_audio
         samples = load_audio(audio)
     if samples.size < HOP:
-        raise GGMLError(f"audio is empty or shorter than 10 ms ({samples.size} samples at {SAMPLE_RATE} Hz)")
+        raise AudioError(f"audio is empty or shorter than 10 ms ({samples.size} samples at {SAMPLE_RATE} Hz)")
     return samples
 
 

