@@ -109,6 +109,7 @@ def decode_window(model, flt: LogitFilter, prefix: list[int], temperature: float
     sample_len = min(sample_len or model.n_text_ctx // 2, model.n_text_ctx - n_prefix)
     if sample_len <= 0:
         raise GGMLError(f"decode: a prefix of {n_prefix} tokens leaves no room in {model.n_text_ctx} positions")
+    model.ensure_sequences(beam_size if temperature == 0 else best_of)
     sot_index = prefix.index(sp.sot)
     rows = sorted({sot_index, n_prefix - 1})
     logits = model.decode(prefix, np.arange(n_prefix), out_rows=rows)

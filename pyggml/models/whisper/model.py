@@ -140,10 +140,17 @@ class Block:
         return ops.add(ctx, self.mlp2(ctx, gelu(ctx, self.mlp0(ctx, self.mlp_ln(ctx, x)))), x)
 
 
-def _heads_attention(ctx: Context, q: Tensor, k: Tensor, v_t: Tensor, scale: float) -> Tensor:
-    """softmax(scale·qkᵀ)·v per head: q [hd, n_q, H], k [hd, n_k, H], v_t [n_k, hd, H] -> [hd·H, n_q]."""
+def _heads_attention(ctx: Context, q: Tensor, k: Tensor, v: Tensor, scale: float, flash: bool) -> Tensor:
+    """softmax(scale·qkᵀ)·v per head for q [hd, n_q, H], k [hd, n_k, H] -> [hd·H, n_q].
+
+    With `flash`, one flash_attn_ext (v as [hd, n_k, H]; the n_q x n_k scores never enter the compute
+    buffer, as whisper.cpp with flash attention); else mul_mat, soft_max_ext, mul_mat with v given
+    transposed, as [n_k, hd, H]."""
+    if flash:
+        out = ops.flash_attn_ext(ctx, q, k, v, None, scale, 0.0, 0.0)                  # [hd, H, n_q]
+        return ops.reshape_2d(ctx, out, q.ne[0] * q.ne[2], q.ne[1])
     kq = ops.soft_max_ext(ctx, ops.mul_mat(ctx, k, q), None, scale, 0.0)   # [n_k, n_q, H]
-    kqv = ops.mul_mat(ctx, v_t, kq)                                          # [hd, n_q, H]
+    kqv = ops.mul_mat(ctx, v, kq)                                            # [hd, n_q, H]
     return ops.cont_2d(ctx, ops.permute(ctx, kqv, 0, 2, 1, 3), q.ne[0] * q.ne[2], q.ne[1])
 
 
@@ -159,13 +166,13 @@ class WhisperModel:
 
     `encode(mel)` runs a 30 s window ([n_mels, 3000] log-mel) and leaves its cross-attention K/V in place;
     `decode(tokens, positions, seqs, out_rows)` runs one decoder step over them.
-    `n_seq` sequences (beams) of up to n_text_ctx tokens each fit the KV cache.
+    `n_seq` sequences (beams) of up to n_text_ctx tokens each fit the KV cache (ensure_sequences grows it).
     """
 
     reuse_graphs = True
 
-    def __init__(self, wf, backends: list[Backend], f32: bool = False, gelu: str = "erf", n_seq: int = 5,
-                 planner: str = "best", decoder_threads: int | None = 1):
+    def __init__(self, wf, backends: list[Backend], f32: bool = False, gelu: str = "erf", n_seq: int = 1,
+                 planner: str = "best", decoder_threads: int | None = 1, flash_attn: bool = True):
         if gelu not in GELU_FORMS:
             raise GGMLError(f"gelu must be one of {GELU_FORMS}, got {gelu!r}")
         hp = self.hparams = wf.hparams
@@ -187,6 +194,7 @@ class WhisperModel:
         self.dec_ln = Norm(w, "decoder.ln")
         self._check_shapes()
         self.n_seq = n_seq
+        self.flash_attn = flash_attn
         self._make_caches()
         placement = w.placement
         self.enc_runner = _runner(backends, placement, planner)
@@ -194,9 +202,8 @@ class WhisperModel:
         self._encoder = self._build_encoder()
         self.enc_runner.reserve(self._encoder[1])
         self.enc_runner.alloc_graph(self._encoder[1])
-        worst = self._build_decoder(max(n_seq, self.n_text_ctx // 2 + 4), 2, self.kv.size)
-        self.dec_runner.reserve(worst.graph)
-        self._last = None  # (shape, step, logits): the last decoder step graph planned
+        self.dec_runner.reserve(self._build_decoder(max(n_seq, self.n_text_ctx // 2 + 4), 2, self.kv.size).graph)
+        self._last = None  # (shape, step): the last decoder step graph planned
 
     def _decoder_backends(self, n_threads: int | None) -> list[Backend]:
         """The decoder's backends: on one CPU, a second CPU backend with its own thread count. A step of a few
@@ -220,24 +227,40 @@ class WhisperModel:
                 raise GGUFError(f"Whisper model: tensor '{name}' has shape {list(t.ne[:len(ne)])}, expected {list(ne)}")
 
     def _make_caches(self) -> None:
-        """Decoder KV cache (n_seq blocks of n_text_ctx cells) and cross K [d, 1500] / Vᵀ [1500, d] per layer,
-        each on the backend of its decoder layer."""
+        """Decoder KV cache (n_seq blocks of n_text_ctx cells) and cross K [d, 1500] and V (as K with flash
+        attention, else Vᵀ [1500, d]) per layer, each on the backend of its decoder layer."""
         d, n_layer, n_audio = self.n_state, self.hparams.n_text_layer, self.hparams.n_audio_layer
-        local = self.backends[-1]
-        self.kv = KVCache(local, n_layer, self.n_head, d, d, self.n_seq * self.n_text_ctx)
+        self._make_kv()
         ctxs: dict[int, tuple[Backend, Context]] = {}
         self.cross_k, self.cross_v = [], []
         for il in range(n_layer):
             backend = self.weights.backend_of(n_audio + il, self.backends)
             _, ctx = ctxs.setdefault(id(backend), (backend, Context(no_alloc=True)))
             self.cross_k.append(ctx.new_tensor_2d(GGMLType.F32, d, self.n_audio_ctx, f"cross_k_l{il}"))
-            self.cross_v.append(ctx.new_tensor_2d(GGMLType.F32, self.n_audio_ctx, d, f"cross_v_l{il}"))
+            v_ne = (d, self.n_audio_ctx) if self.flash_attn else (self.n_audio_ctx, d)   # Vᵀ for mul_mat
+            self.cross_v.append(ctx.new_tensor_2d(GGMLType.F32, *v_ne, f"cross_v_l{il}"))
         self.cross_buffers = [alloc_ctx_tensors_from_buft(ctx, b.default_buffer_type) for b, ctx in ctxs.values()]
-        if len(self.backends) > 1:
-            for il in range(n_layer):
-                backend = self.weights.backend_of(n_audio + il, self.backends)
-                if backend is not local:
-                    move_tensors([self.kv.k[il], self.kv.v[il]], backend.default_buffer_type, BufferUsage.ANY)
+
+    def _make_kv(self) -> None:
+        """The self-attention KV cache for n_seq sequences, each layer's on the backend of its layer."""
+        d, n_layer, n_audio, local = self.n_state, self.hparams.n_text_layer, self.hparams.n_audio_layer, self.backends[-1]
+        self.kv = KVCache(local, n_layer, self.n_head, d, d, self.n_seq * self.n_text_ctx)
+        self._moved_kv = []
+        for il in range(n_layer):
+            backend = self.weights.backend_of(n_audio + il, self.backends)
+            if backend is not local:
+                self._moved_kv.append(move_tensors([self.kv.k[il], self.kv.v[il]], backend.default_buffer_type,
+                                                   BufferUsage.ANY))
+
+    def ensure_sequences(self, n_seq: int) -> None:
+        """Room for n_seq sequences (beams) in the KV cache: a larger cache (and newly planned step graphs)
+        when it has fewer; the cells' contents are not kept."""
+        if n_seq <= self.n_seq:
+            return
+        self.n_seq = n_seq
+        self._make_kv()
+        self._last = None
+        self.dec_runner.reserve(self._build_decoder(max(n_seq, self.n_text_ctx // 2 + 4), 2, self.kv.size).graph)
 
     # ----- memory ----------------------------------------------------------------------------------
     @property
@@ -276,14 +299,15 @@ class WhisperModel:
             cur = b.attn_ln(ctx, x)
             q = ops.permute(ctx, ops.reshape_3d(ctx, b.q(ctx, cur), hd, H, n), 0, 2, 1, 3)
             k = ops.permute(ctx, ops.reshape_3d(ctx, b.k(ctx, cur), hd, H, n), 0, 2, 1, 3)
-            v = ops.cont(ctx, ops.permute(ctx, ops.reshape_3d(ctx, b.v(ctx, cur), hd, H, n), 1, 2, 0, 3))
-            x = ops.add(ctx, b.o(ctx, _heads_attention(ctx, q, k, v, scale)), x)
+            v = ops.reshape_3d(ctx, b.v(ctx, cur), hd, H, n)
+            v = ops.permute(ctx, v, 0, 2, 1, 3) if self.flash_attn else ops.cont(ctx, ops.permute(ctx, v, 1, 2, 0, 3))
+            x = ops.add(ctx, b.o(ctx, _heads_attention(ctx, q, k, v, scale, self.flash_attn)), x)
             x = b.mlp(ctx, x, self.gelu)
         x = self.ln_post(ctx, x)
         for il, b in enumerate(self.dec_blocks):
             graph.build_forward_expand(ops.cpy(ctx, b.ck(ctx, x), self.cross_k[il]))
-            v_t = ops.transpose(ctx, b.cv(ctx, x))
-            graph.build_forward_expand(ops.cpy(ctx, v_t, self.cross_v[il]))
+            v = b.cv(ctx, x)
+            graph.build_forward_expand(ops.cpy(ctx, v if self.flash_attn else ops.transpose(ctx, v), self.cross_v[il]))
         return mel, graph
 
     def encode(self, mel: np.ndarray) -> None:
@@ -311,8 +335,11 @@ class WhisperModel:
             q = ops.permute(ctx, ops.reshape_3d(ctx, b.cq(ctx, cur), hd, H, n), 0, 2, 1, 3)
             ck, cv = self.cross_k[il], self.cross_v[il]
             k = ops.view_3d(ctx, ck, hd, self.n_audio_ctx, H, ck.nb[1], hd * ck.nb[0], 0)
-            v_t = ops.view_3d(ctx, cv, self.n_audio_ctx, hd, H, cv.nb[1], hd * cv.nb[1], 0)
-            x = ops.add(ctx, b.co(ctx, _heads_attention(ctx, q, k, v_t, scale)), x)
+            if self.flash_attn:
+                v = ops.view_3d(ctx, cv, hd, self.n_audio_ctx, H, cv.nb[1], hd * cv.nb[0], 0)
+            else:
+                v = ops.view_3d(ctx, cv, self.n_audio_ctx, hd, H, cv.nb[1], hd * cv.nb[1], 0)
+            x = ops.add(ctx, b.co(ctx, _heads_attention(ctx, q, k, v, scale, self.flash_attn)), x)
             if il == len(self.dec_blocks) - 1:
                 (x,) = step.select_outputs(x)
             x = b.mlp(ctx, x, self.gelu)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import resource
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -28,6 +28,7 @@ SAMPLE_RATE = 16000
 HOP = 160                                     # samples per mel frame (10 ms)
 FRAMES_PER_TOKEN = round(TIME_PRECISION * SAMPLE_RATE / HOP)   # 2 mel frames per timestamp step
 TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+MAX_SEQUENCES = 16                            # beams or samples decoded together
 
 
 @dataclass
@@ -85,14 +86,14 @@ class Options:
 class Whisper:
     """A loaded Whisper model ready to transcribe (see the module docstring)."""
 
-    def __init__(self, wf, backends: list[Backend], f32: bool = False, gelu: str = "erf", max_beams: int = 5,
-                 planner: str = "best"):
+    def __init__(self, wf, backends: list[Backend], f32: bool = False, gelu: str = "erf", planner: str = "best",
+                 flash_attn: bool = True):
         from pyggml.models.whisper.tokenizer import WhisperTokenizer
 
         start = time.perf_counter()
-        self.file = wf
+        self.file = replace(wf, tensors={})  # the metadata; the tensors' bytes (and the file's pages) go
         self.tokenizer = WhisperTokenizer(wf.vocab)
-        self.model = WhisperModel(wf, backends, f32=f32, gelu=gelu, n_seq=max_beams, planner=planner)
+        self.model = WhisperModel(wf, backends, f32=f32, gelu=gelu, planner=planner, flash_attn=flash_attn)
         self.timings = Timings(load_s=time.perf_counter() - start)
 
     @property
@@ -141,9 +142,8 @@ class Whisper:
         soundfile) or 16 kHz mono float samples. Options: see `Options` (language=None detects it on
         multilingual models; beam_size > 1 for beam search; temperatures=(0.0,) turns off the fallback)."""
         opts = Options(**options)
-        if opts.beam_size < 1 or opts.beam_size > self.model.n_seq or opts.best_of > self.model.n_seq:
-            raise WhisperError(f"beam_size {opts.beam_size} / best_of {opts.best_of}: 1 to {self.model.n_seq} "
-                            f"(load with max_beams for more)")
+        if not (1 <= opts.beam_size <= MAX_SEQUENCES and 1 <= opts.best_of <= MAX_SEQUENCES):
+            raise WhisperError(f"beam_size ({opts.beam_size}) and best_of ({opts.best_of}) must be 1 to {MAX_SEQUENCES}")
         tok = self.tokenizer
         t = Timings(load_s=self.timings.load_s)
         start = time.perf_counter()
@@ -255,13 +255,14 @@ def _samples(audio) -> np.ndarray:
     return samples
 
 
-def load_whisper(model="tiny.en", backend="CPU", f32: bool = False, gelu: str = "erf", max_beams: int = 5,
-                 planner: str = "best", n_threads: int | None = None) -> Whisper:
+def load_whisper(model="tiny.en", backend="CPU", f32: bool = False, gelu: str = "erf", planner: str = "best",
+                 n_threads: int | None = None, flash_attn: bool = True) -> Whisper:
     """Load a Whisper model: an installed model's name ("tiny.en", "base"), a CTranslate2 directory, a
     whisper.cpp ggml .bin or a Whisper GGUF, on `backend` (a name, "CPU,TORCH_CPU" to split the layers
     across backends with the scheduler, or Backend objects). `f32` expands F16/Q8_0 matrices to F32;
     `gelu="tanh"` uses whisper.cpp's GELU approximation instead of the erf form; `n_threads` limits the
-    CPU backends' threads."""
+    CPU backends' threads; `flash_attn=False` attends with mul_mat + soft_max instead of flash_attn_ext;
+    `planner` is the GraphAllocator's ("best" or "ggml")."""
     from pyggml.backend.cpu.backend import set_n_threads
     from pyggml.models.whisper.files import load_whisper_file
 
@@ -271,6 +272,6 @@ def load_whisper(model="tiny.en", backend="CPU", f32: bool = False, gelu: str = 
         for b in backends:
             if b.device.type == DeviceType.CPU:
                 set_n_threads(b, n_threads)
-    w = Whisper(load_whisper_file(model), backends, f32=f32, gelu=gelu, max_beams=max_beams, planner=planner)
+    w = Whisper(load_whisper_file(model), backends, f32=f32, gelu=gelu, planner=planner, flash_attn=flash_attn)
     w.timings.load_s = time.perf_counter() - start
     return w

@@ -61,10 +61,12 @@ def test_logits_match_numpy_reference():
     prompt and three greedy steps of tiny.en on a test sentence."""
     from numpy_whisper import NumpyWhisper
 
+    from pyggml.models.whisper.files import load_whisper_file
+
     w = whisper("tiny.en")
     mel, _ = w.log_mel(str(SPEECH / "en1.wav"))
     window = mel[:, :3000]
-    ref = NumpyWhisper(w.file)
+    ref = NumpyWhisper(load_whisper_file("tiny.en"))
     cross = ref.cross_kv(ref.encode(window))
     cache = ref.new_cache()
     w.model.encode(window)
@@ -85,6 +87,7 @@ def test_sequences_have_their_own_cache_cells():
     sequence copied over another continues like the original."""
     w = whisper("tiny.en")
     m, sot = w.model, w.tokenizer.sot
+    m.ensure_sequences(3)
     m.encode(w.log_mel(str(SPEECH / "en2.wav"))[0][:, :3000])
     first = m.decode([sot, 50363], [0, 1], out_rows=[0, 1])
     m.decode([sot, 50400], [0, 1], seqs=[2, 2])                     # another sequence's cells differ
