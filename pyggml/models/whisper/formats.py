@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-from pyggml.errors import GGMLError
+from pyggml.errors import WhisperError
 
 FORMATS = ("txt", "srt", "vtt", "json")
 
@@ -31,4 +31,4 @@ def format_segments(segments, fmt: str) -> str:
     if fmt == "json":
         return json.dumps({"text": "".join(s.text for s in segments).strip(),
                            "segments": [asdict(s) for s in segments]}, indent=1) + "\n"
-    raise GGMLError(f"unknown output format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    raise WhisperError(f"unknown output format {fmt!r}; expected one of {', '.join(FORMATS)}")

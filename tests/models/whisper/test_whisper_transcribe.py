@@ -167,3 +167,46 @@ def test_bad_input_is_refused_clearly():
         w.transcribe(np.zeros(0, np.float32))
     with pytest.raises(WhisperError, match="English-only"):
         w.transcribe(np.zeros(16000, np.float32), language="de")
+
+
+# ----- output formats and the command line -------------------------------------------------------------
+def test_output_formats():
+    from pyggml.models.whisper.formats import format_segments
+    from pyggml.models.whisper.transcribe import Segment
+
+    segs = [Segment(0.0, 2.5, " Hello there.", [1]), Segment(62.04, 3725.5, " Bye.", [2])]
+    assert format_segments(segs, "txt") == "Hello there.\nBye.\n"
+    assert format_segments(segs, "srt") == ("1\n00:00:00,000 --> 00:00:02,500\nHello there.\n\n"
+                                            "2\n00:01:02,040 --> 01:02:05,500\nBye.\n\n")
+    assert format_segments(segs, "vtt").startswith("WEBVTT\n\n00:00:00.000 --> 00:00:02.500\nHello there.\n")
+    doc = json.loads(format_segments(segs, "json"))
+    assert doc["text"] == "Hello there. Bye." and doc["segments"][1]["start"] == 62.04
+    with pytest.raises(WhisperError, match="format"):
+        format_segments(segs, "doc")
+
+
+def test_cli_transcribes_with_timings_and_memory(capsys):
+    from pyggml.cli.main import main
+
+    whisper("tiny.en")  # skips when the model is not installed
+    assert main(["transcribe", str(SPEECH / "en1.wav"), "--output-format", "srt", "--threads", "2"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("1\n00:00:00,000 --> ") and "weather station" in out
+    assert re.search(r"encoder \d+ ms, decoder \d+ ms.*RTF [\d.]+", err, re.S)
+    assert re.search(r"weights [\d.]+ MiB, KV [\d.]+ MiB, compute [\d.]+ MiB \(ggml's planner: [\d.]+ MiB\), peak RSS",
+                     err)
+
+
+@pytest.mark.peer
+def test_live_peers_give_the_committed_references(tmp_path):
+    """The committed references are what the installed peers say now (one sentence, tiny.en, greedy)."""
+    pytest.importorskip("faster_whisper")
+    pytest.importorskip("pywhispercpp")
+    import peers
+
+    whisper("tiny.en")
+    wav = SPEECH / "en2.wav"
+    assert peers.faster_whisper_text(peers.ct2_dir("tiny.en", tmp_path), wav, 1, "en") == \
+        REFS["faster-whisper"]["tiny.en"]["1"]["en2.wav"]
+    assert peers.whisper_cpp_text(peers.ggml_bin("tiny.en", tmp_path), wav, 1, "en") == \
+        REFS["whisper.cpp"]["tiny.en"]["1"]["en2.wav"]
