@@ -8,6 +8,7 @@ else with the ``ffmpeg`` program when it is on PATH. Resampling uses ``soxr``.
 from __future__ import annotations
 
 import shutil
+import struct
 import subprocess
 import wave
 from pathlib import Path
@@ -47,6 +48,8 @@ def _read_wav(path: Path) -> tuple[np.ndarray, int] | None:
         raise AudioError(f"{path}: corrupt WAV file: {e}") from e
     except EOFError as e:
         raise AudioError(f"{path}: truncated WAV file") from e
+    except (RuntimeError, ValueError, struct.error) as e:  # wave's chunk reader on bad chunk sizes
+        raise AudioError(f"{path}: corrupt WAV file (bad chunk sizes)") from e
     if len(raw) % (width * channels):
         raw = raw[:len(raw) - len(raw) % (width * channels)]
     return _pcm_to_float(raw, width, channels), rate

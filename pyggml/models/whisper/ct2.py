@@ -28,7 +28,7 @@ from pyggml.errors import WhisperFileError
 from pyggml.models.whisper.files import (
     FTYPE_OF_TYPE, Weight, WhisperFile, check_tensors, layout_type)
 from pyggml.models.whisper.hparams import WhisperHParams
-from pyggml.models.whisper.tokenizer import token_bytes
+from pyggml.models.whisper.tokenizer import n_text_tokens, special_tokens, token_bytes
 
 SUPPORTED_BINARY_VERSIONS = (4, 5, 6)
 _DTYPES = {0: np.dtype("<f4"), 1: np.dtype("i1"), 2: np.dtype("<i2"), 3: np.dtype("<i4"), 4: np.dtype("<f2")}
@@ -210,6 +210,7 @@ def _read_json(path: Path) -> dict:
 
 
 def _read_vocab(path: Path, n_vocab: int) -> list[bytes]:
+    """The text tokens of vocabulary.txt, then the special tokens with openai-whisper's texts."""
     try:
         lines = path.read_text(encoding="utf-8").split("\n")
     except (OSError, UnicodeDecodeError) as e:
@@ -218,8 +219,11 @@ def _read_vocab(path: Path, n_vocab: int) -> list[bytes]:
         lines.pop()
     if len(lines) != n_vocab:
         raise WhisperFileError(f"{path}: {len(lines)} tokens, but the model's embeddings have {n_vocab} rows")
+    if lines[n_text_tokens(n_vocab)] != "<|endoftext|>":
+        raise WhisperFileError(f"{path}: token {n_text_tokens(n_vocab)} is {lines[n_text_tokens(n_vocab)]!r}, "
+                               f"not <|endoftext|>: not a Whisper vocabulary")
     try:
-        return [token_bytes(t) for t in lines]
+        return [token_bytes(t) for t in lines[:n_text_tokens(n_vocab)]] + special_tokens(n_vocab)
     except KeyError as e:
         raise WhisperFileError(f"{path}: a token has character {e} outside GPT-2's byte alphabet") from None
 

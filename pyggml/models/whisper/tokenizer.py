@@ -2,9 +2,12 @@
 
 The ids follow whisper.cpp (``whisper_vocab``): after the text tokens come
 ``<|endoftext|>``, ``<|startoftranscript|>``, one token per language, ``<|translate|>``,
-``<|transcribe|>``, ``<|startoflm|>``, ``<|startofprev|>``, ``<|nocaptions|>``,
+``<|transcribe|>``, ``<|startoflm|>``, ``<|startofprev|>``, ``<|nospeech|>``,
 ``<|notimestamps|>`` and 1501 timestamps ``<|0.00|>`` .. ``<|30.00|>`` (0.02 s apart).
 English-only models have one text token fewer, so every special id is one lower.
+The special tokens' texts are openai-whisper's, whatever file the model came from
+(Hugging Face vocabularies say ``<|iw|>`` for Hebrew and ``<|nocaptions|>``; whisper.cpp
+files carry none).
 
 Encoding (for initial prompts) is tiktoken's BPE over the vocabulary alone: the token
 ids are the merge ranks, so no merges table is needed.
@@ -27,6 +30,7 @@ LANGUAGES = (
     "tg", "sd", "gu", "am", "yi", "lo", "uz", "fo", "ht", "ps", "tk", "nn", "mt", "sa", "lb", "my", "bo", "tl",
     "mg", "as", "tt", "haw", "ln", "ha", "ba", "jw", "su", "yue",
 )
+LANGUAGE_ALIASES = {"iw": "he"}  # Hugging Face's code for Hebrew
 N_TIMESTAMPS = 1501
 TIMESTAMP_STEP = 0.02  # seconds per timestamp token
 
@@ -60,7 +64,7 @@ def special_tokens(n_vocab: int) -> list[bytes]:
     """The texts of the special tokens, in id order from ``<|endoftext|>`` (id ``n_text_tokens(n_vocab)``)."""
     n_lang = 99 + max(0, n_vocab - MULTILINGUAL_MIN_VOCAB)
     names = ["endoftext", "startoftranscript", *LANGUAGES[:n_lang], "translate", "transcribe", "startoflm",
-             "startofprev", "nocaptions", "notimestamps", *(f"{i * TIMESTAMP_STEP:.2f}" for i in range(N_TIMESTAMPS))]
+             "startofprev", "nospeech", "notimestamps", *(f"{i * TIMESTAMP_STEP:.2f}" for i in range(N_TIMESTAMPS))]
     specials = [f"<|{n}|>".encode() for n in names]
     if n_text_tokens(n_vocab) + len(specials) != n_vocab:
         raise WhisperError(f"a vocabulary of {n_vocab} tokens is not a Whisper vocabulary (expected 51864 English-only, "
@@ -84,9 +88,9 @@ class WhisperTokenizer:
         self.transcribe = self.translate + 1
         self.startoflm = self.transcribe + 1
         self.startofprev = self.startoflm + 1
-        self.nocaptions = self.startofprev + 1
-        self.nospeech = self.nocaptions
-        self.notimestamps = self.nocaptions + 1
+        self.nospeech = self.startofprev + 1
+        self.nocaptions = self.nospeech  # the Hugging Face name
+        self.notimestamps = self.nospeech + 1
         self.timestamp_begin = self.notimestamps + 1
         self._ranks = {tok: i for i, tok in enumerate(self.vocab[:self.eot])}
         self._cache: dict[str, list[int]] = {}
@@ -102,6 +106,7 @@ class WhisperTokenizer:
         return list(range(self.language_base, self.language_base + self.n_languages))
 
     def language_token(self, code: str) -> int:
+        code = LANGUAGE_ALIASES.get(code, code)
         if code not in self.languages:
             raise WhisperError(f"unknown language {code!r}; Whisper knows: {' '.join(self.languages)}")
         return self.language_base + self.languages.index(code)
