@@ -4,7 +4,7 @@ The audio's log-mel is cut into 30 s windows by a seek position: each window is 
 (with temperature fallback: when the text compresses too well (a loop, ratio > 2.4) or its average
 log-probability is below -1.0, decoding is retried at the next temperature 0.2, 0.4, ... 1.0, sampling
 with a seeded generator). A window whose no-speech probability is above 0.6 while its log-probability is
-low is silence and yields nothing. Segments are cut at timestamp pairs; the next window starts at the last
+low is silence and yields nothing (so is a window whose no-speech probability is above 0.9). Segments are cut at timestamp pairs; the next window starts at the last
 complete pair's end (or after the window when it ends with a single timestamp), so nothing at a window's
 edge is lost; the text so far is the next window's prompt (`<|startofprev|>`), reset after a hot fallback.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import resource
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -75,12 +75,12 @@ class Options:
     temperatures: tuple = TEMPERATURES
     compression_ratio_threshold: float = 2.4
     logprob_threshold: float = -1.0
-    no_speech_threshold: float = 0.6
+    no_speech_threshold: float | None = 0.6
+    no_speech_certain: float | None = 0.9
     condition_on_previous_text: bool = True
     initial_prompt: str | None = None
     timestamps: bool = True
     seed: int = 0
-    extra: dict = field(default_factory=dict)
 
 
 class Whisper:
@@ -180,9 +180,8 @@ class Whisper:
                 prefix = [tok.startofprev] + prompt[-(self.model.n_text_ctx // 2 - 1):] + prefix
             result = self._decode_with_fallback(flt, prefix, opts, rng)
             t.decode_s += time.perf_counter() - t0
-            if (opts.no_speech_threshold is not None and result.no_speech_prob > opts.no_speech_threshold
-                    and (opts.logprob_threshold is None or result.avg_logprob < opts.logprob_threshold)):
-                seek += size          # silence: nothing from this window
+            if self._is_silence(result, opts):
+                seek += size          # nothing from this window
                 continue
             new, advance = self._segments(result, offset, size)
             segments += new
@@ -202,12 +201,22 @@ class Whisper:
             failed = ((opts.compression_ratio_threshold is not None
                        and result.compression_ratio > opts.compression_ratio_threshold)
                       or (opts.logprob_threshold is not None and result.avg_logprob < opts.logprob_threshold))
-            if (opts.no_speech_threshold is not None and result.no_speech_prob > opts.no_speech_threshold
-                    and opts.logprob_threshold is not None and result.avg_logprob < opts.logprob_threshold):
-                failed = False  # silence: no retry
+            if self._is_silence(result, opts):
+                failed = False  # no retry
             if not failed:
                 break
         return result
+
+    @staticmethod
+    def _is_silence(r: WindowResult, opts: Options) -> bool:
+        """openai's rule: likely no speech and a poorly predicted text; or a no-speech probability above
+        no_speech_certain whatever the text (on digital silence tiny.en says " you" with a fair log-probability)."""
+        if opts.no_speech_threshold is None:
+            return False
+        if opts.no_speech_certain is not None and r.no_speech_prob > opts.no_speech_certain:
+            return True
+        return (r.no_speech_prob > opts.no_speech_threshold
+                and opts.logprob_threshold is not None and r.avg_logprob < opts.logprob_threshold)
 
     def _segments(self, r: WindowResult, offset: float, size: int) -> tuple[list[Segment], int]:
         """Cut a window's tokens into segments at timestamp pairs; the frames to advance the seek by."""
