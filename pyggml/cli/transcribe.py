@@ -39,12 +39,9 @@ def _fmt_time(s: float) -> str:
 
 
 def run(args) -> int:
-    from pyggml.backend.registry import load_all
     from pyggml.models.whisper.formats import format_segments
     from pyggml.models.whisper.transcribe import TEMPERATURES, load_whisper
 
-    if any(name.strip().upper() != "CPU" for name in args.backend.split(",")):
-        load_all()  # plugin backends (TORCH_CPU imports torch: only when asked for)
     w = load_whisper(args.model, backend=args.backend, f32=args.f32, gelu=args.gelu, n_threads=args.threads)
     print(f"model: {w.file.path or args.model} ({'multilingual' if w.is_multilingual else 'English-only'}), "
           f"load {w.timings.load_s:.2f} s", file=sys.stderr)

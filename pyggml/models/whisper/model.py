@@ -23,8 +23,8 @@ import math
 import numpy as np
 
 from pyggml.alloc import alloc_ctx_tensors_from_buft
-from pyggml.backend import Backend, BufferUsage, DeviceType, tensor_get, tensor_set
-from pyggml.backend.cpu.backend import set_n_threads
+from pyggml.backend import Backend, BufferUsage, tensor_get, tensor_set
+from pyggml.backend.cpu.backend import CpuBackend, set_n_threads
 from pyggml.core import Context, GGMLType, Graph, Tensor
 from pyggml.core import ops
 from pyggml.core import types as T
@@ -50,6 +50,16 @@ def _f32_values(w) -> np.ndarray:
     return T.to_float(w.type, np.frombuffer(w.data, dtype=T.numpy_dtype(w.type)))
 
 
+def with_cpu_fallback(backends: list[Backend]) -> tuple[list[Backend], list | None]:
+    """(backends, placement): one backend other than pyggml's CPU gets a CPU backend after it, for the scheduler
+    to run the ops it has no kernel for (TORCH_CPU has no im2col), with every block on the first; otherwise
+    the backends as given and no placement (planned by free memory when there are several)."""
+    if len(backends) != 1 or isinstance(backends[0], CpuBackend):
+        return backends, None
+    from pyggml.backend import init_by_name
+    return [backends[0], init_by_name("CPU")], [(backends[0], None)]
+
+
 def _unit_of(name: str, n_audio_layer: int) -> int | None:
     """The layer number (encoder blocks first, then decoder blocks) that a block weight belongs to."""
     for prefix, first in (("encoder.blocks.", 0), ("decoder.blocks.", n_audio_layer)):
@@ -62,9 +72,14 @@ class WhisperWeights:
     """The file's tensors placed on backends: block i of the encoder / decoder on the backend of its layer
     (placement over encoder + decoder blocks), everything else on the local backend (the last)."""
 
-    def __init__(self, wf, backends: list[Backend], f32: bool = False):
+    def __init__(self, wf, backends: list[Backend], f32: bool = False, placement=None):
         hp = wf.hparams
-        self.placement = plan_layers(hp.n_audio_layer + hp.n_text_layer, backends) if len(backends) > 1 else None
+        n_units = hp.n_audio_layer + hp.n_text_layer
+        if placement is not None:       # [(backend, units or None: every block)]
+            self.placement = [(b, list(range(n_units)) if units is None else units) for b, units in placement]
+            self.placement += [(b, []) for b in backends if all(b is not p for p, _ in self.placement)]
+        else:
+            self.placement = plan_layers(n_units, backends) if len(backends) > 1 else None
         backend_of_unit = {u: b for b, units in (self.placement or []) for u in units}
         ctxs: dict[int, tuple[Backend, Context]] = {}
         self.tensors: dict[str, Tensor] = {}
@@ -172,7 +187,7 @@ class WhisperModel:
     reuse_graphs = True
 
     def __init__(self, wf, backends: list[Backend], f32: bool = False, gelu: str = "erf", n_seq: int = 1,
-                 planner: str = "best", decoder_threads: int | None = 1, flash_attn: bool = True):
+                 planner: str = "best", decoder_threads: int | None = 1, flash_attn: bool = True, placement=None):
         if gelu not in GELU_FORMS:
             raise GGMLError(f"gelu must be one of {GELU_FORMS}, got {gelu!r}")
         hp = self.hparams = wf.hparams
@@ -183,7 +198,7 @@ class WhisperModel:
         self.n_mels = hp.n_mels
         if hp.n_audio_state != hp.n_text_state:
             raise GGUFError(f"Whisper model: n_audio_state {hp.n_audio_state} != n_text_state {hp.n_text_state}")
-        w = self.weights = WhisperWeights(wf, backends, f32)
+        w = self.weights = WhisperWeights(wf, backends, f32, placement)
         self.conv1, self.conv2 = Linear(w, "encoder.conv1"), Linear(w, "encoder.conv2")
         self.enc_pos = w.get("encoder.positional_embedding")
         self.enc_blocks = [Block(w, f"encoder.blocks.{i}", False) for i in range(hp.n_audio_layer)]
@@ -209,7 +224,7 @@ class WhisperModel:
         """The decoder's backends: on one CPU, a second CPU backend with its own thread count. A step of a few
         tokens is a handful of matrix-vector products, which BLAS threads slow down (they wait for each
         other, badly so on a busy machine); the encoder's large products keep every thread."""
-        if n_threads is None or len(self.backends) > 1 or self.backends[0].device.type != DeviceType.CPU:
+        if n_threads is None or len(self.backends) > 1 or not isinstance(self.backends[0], CpuBackend):
             return self.backends
         backend = self.backends[0].device.init_backend(None)
         set_n_threads(backend, n_threads)

@@ -17,12 +17,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from pyggml.backend import Backend, DeviceType
+from pyggml.backend import Backend
 from pyggml.errors import AudioError, WhisperError
 from pyggml.models.whisper.decoding import (TIME_PRECISION, LogitFilter, WindowResult, compression_ratio,
                                             decode_window, log_softmax)
 from pyggml.models.runner import backend_list
-from pyggml.models.whisper.model import N_FRAMES, WhisperModel
+from pyggml.models.whisper.model import N_FRAMES, WhisperModel, with_cpu_fallback
 
 SAMPLE_RATE = 16000
 HOP = 160                                     # samples per mel frame (10 ms)
@@ -87,13 +87,14 @@ class Whisper:
     """A loaded Whisper model ready to transcribe (see the module docstring)."""
 
     def __init__(self, wf, backends: list[Backend], f32: bool = False, gelu: str = "erf", planner: str = "best",
-                 flash_attn: bool = True):
+                 flash_attn: bool = True, placement=None):
         from pyggml.models.whisper.tokenizer import WhisperTokenizer
 
         start = time.perf_counter()
         self.file = replace(wf, tensors={})  # the metadata; the tensors' bytes (and the file's pages) go
         self.tokenizer = WhisperTokenizer(wf.vocab)
-        self.model = WhisperModel(wf, backends, f32=f32, gelu=gelu, planner=planner, flash_attn=flash_attn)
+        self.model = WhisperModel(wf, backends, f32=f32, gelu=gelu, planner=planner, flash_attn=flash_attn,
+                                  placement=placement)
         self.timings = Timings(load_s=time.perf_counter() - start)
 
     @property
@@ -272,15 +273,19 @@ def load_whisper(model="tiny.en", backend="CPU", f32: bool = False, gelu: str = 
     `gelu="tanh"` uses whisper.cpp's GELU approximation instead of the erf form; `n_threads` limits the
     CPU backends' threads; `flash_attn=False` attends with mul_mat + soft_max instead of flash_attn_ext;
     `planner` is the GraphAllocator's ("best" or "ggml")."""
-    from pyggml.backend.cpu.backend import set_n_threads
+    from pyggml.backend.cpu.backend import CpuBackend, set_n_threads
     from pyggml.models.whisper.files import load_whisper_file
 
     start = time.perf_counter()
-    backends = backend_list(backend)
+    if isinstance(backend, str) and any(name.strip().upper() != "CPU" for name in backend.split(",")):
+        from pyggml.backend.registry import load_all
+        load_all()  # plugin backends (TORCH_CPU imports torch: only when asked for)
+    backends, placement = with_cpu_fallback(backend_list(backend))
     if n_threads is not None:
         for b in backends:
-            if b.device.type == DeviceType.CPU:
+            if isinstance(b, CpuBackend):
                 set_n_threads(b, n_threads)
-    w = Whisper(load_whisper_file(model), backends, f32=f32, gelu=gelu, planner=planner, flash_attn=flash_attn)
+    w = Whisper(load_whisper_file(model), backends, f32=f32, gelu=gelu, planner=planner, flash_attn=flash_attn,
+                placement=placement)
     w.timings.load_s = time.perf_counter() - start
     return w

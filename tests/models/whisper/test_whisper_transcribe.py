@@ -210,3 +210,22 @@ def test_live_peers_give_the_committed_references(tmp_path):
         REFS["faster-whisper"]["tiny.en"]["1"]["en2.wav"]
     assert peers.whisper_cpp_text(peers.ggml_bin("tiny.en", tmp_path), wav, 1, "en") == \
         REFS["whisper.cpp"]["tiny.en"]["1"]["en2.wav"]
+
+
+@pytest.mark.parametrize("backend", ["TORCH_CPU,CPU", "TORCH_CPU"])
+def test_backends_split_by_the_scheduler_give_the_same_logits(backend):
+    """Blocks split between TORCH_CPU and CPU (by free memory), or all on TORCH_CPU with the CPU running what it
+    lacks (im2col): the scheduler's logits equal the CPU's."""
+    pytest.importorskip("torch")
+    from pyggml.models.whisper.transcribe import load_whisper
+
+    w = whisper("tiny.en")
+    window = w.log_mel(str(SPEECH / "en1.wav"))[0][:, :3000]
+    w.model.encode(window)
+    expected = w.model.decode([w.tokenizer.sot, w.tokenizer.timestamp_begin], [0, 1])
+    split = load_whisper("tiny.en", backend=backend)
+    assert any(name == "TORCH_CPU" and units for name, units in
+               [(b.name, u) for b, u in split.model.weights.placement])
+    split.model.encode(window)
+    got = split.model.decode([w.tokenizer.sot, w.tokenizer.timestamp_begin], [0, 1])
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-4 * np.abs(expected).max())
