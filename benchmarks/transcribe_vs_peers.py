@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import resource
 import subprocess
 import sys
@@ -48,20 +47,6 @@ def english_files(quick: bool) -> list[Path]:
     return files[:1] if quick else files
 
 
-def words(text: str) -> list[str]:
-    return re.sub(r"[^\w\s']", " ", text.lower()).split()
-
-
-def wer(ref: str, hyp: str) -> float:
-    r, h = words(ref), words(hyp)
-    d = list(range(len(h) + 1))
-    for i, rw in enumerate(r, 1):
-        prev, d[0] = d[0], i
-        for j, hw in enumerate(h, 1):
-            prev, d[j] = d[j], min(d[j] + 1, d[j - 1] + 1, prev + (rw != hw))
-    return d[len(h)] / max(len(r), 1)
-
-
 def worker(engine: str, model: str, files: list[Path], workdir: Path) -> dict:
     """Load `engine`, transcribe every file; times, texts and the process's peak RSS."""
     import peers
@@ -91,6 +76,8 @@ def worker(engine: str, model: str, files: list[Path], workdir: Path) -> dict:
 
 
 def main() -> None:
+    from peers import wer
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="tiny.en", choices=["tiny.en", "base"])
     ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds (default 1); the minimum is reported")

@@ -9,6 +9,7 @@ Settings as in the tests: 2 threads, temperature 0 without fallback, timestamps 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 import tempfile
@@ -61,6 +62,22 @@ def ggml_bin(model: str, workdir: Path, type_name: str = "F16") -> Path:
     if not out.exists():
         write_ggml_bin(load_whisper_file(model), out, GGMLType[type_name])
     return out
+
+
+def words(text: str) -> list[str]:
+    """Lower-case words without punctuation, as the WER counts them."""
+    return re.sub(r"[^\w\s']", " ", text.lower()).split()
+
+
+def wer(ref: str, hyp: str) -> float:
+    """Word error rate: word-level Levenshtein distance / reference words."""
+    r, h = words(ref), words(hyp)
+    d = list(range(len(h) + 1))
+    for i, rw in enumerate(r, 1):
+        prev, d[0] = d[0], i
+        for j, hw in enumerate(h, 1):
+            prev, d[j] = d[j], min(d[j] + 1, d[j - 1] + 1, prev + (rw != hw))
+    return d[len(h)] / max(len(r), 1)
 
 
 def join_segments(texts) -> str:
