@@ -186,7 +186,7 @@ class Whisper:
                 continue
             new, advance = self._segments(result, offset, size)
             segments += new
-            seek += advance
+            seek += advance if advance > 0 else size   # a last pair at 0.00 s must not stall the seek
             history += result.tokens
             if result.temperature > 0.5 or not opts.condition_on_previous_text:
                 prompt_start = len(history)
