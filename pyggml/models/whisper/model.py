@@ -32,22 +32,11 @@ from pyggml.errors import GGMLError, GGUFError
 from pyggml.models.arch.blocks import Step, attention, layer_norm, linear
 from pyggml.models.kv_cache import KVCache
 from pyggml.models.runner import Scheduled, SingleBackend, move_tensors, plan_layers
+from pyggml.models.whisper.files import is_conv_kernel, is_matrix
 
 N_FRAMES = 3000          # mel frames of a 30 s window (hop 10 ms)
 LN_EPS = 1e-5
 GELU_FORMS = ("erf", "tanh")
-
-
-def _is_matrix(name: str, ne) -> bool:
-    """Weights used as products' src0 (or the embedding rows): these keep the file's type."""
-    return name.endswith(".weight") and sum(1 for n in ne if n > 1) >= 2 and "positional" not in name
-
-
-def _f32_values(w) -> np.ndarray:
-    """A weight's values as float32 (rows of whole blocks for quantized types)."""
-    if T.is_quantized(w.type):
-        return T.to_float(w.type, np.frombuffer(w.data, dtype=np.uint8).reshape(-1, T.row_size(w.type, w.ne[0])))
-    return T.to_float(w.type, np.frombuffer(w.data, dtype=T.numpy_dtype(w.type)))
 
 
 def with_cpu_fallback(backends: list[Backend]) -> tuple[list[Backend], list | None]:
@@ -85,7 +74,7 @@ class WhisperWeights:
         self.tensors: dict[str, Tensor] = {}
         sources = {}
         for name, w in wf.tensors.items():
-            keep = _is_matrix(name, w.ne) and not f32
+            keep = (is_matrix(name, tuple(w.ne)) or is_conv_kernel(name)) and not f32
             type_ = T.as_type(w.type) if keep else GGMLType.F32
             backend = backend_of_unit.get(_unit_of(name, hp.n_audio_layer), backends[-1])
             _, ctx = ctxs.setdefault(id(backend), (backend, Context(no_alloc=True)))
@@ -101,7 +90,7 @@ class WhisperWeights:
             self.buffers.append(buf)
         for name, t in self.tensors.items():
             w, keep = sources[name]
-            tensor_set(t, np.frombuffer(w.data, dtype=np.uint8) if keep else _f32_values(w).ravel())
+            tensor_set(t, np.frombuffer(w.data, dtype=np.uint8) if keep else w.to_float32().ravel())
 
     @property
     def nbytes(self) -> int:
