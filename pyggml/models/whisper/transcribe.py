@@ -155,7 +155,7 @@ class Whisper:
         if opts.language is not None:
             tok.language_token(opts.language)  # an unknown language fails before any work
         tok.sot_sequence(opts.language, opts.task, opts.timestamps)
-        flt = LogitFilter(tok, list(self.file.suppress_ids or tok.non_speech_tokens()),
+        flt = LogitFilter(tok, list(self.file.suppress_ids or tok.non_speech_tokens),
                           list(self.file.suppress_ids_begin or []), opts.timestamps)
         rng = np.random.default_rng(opts.seed)
         segments: list[Segment] = []
