@@ -255,3 +255,20 @@ def test_backends_split_by_the_scheduler_give_the_same_logits(backend):
     split.model.encode(window)
     got = split.model.decode([w.tokenizer.sot, w.tokenizer.timestamp_begin], [0, 1])
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-4 * np.abs(expected).max())
+
+
+def test_q8_0_gguf_keeps_its_type_and_transcribes(tmp_path):
+    """A Q8_0 GGUF of tiny.en: the matrices stay Q8_0 in the backend buffer (about half of F16's bytes) and
+    the sentence comes out as with F16."""
+    from pyggml.core import GGMLType
+    from pyggml.models.whisper.files import load_whisper_file
+    from pyggml.models.whisper.gguf_whisper import write_gguf
+    from pyggml.models.whisper.transcribe import load_whisper
+
+    f16 = whisper("tiny.en")
+    write_gguf(load_whisper_file("tiny.en"), tmp_path / "tiny-q8_0.gguf", GGMLType.Q8_0)
+    q8 = load_whisper(tmp_path / "tiny-q8_0.gguf")
+    assert q8.model.weights.tensors["decoder.blocks.0.mlp.0.weight"].type == GGMLType.Q8_0
+    assert q8.memory()["weights"] < 0.6 * f16.memory()["weights"]
+    text = " ".join(s.text.strip() for s in q8.transcribe(str(SPEECH / "en1.wav"), **GREEDY))
+    assert text == transcript("tiny.en", "en1.wav")
