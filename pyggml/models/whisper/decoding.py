@@ -104,16 +104,16 @@ def decode_window(model, flt: LogitFilter, prefix: list[int], temperature: float
                   ) -> WindowResult:
     """Decode the window the model has encoded, after `prefix`; beam search when temperature is 0 and
     beam_size > 1, else greedy (temperature 0) or the best of `best_of` seeded samples."""
-    sp = flt.tok
+    tok = flt.tok
     n_prefix = len(prefix)
     sample_len = min(sample_len or model.n_text_ctx // 2, model.n_text_ctx - n_prefix)
     if sample_len <= 0:
         raise GGMLError(f"decode: a prefix of {n_prefix} tokens leaves no room in {model.n_text_ctx} positions")
     model.ensure_sequences(beam_size if temperature == 0 else best_of)
-    sot_index = prefix.index(sp.sot)
+    sot_index = prefix.index(tok.sot)
     rows = sorted({sot_index, n_prefix - 1})
     logits = model.decode(prefix, np.arange(n_prefix), out_rows=rows)
-    no_speech = float(np.exp(log_softmax(logits[0])[sp.nospeech]))
+    no_speech = float(np.exp(log_softmax(logits[0])[tok.nospeech]))
     first = logits[-1]
     if temperature == 0 and beam_size > 1:
         tokens, sum_lp = _beam_search(model, flt, first, n_prefix, beam_size, sample_len)

@@ -272,3 +272,30 @@ def test_q8_0_gguf_keeps_its_type_and_transcribes(tmp_path):
     assert q8.memory()["weights"] < 0.6 * f16.memory()["weights"]
     text = " ".join(s.text.strip() for s in q8.transcribe(str(SPEECH / "en1.wav"), **GREEDY))
     assert text == transcript("tiny.en", "en1.wav")
+
+
+def test_timestamp_rules():
+    """The logit filter's timestamp rules: first token a timestamp <= 1.0 s, pairs, never back, and a
+    timestamp forced when the timestamps together beat every text token."""
+    from pyggml.models.whisper.decoding import LogitFilter
+
+    w = whisper("tiny.en")
+    tok = w.tokenizer
+    tb, text = tok.timestamp_begin, 440
+    flt = LogitFilter(tok, list(w.file.suppress_ids), list(w.file.suppress_ids_begin))
+
+    def allowed(tokens, text_logit=20.0):
+        logits = np.zeros(tok.n_vocab, np.float32)
+        logits[text] = text_logit
+        return np.flatnonzero(np.isfinite(flt.apply(logits, tokens)))
+
+    first = allowed([])
+    assert first.min() == tb and first.max() == tb + 50                      # <|0.00|> .. <|1.00|>
+    after_text = allowed([tb + 10, text])                                     # text, or a later timestamp
+    assert text in after_text and tb + 10 not in after_text and tb + 11 in after_text
+    lone = allowed([tb + 10, text, tb + 20])                                  # closes the pair: its twin (or the end)
+    assert text not in lone and tb + 20 in lone and tb + 19 not in lone
+    pair = allowed([tb + 10, text, tb + 20, tb + 20])                         # after a pair: text
+    assert text in pair and not np.any(pair >= tb)
+    forced = allowed([tb, text], text_logit=0.0)                              # 1500 timestamps beat one text token
+    assert forced.min() > tb and text not in forced
