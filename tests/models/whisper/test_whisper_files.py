@@ -201,3 +201,12 @@ def test_gguf_of_another_architecture(tmp_path):
     w.close()
     with pytest.raises(WhisperFileError, match="architecture 'llama', not Whisper"):
         load_whisper_file(p)
+
+
+def test_misshapen_tensor_is_named(tiny_en, tmp_path):
+    from dataclasses import replace
+
+    bad = replace(tiny_en, tensors={**tiny_en.tensors, "decoder.ln.bias": Weight.from_float("f32", np.zeros(383))})
+    write_ggml_bin(bad, tmp_path / "bad.bin")
+    with pytest.raises(WhisperFileError, match=r"'decoder.ln.bias' has ne \(383,\), expected \(384,\)"):
+        load_whisper_file(tmp_path / "bad.bin")
