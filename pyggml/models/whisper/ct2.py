@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pyggml.core.types import GGMLType
+from pyggml.core.types import GGMLType, numpy_dtype
 from pyggml.errors import WhisperFileError
 from pyggml.models.whisper.files import (
     FTYPE_OF_TYPE, Weight, WhisperFile, check_tensors, layout_type)
@@ -132,7 +132,7 @@ def _layer_count(variables, stack):
     return n
 
 
-_LINEAR = {"weight": "weight", "bias": "bias"}
+_LINEAR = ("weight", "bias")
 _NORM = {"gamma": "weight", "beta": "bias"}
 
 
@@ -160,7 +160,7 @@ def _whisper_tensors(variables, where):
         for j, dst in enumerate(dsts):
             part = raw[j * step:(j + 1) * step]
             if dst is None:  # the key bias, which Whisper does not have: CT2 stores zeros
-                if np.any(part.view(_DTYPES[4] if t == GGMLType.F16 else _DTYPES[0])):
+                if np.any(part.view(numpy_dtype(t))):
                     raise WhisperFileError(f"{where}: {src} has a non-zero key bias; whisper.cpp has none")
                 continue
             out[dst] = Weight(t, tuple(reversed((shape[0] // k, *shape[1:]))), part)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.resources
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +24,6 @@ GGML_MAGIC = 0x67676D6C  # "ggml", whisper.cpp's legacy files
 GGUF_MAGIC = b"GGUF"
 
 FTYPE_OF_TYPE = {GGMLType.F32: FTYPE_ALL_F32, GGMLType.F16: FTYPE_MOSTLY_F16, GGMLType.Q8_0: FTYPE_MOSTLY_Q8_0}
-TYPE_OF_FTYPE = {v: k for k, v in FTYPE_OF_TYPE.items()}
 
 
 @dataclass(frozen=True)
@@ -87,7 +86,6 @@ class WhisperFile:
     lang_ids: list[int] | None = None
     format: str = ""  # "ct2", "ggml" or "gguf"
     path: str = ""
-    extra: dict = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
@@ -157,12 +155,6 @@ def check_tensors(tensors: dict[str, Weight], hp: WhisperHParams, where: str) ->
         if tuple(tensors[name].ne) != ne:
             raise WhisperFileError(f"{where}: tensor {name!r} has ne {tensors[name].ne}, expected {ne} "
                                    f"for these hyperparameters")
-
-
-def weight_type_of(tensors: dict[str, Weight]) -> GGMLType:
-    """The type most matrices have (the file's weight type)."""
-    kinds = [w.type for n, w in tensors.items() if is_matrix(n, w.ne)]
-    return max(set(kinds), key=kinds.count) if kinds else GGMLType.F32
 
 
 # -- models installed from PyPI ---------------------------------------------------------------

@@ -6,7 +6,7 @@ Layout (little-endian, no padding), as whisper.cpp's ``whisper_model_load`` read
     i32 n_vocab n_audio_ctx n_audio_state n_audio_head n_audio_layer
         n_text_ctx n_text_state n_text_head n_text_layer n_mels ftype   (ftype + 1000 * qnt_version)
     i32 n_mel, i32 n_fft(201), f32 filters[n_mel * n_fft]
-    i32 n_tokens (50256 English-only / 50257 multilingual), n_tokens x { u32 len, bytes }
+    i32 n_tokens (50256 English-only / 50257 multilingual; some converters add the specials), { u32 len, bytes } each
     until EOF: { i32 n_dims, i32 name_len, i32 type, i32 ne[n_dims], name, data }
 
 The file lists only the text tokens; whisper.cpp makes up the special ones, and so do we
@@ -69,14 +69,14 @@ def read_ggml_bin(path) -> WhisperFile:
     if n_mel != hp.n_mels or n_fft != N_FFT // 2 + 1:
         raise WhisperFileError(f"{path}: mel filters of {n_mel} x {n_fft}, expected {hp.n_mels} x {N_FFT // 2 + 1}")
     filters = cur.take(4 * n_mel * n_fft, "mel filters").view("<f4").reshape(n_mel, n_fft).copy()
-    n_tokens = cur.ints(1, "token count")[0]
-    if n_tokens != n_text_tokens(hp.n_vocab):
-        raise WhisperFileError(f"{path}: {n_tokens} tokens for n_vocab {hp.n_vocab}, expected "
-                               f"{n_text_tokens(hp.n_vocab)}")
+    n_tokens, n_text = cur.ints(1, "token count")[0], n_text_tokens(hp.n_vocab)
+    if not n_text <= n_tokens <= hp.n_vocab:
+        raise WhisperFileError(f"{path}: {n_tokens} tokens for n_vocab {hp.n_vocab}, expected {n_text} "
+                               f"(or up to {hp.n_vocab} with the special tokens)")
     vocab = []
     for i in range(n_tokens):
         vocab.append(cur.take(cur.ints(1, f"length of token {i}", "I")[0], f"token {i}").tobytes())
-    vocab += special_tokens(hp.n_vocab)
+    vocab = vocab[:n_text] + special_tokens(hp.n_vocab)  # whisper.cpp, too, names the special tokens itself
     tensors = {}
     while cur.pos < len(buf):
         n_dims, name_len, ttype = cur.ints(3, f"tensor {len(tensors)} header")

@@ -38,11 +38,6 @@ class WhisperHParams:
     def is_multilingual(self) -> bool:
         return self.n_vocab >= MULTILINGUAL_MIN_VOCAB
 
-    @property
-    def n_languages(self) -> int:
-        """Language tokens in the vocabulary (English-only models have them too): 99, 100 for large-v3 (Cantonese)."""
-        return 99 + max(0, self.n_vocab - MULTILINGUAL_MIN_VOCAB)
-
     def as_tuple(self) -> tuple[int, ...]:
         """The fields in file order."""
         return tuple(asdict(self).values())

