@@ -205,8 +205,9 @@ class WhisperModel:
         self.dec_runner = _runner(self._decoder_backends(decoder_threads), placement, planner)
         self._encoder = self._build_encoder()
         self.enc_runner.reserve(self._encoder[1])
+        self._ggml_sizes = {"encoder": self.enc_runner.plan.ggml_size}
         self.enc_runner.alloc_graph(self._encoder[1])
-        self.dec_runner.reserve(self._build_decoder(max(n_seq, self.n_text_ctx // 2 + 4), 2, self.kv.size).graph)
+        self._reserve_decoder()
         self._last = None  # (shape, step): the last decoder step graph planned
 
     def _decoder_backends(self, n_threads: int | None) -> list[Backend]:
@@ -264,7 +265,13 @@ class WhisperModel:
         self.n_seq = n_seq
         self._make_kv()
         self._last = None
-        self.dec_runner.reserve(self._build_decoder(max(n_seq, self.n_text_ctx // 2 + 4), 2, self.kv.size).graph)
+        self._reserve_decoder()
+
+    def _reserve_decoder(self) -> None:
+        """Plan the decoder's compute buffer for its worst step: the longest prefix (a 223-token prompt and the
+        start tokens) over every cell of the cache."""
+        self.dec_runner.reserve(self._build_decoder(max(self.n_seq, self.n_text_ctx // 2 + 4), 2, self.kv.size).graph)
+        self._ggml_sizes["decoder"] = self.dec_runner.plan.ggml_size
 
     # ----- memory ----------------------------------------------------------------------------------
     @property
@@ -277,8 +284,8 @@ class WhisperModel:
 
     @property
     def ggml_compute_bytes(self) -> int:
-        """What ggml's own planner takes for the same two graphs."""
-        return sum(r.plan.ggml_size for r in (self.enc_runner, self.dec_runner) if r.plan is not None)
+        """What ggml's own planner takes for the same worst-case graphs the compute buffers were reserved for."""
+        return sum(self._ggml_sizes.values())
 
     # ----- encoder ---------------------------------------------------------------------------------
     def _conv(self, ctx: Context, conv: Linear, x: Tensor, stride: int) -> Tensor:
