@@ -173,7 +173,7 @@ def test_silence_gives_no_text():
 
 
 def test_multilingual_language_detection_as_the_peers():
-    """base on the German sentence (espeak-ng's voice): like whisper.cpp (yi, p = 0.70) and faster-whisper (Hebrew
+    """base detects French on the French sentence; on the German sentence (espeak-ng's voice): like whisper.cpp (yi, p = 0.70) and faster-whisper (Hebrew
     script) it hears Yiddish first, German next; the auto-detected transcript is whisper.cpp's, and with
     language="de" the German text comes out."""
     w = whisper("base")
@@ -183,6 +183,8 @@ def test_multilingual_language_detection_as_the_peers():
     assert transcript("base", "de1.wav") == REFS["whisper.cpp"]["base"]["1"]["de1.wav"]
     segments = w.transcribe(str(SPEECH / "de1.wav"), language="de", **GREEDY)
     assert wer(META["de1.wav"]["text"], " ".join(s.text for s in segments)) < 0.35
+    language, probs = w.detect_language(w.log_mel(str(SPEECH / "fr1.wav"))[0][:, :3000])
+    assert language == "fr" and probs["fr"] > 0.7                     # the French sentence: French (0.83)
 
 
 def test_bad_input_is_refused_clearly():
