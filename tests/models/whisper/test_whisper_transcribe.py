@@ -172,19 +172,16 @@ def test_silence_gives_no_text():
     assert segments == []
 
 
-def test_multilingual_language_detection_as_the_peers():
-    """base detects French on the French sentence; on the German sentence (espeak-ng's voice): like whisper.cpp (yi, p = 0.70) and faster-whisper (Hebrew
-    script) it hears Yiddish first, German next; the auto-detected transcript is whisper.cpp's, and with
-    language="de" the German text comes out."""
+def test_multilingual_language_detection():
+    """base detects German and French on the two sentences, and with the language it detected (and faster-whisper's
+    padding) transcribes them as faster-whisper does; "de" given explicitly gives the same text."""
     w = whisper("base")
-    mel, _ = w.log_mel(str(SPEECH / "de1.wav"))
-    language, probs = w.detect_language(mel[:, :3000])
-    assert language == "yi" and 0.6 < probs["yi"] < 0.75 and "de" in list(probs)[:3], list(probs.items())[:3]
-    assert transcript("base", "de1.wav") == REFS["whisper.cpp"]["base"]["1"]["de1.wav"]
-    segments = w.transcribe(str(SPEECH / "de1.wav"), language="de", **GREEDY)
-    assert wer(META["de1.wav"]["text"], " ".join(s.text for s in segments)) < 0.35
-    language, probs = w.detect_language(w.log_mel(str(SPEECH / "fr1.wav"))[0][:, :3000])
-    assert language == "fr" and probs["fr"] > 0.7                     # the French sentence: French (0.83)
+    for name, lang in (("de1.wav", "de"), ("fr1.wav", "fr")):
+        language, probs = w.detect_language(w.log_mel(str(SPEECH / name))[0][:, :3000])
+        assert language == lang and probs[lang] > 0.7, list(probs.items())[:3]
+        assert transcript("base", name, "faster-whisper") == REFS["faster-whisper"]["base"]["1"][name]
+    segments = w.transcribe(str(SPEECH / "de1.wav"), padding="faster-whisper", language="de", **GREEDY)
+    assert " ".join(s.text.strip() for s in segments) == REFS["faster-whisper"]["base"]["1"]["de1.wav"]
 
 
 def test_bad_input_is_refused_clearly():
