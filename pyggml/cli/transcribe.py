@@ -20,6 +20,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--prompt", default=None, help="initial prompt (earlier text, names, spelling)")
     p.add_argument("--no-timestamps", action="store_true", help="decode without timestamp tokens")
     p.add_argument("--no-fallback", action="store_true", help="decode at temperature 0 only")
+    p.add_argument("--word-timestamps", action="store_true",
+                   help="time every word (cross-attention DTW): printed with txt, in the segments with json")
     p.add_argument("--output-format", "-f", default="txt", choices=["txt", "srt", "vtt", "json"],
                    help="what is printed for each file (default txt with segment times)")
     p.add_argument("--backend", default="CPU", help="backend name, or several comma-separated (CPU,TORCH_CPU) "
@@ -49,10 +51,13 @@ def run(args) -> int:
         segments = w.transcribe(path, padding=args.mel_padding, language=args.language,
                                 task="translate" if args.translate else "transcribe", beam_size=args.beam_size,
                                 initial_prompt=args.prompt, timestamps=not args.no_timestamps,
-                                temperatures=(0.0,) if args.no_fallback else TEMPERATURES)
+                                temperatures=(0.0,) if args.no_fallback else TEMPERATURES,
+                                word_timestamps=args.word_timestamps)
         if args.output_format == "txt":
             for s in segments:
                 print(f"[{_fmt_time(s.start)} --> {_fmt_time(s.end)}] {s.text.strip()}")
+                for word in s.words or []:
+                    print(f"    [{_fmt_time(word.start)} --> {_fmt_time(word.end)}] {word.word.strip()}")
         else:
             sys.stdout.write(format_segments(segments, args.output_format))
         t, mem = w.timings, w.memory()

@@ -331,8 +331,11 @@ class WhisperModel:
         self.enc_runner.compute(graph)
 
     # ----- decoder ---------------------------------------------------------------------------------
-    def _build_decoder(self, n_tokens: int, n_outputs: int, n_kv: int) -> Step:
+    def _build_decoder(self, n_tokens: int, n_outputs: int, n_kv: int, scores_of: tuple = ()) -> Step:
+        """A decoder step graph; the cross-attention scores q·kᵀ/√hd of the layers in `scores_of` are outputs
+        too (step.cross_scores[il], [n_audio_ctx, n_tokens, H]), for word alignment."""
         step = Step.new(n_tokens, n_outputs, n_kv)
+        step.cross_scores = {}
         ctx = step.ctx
         d, H, n = self.n_state, self.n_head, n_tokens
         hd = d // H
@@ -351,6 +354,9 @@ class WhisperModel:
             else:
                 v = ops.view_3d(ctx, cv, self.n_audio_ctx, hd, H, cv.nb[1], hd * cv.nb[1], 0)
             x = ops.add(ctx, b.co(ctx, _heads_attention(ctx, q, k, v, scale, self.flash_attn)), x)
+            if il in scores_of:
+                scores = step.cross_scores[il] = ops.scale(ctx, ops.mul_mat(ctx, k, q), scale).set_output()
+                step.graph.build_forward_expand(scores)
             if il == len(self.dec_blocks) - 1:
                 (x,) = step.select_outputs(x)
             x = b.mlp(ctx, x, self.gelu)
@@ -372,6 +378,25 @@ class WhisperModel:
     def decode(self, tokens, positions, seqs=None, out_rows=None) -> np.ndarray:
         """One decoder step: token i at position positions[i] of sequence seqs[i] (default 0); returns the
         logits [len(out_rows), n_vocab] of the rows out_rows (default: the last row)."""
+        tokens, positions, seqs, out_rows, cells = self._check_step(tokens, positions, seqs, out_rows)
+        step = self._step_for(tokens.size, len(out_rows), self.kv.n_kv(int(cells.max()) + 1))
+        self._run_step(step, tokens, positions, seqs, out_rows, cells)
+        logits = np.asarray(tensor_get(step.logits), dtype=np.float32).reshape(-1, self.n_vocab)
+        return logits if step.out_ids is not None else logits[out_rows]
+
+    def cross_attention_scores(self, tokens, layers) -> dict[int, np.ndarray]:
+        """The cross-attention scores (q·kᵀ/√hd, before the softmax) of `layers` for a whole token sequence at
+        positions 0.. of sequence 0 (its cache cells are overwritten): layer -> [H, n_tokens, n_audio_ctx]."""
+        n = len(tokens)
+        tokens, positions, seqs, out_rows, cells = self._check_step(tokens, np.arange(n), None, None)
+        step = self._build_decoder(n, 1, self.kv.n_kv(n), tuple(sorted(set(layers))))
+        self._last = None
+        self.dec_runner.alloc_graph(step.graph)
+        self._run_step(step, tokens, positions, seqs, out_rows, cells)
+        return {il: np.asarray(tensor_get(t), dtype=np.float32).reshape(self.n_head, n, self.n_audio_ctx)
+                for il, t in step.cross_scores.items()}
+
+    def _check_step(self, tokens, positions, seqs, out_rows):
         tokens = np.asarray(tokens, dtype=np.int32)
         positions = np.asarray(positions, dtype=np.int32)
         n = tokens.size
@@ -381,21 +406,20 @@ class WhisperModel:
             raise GGMLError(f"decode: {n} tokens, {positions.size} positions, {seqs.size} sequences")
         if positions.max() >= self.n_text_ctx or seqs.max() >= self.n_seq or min(positions.min(), seqs.min()) < 0:
             raise GGMLError(f"decode: positions must be < {self.n_text_ctx} and sequences < {self.n_seq}")
-        cells = seqs * self.n_text_ctx + positions
-        n_kv = self.kv.n_kv(int(cells.max()) + 1)
-        step = self._step_for(n, len(out_rows), n_kv)
+        return tokens, positions, seqs, out_rows, seqs * self.n_text_ctx + positions
+
+    def _run_step(self, step: Step, tokens, positions, seqs, out_rows, cells) -> None:
+        """Fill a planned step's inputs (tokens, positions, cells, rows, the per-sequence causal mask) and run it."""
         tensor_set(step.tokens, tokens)
         tensor_set(step.positions, positions)
         self.kv.set_cells(step, cells)
         if step.out_ids is not None:
             tensor_set(step.out_ids, np.asarray(out_rows, dtype=np.int32))
-        kv_cell = np.arange(n_kv)[None, :]
+        kv_cell = np.arange(step.n_kv)[None, :]
         first = (seqs * self.n_text_ctx)[:, None]
         visible = (kv_cell >= first) & (kv_cell <= cells[:, None])
         tensor_set(step.masks[None], np.where(visible, np.float32(0), np.float32(-np.inf)).astype(np.float32))
         self.dec_runner.compute(step.graph)
-        logits = np.asarray(tensor_get(step.logits), dtype=np.float32).reshape(-1, self.n_vocab)
-        return logits if step.out_ids is not None else logits[out_rows]
 
     def copy_sequences(self, order: list[int], n_pos: int) -> None:
         """Beam search's reordering: sequence i's first n_pos cache cells become those of sequence order[i]."""

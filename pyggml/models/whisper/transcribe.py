@@ -19,6 +19,7 @@ import numpy as np
 
 from pyggml.backend import Backend
 from pyggml.errors import AudioError, WhisperError
+from pyggml.models.whisper.alignment import word_timestamps
 from pyggml.models.whisper.decoding import (TIME_PRECISION, LogitFilter, WindowResult, compression_ratio,
                                             decode_window, log_softmax)
 from pyggml.models.runner import backend_list
@@ -41,6 +42,7 @@ class Segment:
     no_speech_prob: float = 0.0
     temperature: float = 0.0
     compression_ratio: float = 0.0
+    words: list | None = None     # alignment.Word items with word_timestamps=True
 
 
 @dataclass
@@ -80,6 +82,7 @@ class Options:
     condition_on_previous_text: bool = True
     initial_prompt: str | None = None
     timestamps: bool = True
+    word_timestamps: bool = False
     seed: int = 0
 
 
@@ -185,6 +188,8 @@ class Whisper:
                 seek += size          # nothing from this window
                 continue
             new, advance = self._segments(result, offset, size)
+            if opts.word_timestamps:
+                self._add_words(new, result, tok.sot_sequence(language, opts.task), size, offset)
             segments += new
             seek += advance if advance > 0 else size   # a last pair at 0.00 s must not stall the seek
             history += result.tokens
@@ -207,6 +212,18 @@ class Whisper:
             if not failed:
                 break
         return result
+
+    def _add_words(self, segments: list[Segment], r: WindowResult, start_tokens: list[int], size: int,
+                   offset: float) -> None:
+        """Word timestamps for a window's text (cross-attention DTW), shared out to its segments in order."""
+        eot = self.tokenizer.eot
+        words = word_timestamps(self.model, self.tokenizer, list(self.file.alignment_heads or []), start_tokens,
+                                [t for t in r.tokens if t < eot], size, offset)
+        for s in segments:
+            n, s.words = sum(1 for t in s.tokens if t < eot), []
+            while words and n > 0:
+                n -= len(words[0].tokens)
+                s.words.append(words.pop(0))
 
     @staticmethod
     def _is_silence(r: WindowResult, opts: Options) -> bool:

@@ -298,3 +298,21 @@ def test_timestamp_rules():
     assert text in pair and not np.any(pair >= tb)
     forced = allowed([tb, text], text_logit=0.0)                              # 1500 timestamps beat one text token
     assert forced.min() > tb and text not in forced
+
+
+def test_word_timestamps_follow_the_audio():
+    """Word times from the cross-attention DTW: in order, inside the audio, spelling the segments' text, and the
+    first word after a 2 s pause starts after the pause."""
+    from pyggml.models.whisper.audio import load_audio
+
+    w = whisper("tiny.en")
+    first, second = load_audio(SPEECH / "en1.wav"), load_audio(SPEECH / "en2.wav")
+    pause = first.size / 16000 + 2.0
+    audio = np.concatenate([first, np.zeros(32000, np.float32), second])
+    segments = w.transcribe(audio, word_timestamps=True, **GREEDY)
+    words = [x for s in segments for x in s.words]
+    assert "".join(x.word for x in words) == "".join(s.text for s in segments)
+    times = [t for x in words for t in (x.start, x.end)]
+    assert times == sorted(times) and 0 <= times[0] and times[-1] <= audio.size / 16000 + 0.1
+    please = next(x for x in words if x.word.strip() == "Please")
+    assert pause - 0.2 <= please.start <= pause + 0.6, (please, pause)
