@@ -85,5 +85,17 @@ class TokenizerError(GGMLError, ValueError):
     """A token id or vocabulary entry is out of range or malformed."""
 
 
+class WhisperError(GGMLError, ValueError):
+    """A Whisper model, its tokens or a transcription request is wrong (unknown language, bad option)."""
+
+
+class WhisperFileError(WhisperError):
+    """A Whisper model file or directory is missing, truncated, corrupt or in an unknown format."""
+
+
+class AudioError(WhisperError):
+    """Audio is empty, corrupt, in a format no installed decoder reads, or cannot be resampled."""
+
+
 class RPCError(BackendError):
     """A remote backend answered wrongly, too late, or not at all."""

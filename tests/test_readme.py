@@ -13,10 +13,10 @@ def test_readme_example_runs(capsys):
     assert shape == "(8, 32)" and int(size) >= int(lower_bound) > 0
 
 
-def test_readme_has_the_two_setup_commands():
+def test_readme_has_the_setup_commands():
     text = README.read_text()
     commands = re.findall(r"```sh\n(.*?)\n```", text, re.S)
-    assert len(commands) == 2
-    assert "pyggml generate" in commands[0] and "pytest" in commands[1]
+    assert len(commands) == 3
+    assert "pyggml generate" in commands[0] and "pytest" in commands[1] and "pyggml transcribe" in commands[2]
     ci = (README.parent / ".ci" / "run").read_text()
     assert commands[1] in ci

@@ -80,9 +80,14 @@ class KVCache:
     def set_cell_inputs(self, step, pos0: int) -> None:
         """Fill the step's cell inputs for tokens at positions pos0, pos0 + 1, ... (after allocation; the
         caller has checked them with check_room)."""
+        self.set_cells(step, np.arange(pos0, pos0 + step.n_tokens, dtype=np.int64))
+
+    def set_cells(self, step, cells: np.ndarray) -> None:
+        """Fill the step's cell inputs with the cells its tokens go to (any cells: several sequences may
+        share the cache, each in cells of its own)."""
         if step.kv_cells is None:
             return
-        cells = np.arange(pos0, pos0 + step.n_tokens, dtype=np.int64)
+        cells = np.asarray(cells, dtype=np.int64)
         tensor_set(step.kv_cells[0], cells)
         tensor_set(step.kv_cells[1], (np.arange(self.n_embd_v, dtype=np.int64)[:, None] * self.size + cells).ravel())
 

@@ -18,7 +18,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from pyggml.backend import Backend, DeviceType, init_by_name, tensor_get, tensor_set
+from pyggml.backend import Backend, tensor_get, tensor_set
 from pyggml.core import GGMLType
 from pyggml.errors import GGMLError, GGUFError
 from pyggml.models.arch import architecture_of
@@ -28,7 +28,7 @@ from pyggml.models.generate import Sampler, SamplingParams
 from pyggml.models.gguf_file import GGUFFile
 from pyggml.models.gguf_loader import load_weights
 from pyggml.models.kv_cache import KVCache, causal_mask
-from pyggml.models.runner import SingleBackend, plan_layers, remote_prefixes, split_layers
+from pyggml.models.runner import SingleBackend, backend_list, plan_layers, remote_prefixes, split_layers
 from pyggml.models.tokenizer import load_tokenizer
 
 
@@ -221,12 +221,7 @@ def load_model(path=None, backend: str | Backend | list = "CPU", n_ctx: int = 20
     """
     if path is None:
         path = default_model_path()
-    backends = [init_by_name(b.strip()) if isinstance(b, str) else b
-                for b in (backend.split(",") if isinstance(backend, str) else
-                          backend if isinstance(backend, (list, tuple)) else [backend])]
-    if backends[-1].device.type != DeviceType.CPU and len(backends) > 1:  # the scheduler's last must be a CPU
-        cpus = [b for b in backends if b.device.type == DeviceType.CPU]
-        backends = [b for b in backends if b is not cpus[0]] + cpus[:1] if cpus else backends + [init_by_name("CPU")]
+    backends = backend_list(backend)
     gguf = GGUFFile.open(path)
     try:
         return Model(gguf, backends, n_ctx, n_batch, repack, kv_type, progress)

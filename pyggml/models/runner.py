@@ -9,7 +9,7 @@ and the scheduler runs each op where its weights are, copying activations betwee
 from __future__ import annotations
 
 from pyggml.alloc import GraphAllocator
-from pyggml.backend import Backend, BufferType, BufferUsage, tensor_alloc, tensor_get, tensor_set
+from pyggml.backend import Backend, BufferType, BufferUsage, DeviceType, init_by_name, tensor_alloc, tensor_get, tensor_set
 from pyggml.backend.base import Buffer
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
@@ -25,9 +25,9 @@ class SingleBackend:
     the kernels are looked up once per graph instead of once per token.
     """
 
-    def __init__(self, backend: Backend):
+    def __init__(self, backend: Backend, planner: str = "best"):
         self.backend = backend
-        self.galloc = GraphAllocator(backend.default_buffer_type)
+        self.galloc = GraphAllocator(backend.default_buffer_type, planner=planner)
         self.has_plans = type(backend)._graph_plan_create is not Backend._graph_plan_create
         self._planned: tuple[Graph, object] | None = None  # (graph, its backend plan)
 
@@ -153,3 +153,14 @@ def split_layers(weights, kv, placement) -> Scheduled:
                      backend.default_buffer_type, BufferUsage.WEIGHTS, weights.file_bytes)
         move_tensors([c for il in layers for c in (kv.k[il], kv.v[il])], backend.default_buffer_type, BufferUsage.ANY)
     return Scheduled([backend for backend, _ in placement], [(b.name, layers) for b, layers in placement])
+
+
+def backend_list(backend) -> list[Backend]:
+    """Backends from a registered name, a comma-separated string of names, a Backend or a list of these;
+    with several, a CPU backend (the list's first, else a new one) goes last, as the scheduler needs."""
+    items = backend.split(",") if isinstance(backend, str) else backend if isinstance(backend, (list, tuple)) else [backend]
+    backends = [init_by_name(b.strip()) if isinstance(b, str) else b for b in items]
+    if backends[-1].device.type != DeviceType.CPU and len(backends) > 1:
+        cpus = [b for b in backends if b.device.type == DeviceType.CPU]
+        backends = [b for b in backends if b is not cpus[0]] + cpus[:1] if cpus else backends + [init_by_name("CPU")]
+    return backends

