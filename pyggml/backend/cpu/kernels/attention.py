@@ -115,15 +115,16 @@ NO_SINKS = np.zeros(0, np.float32)
 
 
 def _bind_soft_max(dst: Tensor):
-    """The compiled soft_max (F32 or F16 mask, or none), for memory it may read and write in place."""
+    """The compiled soft_max (F32 or F16 mask, or none)."""
     a, mask, sinks = dst.src[0], dst.src[1], dst.src[2]
     x, out = view(a), view(dst)
     m = _bits_or_f32(mask)[:, :, : a.ne[1], : a.ne[0]] if mask is not None else NO_MASK
     sink = view(sinks).reshape(-1) if sinks is not None else NO_SINKS
+    scale, slopes = np.float32(dst.op_params_f32(0)), alibi_slopes(a.ne[2], dst.op_params_f32(1))
     if overlap(out, x) or np.may_share_memory(out, m) or np.may_share_memory(out, sink):
-        return None
-    slopes = alibi_slopes(a.ne[2], dst.op_params_f32(1))
-    return functools.partial(soft_max_rows, x, out, np.float32(dst.op_params_f32(0)), m, slopes, sink, F16_TO_F32)
+        # planned memory may put dst over a source: read copies, so results stay those of the compiled kernel
+        return lambda: soft_max_rows(x.copy(), out, scale, m.copy(), slopes, sink.copy(), F16_TO_F32)
+    return functools.partial(soft_max_rows, x, out, scale, m, slopes, sink, F16_TO_F32)
 
 
 @kernel(Op.SOFT_MAX, supports=_supports_soft_max, bind=_bind_soft_max)
@@ -313,10 +314,11 @@ def _bind_flash_attn(dst: Tensor):
     out = view(dst)
     m = _bits_or_f32(mask) if mask is not None else NO_MASK
     sink = view(sinks).reshape(-1) if sinks is not None else NO_SINKS
-    if any(np.may_share_memory(out, x) for x in (view(q), view(k), view(v), m, sink)):
-        return None
-    return functools.partial(flash_attn_rows, _bits_or_f32(q), _bits_or_f32(k), _bits_or_f32(v), m, sink,
-                             alibi_slopes(q.ne[2], max_bias), out, pre_scale, np.float32(softcap), F16_TO_F32)
+    args = (_bits_or_f32(q), _bits_or_f32(k), _bits_or_f32(v), m, sink)
+    rest = (alibi_slopes(q.ne[2], max_bias), out, pre_scale, np.float32(softcap), F16_TO_F32)
+    if any(np.may_share_memory(out, x) for x in args):  # planned memory: read copies, same results
+        return lambda: flash_attn_rows(*(x.copy() for x in args), *rest)
+    return functools.partial(flash_attn_rows, *args, *rest)
 
 
 @kernel(Op.FLASH_ATTN_EXT, supports=_supports_flash_attn, bind=_bind_flash_attn)
