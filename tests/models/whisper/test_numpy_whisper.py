@@ -2,7 +2,6 @@
 its greedy tokens equal faster-whisper's (float32, committed) when both hear faster-whisper's log-mel."""
 
 import math
-import os
 
 import numpy as np
 import pytest
@@ -11,7 +10,6 @@ from numpy_whisper import NumpyWhisper, erf
 from pyggml.models.whisper import WhisperTokenizer, load_audio, log_mel_spectrogram
 from pyggml.models.whisper.mel import pad_or_trim
 
-LONG = bool(os.environ.get("PYGGML_LONG"))
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +43,7 @@ def greedy_faster_whisper_front_end(reference, file, wav):
 
 
 @pytest.mark.parametrize("wav", ["en1.wav"] + [pytest.param(
-    f"en{i}.wav", marks=pytest.mark.skipif(not LONG, reason="PYGGML_LONG=1 decodes every sentence")) for i in
+    f"en{i}.wav", marks=pytest.mark.long_only(reason="decodes every sentence")) for i in
     range(2, 6)])
 def test_greedy_equals_faster_whisper(reference, tiny_en, speech, refs, wav):
     assert greedy_faster_whisper_front_end(reference, tiny_en, speech[wav]["path"]) == refs["greedy"]["tiny.en"][wav]
@@ -60,7 +58,7 @@ def base_reference():
     return base, NumpyWhisper(base)
 
 
-@pytest.mark.skipif(not LONG, reason="PYGGML_LONG=1 runs base (two encoder passes)")
+@pytest.mark.long_only(reason="runs base (two encoder passes)")
 def test_base_greedy_and_language(base_reference, speech, refs):
     """The split base model through the reference: faster-whisper's tokens, and its language probabilities."""
     base, reference = base_reference

