@@ -8,12 +8,13 @@ import pytest
 from opcheck import fill_random
 
 from pyggml.backend.cpu import kernels
+from pyggml.backend.cpu.jit import glu as jit_glu
 from pyggml.backend.cpu.jit.f16 import f32_to_f16
 from pyggml.backend.cpu.jit.floatbits import expf
 from pyggml.backend.cpu.jit import jit
 from pyggml.core import ops
 from pyggml.core.context import Context
-from pyggml.core.tensor import GluOp, host_ndarray
+from pyggml.core.tensor import GluOp, UnaryOp, host_ndarray
 from pyggml.core.types import GGMLType as G
 from pyggml.errors import OutOfBoundsError
 
@@ -136,17 +137,42 @@ def test_rope(mode, case):
     compiled_and_numpy(_rope(mode, **case))
 
 
-@pytest.mark.parametrize("op", [GluOp.GEGLU, GluOp.SWIGLU, GluOp.REGLU])
+# GELU_ERF's erfc is evaluated in float32 here and in float64 by the NumPy kernel: compared within 1e-6 of
+# the largest value rather than in ulps (where the result is near 0 for negative inputs)
+@pytest.mark.parametrize("op", [GluOp.GEGLU, GluOp.SWIGLU, GluOp.REGLU, GluOp.GEGLU_ERF])
 @pytest.mark.parametrize("split, swapped", [(True, False), (False, False), (False, True)])  # glu_split: never swapped
 def test_glu(op, split, swapped):
     def build(ctx):
         if split:
             return ops.glu_split(ctx, ctx.new_tensor(G.F32, (2048, 3)), ctx.new_tensor(G.F32, (2048, 3)), op)
         return ops.glu(ctx, ctx.new_tensor(G.F32, (34, 3, 2)), op, swapped)
-    node = compiled_and_numpy(build, ulps=4)
+    tolerance = dict(rel=1e-6) if op == GluOp.GEGLU_ERF else dict(ulps=4)
+    node = compiled_and_numpy(build, **tolerance)
     x = host_ndarray(node.src[0])
     x[..., :3] = np.float32([-12.0, 11.0, 10.0])  # the GELU table's bounds (-10 and 10) and beyond
-    compiled_and_numpy(lambda ctx: node, ulps=4)
+    compiled_and_numpy(lambda ctx: node, **tolerance)
+
+
+@pytest.mark.parametrize("op", [UnaryOp.GELU, UnaryOp.GELU_ERF, UnaryOp.SILU, UnaryOp.RELU])
+@pytest.mark.parametrize("inplace", [False, True])
+def test_unary(op, inplace):
+    build = lambda ctx: ops.unary(ctx, ctx.new_tensor(G.F32, (1536, 5)), op, inplace=inplace)
+    tolerance = dict(rel=1e-6) if op == UnaryOp.GELU_ERF else dict(ulps=4)
+    node = compiled_and_numpy(build, **tolerance)
+    x = host_ndarray(node.src[0])
+    x[..., 0, :6] = np.float32([-12.0, 11.0, 10.0, -40.0, 40.0, 0.0])  # the table's bounds, exp's under/overflow
+    compiled_and_numpy(lambda ctx: node, **tolerance)
+
+
+def test_gelu_erf_relative_error_everywhere():
+    """The float32 erfc keeps GELU_ERF's relative error small also where 1 + erf(x) nearly cancels (1e-5 at
+    x = -9, where the result is 1e-18: exp's argument -x²/2 carries float32's rounding)."""
+    x = np.linspace(-9, 9, 100001, dtype=np.float32)
+    got = np.empty_like(x)
+    jit_glu.unary_rows(x[None], got[None], jit_glu.GELU_ERF, np.zeros(0, np.float32))
+    from math import erfc
+    want = np.array([0.5 * v * erfc(-v / 2 ** 0.5) for v in x.astype(np.float64)])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-37)
 
 
 @pytest.mark.parametrize("dst_type", [G.F32, G.F16])
@@ -173,17 +199,29 @@ def test_set_rows_out_of_range_raises_and_writes_nothing():
     dict(d=64, n_head=4, n_head_kv=1, n_kv=48, n_tok=1), dict(d=32, n_head=6, n_head_kv=3, n_kv=17, n_tok=5),
     dict(d=16, n_head=2, n_head_kv=2, n_kv=9, n_tok=3, kv_type=G.F16, q_type=G.F16),
     dict(d=16, n_head=4, n_head_kv=2, n_kv=8, n_tok=2, mask=False, ne3=2),
-    dict(d=16, n_head=4, n_head_kv=2, n_kv=8, n_tok=2, softcap=20.0, max_bias=8.0, sinks=True)], ids=str)
+    dict(d=16, n_head=4, n_head_kv=2, n_kv=8, n_tok=2, softcap=20.0, max_bias=8.0, sinks=True),
+    dict(d=64, n_head=6, n_head_kv=6, n_kv=150, n_tok=1, mask=False, permuted=True),
+    dict(d=16, n_head=4, n_head_kv=2, n_kv=33, n_tok=2, kv_type=G.F16, permuted=True),
+    # more query rows than COMPILED_ATTN_TOKENS: BLAS products around the compiled exp rows
+    dict(d=64, n_head=6, n_head_kv=6, n_kv=40, n_tok=40, mask=False, permuted=True),
+    dict(d=32, n_head=6, n_head_kv=2, n_kv=24, n_tok=20, kv_type=G.F16, q_type=G.F16),
+    dict(d=16, n_head=4, n_head_kv=2, n_kv=12, n_tok=12, softcap=20.0, max_bias=8.0, sinks=True, ne3=2),
+    dict(d=16, n_head=4, n_head_kv=4, n_kv=12, n_tok=12, fully_masked_row=True)], ids=str)
 def test_flash_attn_ext(case):
     def build(ctx, d, n_head, n_head_kv, n_kv, n_tok, kv_type=G.F32, q_type=G.F32, mask=True, ne3=1,
-              softcap=0.0, max_bias=0.0, sinks=False):
+              softcap=0.0, max_bias=0.0, sinks=False, permuted=False, fully_masked_row=False):
         q = ctx.new_tensor(q_type, (d, n_tok, n_head, ne3))
-        k = ctx.new_tensor(kv_type, (d, n_kv, n_head_kv, ne3))
-        v = ctx.new_tensor(kv_type, (d, n_kv, n_head_kv, ne3))
+        if permuted:  # K and V as views of [d, head, kv] memory (a cross-attention cache): rows strided by heads
+            k, v = (ops.permute(ctx, ctx.new_tensor(kv_type, (d, n_head_kv, n_kv, ne3)), 0, 2, 1, 3) for _ in "kv")
+        else:
+            k = ctx.new_tensor(kv_type, (d, n_kv, n_head_kv, ne3))
+            v = ctx.new_tensor(kv_type, (d, n_kv, n_head_kv, ne3))
         m = None
         if mask:
             m = ctx.new_tensor(G.F16, (n_kv, n_tok))
             causal = np.triu(np.full((n_tok, n_kv), -np.inf, np.float32), n_kv - n_tok + 1)
+            if fully_masked_row:
+                causal[3] = -np.inf
             host_ndarray(m)[0, 0] = causal.astype(np.float16)
         out = ops.flash_attn_ext(ctx, q, k, v, m, 0.125, max_bias, softcap)
         if sinks:

@@ -11,65 +11,94 @@ import numpy as np
 from pyggml.backend.cpu.jit import jit
 from pyggml.backend.cpu.jit.f16 import widen
 from pyggml.backend.cpu.jit.floatbits import expf
-from pyggml.backend.cpu.jit.reduce import dot_f32, max_f32
+from pyggml.backend.cpu.jit.reduce import dot_f32, max_f32, sum_f32
+
+
+@jit(inline="always")
+def exp_scores(row: np.ndarray, pre_scale: np.float32, softcap: np.float32, mask_row: np.ndarray,
+               slope: np.float32, sink: np.float32) -> np.float32:
+    """In place: the raw scores q·k of one query row become exp(s - max) for s = softcap·tanh(score·pre_scale)
+    (score·pre_scale when softcap is 0) + slope·mask (mask_row of size 0: none); the max includes the sink
+    (-inf: none), and a row that is all -inf is shifted by 0. Returns the row's sum plus exp(sink - max)."""
+    n = np.uintp(row.shape[0])
+    if softcap != np.float32(0):  # one loop per case: a branch or libm call inside a loop stops it vectorising
+        for j in range(n):
+            row[j] = np.tanh(row[j] * pre_scale) * softcap
+    else:
+        for j in range(n):
+            row[j] *= pre_scale
+    if mask_row.size > 0:
+        for j in range(n):
+            row[j] += slope * widen(mask_row[j])
+    peak = max(max_f32(row), sink)
+    if peak == np.float32(-np.inf):
+        peak = np.float32(0)
+    for j in range(n):
+        row[j] = expf(row[j] - peak)
+    return sum_f32(row) + expf(sink - peak)
 
 
 @jit
-def flash_attn_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, sinks: np.ndarray,
-                    slopes: np.ndarray, out: np.ndarray, pre_scale: np.float32, softcap: np.float32,
-                    table: np.ndarray) -> None:
-    """q: (ne3, n_head, n_tokens, d_k), k: (ne3, n_head_kv, n_kv, d_k), v: (ne3, n_head_kv, n_kv, d_v) as
-    float32 or F16 bits (uint16, widened through table); mask: (m3, m2, >= n_tokens, n_kv) likewise, reused by
-    index modulo, or of size 0; sinks: one per head or size 0; out: (ne3, n_tokens, n_head, d_v) float32.
-    pre_scale is scale, or scale / softcap (rounded once to float32) when softcap is not 0."""
+def exp_score_rows(scores: np.ndarray, pre_scale: np.float32, softcap: np.float32, mask: np.ndarray,
+                   slopes: np.ndarray, sinks: np.ndarray, totals: np.ndarray) -> None:
+    """exp_scores over every row of scores (ne3, n_head, n_tokens, n_kv), totals (ne3, n_head, n_tokens)
+    their sums: the middle of attention whose products BLAS does. mask: (m3, m2, >= n_tokens, n_kv),
+    reused by index modulo, or of size 0; sinks: one per head or size 0."""
+    ne3, n_head, n_tokens = scores.shape[0], scores.shape[1], scores.shape[2]
+    no_row = np.zeros(0, mask.dtype)
+    for i3 in range(ne3):
+        for h in range(n_head):
+            sink = sinks[h] if sinks.size > 0 else np.float32(-np.inf)
+            for t in range(n_tokens):
+                m = mask[i3 % mask.shape[0], h % mask.shape[1], t] if mask.size > 0 else no_row
+                totals[i3, h, t] = exp_scores(scores[i3, h, t], pre_scale, softcap, m, slopes[h], sink)
+
+
+@jit
+def flash_attn_rows(q: np.ndarray, k: np.ndarray, k_strides: np.ndarray, v: np.ndarray, v_strides: np.ndarray,
+                    kv_dims: np.ndarray, mask: np.ndarray, sinks: np.ndarray, slopes: np.ndarray, out: np.ndarray,
+                    pre_scale: np.float32, softcap: np.float32) -> None:
+    """q: (ne3, n_head, n_tokens, d_k); k and v: the memory of (ne3, n_head_kv, n_kv, d) arrays as one 1-D
+    array each, element (i3, h, j, d) at i3·s[0] + h·s[1] + j·s[2] + d for their strides s (so that the
+    loops over a row see unit stride and vectorise); kv_dims: (n_head_kv, n_kv, d_v). Values are float32
+    or F16 bits (uint16). mask: (m3, m2, >= n_tokens, n_kv) likewise, reused by index modulo, or of size 0;
+    sinks: one per head or size 0; out: (ne3, n_tokens, n_head, d_v) float32. pre_scale is scale, or
+    scale / softcap (rounded once to float32) when softcap is not 0."""
     ne3, n_head, n_tokens, d_k = q.shape
-    n_head_kv, n_kv, d_v = k.shape[1], k.shape[2], v.shape[3]
+    n_head_kv, n_kv, d_v = kv_dims[0], kv_dims[1], kv_dims[2]
     group = n_head // n_head_kv  # the query heads that share one K/V head, done together: K and V read once
     has_mask, has_sinks = mask.size > 0, sinks.size > 0
+    no_row = np.zeros(0, mask.dtype)
     scores = np.empty((group, n_kv), np.float32)
     qrows = np.empty((group, d_k), np.float32)
     acc = np.empty((group, d_v), np.float32)
     totals = np.empty(group, np.float32)
     for i3 in range(ne3):
         for hk in range(n_head_kv):
+            k_head = np.uintp(i3 * k_strides[0] + hk * k_strides[1])
+            v_head = np.uintp(i3 * v_strides[0] + hk * v_strides[1])
             for t in range(n_tokens):
                 for g in range(group):
                     for d in range(np.uintp(d_k)):
-                        qrows[g, d] = widen(q[i3, hk * group + g, t, d], table)
+                        qrows[g, d] = widen(q[i3, hk * group + g, t, d])
                 for j in range(np.uintp(n_kv)):
-                    krow = k[i3, hk, j]
+                    krow = k_head + j * np.uintp(k_strides[2])
                     for g in range(group):
-                        scores[g, j] = dot_f32(qrows[g], krow, table) * pre_scale
+                        scores[g, j] = dot_f32(qrows[g], k, krow)
                 for g in range(group):
                     h = hk * group + g
-                    row = scores[g]
-                    for j in range(np.uintp(n_kv)):
-                        s = row[j]
-                        if softcap != np.float32(0):
-                            s = np.tanh(s) * softcap
-                        if has_mask:
-                            s += slopes[h] * widen(mask[i3 % mask.shape[0], h % mask.shape[1], t, j], table)
-                        row[j] = s
-                    peak = max_f32(row)
-                    if has_sinks:
-                        peak = max(peak, sinks[h])
-                    if peak == np.float32(-np.inf):
-                        peak = np.float32(0)
-                    total = np.float32(0)
-                    for j in range(np.uintp(n_kv)):
-                        row[j] = expf(row[j] - peak)
-                        total += row[j]
-                    if has_sinks:
-                        total += expf(sinks[h] - peak)
-                    totals[g] = total
+                    m = mask[i3 % mask.shape[0], h % mask.shape[1], t] if has_mask else no_row
+                    totals[g] = exp_scores(scores[g], pre_scale, softcap, m, slopes[h], sinks[h] if has_sinks else
+                                           np.float32(-np.inf))
                 acc[:, :] = 0
                 for j in range(np.uintp(n_kv)):
-                    vrow = v[i3, hk, j]
+                    vrow = v_head + j * np.uintp(v_strides[2])
                     for g in range(group):
                         w = scores[g, j]
                         if w != np.float32(0):
+                            a = acc[g]
                             for d in range(np.uintp(d_v)):
-                                acc[g, d] += w * widen(vrow[d], table)
+                                a[d] += w * widen(v[vrow + d])
                 for g in range(group):
                     for d in range(np.uintp(d_v)):
                         out[i3, t, hk * group + g, d] = acc[g, d] / totals[g] if totals[g] != np.float32(0) \

@@ -1,8 +1,8 @@
 """IEEE half precision inside compiled kernels: F16 values travel as their uint16 bit patterns.
 
-Numba has no float16 on the CPU, so reading goes through a 65,536-entry float32 table (exact, and a
-cache-resident load), and writing through the bit arithmetic of a round-to-nearest-even conversion
-(what F16C's vcvtps2ph, NumPy's astype(float16) and ggml's CPU backend do).
+Numba has no float16 on the CPU, so reading goes through LLVM's own conversion (scalars.f16_to_f32: one
+vcvtph2ps, and loops over it vectorise), and writing through the bit arithmetic of a round-to-nearest-even
+conversion (what F16C's vcvtps2ph, NumPy's astype(float16) and ggml's CPU backend do).
 """
 
 from __future__ import annotations
@@ -13,21 +13,18 @@ from numba.extending import overload
 
 from pyggml.backend.cpu.jit import jit
 from pyggml.backend.cpu.jit.floatbits import float_bits
+from pyggml.backend.cpu.jit.scalars import f16_to_f32
 
-F16_TO_F32 = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
-F16_TO_F32.flags.writeable = False
-
-
-def widen(x, table):
-    """A value as float32 inside a compiled kernel: F16 bits (uint16) through the table, float32 as it is."""
+def widen(x):
+    """A value as float32 inside a compiled kernel: F16 bits (uint16) converted, float32 as it is."""
     raise NotImplementedError("widen is for compiled kernels")  # pragma: no cover (Numba uses the overload)
 
 
 @overload(widen)
-def _widen(x, table):
+def _widen(x):
     if isinstance(x, types.Integer):
-        return lambda x, table: table[x]
-    return lambda x, table: x
+        return lambda x: f16_to_f32(x)
+    return lambda x: x
 
 
 @jit

@@ -19,6 +19,15 @@ def sum_f64(x: np.ndarray) -> float:
 
 
 @jit(fastmath={"reassoc", "nsz"})
+def sum_f32(x: np.ndarray) -> np.float32:
+    """Sum of a float32 row, in float32 (attention's softmax denominators, as ggml's flash attention)."""
+    total = np.float32(0)
+    for i in range(np.uintp(x.shape[0])):
+        total += x[i]
+    return total
+
+
+@jit(fastmath={"reassoc", "nsz"})
 def sum_squares_f64(x: np.ndarray) -> float:
     """Sum of the float32 squares of a float32 row, accumulated in float64."""
     total = 0.0
@@ -37,9 +46,9 @@ def max_f32(x: np.ndarray) -> np.float32:
 
 
 @jit(fastmath={"reassoc", "nsz"})
-def dot_f32(x: np.ndarray, y: np.ndarray, table: np.ndarray) -> np.float32:
-    """Dot product of a float32 row with a float32 or F16-bits row (widened through table), in float32."""
+def dot_f32(x: np.ndarray, y: np.ndarray, yo: np.uintp) -> np.float32:
+    """Dot product of a float32 row with the float32 or F16-bits values y[yo:], in float32."""
     total = np.float32(0)
     for i in range(np.uintp(x.shape[0])):
-        total += x[i] * widen(y[i], table)
+        total += x[i] * widen(y[yo + i])
     return total

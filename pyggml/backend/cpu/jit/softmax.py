@@ -14,9 +14,9 @@ from pyggml.backend.cpu.jit.reduce import max_f32, sum_f64
 
 @jit
 def soft_max_rows(a: np.ndarray, out: np.ndarray, scale: np.float32, mask: np.ndarray, slopes: np.ndarray,
-                  sinks: np.ndarray, table: np.ndarray) -> None:
+                  sinks: np.ndarray) -> None:
     """a, out: (ne3, ne2, ne1, ne0) with contiguous rows (out may be a). mask: (m3, m2, >= ne1, ne0), reused
-    over ne3 and ne2 by index modulo, float32 or F16 bits (widened through table), or of size 0 for none;
+    over ne3 and ne2 by index modulo, float32 or F16 bits (uint16), or of size 0 for none;
     slopes: one per head (ne2); sinks: one per head, or of size 0 for none."""
     ne3, ne2, ne1, ne0 = a.shape
     n = np.uintp(ne0)
@@ -30,7 +30,7 @@ def soft_max_rows(a: np.ndarray, out: np.ndarray, scale: np.float32, mask: np.nd
                 if has_mask:
                     m = mask[i3 % mask.shape[0], i2 % mask.shape[1], i1]
                     for i in range(n):
-                        row[i] = x[i] * scale + slope * widen(m[i], table)
+                        row[i] = x[i] * scale + slope * widen(m[i])
                 else:
                     for i in range(n):
                         row[i] = x[i] * scale

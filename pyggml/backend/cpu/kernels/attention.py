@@ -11,8 +11,7 @@ import math
 
 import numpy as np
 
-from pyggml.backend.cpu.jit.attention import flash_attn_rows
-from pyggml.backend.cpu.jit.f16 import F16_TO_F32
+from pyggml.backend.cpu.jit.attention import exp_score_rows, flash_attn_rows
 from pyggml.backend.cpu.jit.rope import rope_rows
 from pyggml.backend.cpu.jit.softmax import soft_max_rows
 from pyggml.backend.cpu.kernels import kernel
@@ -123,8 +122,8 @@ def _bind_soft_max(dst: Tensor):
     scale, slopes = np.float32(dst.op_params_f32(0)), alibi_slopes(a.ne[2], dst.op_params_f32(1))
     if overlap(out, x) or np.may_share_memory(out, m) or np.may_share_memory(out, sink):
         # planned memory may put dst over a source: read copies, so results stay those of the compiled kernel
-        return lambda: soft_max_rows(x.copy(), out, scale, m.copy(), slopes, sink.copy(), F16_TO_F32)
-    return functools.partial(soft_max_rows, x, out, scale, m, slopes, sink, F16_TO_F32)
+        return lambda: soft_max_rows(x.copy(), out, scale, m.copy(), slopes, sink.copy())
+    return functools.partial(soft_max_rows, x, out, scale, m, slopes, sink)
 
 
 @kernel(Op.SOFT_MAX, supports=_supports_soft_max, bind=_bind_soft_max)
@@ -304,8 +303,13 @@ def _grouped(x: np.ndarray, n_groups: int) -> np.ndarray:
     return x.reshape(x.shape[0], n_groups, x.shape[1] // n_groups, *x.shape[2:])
 
 
+COMPILED_ATTN_TOKENS = 8  # up to this many query rows, products in compiled loops; more: BLAS's (an encoder's 1500)
+
+
 def _bind_flash_attn(dst: Tensor):
-    """The compiled attention for F32 or F16 q, K, V and mask."""
+    """The compiled attention for F32 or F16 q, K, V and mask: all of it for a few query rows (generation),
+    else BLAS products around the compiled exp rows, one K/V head at a time (a score matrix per head, not
+    per layer)."""
     q, k, v, mask, sinks = dst.src[:5]
     if any(t is not None and t.type not in (F32, F16) for t in (q, k, v, mask)):
         return None
@@ -314,11 +318,56 @@ def _bind_flash_attn(dst: Tensor):
     out = view(dst)
     m = _bits_or_f32(mask) if mask is not None else NO_MASK
     sink = view(sinks).reshape(-1) if sinks is not None else NO_SINKS
-    args = (_bits_or_f32(q), _bits_or_f32(k), _bits_or_f32(v), m, sink)
-    rest = (alibi_slopes(q.ne[2], max_bias), out, pre_scale, np.float32(softcap), F16_TO_F32)
-    if any(np.may_share_memory(out, x) for x in args):  # planned memory: read copies, same results
-        return lambda: flash_attn_rows(*(x.copy() for x in args), *rest)
-    return functools.partial(flash_attn_rows, *args, *rest)
+    slopes = alibi_slopes(q.ne[2], max_bias)
+    if q.ne[1] > COMPILED_ATTN_TOKENS:
+        return functools.partial(_attention_by_heads, dst, pre_scale, np.float32(softcap), m, slopes, sink)
+    qs, ks, vs = _bits_or_f32(q), _bits_or_f32(k), _bits_or_f32(v)
+    kv_dims = np.array([k.ne[2], k.ne[1], v.ne[0]], np.int64)
+    rest = (slopes, out, pre_scale, np.float32(softcap))
+    if any(np.may_share_memory(out, x) for x in (qs, ks, vs, m, sink)):  # planned memory: read copies, same results
+        def on_copies() -> None:
+            flash_attn_rows(qs.copy(), *_flat_rows(ks.copy()), *_flat_rows(vs.copy()), kv_dims, m.copy(), sink.copy(),
+                            *rest)
+        return on_copies
+    return functools.partial(flash_attn_rows, qs, *_flat_rows(ks), *_flat_rows(vs), kv_dims, m, sink, *rest)
+
+
+def _attention_by_heads(dst: Tensor, pre_scale, softcap, mask, slopes, sinks) -> None:
+    """flash_attn_ext for many query rows: per K/V head, scores by BLAS, exp rows compiled, weighted V by BLAS."""
+    q, k, v = dst.src[:3]
+    n_head_kv, group = k.ne[2], q.ne[2] // k.ne[2]
+    qs, ks, vs = as_f32(q), as_f32(k), as_f32(v)        # (ne3, head, token, d)
+    out = np.empty((q.ne[3], q.ne[1], q.ne[2], v.ne[0]), np.float32)  # (ne3, token, head, d_v): dst's order
+    totals = np.empty((q.ne[3], group, q.ne[1]), np.float32)
+    m = mask if mask.size == 0 else np.ascontiguousarray(mask[:, :, :q.ne[1], :k.ne[1]])
+    for hk in range(n_head_kv):
+        heads = slice(hk * group, (hk + 1) * group)
+        scores = np.matmul(qs[:, heads], ks[:, hk, None].swapaxes(-1, -2))  # (ne3, group, token, kv)
+        head_mask = m if m.size == 0 or m.shape[1] == 1 else _heads_of(m, heads, q.ne[2])
+        exp_score_rows(scores, pre_scale, softcap, head_mask, slopes[heads], sinks[heads] if sinks.size else sinks,
+                       totals)
+        weighted = np.matmul(scores, vs[:, hk, None])  # (ne3, group, token, d_v)
+        weighted /= totals[..., None]
+        weighted[totals == 0] = 0  # every key masked and no sink: zeros, as in ggml
+        out[:, :, heads] = weighted.transpose(0, 2, 1, 3)
+    store(dst, out)
+
+
+def _heads_of(mask: np.ndarray, heads: slice, n_head: int) -> np.ndarray:
+    """The mask planes that heads use (mask planes are reused by head index modulo their count)."""
+    return mask[:, np.arange(n_head)[heads] % mask.shape[1]]
+
+
+def _flat_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A 4-D array as (its memory as one 1-D array, its first three strides in elements), rows made
+    contiguous first if they are not: compiled loops over a row then see unit stride and vectorise."""
+    if a.strides[3] != a.itemsize and a.shape[3] > 1:
+        a = np.ascontiguousarray(a)
+    if a.size == 0:
+        return a.reshape(-1), np.zeros(3, np.int64)
+    span = 1 + sum((n - 1) * s for n, s in zip(a.shape, a.strides)) // a.itemsize
+    flat = np.lib.stride_tricks.as_strided(a, shape=(span,), strides=(a.itemsize,), writeable=False)
+    return flat, np.array(a.strides[:3], np.int64) // a.itemsize
 
 
 @kernel(Op.FLASH_ATTN_EXT, supports=_supports_flash_attn, bind=_bind_flash_attn)

@@ -14,7 +14,7 @@ import numpy as np
 
 from pyggml.backend.cpu.jit import glu as jit_glu
 from pyggml.backend.cpu.kernels import kernel
-from pyggml.backend.cpu.kernels._common import as_f32, rows_2d, store, view
+from pyggml.backend.cpu.kernels._common import as_f32, overlap, rows_2d, store, view
 from pyggml.backend.cpu.kernels.elementwise import unary_types_ok
 from pyggml.core.tensor import GluOp, Op, Tensor, UnaryOp
 from pyggml.core.types import GGMLType as G
@@ -164,7 +164,24 @@ def _unary_supported(t: Tensor) -> bool:
     return unary_types_ok(t)
 
 
-@kernel(Op.UNARY, supports=_unary_supported)
+COMPILED_UNARY = {UnaryOp.GELU: jit_glu.GELU, UnaryOp.SILU: jit_glu.SILU, UnaryOp.RELU: jit_glu.RELU,
+                  UnaryOp.GELU_ERF: jit_glu.GELU_ERF}
+
+
+def _bind_unary(dst: Tensor):
+    """The compiled GELU / GELU_ERF / SILU / RELU for F32."""
+    kind = COMPILED_UNARY.get(dst.unary_op)
+    if kind is None or dst.type != G.F32 or dst.src[0].type != G.F32:
+        return None
+    x, out = rows_2d(view(dst.src[0])), rows_2d(view(dst))
+    if x is None or out is None or x.shape != out.shape:
+        return None
+    if overlap(out, x):  # planned memory partly over the input: read a copy, same results
+        return lambda: jit_glu.unary_rows(x.copy(), out, kind, f16_table(gelu_tanh))
+    return functools.partial(jit_glu.unary_rows, x, out, kind, f16_table(gelu_tanh))
+
+
+@kernel(Op.UNARY, supports=_unary_supported, bind=_bind_unary)
 def unary(dst: Tensor) -> None:
     x = as_f32(dst.src[0])
     if dst.unary_op == UnaryOp.XIELU:
@@ -211,11 +228,12 @@ def glu_operands(dst: Tensor, values):
     return (g, x) if dst.op_params[1] else (x, g)
 
 
-COMPILED_GLU = {GluOp.GEGLU: jit_glu.GEGLU, GluOp.SWIGLU: jit_glu.SWIGLU, GluOp.REGLU: jit_glu.REGLU}
+COMPILED_GLU = {GluOp.GEGLU: jit_glu.GELU, GluOp.SWIGLU: jit_glu.SILU, GluOp.REGLU: jit_glu.RELU,
+                GluOp.GEGLU_ERF: jit_glu.GELU_ERF}
 
 
 def _bind_glu(dst: Tensor):
-    """The compiled GEGLU / SWIGLU / REGLU for F32 (split or not, swapped or not)."""
+    """The compiled GEGLU / GEGLU_ERF / SWIGLU / REGLU for F32 (split or not, swapped or not)."""
     kind = COMPILED_GLU.get(dst.glu_op)
     if kind is None or dst.type != G.F32:
         return None
