@@ -152,3 +152,34 @@ def test_large_matrix_vector_products_on_threads(type_, n_threads):
         set_threads(THREADS_MAX)
     expected = host_ndarray(x)[0, 0].astype(np.float64) @ ref_w[0, 0].T
     assert nmse(expected, host_ndarray(y)[0, 0]) < 1e-10
+
+
+@pytest.mark.parametrize("type_", (G.Q8_0, G.Q4_K, G.F16, G.F32), ids=lambda t: t.name)
+@pytest.mark.parametrize("a_planes, b_shape", [
+    (1, (3, 1)),   # three columns, one plane
+    (2, (1, 6)),   # one column in each of 6 planes, 3 sharing each plane of a: folded into columns
+    (3, (1, 9)),   # the same with 3 planes of a (9 query heads over 3 KV heads)
+    (1, (1, 5)),   # 5 planes over one: more than VEC_COLUMNS, not folded
+])
+def test_bound_generation_products_read_b_in_place(type_, a_planes, b_shape):
+    """The pre-bound call a graph plan makes for a few columns (compiled, also on an F32 matrix such as the KV
+    cache) equals the float64 product, and reads b where it is: new values in b, new products."""
+    ctx = Context()
+    ne0 = 256 if T.blck_size(type_) > 1 else 96
+    if type_ == G.F32:
+        w = ctx.new_tensor(G.F32, (ne0, 37, a_planes))
+        host_ndarray(w)[...] = np.random.default_rng(7).standard_normal(host_ndarray(w).shape)
+        ref_w = host_ndarray(w).astype(np.float64)
+    else:
+        w, ref_w = _weight(ctx, type_, ne0, 37, planes=(a_planes, 1))
+    x = ctx.new_tensor(G.F32, (ne0, *b_shape))
+    y = ops.mul_mat(ctx, w, x)
+    kernel = kernels.KERNELS[y.op]
+    call = kernels.bound(y, kernel)
+    assert getattr(call, "func", None) is not kernel.fn
+    for seed in (8, 9):
+        host_ndarray(x)[...] = np.random.default_rng(seed).standard_normal(host_ndarray(x).shape)
+        call()
+        r2 = b_shape[1] // a_planes
+        expected = host_ndarray(x).astype(np.float64) @ np.repeat(ref_w, r2, axis=1).swapaxes(-1, -2)
+        assert nmse(expected, host_ndarray(y)) < 1e-10

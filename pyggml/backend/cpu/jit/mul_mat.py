@@ -18,7 +18,7 @@ from numba import prange
 from pyggml.backend.cpu.jit import jit, parallel_jit
 from pyggml.backend.cpu.jit.compile_cache import drop_stale
 from pyggml.backend.cpu.jit.quants import U, dequantize_row
-from pyggml.backend.cpu.jit.vec_dot import FASTMATH, vec_dot
+from pyggml.backend.cpu.jit.vec_dot import F32, FASTMATH, vec_dot
 
 
 @jit(fastmath=FASTMATH)
@@ -60,6 +60,35 @@ def mul_mat_vec_1t(qtype, direct, src, planes, row_stride, nrows, nb, x, y):
     """mul_mat_vec on the calling thread (small matrices: waking threads would cost more than they save)."""
     for plane in range(planes.shape[0]):
         _rows_times_columns(qtype, direct, src, planes[plane], row_stride, 0, nrows, nb, x[plane], y[plane])
+
+
+@jit(fastmath=FASTMATH)
+def mul_mat_f32_columns(a, planes, row_stride, nrows, k, x, y):
+    """y[i, c, r] = dot(row r of float32 matrix i, x[i, c]) for a few columns c: row r of plane i starts at
+    element planes[i] + r·row_stride of the flat float32 array a. Each row is read once for four columns
+    (attention over an F32 KV cache in generation: 2x faster than BLAS on these shapes)."""
+    ncols = U(x.shape[1])
+    for plane in range(U(planes.shape[0])):
+        xs, ys = x[plane], y[plane]
+        for r in range(U(nrows)):
+            row = U(planes[plane]) + r * U(row_stride)
+            c = U(0)
+            while c + U(4) <= ncols:
+                a0, a1, a2, a3 = F32(0), F32(0), F32(0), F32(0)
+                for j in range(U(k)):
+                    v = a[row + j]
+                    a0 += v * xs[c, j]
+                    a1 += v * xs[c + U(1), j]
+                    a2 += v * xs[c + U(2), j]
+                    a3 += v * xs[c + U(3), j]
+                ys[c, r], ys[c + U(1), r], ys[c + U(2), r], ys[c + U(3), r] = a0, a1, a2, a3
+                c += U(4)
+            while c < ncols:
+                acc = F32(0)
+                for j in range(U(k)):
+                    acc += a[row + j] * xs[c, j]
+                ys[c, r] = acc
+                c += U(1)
 
 
 @jit

@@ -19,9 +19,11 @@ from pyggml.core.tensor import Tensor
 THREADS_MAX = numba.config.NUMBA_NUM_THREADS
 
 
-def in_blocks(t: Tensor) -> bool:
-    """Whether the compiled kernels read t in place: a type they decode, whole rows contiguous, host memory."""
-    if t.type not in BLOCKS or t.nb[0] != T.type_size(t.type) or t.extra is not None:
+def in_blocks(t: Tensor, f32: bool = False) -> bool:
+    """Whether the compiled kernels read t in place: a type they decode (or F32, where `f32`), whole rows
+    contiguous, host memory."""
+    known = t.type in BLOCKS or (f32 and t.type == T.GGMLType.F32)
+    if not known or t.nb[0] != T.type_size(t.type) or t.extra is not None:
         return False
     owner = t.memory_owner()
     return owner is None or getattr(owner, "host_array", None) is not None  # None: not placed yet (supports_op)

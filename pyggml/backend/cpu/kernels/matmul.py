@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import functools
 import threading
-import weakref
 
 import numpy as np
 
-from pyggml.backend.cpu.jit.mul_mat import dequantize_rows, mul_mat_vec, mul_mat_vec_1t
+from pyggml.backend.cpu.jit.mul_mat import dequantize_rows, mul_mat_f32_columns, mul_mat_vec, mul_mat_vec_1t
 from pyggml.backend.cpu.jit.vec_dot import HAS_VEC_DOT
 from pyggml.backend.cpu.kernels import kernel
-from pyggml.backend.cpu.kernels._blocks import blocks_per_row, in_blocks, memory_of, threads
+from pyggml.backend.cpu.kernels._blocks import THREADS_MAX, blocks_per_row, in_blocks, memory_of, threads
 from pyggml.backend.cpu.kernels._common import FLOAT_TYPES, as_f32, blas_threads, repacked_values, view
 from pyggml.backend.cpu.kernels._dequant_cache import DEQUANT_CACHE, dequantizable
 from pyggml.core import types as T
@@ -65,6 +64,12 @@ TILE_BYTES = 8 << 20       # float32 scratch for a tile of dequantized rows (a l
 BANDS_PER_THREAD = 4       # row bands per thread in mul_mat_vec: a busy core delays only a small band
 
 
+def _columns_of_one_product(a: Tensor, b: Tensor) -> bool:
+    """Whether b holds one column per plane and consecutive planes of b share a plane of a (the query heads
+    of one KV head in generation): then they are the columns of one product, and a's rows are read once."""
+    return b.ne[1] == 1 and b.ne[3] == a.ne[3] and b.ne[2] > a.ne[2]
+
+
 def _a_planes(dst: Tensor, first: int) -> np.ndarray:
     """Byte offsets of a's matrix for each of b's planes (i3, i2) in order, broadcasting as ggml does."""
     a, b = dst.src[0], dst.src[1]
@@ -83,26 +88,31 @@ def _planes(first: int, b3: int, b2: int, a3: int, a2: int, nb3: int, nb2: int) 
 _PARALLEL_LAUNCH = threading.Lock()
 
 
-def _matvec_call(a: Tensor, src: np.ndarray, planes: np.ndarray, x: np.ndarray, y: np.ndarray, n_threads: int):
-    """The compiled matrix-vector call with all its arguments bound (a step's products repeat it token after token)."""
+def _matvec_call(a: Tensor, src: np.ndarray, planes: np.ndarray, x: np.ndarray, y: np.ndarray):
+    """The compiled matrix-vector call with all its arguments bound (a step's products repeat it token after
+    token); on the calling thread when one thread is set or the matrix is small, else on Numba's threads."""
     qtype, nb = int(a.type), blocks_per_row(a)
     direct = qtype in HAS_VEC_DOT
-    if n_threads == 1 or len(planes) * a.ne[0] * a.ne[1] < SMALL_MATRIX:
-        return functools.partial(mul_mat_vec_1t, qtype, direct, src, planes, a.nb[1], a.ne[1], nb, x, y)
-    bands = max(1, min(n_threads * BANDS_PER_THREAD, a.ne[1] // 16))
+    one_thread = functools.partial(mul_mat_vec_1t, qtype, direct, src, planes, a.nb[1], a.ne[1], nb, x, y)
+    if len(planes) * a.ne[0] * a.ne[1] < SMALL_MATRIX:
+        return one_thread
+    bands = max(1, min(THREADS_MAX * BANDS_PER_THREAD, a.ne[1] // 16))
     args = (qtype, direct, src, planes, a.nb[1], a.ne[1], nb, x, y, bands)
 
-    def on_threads() -> None:
+    def call() -> None:
+        if threads() == 1:
+            one_thread()
+            return
         with _PARALLEL_LAUNCH:
             mul_mat_vec(*args)
 
-    return on_threads
+    return call
 
 
 def _product_on_blocks(a: Tensor, src: np.ndarray, planes: np.ndarray, x: np.ndarray, y: np.ndarray) -> None:
     """y[i] = x[i] · (a's matrix at byte planes[i] of src)ᵀ for float32 x (P, n, k) and y (P, n, a.ne1)."""
     if x.shape[1] <= VEC_COLUMNS:
-        _matvec_call(a, src, planes, x, y, threads())()
+        _matvec_call(a, src, planes, x, y)()
         return
     qtype, nb = int(a.type), blocks_per_row(a)
     tile_rows = max(1, min(a.ne[1], TILE_BYTES // (4 * a.ne[0])))
@@ -120,44 +130,58 @@ def _product_on_blocks(a: Tensor, src: np.ndarray, planes: np.ndarray, x: np.nda
                 y[using, :, r0:r0 + len(rows)] = np.matmul(xs, values.T)
 
 
-_BOUND_CALLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # dst -> (layout key, bound matvec call)
+def _vector_operands(dst: Tensor, first: int):
+    """(byte offsets of a's planes, x (P, columns, k), y (P, columns, a.ne1)) of dst = a·b, x and y views of b
+    and dst where their layout allows (else x a copy; y always a view: ValueError if impossible)."""
+    a, b = dst.src[0], dst.src[1]
+    planes, columns = _a_planes(dst, first), b.ne[1]
+    if _columns_of_one_product(a, b) and b.ne[2] // a.ne[2] <= VEC_COLUMNS:
+        planes, columns = _planes(first, a.ne[3], a.ne[2], a.ne[3], a.ne[2], a.nb[3], a.nb[2]), b.ne[2] // a.ne[2]
+    x = np.reshape(as_f32(b), (len(planes), columns, b.ne[0]))
+    return planes, x, _out_view(dst, (len(planes), columns, a.ne[1]))
 
 
 def _mul_mat_blocks(dst: Tensor) -> None:
-    """mul_mat with src0 read in its block format (see the module docstring).
+    """mul_mat with src0 read in its block format (see the module docstring)."""
+    src, first = memory_of(dst.src[0])
+    planes, x, y = _vector_operands(dst, first)
+    _product_on_blocks(dst.src[0], src, planes, np.ascontiguousarray(x, dtype=np.float32), y)
 
-    A matrix-vector product whose b is float32 in place is bound once per node and layout: the next
-    token's step (the same graph, the same buffers) then costs one dictionary lookup before the call.
-    """
+
+def _bind_mul_mat(dst: Tensor):
+    """The compiled call for a few float32 columns of b read in place (a generation step's products): a in its
+    blocks through mul_mat_vec, or a float32 matrix (the KV cache) through mul_mat_f32_columns."""
     a, b = dst.src[0], dst.src[1]
-    key = None
-    if b.type == T.GGMLType.F32 and b.ne[1] <= VEC_COLUMNS:
-        key = (a.data, b.data, dst.data, threads(), *a.ne, *a.nb, *b.ne, *b.nb)
-        bound = _BOUND_CALLS.get(dst)
-        if bound is not None and bound[0] == key:
-            bound[1]()
-            return
+    if b.type != T.GGMLType.F32 or b.ne[1] > VEC_COLUMNS or not in_blocks(a, f32=True):
+        return None
     src, first = memory_of(a)
-    planes = _a_planes(dst, first)
-    x = as_f32(b).reshape(len(planes), b.ne[1], b.ne[0])
-    y = _out_view(dst, (len(planes), b.ne[1], a.ne[1]))
-    if key is not None and x.flags.c_contiguous:  # x is b's memory, so the bound call sees each step's values
-        call = _matvec_call(a, src, planes, x, y, key[3])
-        _BOUND_CALLS[dst] = (key, call)
-        call()
-        return
-    _product_on_blocks(a, src, planes, np.ascontiguousarray(x, dtype=np.float32), y)
+    try:
+        planes, x, y = _vector_operands(dst, first)
+    except ValueError:
+        return None
+    if not (x.flags.c_contiguous and np.shares_memory(x, view(b))):  # each step's b must be read where it is
+        return None
+    if a.type != T.GGMLType.F32:
+        return _matvec_call(a, src, planes, x, y)
+    values = src[: src.size // 4 * 4].view(np.float32)
+    return functools.partial(mul_mat_f32_columns, values, planes // 4, a.nb[1] // 4, a.ne[1], a.ne[0], x, y)
 
 
-@kernel(Op.MUL_MAT, supports=_supports_product)
+@kernel(Op.MUL_MAT, supports=_supports_product, bind=_bind_mul_mat)
 def mul_mat(dst: Tensor) -> None:
     """dst[.., i1, i0] = b[.., i1, :]·a[.., i0, :]: on a's blocks, or one BLAS call per float32 matrix pair."""
     a, b = dst.src[0], dst.src[1]
     if in_blocks(a):
         _mul_mat_blocks(dst)
         return
-    wa, wb, split = _broadcast_split(dst, _blasable(src0_f32(a)), _blasable(as_f32(b)))
-    out = _out_view(dst, (*split, b.ne[1], a.ne[1]))
+    if _columns_of_one_product(a, b):  # one BLAS call per plane of a, not one per plane of b
+        r2 = b.ne[2] // a.ne[2]
+        wa = _blasable(src0_f32(a))
+        wb = _blasable(np.reshape(as_f32(b), (a.ne[3], a.ne[2], r2, b.ne[0])))
+        out = _out_view(dst, (a.ne[3], a.ne[2], r2, a.ne[1]))
+    else:
+        wa, wb, split = _broadcast_split(dst, _blasable(src0_f32(a)), _blasable(as_f32(b)))
+        out = _out_view(dst, (*split, b.ne[1], a.ne[1]))
     if b.nrows < SMALL_BATCH and a.ne[0] * a.ne[1] < SMALL_MATRIX:
         with blas_threads(1):
             np.matmul(wb, wa.swapaxes(-1, -2), out=out)
