@@ -32,8 +32,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--weights", default="quantized", choices=["quantized", "f32"],
                    help="quantized: weights stay in the file's block formats, mapped (default); f32: expanded to "
                         "float32 at load (4 bytes a weight)")
-    p.add_argument("--kv-type", default="F32", choices=["F32", "F16"],
-                   help="KV cache type (default F32; F16 as llama.cpp: half the memory, slower steps)")
+    p.add_argument("--kv-type", default="F16", choices=["F32", "F16"],
+                   help="KV cache type (default F16, as llama.cpp; F32: twice the memory, no rounding)")
     p.set_defaults(run=run)
 
 

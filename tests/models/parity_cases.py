@@ -104,12 +104,19 @@ def write_case(case: Case, directory: Path) -> Path:
     return case.write(Path(directory) / f"{case.name}.gguf")
 
 
+def plain(value):
+    """A metadata value with its NumPy arrays as lists (whose repr shows every element)."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return [plain(v) for v in value] if isinstance(value, list) else value
+
+
 def sha256(path) -> str:
     """A digest of what the logits depend on: every metadata value and every tensor's name, type, shape and
     bytes (not the file's layout, which another gguf version may write differently)."""
     h = hashlib.sha256()
     with GGUFFile.open(path) as f:
-        h.update(repr(sorted((k, v) for k, v in f.metadata.items() if not k.startswith("GGUF."))).encode())
+        h.update(repr(sorted((k, plain(v)) for k, v in f.metadata.items() if not k.startswith("GGUF."))).encode())
         for t in sorted(f.tensors, key=lambda t: t.name):
             h.update(f"{t.name} {t.type.name} {t.ne}".encode())
             h.update(f.tensor_bytes(t))

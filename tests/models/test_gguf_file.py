@@ -101,8 +101,9 @@ def test_handmade_file_parses_every_field():
     assert f.metadata["tiny.eps"] == pytest.approx(1e-6)
     assert f.metadata["tiny.flag"] is True
     assert f.metadata["tokenizer.ggml.tokens"] == ["<s>", "▁héllo", "日本"]
-    assert f.metadata["tiny.ints"] == [-1, 0, 7]
-    assert f.metadata["tiny.nested"] == [[1, 2], []]
+    assert f.metadata["tiny.ints"].tolist() == [-1, 0, 7]  # numeric arrays come as read-only NumPy arrays
+    assert f.metadata["tiny.ints"].dtype == np.int32 and not f.metadata["tiny.ints"].flags.writeable
+    assert [a.tolist() for a in f.metadata["tiny.nested"]] == [[1, 2], []]
     assert f.field_types["tiny.ints"].element_type == GGUFValueType.INT32
     a, b = f.tensors
     assert (a.name, a.type, a.ne, a.n_dims, a.nbytes) == ("a.weight", GGMLQuantizationType.F32, (8, 8, 1, 1), 2, 256)
@@ -133,7 +134,7 @@ def test_gguf_writer_file_round_trips(tmp_path):
         assert f.architecture == "llama"
         assert f.metadata["x.i64"] == -(2**40) and f.metadata["x.f64"] == 2.5
         assert f.metadata["x.s"] == "ünïcode ✓" and f.metadata["x.strs"] == ["a", "bb", ""]
-        assert f.metadata["x.floats"] == [0.5, -1.0] and f.metadata["x.no"] is False
+        assert f.metadata["x.floats"].tolist() == [0.5, -1.0] and f.metadata["x.no"] is False
         assert f.get("missing", 7) == 7
         with pytest.raises(GGUFError, match="missing.key"):
             f.require("missing.key")

@@ -37,7 +37,7 @@ def refs():
 
 
 def pyggml_logits(path, tokens) -> np.ndarray:
-    return load_model(path, n_ctx=N_CTX, n_batch=N_BATCH).decode(list(tokens), all_logits=True)
+    return load_model(path, n_ctx=N_CTX, n_batch=N_BATCH, kv_type="F32").decode(list(tokens), all_logits=True)  # as the refs
 
 
 def check_agreement(case, got: dict, yardstick: dict | None) -> None:

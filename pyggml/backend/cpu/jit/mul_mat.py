@@ -17,6 +17,7 @@ from numba import prange
 
 from pyggml.backend.cpu.jit import jit, parallel_jit
 from pyggml.backend.cpu.jit.compile_cache import drop_stale
+from pyggml.backend.cpu.jit.f16 import widen
 from pyggml.backend.cpu.jit.quants import U, dequantize_row
 from pyggml.backend.cpu.jit.vec_dot import F32, FASTMATH, vec_dot
 
@@ -63,32 +64,47 @@ def mul_mat_vec_1t(qtype, direct, src, planes, row_stride, nrows, nb, x, y):
 
 
 @jit(fastmath=FASTMATH)
-def mul_mat_f32_columns(a, planes, row_stride, nrows, k, x, y):
-    """y[i, c, r] = dot(row r of float32 matrix i, x[i, c]) for a few columns c: row r of plane i starts at
-    element planes[i] + r·row_stride of the flat float32 array a. Each row is read once for four columns
-    (attention over an F32 KV cache in generation: 2x faster than BLAS on these shapes)."""
-    ncols = U(x.shape[1])
-    for plane in range(U(planes.shape[0])):
-        xs, ys = x[plane], y[plane]
-        for r in range(U(nrows)):
-            row = U(planes[plane]) + r * U(row_stride)
-            c = U(0)
-            while c + U(4) <= ncols:
-                a0, a1, a2, a3 = F32(0), F32(0), F32(0), F32(0)
-                for j in range(U(k)):
-                    v = a[row + j]
-                    a0 += v * xs[c, j]
-                    a1 += v * xs[c + U(1), j]
-                    a2 += v * xs[c + U(2), j]
-                    a3 += v * xs[c + U(3), j]
-                ys[c, r], ys[c + U(1), r], ys[c + U(2), r], ys[c + U(3), r] = a0, a1, a2, a3
-                c += U(4)
-            while c < ncols:
-                acc = F32(0)
-                for j in range(U(k)):
-                    acc += a[row + j] * xs[c, j]
-                ys[c, r] = acc
-                c += U(1)
+def _float_rows_times_columns(a, base, row_stride, r0, r1, k, x, y):
+    """y[c, r] = dot(row r of a float matrix, x[c]) for r in [r0, r1): row r starts at element base + r·row_stride
+    of the flat array a (float32, or F16 bits as uint16). Each row is read once for four columns."""
+    ncols = U(x.shape[0])
+    for r in range(U(r0), U(r1)):
+        row = U(base) + r * U(row_stride)
+        c = U(0)
+        while c + U(4) <= ncols:
+            a0, a1, a2, a3 = F32(0), F32(0), F32(0), F32(0)
+            for j in range(U(k)):
+                v = widen(a[row + j])
+                a0 += v * x[c, j]
+                a1 += v * x[c + U(1), j]
+                a2 += v * x[c + U(2), j]
+                a3 += v * x[c + U(3), j]
+            y[c, r], y[c + U(1), r], y[c + U(2), r], y[c + U(3), r] = a0, a1, a2, a3
+            c += U(4)
+        while c < ncols:
+            acc = F32(0)
+            for j in range(U(k)):
+                acc += widen(a[row + j]) * x[c, j]
+            y[c, r] = acc
+            c += U(1)
+
+
+@parallel_jit
+def mul_mat_float_columns(a, planes, row_stride, nrows, k, x, y, bands):
+    """mul_mat_vec for float32 or F16 matrices given as flat arrays of their values (planes[i]: the element
+    where plane i starts): the KV cache in generation, read row by row for up to four query heads at once."""
+    per = (nrows + bands - 1) // bands
+    for task in prange(planes.shape[0] * bands):
+        plane, band = task // bands, task % bands
+        _float_rows_times_columns(a, planes[plane], row_stride, min(nrows, band * per),
+                                  min(nrows, (band + 1) * per), k, x[plane], y[plane])
+
+
+@jit
+def mul_mat_float_columns_1t(a, planes, row_stride, nrows, k, x, y):
+    """mul_mat_float_columns on the calling thread."""
+    for plane in range(planes.shape[0]):
+        _float_rows_times_columns(a, planes[plane], row_stride, 0, nrows, k, x[plane], y[plane])
 
 
 @jit

@@ -15,7 +15,8 @@ import threading
 
 import numpy as np
 
-from pyggml.backend.cpu.jit.mul_mat import dequantize_rows, mul_mat_f32_columns, mul_mat_vec, mul_mat_vec_1t
+from pyggml.backend.cpu.jit.mul_mat import (dequantize_rows, mul_mat_float_columns, mul_mat_float_columns_1t,
+                                            mul_mat_vec, mul_mat_vec_1t)
 from pyggml.backend.cpu.jit.vec_dot import HAS_VEC_DOT
 from pyggml.backend.cpu.kernels import kernel
 from pyggml.backend.cpu.kernels._blocks import THREADS_MAX, blocks_per_row, in_blocks, memory_of, threads
@@ -60,7 +61,7 @@ def _broadcast_split(dst: Tensor, wa: np.ndarray, wb: np.ndarray):
 SMALL_BATCH = 32            # below this many rows of b a product is memory-bound, and ...
 SMALL_MATRIX = 256 * 1024  # ... below this many elements of a, threads only add synchronisation
 VEC_COLUMNS = 4            # up to this many columns of b per plane, block rows are multiplied in registers
-TILE_BYTES = 8 << 20       # float32 scratch for a tile of dequantized rows (a layer matrix of a small model whole)
+TILE_BYTES = 2 << 20       # float32 scratch for a tile of dequantized rows
 BANDS_PER_THREAD = 4       # row bands per thread in mul_mat_vec: a busy core delays only a small band
 
 
@@ -90,21 +91,28 @@ _PARALLEL_LAUNCH = threading.Lock()
 
 def _matvec_call(a: Tensor, src: np.ndarray, planes: np.ndarray, x: np.ndarray, y: np.ndarray):
     """The compiled matrix-vector call with all its arguments bound (a step's products repeat it token after
-    token); on the calling thread when one thread is set or the matrix is small, else on Numba's threads."""
-    qtype, nb = int(a.type), blocks_per_row(a)
-    direct = qtype in HAS_VEC_DOT
-    one_thread = functools.partial(mul_mat_vec_1t, qtype, direct, src, planes, a.nb[1], a.ne[1], nb, x, y)
+    token); on the calling thread when one thread is set or the matrix is small, else on Numba's threads.
+    Float matrices (F32, F16: the KV cache) go through the float-rows kernel, the others through the blocks."""
+    if a.type in (T.GGMLType.F32, T.GGMLType.F16):
+        size = T.type_size(a.type)
+        values = src[: src.size // size * size].view(np.float32 if a.type == T.GGMLType.F32 else np.uint16)
+        args = (values, planes // size, a.nb[1] // size, a.ne[1], a.ne[0], x, y)
+        serial, parallel = mul_mat_float_columns_1t, mul_mat_float_columns
+    else:
+        qtype = int(a.type)
+        args = (qtype, qtype in HAS_VEC_DOT, src, planes, a.nb[1], a.ne[1], blocks_per_row(a), x, y)
+        serial, parallel = mul_mat_vec_1t, mul_mat_vec
+    one_thread = functools.partial(serial, *args)
     if len(planes) * a.ne[0] * a.ne[1] < SMALL_MATRIX:
         return one_thread
-    bands = max(1, min(THREADS_MAX * BANDS_PER_THREAD, a.ne[1] // 16))
-    args = (qtype, direct, src, planes, a.nb[1], a.ne[1], nb, x, y, bands)
+    on_threads = functools.partial(parallel, *args, max(1, min(THREADS_MAX * BANDS_PER_THREAD, a.ne[1] // 16)))
 
     def call() -> None:
         if threads() == 1:
             one_thread()
             return
         with _PARALLEL_LAUNCH:
-            mul_mat_vec(*args)
+            on_threads()
 
     return call
 
@@ -149,8 +157,8 @@ def _mul_mat_blocks(dst: Tensor) -> None:
 
 
 def _bind_mul_mat(dst: Tensor):
-    """The compiled call for a few float32 columns of b read in place (a generation step's products): a in its
-    blocks through mul_mat_vec, or a float32 matrix (the KV cache) through mul_mat_f32_columns."""
+    """The compiled call for a few float32 columns of b read in place (a generation step's products), a read
+    where it is: in its blocks, or float32 (the KV cache)."""
     a, b = dst.src[0], dst.src[1]
     if b.type != T.GGMLType.F32 or b.ne[1] > VEC_COLUMNS or not in_blocks(a, f32=True):
         return None
@@ -161,10 +169,7 @@ def _bind_mul_mat(dst: Tensor):
         return None
     if not (x.flags.c_contiguous and np.shares_memory(x, view(b))):  # each step's b must be read where it is
         return None
-    if a.type != T.GGMLType.F32:
-        return _matvec_call(a, src, planes, x, y)
-    values = src[: src.size // 4 * 4].view(np.float32)
-    return functools.partial(mul_mat_f32_columns, values, planes // 4, a.nb[1] // 4, a.ne[1], a.ne[0], x, y)
+    return _matvec_call(a, src, planes, x, y)
 
 
 @kernel(Op.MUL_MAT, supports=_supports_product, bind=_bind_mul_mat)
