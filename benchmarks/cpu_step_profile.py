@@ -37,7 +37,8 @@ def unbound(t, k):
 def use(model, variant: str) -> None:
     """Make the next step plan its graph with the variant's calls."""
     kernels.bound = BOUND if variant == "bound" else unbound
-    model.runner._drop_plan()  # the next compute plans (and binds) again
+    for step, _ in model._steps.values():
+        model.runner.forget(step.graph)  # the next compute plans (and binds) again
 
 
 def label(node) -> str:
@@ -98,7 +99,7 @@ def main() -> None:
     runner = model.runner
 
     def plan():
-        return runner._planned[1]
+        return runner.plan_of(next(reversed(model._steps.values()))[0].graph)
 
     def gen_step():
         model.n_past = args.kv

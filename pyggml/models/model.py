@@ -13,6 +13,7 @@ a GraphAllocator plans the steps; on several, the layers are split and the sched
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -77,7 +78,7 @@ class Model:
         self.runner = split_layers(self.weights, self.kv, placement) if placement else SingleBackend(backend)
         worst, _ = self._build(self.n_batch, 1, self.kv.n_kv(self.n_ctx))
         self.runner.reserve(worst.graph)
-        self._last = None  # (shape, step, logits) of the last step planned, reused by a step of that shape
+        self._steps: OrderedDict = OrderedDict()  # shape -> (step, logits): the latest step graphs placed
         self.reserved_plan = self.runner.plan
         self.n_past = 0
         self.timings = Timings()
@@ -121,14 +122,22 @@ class Model:
         return step, logits
 
     def _step_for(self, n: int, n_outputs: int):
-        """The previous step's graph if this one has its shape (its plan is still in place), else a new one."""
+        """A graph placed before for this step's shape while its memory is still there (the runner keeps
+        graphs_kept of them: a prompt's and a token's, so generation after each prompt builds nothing),
+        else a new one."""
         shape = (n, n_outputs, self.kv.n_kv(self.n_past + n))
-        if not (self.reuse_graphs and self._last is not None and self._last[0] == shape):
-            step, logits = self._build(*shape)
-            self._last = None                   # no stale plan is left behind if planning fails
-            self.runner.alloc_graph(step.graph)
-            self._last = (shape, step, logits)
-        return self._last[1:]
+        kept = self._steps.pop(shape, None)
+        if kept is not None and self.reuse_graphs and not kept[1].buffer.is_freed:
+            self._steps[shape] = kept
+            return kept
+        if kept is not None:
+            self.runner.forget(kept[0].graph)
+        step, logits = self._build(*shape)
+        self.runner.alloc_graph(step.graph)
+        self._steps[shape] = (step, logits)
+        while len(self._steps) > self.runner.graphs_kept:
+            self.runner.forget(self._steps.popitem(last=False)[1][0].graph)
+        return step, logits
 
     def _run(self, ids: list[int], all_logits: bool) -> np.ndarray:
         n = len(ids)

@@ -8,6 +8,8 @@ and the scheduler runs each op where its weights are, copying activations betwee
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from pyggml.alloc import GraphAllocator
 from pyggml.backend import Backend, BufferType, BufferUsage, DeviceType, init_by_name, tensor_alloc, tensor_get, tensor_set
 from pyggml.backend.base import Buffer
@@ -29,29 +31,40 @@ class SingleBackend:
         self.backend = backend
         self.galloc = GraphAllocator(backend.default_buffer_type, planner=planner)
         self.has_plans = type(backend)._graph_plan_create is not Backend._graph_plan_create
-        self._planned: tuple[Graph, object] | None = None  # (graph, its backend plan)
+        self._plans: OrderedDict[int, tuple[Graph, object]] = OrderedDict()  # id(graph) -> (graph, its plan)
 
     def reserve(self, graph: Graph) -> None:
         self.galloc.reserve(graph)
 
+    graphs_kept = 2  # placed graphs stay valid side by side in the one buffer: the prompt's and the token's
+
     def alloc_graph(self, graph: Graph) -> None:
-        self._drop_plan()  # placing a graph anew may change what its plan would hold
+        self.forget(graph)  # placing a graph anew may change what its plan would hold
         self.galloc.alloc_graph(graph)
 
     def compute(self, graph: Graph) -> None:
         if not self.has_plans:
             self.backend.graph_compute(graph)
             return
-        if self._planned is None or self._planned[0] is not graph:
-            self._drop_plan()
-            self._planned = (graph, self.backend.graph_plan_create(graph))
-        self.backend.graph_plan_compute(self._planned[1])
+        self.backend.graph_plan_compute(self.plan_of(graph))
         self.backend.synchronize()
 
-    def _drop_plan(self) -> None:
-        if self._planned is not None:
-            self.backend.graph_plan_free(self._planned[1])
-            self._planned = None
+    def plan_of(self, graph: Graph):
+        """graph's backend plan: the one made before (the latest graphs_kept are kept), else a new one."""
+        entry = self._plans.get(id(graph))
+        if entry is None or entry[0] is not graph:
+            entry = (graph, self.backend.graph_plan_create(graph))
+            self._plans[id(graph)] = entry
+            while len(self._plans) > self.graphs_kept:
+                self.backend.graph_plan_free(self._plans.popitem(last=False)[1][1])
+        self._plans.move_to_end(id(graph))
+        return entry[1]
+
+    def forget(self, graph: Graph) -> None:
+        """Free graph's plan, if it has one (the next compute plans, and binds its kernels, again)."""
+        entry = self._plans.pop(id(graph), None)
+        if entry is not None:
+            self.backend.graph_plan_free(entry[1])
 
     @property
     def plan(self):
@@ -76,6 +89,8 @@ class Scheduled:
         if not self.sched.reserve(graph):
             raise GGMLError("the scheduler could not reserve the compute buffers of the worst-case step")
 
+    graphs_kept = 1  # the scheduler places each graph anew
+
     def alloc_graph(self, graph: Graph) -> None:
         self.sched.reset()
         if not self.sched.alloc_graph(graph):
@@ -83,6 +98,9 @@ class Scheduled:
 
     def compute(self, graph: Graph) -> None:
         self.sched.graph_compute(graph)
+
+    def forget(self, graph: Graph) -> None:
+        """Nothing is kept per graph here."""
 
     @property
     def plan(self):
