@@ -3,8 +3,8 @@
 Each step's graph is built for its shape (tokens, output rows, attended cells) and placed in memory
 that was reserved once for the worst case (n_batch tokens over a full n_ctx cache, one output row), so
 steps never allocate; logits are computed only for the rows asked for (the last token by default).
-Positions, masks and the KV cells written are inputs, so a step of the same shape as the previous one
-reuses its graph and plan, as llama.cpp does (generation rebuilds once every 256 tokens);
+Positions, masks and the KV cells written are inputs, so a step of the shape of one of the last two
+reuses its graph and plan (a prompt's and a token's: generation rebuilds once every 256 tokens);
 `Model.reuse_graphs = False` builds and plans every step afresh. On one backend
 a GraphAllocator plans the steps; on several, the layers are split and the scheduler runs them
 (pyggml.models.runner).
