@@ -1,6 +1,15 @@
 """pyggml: ggml's tensor runtime in Python."""
 
-from pyggml import errors
+import os
+
+# OpenBLAS's idle workers spin for 2^28 cycles (~0.1 s) after a call before they sleep; on a machine with
+# few cores they then take the cores from the compiled kernels' threads: the first tokens after a prompt
+# (BLAS products) took 25-57 ms instead of 13 for Gemma 3 270M on 2 cores. 2^22 cycles (~1-2 ms) still
+# bridges the gaps between a prompt's products. Read when NumPy loads OpenBLAS: it has effect only if
+# NumPy was not imported before pyggml, and an OPENBLAS_THREAD_TIMEOUT set by the user is kept.
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "22")
+
+from pyggml import errors  # noqa: E402 - after the environment above
 from pyggml.core import ops
 from pyggml.core import (Context, EvalOrder, GGMLType, Graph, GluOp, LoadedGraph, Op, Tensor, TensorFlag, UnaryOp,
                          load_graph_json, save_graph_json)

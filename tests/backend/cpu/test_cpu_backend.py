@@ -273,3 +273,17 @@ def test_freed_buffer_drops_its_shared_views(backend):
     assert buf.host_views
     buf.free()
     assert not buf.host_views
+
+
+@pytest.mark.parametrize("preset", [None, "30"])
+def test_openblas_idle_workers_sleep_soon_unless_the_user_says_otherwise(preset):
+    """Importing pyggml before NumPy shortens OpenBLAS's idle spin (its workers otherwise took the cores from
+    the compiled kernels' threads for ~0.1 s after each prompt); a value the user set is kept."""
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    if preset is not None:
+        env["OPENBLAS_THREAD_TIMEOUT"] = preset
+    code = "import os, pyggml; print(os.environ['OPENBLAS_THREAD_TIMEOUT'])"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == (preset or "22")
