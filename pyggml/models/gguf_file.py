@@ -12,6 +12,7 @@ packed layout; a file packed that way always passes here).
 
 import mmap
 import struct
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from pyggml.errors import GGUFError
+from pyggml.models.string_table import StringTable
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -174,10 +176,12 @@ class _Cursor:
         return [self.value(f"{field}[{i}]", etype, depth) for i in range(n)]
 
     def strings(self, field, n):
-        """``n`` strings in a row: the tight loop that keeps a 262k-token vocabulary fast."""
+        """``n`` strings in a row, kept as one StringTable: the tight loop that keeps a 262k-token vocabulary
+        fast, each string checked for UTF-8 here and decoded again only when asked for."""
         buf, size, pos = self.buf, self.size, self.pos
         unpack_length = _U64.unpack_from
-        out = []
+        blob = bytearray()
+        offsets = array("q", [0])
         for i in range(n):
             self.pos = pos
             if pos + 8 > size:
@@ -186,13 +190,16 @@ class _Cursor:
             pos += 8
             if length > size - pos:
                 self.fail(f"{field}[{i}]", f"string length {length} exceeds the {size - pos} bytes left in the file")
+            raw = bytes(buf[pos : pos + length])  # a copy: no view of the file outlives a failed parse
             try:
-                out.append(str(buf[pos : pos + length], "utf-8"))
+                str(raw, "utf-8")
             except UnicodeDecodeError as e:
                 self.fail(f"{field}[{i}]", f"invalid UTF-8 at byte {e.start} of the string ({e.reason})", pos)
+            blob += raw
+            offsets.append(len(blob))
             pos += length
         self.pos = pos
-        return out
+        return StringTable(np.frombuffer(blob, np.uint8), np.frombuffer(offsets, np.int64))
 
 
 class GGUFFile:

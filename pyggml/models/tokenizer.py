@@ -21,6 +21,7 @@ import numpy as np
 from gguf import GGUFValueType
 
 from pyggml.errors import GGMLError, GGUFError
+from pyggml.models.string_table import StringTable
 
 SPACE_ESCAPE = "\u2581"  # ▁, SentencePiece's visible space
 C_SPACES = " \t\n\v\f\r"  # what C's isspace() accepts, used by lstrip/rstrip
@@ -145,10 +146,14 @@ class Tokenizer:
         for key, values in (("tokenizer.ggml.scores", scores), ("tokenizer.ggml.token_type", types)):
             if values is not None and len(values) < n:
                 raise GGUFError(f"{gguf.path}: '{key}' has {len(values)} entries for {n} tokens")
-        self.tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
-        self.token_to_id = {t: i for i, t in enumerate(self.tokens)}
-        if len(self.token_to_id) != n:
-            self._raise_duplicate(gguf)
+        if (tokens.lengths() == 0).any():  # llama.cpp names empty tokens so that each has a text
+            tokens = StringTable.from_strings(t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens))
+        self.tokens = tokens
+        self.token_to_id = tokens.ids
+        repeat = tokens.first_repeat()
+        if repeat is not None:
+            raise GGUFError(f"{gguf.path}: tokenizer.ggml.tokens[{repeat[0]}] duplicates token {repeat[1]} "
+                            f"({tokens[repeat[0]]!r})")
         self.scores = np.asarray(scores[:n], np.float64) if scores is not None else np.zeros(n)
         if types is None:
             self.attrs = [_NORMAL] * n
@@ -172,13 +177,6 @@ class Tokenizer:
         special = [i for i, a in enumerate(self.attrs) if a & _SPECIAL]
         self.special_ids = sorted(special, key=lambda i: -len(self.tokens[i]))
         self._strip_rules(gguf)
-
-    def _raise_duplicate(self, gguf):
-        seen = {}
-        for i, t in enumerate(self.tokens):
-            if t in seen:
-                raise GGUFError(f"{gguf.path}: tokenizer.ggml.tokens[{i}] duplicates token {seen[t]} ({t!r})")
-            seen[t] = i
 
     def _special_id(self, gguf, name, default):
         """A special token id from metadata; out-of-range ids keep the default, as llama.cpp does."""

@@ -105,8 +105,8 @@ def write_case(case: Case, directory: Path) -> Path:
 
 
 def plain(value):
-    """A metadata value with its NumPy arrays as lists (whose repr shows every element)."""
-    if isinstance(value, np.ndarray):
+    """A metadata value with its arrays (NumPy arrays, string tables) as lists, whose repr shows every element."""
+    if hasattr(value, "tolist"):
         return value.tolist()
     return [plain(v) for v in value] if isinstance(value, list) else value
 

@@ -1,0 +1,129 @@
+"""Many strings kept as one block of UTF-8 bytes: a GGUF vocabulary without a Python object per token.
+
+Gemma 3's 262,144 tokens as Python strings, in a list and a str -> id dict, took about 40 MiB; here they
+are the bytes (2 MiB), their offsets and a sorted table of their hashes (2 MiB each). A string is decoded
+when it is asked for; `ids` finds a string's index by its hash (binary search, then a comparison), about
+a microsecond against a dict's tenth, which tokenizing a prompt does a few thousand times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+
+class StringTable(Sequence):
+    """An immutable sequence of str: string i is the UTF-8 bytes blob[offsets[i]:offsets[i + 1]]."""
+
+    def __init__(self, blob: np.ndarray, offsets: np.ndarray):
+        self._blob = blob
+        self._offsets = offsets
+        self._hashes: np.ndarray | None = None  # sorted hashes and the index of each: built on first lookup
+        self._order: np.ndarray | None = None
+
+    @classmethod
+    def from_strings(cls, strings: Iterable[str]) -> StringTable:
+        encoded = [s.encode("utf-8") for s in strings]
+        offsets = np.zeros(len(encoded) + 1, np.int64)
+        np.cumsum([len(b) for b in encoded], out=offsets[1:])
+        return cls(np.frombuffer(b"".join(encoded), np.uint8), offsets)
+
+    def __len__(self) -> int:
+        return len(self._offsets) - 1
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"string {i} of a table of {n}")
+        i %= n
+        return self._blob[self._offsets[i]: self._offsets[i + 1]].tobytes().decode("utf-8")
+
+    def __iter__(self) -> Iterator[str]:
+        blob, offsets = self._blob.tobytes(), self._offsets.tolist()
+        for start, end in zip(offsets, offsets[1:]):
+            yield blob[start:end].decode("utf-8")
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, (StringTable, list, tuple)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return f"StringTable({len(self)} strings)"
+
+    def tolist(self) -> list[str]:
+        return list(self)
+
+    def lengths(self) -> np.ndarray:
+        """Each string's length in UTF-8 bytes."""
+        return np.diff(self._offsets)
+
+    @property
+    def ids(self) -> "StringIds":
+        """The table as a mapping from string to index (the first index for a string that repeats)."""
+        return StringIds(self)
+
+    def _index(self) -> None:
+        if self._hashes is None:
+            hashes = np.fromiter((hash(t) for t in self), np.int64, len(self))
+            self._order = np.argsort(hashes, kind="stable")  # equal hashes stay in index order
+            self._hashes = hashes[self._order]
+
+    def index_of(self, s: str) -> int | None:
+        """The first index of s, or None."""
+        self._index()
+        h = hash(s)
+        k = int(np.searchsorted(self._hashes, h))
+        while k < len(self._hashes) and self._hashes[k] == h:
+            i = int(self._order[k])
+            if self[i] == s:
+                return i
+            k += 1
+        return None
+
+    def __contains__(self, s) -> bool:
+        return isinstance(s, str) and self.index_of(s) is not None
+
+    def first_repeat(self) -> tuple[int, int] | None:
+        """(an index, the earlier index holding the same string) for a string that repeats, or None."""
+        self._index()
+        starts = np.flatnonzero(np.diff(self._hashes) != 0) + 1
+        for run in np.split(self._order, starts):  # indices of equal hashes: repeats, or (rarely) collisions
+            if len(run) > 1:
+                strings = {}
+                for i in sorted(run.tolist()):
+                    if self[i] in strings:
+                        return i, strings[self[i]]
+                    strings[self[i]] = i
+        return None
+
+
+class StringIds(Mapping):
+    """str -> index of a StringTable, as a dict would answer (KeyError for a string not in the table)."""
+
+    def __init__(self, table: StringTable):
+        self._table = table
+
+    def __getitem__(self, s: str) -> int:
+        i = self._table.index_of(s) if isinstance(s, str) else None
+        if i is None:
+            raise KeyError(s)
+        return i
+
+    def get(self, s, default=None):
+        i = self._table.index_of(s) if isinstance(s, str) else None
+        return default if i is None else i
+
+    def __contains__(self, s) -> bool:
+        return s in self._table
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table)
+
+    def __len__(self) -> int:
+        return len(self._table)
