@@ -9,7 +9,7 @@ from opcheck import fill_random
 
 from pyggml.backend.cpu import kernels
 from pyggml.backend.cpu.jit import glu as jit_glu
-from pyggml.backend.cpu.jit.f16 import f32_to_f16
+from pyggml.backend.cpu.jit.f16 import f16_bits_small, f32_to_f16
 from pyggml.backend.cpu.jit.floatbits import expf
 from pyggml.backend.cpu.jit import jit
 from pyggml.core import ops
@@ -62,6 +62,27 @@ def test_f16_rounding_matches_numpy_on_every_half_and_the_midpoints():
         want = x.astype(np.float16).view(np.uint16)
     nan = np.isnan(x)
     assert np.array_equal(out[~nan], want[~nan]) and np.isnan(out[nan].view(np.float16)).all()
+
+
+@jit
+def _f16_bits_small_all(x, out):
+    for i in range(x.shape[0]):
+        out[i] = f16_bits_small(x[i])
+
+
+def test_branch_free_f16_rounding_equals_f16_bits_below_65504():
+    """Every 7th float32 below 65504 of either sign, every midpoint between halves, and NaN."""
+    positive = np.arange(0, 0x477FE000, 7, dtype=np.uint32).view(np.float32)
+    halves = np.arange(0x7BFF, dtype=np.uint16).view(np.float16).astype(np.float64)
+    midpoints = ((halves[:-1] + halves[1:]) / 2).astype(np.float32)
+    for x in (positive, -positive, midpoints, -midpoints):
+        got, want = np.empty(x.size, np.uint32), np.empty(x.size, np.uint16)
+        _f16_bits_small_all(x, got)
+        f32_to_f16(x, want)
+        assert np.array_equal(got, want)
+    got = np.empty(1, np.uint32)
+    _f16_bits_small_all(np.float32([np.nan]), got)
+    assert np.isnan(np.uint16(got[0]).view(np.float16))
 
 
 @jit

@@ -55,6 +55,22 @@ def f16_bits(x: np.float32) -> np.uint16:
     return np.uint16(sign + ((exp - np.uint32(0x38000000)) >> np.uint32(13)) + (sig >> np.uint32(13)))
 
 
+@jit(inline="always")
+def f16_bits_small(x: np.float32) -> np.uint32:
+    """f16_bits for |x| < 65504 (ties to even; NaN gives a quiet NaN), without branches, so that a loop over
+    it vectorises (ggml's GELU table lookup: 1.6x faster). Larger |x| give some index below 65536, which
+    callers replace."""
+    bits = float_bits(x)
+    magnitude = bits & np.uint32(0x7FFFFFFF)
+    normal = (magnitude + np.uint32(0x0FFF) + ((magnitude >> np.uint32(13)) & np.uint32(1))
+              - np.uint32(0x38000000)) >> np.uint32(13)
+    scaled = abs(x) * np.float32(16777216.0)  # a subnormal half's bits: |x| / 2^-24, rounded to even
+    subnormal = np.uint32(np.int32((scaled + np.float32(12582912.0)) - np.float32(12582912.0)))
+    half = subnormal if magnitude < np.uint32(0x38800000) else normal
+    half = np.uint32(0x7E00) if x != x else half
+    return (half | ((bits >> np.uint32(16)) & np.uint32(0x8000))) & np.uint32(0xFFFF)
+
+
 @jit
 def f32_to_f16(x: np.ndarray, out: np.ndarray) -> None:
     """out (uint16 bit patterns) = x (float32) rounded to F16, element by element (1-D, same length)."""
