@@ -66,27 +66,28 @@ def mul_mat_vec_1t(qtype, direct, src, planes, row_stride, nrows, nb, x, y):
 @jit(fastmath=FASTMATH)
 def _float_rows_times_columns(a, base, row_stride, r0, r1, k, x, y):
     """y[c, r] = dot(row r of a float matrix, x[c]) for r in [r0, r1): row r starts at element base + r·row_stride
-    of the flat array a (float32, or F16 bits as uint16). Each row is read once for four columns."""
+    of the flat array a (float32, or F16 bits as uint16). Each row is read once for four columns (the last
+    group of two or three repeats its last column rather than taking a second pass over the row)."""
     ncols = U(x.shape[0])
+    last = ncols - U(1)
     for r in range(U(r0), U(r1)):
         row = U(base) + r * U(row_stride)
-        c = U(0)
-        while c + U(4) <= ncols:
+        if ncols == U(1):
+            acc = F32(0)
+            for j in range(U(k)):
+                acc += widen(a[row + j]) * x[0, j]
+            y[0, r] = acc
+            continue
+        for c in range(U(0), ncols, U(4)):
+            c1, c2, c3 = min(c + U(1), last), min(c + U(2), last), min(c + U(3), last)
             a0, a1, a2, a3 = F32(0), F32(0), F32(0), F32(0)
             for j in range(U(k)):
                 v = widen(a[row + j])
                 a0 += v * x[c, j]
-                a1 += v * x[c + U(1), j]
-                a2 += v * x[c + U(2), j]
-                a3 += v * x[c + U(3), j]
-            y[c, r], y[c + U(1), r], y[c + U(2), r], y[c + U(3), r] = a0, a1, a2, a3
-            c += U(4)
-        while c < ncols:
-            acc = F32(0)
-            for j in range(U(k)):
-                acc += widen(a[row + j]) * x[c, j]
-            y[c, r] = acc
-            c += U(1)
+                a1 += v * x[c1, j]
+                a2 += v * x[c2, j]
+                a3 += v * x[c3, j]
+            y[c, r], y[c1, r], y[c2, r], y[c3, r] = a0, a1, a2, a3
 
 
 @parallel_jit
