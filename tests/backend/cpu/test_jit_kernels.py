@@ -227,7 +227,8 @@ def test_set_rows_out_of_range_raises_and_writes_nothing():
     dict(d=64, n_head=6, n_head_kv=6, n_kv=40, n_tok=40, mask=False, permuted=True),
     dict(d=32, n_head=6, n_head_kv=2, n_kv=24, n_tok=20, kv_type=G.F16, q_type=G.F16),
     dict(d=16, n_head=4, n_head_kv=2, n_kv=12, n_tok=12, softcap=20.0, max_bias=8.0, sinks=True, ne3=2),
-    dict(d=16, n_head=4, n_head_kv=4, n_kv=12, n_tok=12, fully_masked_row=True)], ids=str)
+    dict(d=16, n_head=4, n_head_kv=4, n_kv=12, n_tok=12, fully_masked_row=True),
+    dict(d=64, n_head=6, n_head_kv=6, n_kv=1100, n_tok=1, mask=False, kv_type=G.F16, permuted=True)], ids=str)
 def test_flash_attn_ext(case):
     def build(ctx, d, n_head, n_head_kv, n_kv, n_tok, kv_type=G.F32, q_type=G.F32, mask=True, ne3=1,
               softcap=0.0, max_bias=0.0, sinks=False, permuted=False, fully_masked_row=False):
