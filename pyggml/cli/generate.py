@@ -45,8 +45,10 @@ def run(args) -> int:
     if is_cold():
         print("compiling CPU kernels, once", file=sys.stderr, flush=True)
 
-    load_all()  # installed backends (e.g. TORCH) register their devices, as llama.cpp's ggml_backend_load_all
     backend = args.backend or "CPU"
+    if any(name.strip().upper() != "CPU" for name in backend.split(",")):
+        load_all()  # installed backends (e.g. TORCH) register their devices; not for CPU alone (torch's import
+                    # alone took 180 MiB of RSS)
     if args.rpc:
         from pyggml.backend import rpc
 

@@ -34,3 +34,15 @@ def test_generate_kv_type_f16_halves_the_kv_cache(tmp_path, capsys):
         line = next(x for x in capsys.readouterr().err.splitlines() if x.startswith("KV cache:"))
         sizes[kv_type] = float(line.split()[2])
     assert sizes["F32"] > 0 and sizes["F16"] == sizes["F32"] / 2
+
+
+def test_generate_on_the_cpu_loads_no_plugin_backend(tmp_path):
+    """Installed plugins (the torch backend imports torch: 180 MiB of RSS) load only when a backend other than
+    the CPU is asked for."""
+    import subprocess
+    path = write_llama(tmp_path / "tiny.gguf")
+    code = ("import sys; from pyggml.cli.main import main; "
+            f"assert main(['generate', 'the a', '--model', {str(path)!r}, '-n', '1', '--ctx', '32']) == 0; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().endswith("False"), out.stdout
