@@ -21,8 +21,8 @@ FINGERPRINT = "pyggml-jit-sources.sha1"
 
 def entry_points() -> list:
     """The kernels Python calls directly (their callees compile with them)."""
-    from pyggml.backend.cpu.jit.mul_mat import dequantize_rows, mul_mat_vec, mul_mat_vec_1t
-    return [mul_mat_vec, mul_mat_vec_1t, dequantize_rows]
+    from pyggml.backend.cpu.jit.mul_mat import dequantize_rows, mul_mat_float_columns, mul_mat_vec
+    return [mul_mat_vec, mul_mat_float_columns, dequantize_rows]
 
 
 def is_cold(dispatchers=None) -> bool:

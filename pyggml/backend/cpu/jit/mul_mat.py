@@ -56,13 +56,6 @@ def mul_mat_vec(qtype, direct, src, planes, row_stride, nrows, nb, x, y, bands):
                             min(nrows, (band + 1) * per), nb, x[plane], y[plane])
 
 
-@jit
-def mul_mat_vec_1t(qtype, direct, src, planes, row_stride, nrows, nb, x, y):
-    """mul_mat_vec on the calling thread (small matrices: waking threads would cost more than they save)."""
-    for plane in range(planes.shape[0]):
-        _rows_times_columns(qtype, direct, src, planes[plane], row_stride, 0, nrows, nb, x[plane], y[plane])
-
-
 @jit(fastmath=FASTMATH)
 def _float_rows_times_columns(a, base, row_stride, r0, r1, k, x, y):
     """y[c, r] = dot(row r of a float matrix, x[c]) for r in [r0, r1): row r starts at element base + r·row_stride
@@ -99,13 +92,6 @@ def mul_mat_float_columns(a, planes, row_stride, nrows, k, x, y, bands):
         plane, band = task // bands, task % bands
         _float_rows_times_columns(a, planes[plane], row_stride, min(nrows, band * per),
                                   min(nrows, (band + 1) * per), k, x[plane], y[plane])
-
-
-@jit
-def mul_mat_float_columns_1t(a, planes, row_stride, nrows, k, x, y):
-    """mul_mat_float_columns on the calling thread."""
-    for plane in range(planes.shape[0]):
-        _float_rows_times_columns(a, planes[plane], row_stride, 0, nrows, k, x[plane], y[plane])
 
 
 @jit
