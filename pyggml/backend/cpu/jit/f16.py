@@ -1,6 +1,6 @@
 """IEEE half precision inside compiled kernels: F16 values travel as their uint16 bit patterns.
 
-Numba has no float16 on the CPU, so reading goes through LLVM's own conversion (scalars.f16_to_f32: one
+Numba has no float16 on the CPU, so reading goes through LLVM's own conversion (floatbits.f16_to_f32: one
 vcvtph2ps, and loops over it vectorise), and writing through the bit arithmetic of a round-to-nearest-even
 conversion (what F16C's vcvtps2ph, NumPy's astype(float16) and ggml's CPU backend do).
 """
@@ -12,8 +12,7 @@ from numba import types
 from numba.extending import overload
 
 from pyggml.backend.cpu.jit import jit
-from pyggml.backend.cpu.jit.floatbits import float_bits
-from pyggml.backend.cpu.jit.scalars import f16_to_f32
+from pyggml.backend.cpu.jit.floatbits import f16_to_f32, float_bits
 
 def widen(x):
     """A value as float32 inside a compiled kernel: F16 bits (uint16) converted, float32 as it is."""

@@ -15,7 +15,7 @@ import llvmlite.binding as llvm
 import numpy as np
 
 from pyggml.backend.cpu.jit import jit
-from pyggml.backend.cpu.jit.scalars import bf16_to_f32, f16_to_f32
+from pyggml.backend.cpu.jit.floatbits import bf16_to_f32, f16_to_f32
 from pyggml.core.types import GGMLType as G
 
 # LLVM fully unrolls the constant 16- and 32-trip block loops before vectorizing and then leaves them scalar

@@ -136,9 +136,10 @@ def _vector_operands(dst: Tensor, first: int):
     """(byte offsets of a's planes, x (P, columns, k), y (P, columns, a.ne1)) of dst = a·b, x and y views of b
     and dst where their layout allows (else x a copy; y always a view: ValueError if impossible)."""
     a, b = dst.src[0], dst.src[1]
-    planes, columns = _a_planes(dst, first), b.ne[1]
     if _columns_of_one_product(a, b) and b.ne[2] // a.ne[2] <= VEC_COLUMNS:
         planes, columns = _planes(first, a.ne[3], a.ne[2], a.ne[3], a.ne[2], a.nb[3], a.nb[2]), b.ne[2] // a.ne[2]
+    else:
+        planes, columns = _a_planes(dst, first), b.ne[1]
     x = np.reshape(as_f32(b), (len(planes), columns, b.ne[0]))
     return planes, x, _out_view(dst, (len(planes), columns, a.ne[1]))
 
