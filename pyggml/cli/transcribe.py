@@ -30,6 +30,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--f32", action="store_true", help="expand F16/Q8_0 weights to F32 at load")
     p.add_argument("--gelu", default="erf", choices=["erf", "tanh"],
                    help="GELU form: erf (default, as the weights were trained) or tanh (whisper.cpp's)")
+    p.add_argument("--audio-ctx-pad", type=int, default=256,
+                   help="attend over the 1500 audio positions padded with zero cells to a multiple of this, as "
+                        "whisper.cpp's flash attention does (default 256); 1: the audio alone, as faster-whisper")
     p.add_argument("--mel-padding", default="whisper.cpp", choices=["whisper.cpp", "faster-whisper"],
                    help="log-mel padding: 30 s of zero audio (whisper.cpp, default) or zero log-mel frames")
     p.set_defaults(run=run)
@@ -44,7 +47,8 @@ def run(args) -> int:
     from pyggml.models.whisper.formats import format_segments
     from pyggml.models.whisper.transcribe import TEMPERATURES, load_whisper
 
-    w = load_whisper(args.model, backend=args.backend, f32=args.f32, gelu=args.gelu, n_threads=args.threads)
+    w = load_whisper(args.model, backend=args.backend, f32=args.f32, gelu=args.gelu, n_threads=args.threads,
+                    audio_ctx_pad=args.audio_ctx_pad)
     print(f"model: {w.file.path or args.model} ({'multilingual' if w.is_multilingual else 'English-only'}), "
           f"load {w.timings.load_s:.2f} s", file=sys.stderr)
     for path in args.audio:

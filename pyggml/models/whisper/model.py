@@ -14,6 +14,15 @@ to F32 at load (more memory, no per-step conversion by the CPU's products).
 
 GELU is the erf form by default (the weights were trained with it); `gelu="tanh"` uses ggml_gelu's tanh
 approximation, as whisper.cpp does.
+
+The audio's attention (the encoder's self-attention and the decoder's cross-attention) is over the 1500
+frames padded as whisper.cpp's flash-attention path pads them: whisper.cpp attends over n_audio_ctx rounded
+up to a multiple of 256 (1536), and the 36 cells past the audio hold zero keys and values without a mask,
+so each softmax's denominator gains 36·exp(0 - max). Against whisper.cpp's teacher-forced logits that is
+a median KL of 5e-5 to 1.6e-4 per step when it is left out, 2e-6 to 1.3e-5 with it, and it decides
+near-ties. Here the zero cells are a sink of logit ln(36) per head: the same sum without the cells.
+`audio_ctx_pad=1` attends over the audio alone, as the model was trained and as faster-whisper and
+whisper.cpp without flash attention compute.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ from pyggml.models.whisper.files import is_conv_kernel, is_matrix
 N_FRAMES = 3000          # mel frames of a 30 s window (hop 10 ms)
 LN_EPS = 1e-5
 GELU_FORMS = ("erf", "tanh")
+AUDIO_CTX_PAD = 256      # whisper.cpp's padding of the audio positions with flash attention (GGML_PAD(.., 256))
 
 
 def with_cpu_fallback(backends: list[Backend]) -> tuple[list[Backend], list | None]:
@@ -144,16 +154,20 @@ class Block:
         return ops.add(ctx, self.mlp2(ctx, gelu(ctx, self.mlp0(ctx, self.mlp_ln(ctx, x)))), x)
 
 
-def _heads_attention(ctx: Context, q: Tensor, k: Tensor, v: Tensor, scale: float, flash: bool) -> Tensor:
-    """softmax(scale·qkᵀ)·v per head for q [hd, n_q, H], k [hd, n_k, H] -> [hd·H, n_q].
+def _heads_attention(ctx: Context, q: Tensor, k: Tensor, v: Tensor, scale: float, flash: bool,
+                     sinks: Tensor | None) -> Tensor:
+    """softmax(scale·qkᵀ)·v per head for q [hd, n_q, H], k [hd, n_k, H] -> [hd·H, n_q]; sinks (F32 [H] or
+    None) join each softmax's denominator.
 
     With `flash`, one flash_attn_ext (v as [hd, n_k, H]; the n_q x n_k scores never enter the compute
     buffer, as whisper.cpp with flash attention); else mul_mat, soft_max_ext, mul_mat with v given
     transposed, as [n_k, hd, H]."""
     if flash:
         out = ops.flash_attn_ext(ctx, q, k, v, None, scale, 0.0, 0.0)                  # [hd, H, n_q]
+        ops.flash_attn_ext_add_sinks(out, sinks)
         return ops.reshape_2d(ctx, out, q.ne[0] * q.ne[2], q.ne[1])
     kq = ops.soft_max_ext(ctx, ops.mul_mat(ctx, k, q), None, scale, 0.0)   # [n_k, n_q, H]
+    ops.soft_max_add_sinks(kq, sinks)
     kqv = ops.mul_mat(ctx, v, kq)                                            # [hd, n_q, H]
     return ops.cont_2d(ctx, ops.permute(ctx, kqv, 0, 2, 1, 3), q.ne[0] * q.ne[2], q.ne[1])
 
@@ -176,9 +190,12 @@ class WhisperModel:
     reuse_graphs = True
 
     def __init__(self, wf, backends: list[Backend], f32: bool = False, gelu: str = "erf", n_seq: int = 1,
-                 planner: str = "best", decoder_threads: int | None = 1, flash_attn: bool = True, placement=None):
+                 planner: str = "best", decoder_threads: int | None = 1, flash_attn: bool = True, placement=None,
+                 audio_ctx_pad: int = AUDIO_CTX_PAD):
         if gelu not in GELU_FORMS:
             raise GGMLError(f"gelu must be one of {GELU_FORMS}, got {gelu!r}")
+        if isinstance(audio_ctx_pad, bool) or not isinstance(audio_ctx_pad, int) or audio_ctx_pad < 1:
+            raise GGMLError(f"audio_ctx_pad must be an integer >= 1, got {audio_ctx_pad!r}")
         hp = self.hparams = wf.hparams
         self.backends = backends
         self.gelu = ops.gelu_erf if gelu == "erf" else ops.gelu
@@ -199,6 +216,7 @@ class WhisperModel:
         self._check_shapes()
         self.n_seq = n_seq
         self.flash_attn = flash_attn
+        self.n_audio_pad = -self.n_audio_ctx % audio_ctx_pad   # zero cells whisper.cpp's attention adds
         self._make_caches()
         placement = w.placement
         self.enc_runner = _runner(backends, placement, planner)
@@ -233,7 +251,8 @@ class WhisperModel:
 
     def _make_caches(self) -> None:
         """Decoder KV cache (n_seq blocks of n_text_ctx cells) and cross K [d, 1500] and V (as K with flash
-        attention, else Vᵀ [1500, d]) per layer, each on the backend of its decoder layer."""
+        attention, else Vᵀ [1500, d]) per layer, each on the backend of its decoder layer; with padded audio
+        attention, the sinks that stand for the zero cells (one per encoder head, one per decoder head)."""
         d, n_layer, n_audio = self.n_state, self.hparams.n_text_layer, self.hparams.n_audio_layer
         self._make_kv()
         ctxs: dict[int, tuple[Backend, Context]] = {}
@@ -244,7 +263,15 @@ class WhisperModel:
             self.cross_k.append(ctx.new_tensor_2d(GGMLType.F32, d, self.n_audio_ctx, f"cross_k_l{il}"))
             v_ne = (d, self.n_audio_ctx) if self.flash_attn else (self.n_audio_ctx, d)   # Vᵀ for mul_mat
             self.cross_v.append(ctx.new_tensor_2d(GGMLType.F32, *v_ne, f"cross_v_l{il}"))
+        self.enc_sinks = self.cross_sinks = None
+        if self.n_audio_pad:
+            _, ctx = next(iter(ctxs.values()))
+            self.enc_sinks = ctx.new_tensor_1d(GGMLType.F32, self.hparams.n_audio_head, "audio_pad_sinks_enc")
+            self.cross_sinks = ctx.new_tensor_1d(GGMLType.F32, self.n_head, "audio_pad_sinks_cross")
         self.cross_buffers = [alloc_ctx_tensors_from_buft(ctx, b.default_buffer_type) for b, ctx in ctxs.values()]
+        for sinks in (self.enc_sinks, self.cross_sinks):
+            if sinks is not None:
+                tensor_set(sinks, np.full(sinks.ne[0], math.log(self.n_audio_pad), np.float32))
 
     def _make_kv(self) -> None:
         """The self-attention KV cache for n_seq sequences, each layer's on the backend of its layer."""
@@ -312,7 +339,7 @@ class WhisperModel:
             k = ops.permute(ctx, ops.reshape_3d(ctx, b.k(ctx, cur), hd, H, n), 0, 2, 1, 3)
             v = ops.reshape_3d(ctx, b.v(ctx, cur), hd, H, n)
             v = ops.permute(ctx, v, 0, 2, 1, 3) if self.flash_attn else ops.cont(ctx, ops.permute(ctx, v, 1, 2, 0, 3))
-            x = ops.add(ctx, b.o(ctx, _heads_attention(ctx, q, k, v, scale, self.flash_attn)), x)
+            x = ops.add(ctx, b.o(ctx, _heads_attention(ctx, q, k, v, scale, self.flash_attn, self.enc_sinks)), x)
             x = b.mlp(ctx, x, self.gelu)
         x = self.ln_post(ctx, x)
         for il, b in enumerate(self.dec_blocks):
@@ -353,7 +380,7 @@ class WhisperModel:
                 v = ops.view_3d(ctx, cv, hd, self.n_audio_ctx, H, cv.nb[1], hd * cv.nb[0], 0)
             else:
                 v = ops.view_3d(ctx, cv, self.n_audio_ctx, hd, H, cv.nb[1], hd * cv.nb[1], 0)
-            x = ops.add(ctx, b.co(ctx, _heads_attention(ctx, q, k, v, scale, self.flash_attn)), x)
+            x = ops.add(ctx, b.co(ctx, _heads_attention(ctx, q, k, v, scale, self.flash_attn, self.cross_sinks)), x)
             if il in scores_of:
                 scores = step.cross_scores[il] = ops.scale(ctx, ops.mul_mat(ctx, k, q), scale).set_output()
                 step.graph.build_forward_expand(scores)

@@ -23,7 +23,7 @@ from pyggml.models.whisper.alignment import word_timestamps
 from pyggml.models.whisper.decoding import (TIME_PRECISION, LogitFilter, WindowResult, compression_ratio,
                                             decode_window, log_softmax)
 from pyggml.models.runner import backend_list
-from pyggml.models.whisper.model import N_FRAMES, WhisperModel, with_cpu_fallback
+from pyggml.models.whisper.model import AUDIO_CTX_PAD, N_FRAMES, WhisperModel, with_cpu_fallback
 
 SAMPLE_RATE = 16000
 HOP = 160                                     # samples per mel frame (10 ms)
@@ -90,14 +90,14 @@ class Whisper:
     """A loaded Whisper model ready to transcribe (see the module docstring)."""
 
     def __init__(self, wf, backends: list[Backend], f32: bool = False, gelu: str = "erf", planner: str = "best",
-                 flash_attn: bool = True, placement=None):
+                 flash_attn: bool = True, placement=None, audio_ctx_pad: int = AUDIO_CTX_PAD):
         from pyggml.models.whisper.tokenizer import WhisperTokenizer
 
         start = time.perf_counter()
         self.file = replace(wf, tensors={})  # the metadata; the tensors' bytes (and the file's pages) go
         self.tokenizer = WhisperTokenizer(wf.vocab)
         self.model = WhisperModel(wf, backends, f32=f32, gelu=gelu, planner=planner, flash_attn=flash_attn,
-                                  placement=placement)
+                                  placement=placement, audio_ctx_pad=audio_ctx_pad)
         self.timings = Timings(load_s=time.perf_counter() - start)
 
     @property
@@ -283,13 +283,14 @@ def _samples(audio) -> np.ndarray:
 
 
 def load_whisper(model="tiny.en", backend="CPU", f32: bool = False, gelu: str = "erf", planner: str = "best",
-                 n_threads: int | None = None, flash_attn: bool = True) -> Whisper:
+                 n_threads: int | None = None, flash_attn: bool = True, audio_ctx_pad: int = AUDIO_CTX_PAD) -> Whisper:
     """Load a Whisper model: an installed model's name ("tiny.en", "base"), a CTranslate2 directory, a
     whisper.cpp ggml .bin or a Whisper GGUF, on `backend` (a name, "CPU,TORCH_CPU" to split the layers
     across backends with the scheduler, or Backend objects). `f32` expands F16/Q8_0 matrices to F32;
     `gelu="tanh"` uses whisper.cpp's GELU approximation instead of the erf form; `n_threads` limits the
     CPU backends' threads; `flash_attn=False` attends with mul_mat + soft_max instead of flash_attn_ext;
-    `planner` is the GraphAllocator's ("best" or "ggml")."""
+    `audio_ctx_pad=1` attends over the audio's positions alone instead of whisper.cpp's padded 1536 (see
+    pyggml.models.whisper.model); `planner` is the GraphAllocator's ("best" or "ggml")."""
     from pyggml.backend.cpu.backend import CpuBackend, set_n_threads
     from pyggml.models.whisper.files import load_whisper_file
 
@@ -303,6 +304,6 @@ def load_whisper(model="tiny.en", backend="CPU", f32: bool = False, gelu: str = 
             if isinstance(b, CpuBackend):
                 set_n_threads(b, n_threads)
     w = Whisper(load_whisper_file(model), backends, f32=f32, gelu=gelu, planner=planner, flash_attn=flash_attn,
-                placement=placement)
+                placement=placement, audio_ctx_pad=audio_ctx_pad)
     w.timings.load_s = time.perf_counter() - start
     return w

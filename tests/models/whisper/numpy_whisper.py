@@ -5,6 +5,8 @@ graphs: conv1d(k=3, pad 1) + GELU twice, sinusoidal/learned positions, pre-norm
 blocks, multi-head attention scaled by d_head**-0.5, GELU in the erf form (as the
 weights were trained; ``gelu="tanh"`` gives ggml_gelu's approximation), output
 projection tied to the token embeddings. The decoder takes new tokens with a KV cache.
+With ``audio_ctx_pad`` > 1 the audio's keys and values (the encoder's self-attention, the cross-attention)
+get zero rows up to a multiple of it, unmasked, as whisper.cpp's flash-attention path attends them.
 """
 
 from __future__ import annotations
@@ -51,10 +53,11 @@ def softmax(x):
 class NumpyWhisper:
     """Forward passes over a ``WhisperFile``'s tensors (converted once to ``dtype``)."""
 
-    def __init__(self, file, dtype=np.float32, gelu_form: str = "erf"):
+    def __init__(self, file, dtype=np.float32, gelu_form: str = "erf", audio_ctx_pad: int = 1):
         self.hp = file.hparams
         self.dtype = dtype
         self.gelu_form = gelu_form
+        self.audio_ctx_pad = audio_ctx_pad
         self.w = {name: weight.to_float32().astype(dtype) for name, weight in file.tensors.items()}
 
     def _linear(self, x, name, bias=True):
@@ -65,6 +68,9 @@ class NumpyWhisper:
         """q (n_q, d), k/v (n_kv, d); causal_offset = position of q's first row among the keys."""
         n_q, d = q.shape
         dh = d // n_head
+        if causal_offset is None:  # the audio's positions: zero rows up to a multiple of audio_ctx_pad
+            zeros = np.zeros((-k.shape[0] % self.audio_ctx_pad, d), k.dtype)
+            k, v = np.concatenate([k, zeros]), np.concatenate([v, zeros])
         qh = q.reshape(n_q, n_head, dh).transpose(1, 0, 2)
         kh = k.reshape(-1, n_head, dh).transpose(1, 0, 2)
         vh = v.reshape(-1, n_head, dh).transpose(1, 0, 2)

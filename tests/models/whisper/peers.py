@@ -104,6 +104,67 @@ def whisper_cpp_text(bin_path: Path, wav: Path, beam: int, language: str | None)
     return join_segments(s.text for s in model.transcribe(str(wav)))
 
 
+def _libwhisper():
+    """whisper.cpp's C library as pywhispercpp ships it (its bindings return only one float of the logits)."""
+    import ctypes
+    import glob
+    import os
+
+    import pywhispercpp
+
+    libs = os.path.join(os.path.dirname(os.path.dirname(pywhispercpp.__file__)), "pywhispercpp.libs")
+    lib = None
+    for pattern in ("libgomp*", "libggml-base*", "libggml-cpu*", "libggml-[0-9]*", "libwhisper*"):
+        for path in glob.glob(os.path.join(libs, pattern)):
+            lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    return lib
+
+
+def whisper_cpp_logits(bin_path: Path, samples, tokens: list[int], n_prefix: int, flash_attn: bool = True):
+    """whisper.cpp's logits, teacher-forced: the prefix tokens in one decoder call, then one token per call
+    as whisper_full decodes; row i predicts tokens[n_prefix + i] (the last row: what follows them all).
+    whisper_context_params is passed as the bytes whisper_context_default_params_by_ref gives, with
+    use_gpu (byte 0) and flash_attn (byte 1) set: the struct starts with these two bools."""
+    import ctypes
+
+    import numpy as np
+
+    lib = _libwhisper()
+
+    class Params(ctypes.Structure):
+        _fields_ = [("raw", ctypes.c_uint8 * 48)]
+
+    lib.whisper_context_default_params_by_ref.restype = ctypes.POINTER(Params)
+    lib.whisper_init_from_file_with_params.restype = ctypes.c_void_p
+    lib.whisper_init_from_file_with_params.argtypes = [ctypes.c_char_p, Params]
+    lib.whisper_get_logits.restype = ctypes.POINTER(ctypes.c_float)
+    lib.whisper_get_logits.argtypes = [ctypes.c_void_p]
+    lib.whisper_pcm_to_mel.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_float), ctypes.c_int, ctypes.c_int]
+    lib.whisper_encode.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    lib.whisper_decode.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int32), ctypes.c_int, ctypes.c_int,
+                                   ctypes.c_int]
+    lib.whisper_n_vocab.argtypes = [ctypes.c_void_p]
+    lib.whisper_free.argtypes = [ctypes.c_void_p]
+    params = Params.from_buffer_copy(lib.whisper_context_default_params_by_ref().contents)
+    params.raw[0], params.raw[1] = 0, int(flash_attn)
+    ctx = lib.whisper_init_from_file_with_params(str(bin_path).encode(), params)
+    if not ctx:
+        raise RuntimeError(f"whisper.cpp could not load {bin_path}")
+    try:
+        n_vocab = lib.whisper_n_vocab(ctx)
+        pcm = np.ascontiguousarray(samples, np.float32)
+        assert lib.whisper_pcm_to_mel(ctx, pcm.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), pcm.size, 2) == 0
+        assert lib.whisper_encode(ctx, 0, 2) == 0
+        rows = []
+        for start, n in [(0, n_prefix)] + [(i, 1) for i in range(n_prefix, len(tokens))]:
+            batch = (ctypes.c_int32 * n)(*tokens[start:start + n])
+            assert lib.whisper_decode(ctx, batch, n, start, 2) == 0
+            rows.append(np.ctypeslib.as_array(lib.whisper_get_logits(ctx), (n * n_vocab,))[-n_vocab:].copy())
+        return np.array(rows)
+    finally:
+        lib.whisper_free(ctx)
+
+
 def main(workdir: Path) -> None:
     refs: dict = {"faster-whisper": {}, "whisper.cpp": {}}
     for model in MODELS:
