@@ -33,6 +33,19 @@ def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
     return platform.processor() or platform.machine() or "unknown CPU"
 
 
+def blas_kernel() -> str:
+    """NumPy's BLAS and the kernel it runs (threadpoolctl's "architecture"), and the OPENBLAS_CORETYPE that forced
+    it if one is set: a machine may pin OpenBLAS to older kernels (Haswell's AVX2 instead of AVX-512), which
+    roughly halves sgemm, the prompt's products."""
+    import numpy  # noqa: F401  (loads the BLAS library that threadpoolctl then finds)
+    from threadpoolctl import threadpool_info
+
+    libs = [f"{i['internal_api']} {i.get('version') or ''} kernel {i.get('architecture') or '?'}".replace("  ", " ")
+            for i in threadpool_info() if i.get("user_api") == "blas"]
+    forced = os.environ.get("OPENBLAS_CORETYPE")
+    return (", ".join(libs) or "no BLAS found") + (f" (forced by OPENBLAS_CORETYPE={forced})" if forced else "")
+
+
 @dataclass(frozen=True)
 class RunStart:
     """The machine when one side's run began."""
@@ -65,7 +78,8 @@ class RunLog:
     starts: list[RunStart] = field(default_factory=list)
 
     def header(self) -> str:
-        return f"CPU: {self.cpu}, {self.cores} cores; load average now {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+        return (f"CPU: {self.cpu}, {self.cores} cores; load average now {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+                f"; BLAS: {blas_kernel()}")
 
     def start(self, side: str, echo: bool = True) -> RunStart:
         """Record the load and CPU as `side`'s run begins (and print it unless echo is False)."""

@@ -25,6 +25,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SPEECH = REPO / "tests" / "data" / "speech"
 sys.path.insert(0, str(REPO / "tests" / "models" / "whisper"))  # the peers' harness, shared with the tests
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from peer_run import blas_kernel  # noqa: E402
 
 ENGINES = ("pyggml", "pyggml-f32", "faster-whisper-int8", "faster-whisper-float32", "whisper.cpp-f16",
            "whisper.cpp-q8_0")
@@ -32,13 +35,14 @@ THREADS = 2
 
 
 def machine_state() -> dict:
-    """The load average and CPU model at the time of a measurement."""
+    """The load average, CPU model and NumPy's BLAS kernel at the time of a measurement."""
     cpu = platform.processor()
     try:
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return {"loadavg": [round(x, 2) for x in os.getloadavg()], "cpu": cpu, "cpus": os.cpu_count()}
+    return {"loadavg": [round(x, 2) for x in os.getloadavg()], "cpu": cpu, "cpus": os.cpu_count(),
+            "blas": blas_kernel()}
 
 
 def english_files(quick: bool) -> list[Path]:
@@ -111,7 +115,7 @@ def main() -> None:
             r["machine_before"], r["machine_after"] = before, machine_state()
             results[engine].append(r)
     print(f"model {args.model}, {len(files)} sentence(s), {audio_s:.1f} s of audio, {THREADS} threads, greedy; "
-          f"{machine_state()['cpu']}")
+          f"{machine_state()['cpu']}; BLAS: {blas_kernel()}")
     print(f"{'engine':<24}{'load s':>8}{'wall s':>9}{'RTF':>8}{'peak RSS MiB':>14}{'WER':>7}  load avg (1 min) "
           f"before/after")
     summary = {}
