@@ -19,7 +19,7 @@ from pyggml.backend.cpu.jit import jit, parallel_jit
 from pyggml.backend.cpu.jit.compile_cache import drop_stale
 from pyggml.backend.cpu.jit.f16 import widen
 from pyggml.backend.cpu.jit.quants import U, dequantize_row
-from pyggml.backend.cpu.jit.vec_dot import F32, FASTMATH, vec_dot, x_sums
+from pyggml.backend.cpu.jit.vec_dot import F32, FASTMATH, vec_dot
 
 
 @jit(fastmath=FASTMATH)
@@ -28,14 +28,11 @@ def _rows_times_columns(qtype, direct, src, base, row_stride, r0, r1, nb, x, y):
     `direct` (qtype has a vec_dot), else through a float32 row."""
     ncols, k = x.shape
     values = np.empty(0 if direct else k, np.float32)
-    sums = np.empty((ncols, k // 32 if direct else 0), np.float32)
-    for c in range(U(ncols) if direct else U(0)):
-        x_sums(x[c], U(0), U(k), sums[c])
     for r in range(U(r0), U(r1)):
         row = U(base) + r * U(row_stride)
         if direct:
             for c in range(U(ncols)):
-                y[c, r] = vec_dot(qtype, src, row, x[c], U(0), U(nb), sums[c])
+                y[c, r] = vec_dot(qtype, src, row, x[c], U(0), U(nb))
             continue
         dequantize_row(qtype, src, row, values, U(0), U(nb))
         for c in range(U(ncols)):

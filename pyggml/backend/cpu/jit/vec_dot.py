@@ -8,9 +8,6 @@ so results match a float64 product of the dequantized weights to ~1e-6 instead o
 
 Each function reads `nb` blocks of the row at byte s of src and values x[xo:]; per block the quants are
 summed against x first and scaled once (d·Σq·x, and for types with a minimum m·Σx), the order ggml uses.
-The Σx of types with a minimum (Q4_1, Q4_K, Q5_K) are the same for every row: `x_sums` holds them per 32
-values of x, computed once per product (as ggml keeps them in its Q8_1/Q8_K activation blocks); summing
-them again in each row's loop made those rows 1.3x slower.
 `vec_dot` picks by ggml type number; types without one here go through a dequantized row (mul_mat.py).
 """
 
@@ -62,25 +59,17 @@ def vec_dot_q4_0_f32(src, s, x, xo, nb):
 
 
 @jit(fastmath=FASTMATH)
-def x_sums(x, xo, n, out):
-    """out[i] = Σ x[xo + 32i : xo + 32i + 32] for the n // 32 groups of 32 values."""
-    for i in range(U(n) // U(32)):
-        total = F32(0.0)
-        for j in range(U(32)):
-            total += x[xo + U(32) * i + j]
-        out[i] = total
-
-
-@jit(fastmath=FASTMATH)
-def vec_dot_q4_1_f32(src, s, x, xo, nb, sums):
+def vec_dot_q4_1_f32(src, s, x, xo, nb):
     acc = F32(0.0)
     for b in range(nb):
         p, t = s + U(20) * b, xo + U(32) * b
-        part = F32(0.0)
+        part, total = F32(0.0), F32(0.0)
         for j in range(U(16)):
             q = src[p + U(4) + j]
-            part += F32(np.int32(q & 15)) * x[t + j] + F32(np.int32(q >> 4)) * x[t + U(16) + j]
-        acc += _fp16(src, p) * part + _fp16(src, p + U(2)) * sums[b]
+            lo, hi = x[t + j], x[t + U(16) + j]
+            part += F32(np.int32(q & 15)) * lo + F32(np.int32(q >> 4)) * hi
+            total += lo + hi
+        acc += _fp16(src, p) * part + _fp16(src, p + U(2)) * total
     return acc
 
 
@@ -106,30 +95,32 @@ def vec_dot_q5_0_f32(src, s, x, xo, nb):
 
 
 @jit(inline="always", fastmath=FASTMATH)
-def _vec_dot_k45(src, s, x, xo, nb, sums, size, fifth):
+def _vec_dot_k45(src, s, x, xo, nb, size, fifth):
     acc = F32(0.0)
     for b in range(nb):
         p, t = s + size * b, xo + U(QK_K) * b
         for c in range(U(4)):
             d1, n1, d2, n2 = k45_sub_scales(src, p, c)
-            dot1, dot2 = F32(0.0), F32(0.0)
+            dot1, dot2, sum1, sum2 = F32(0.0), F32(0.0), F32(0.0), F32(0.0)
             for l in range(U(32)):
                 lo, hi = k45_quants(src, p, c, l, fifth)
-                dot1 += F32(lo) * x[t + c * U(64) + l]
-                dot2 += F32(hi) * x[t + c * U(64) + U(32) + l]
-            g = U(8) * b + U(2) * c
-            acc += d1 * dot1 + d2 * dot2 - (n1 * sums[g] + n2 * sums[g + U(1)])
+                xl, xh = x[t + c * U(64) + l], x[t + c * U(64) + U(32) + l]
+                dot1 += F32(lo) * xl
+                dot2 += F32(hi) * xh
+                sum1 += xl
+                sum2 += xh
+            acc += d1 * dot1 + d2 * dot2 - (n1 * sum1 + n2 * sum2)
     return acc
 
 
 @jit(fastmath=FASTMATH)
-def vec_dot_q4_K_f32(src, s, x, xo, nb, sums):
-    return _vec_dot_k45(src, s, x, xo, nb, sums, U(144), False)
+def vec_dot_q4_K_f32(src, s, x, xo, nb):
+    return _vec_dot_k45(src, s, x, xo, nb, U(144), False)
 
 
 @jit(fastmath=FASTMATH)
-def vec_dot_q5_K_f32(src, s, x, xo, nb, sums):
-    return _vec_dot_k45(src, s, x, xo, nb, sums, U(176), True)
+def vec_dot_q5_K_f32(src, s, x, xo, nb):
+    return _vec_dot_k45(src, s, x, xo, nb, U(176), True)
 
 
 @jit(fastmath=FASTMATH)
@@ -156,16 +147,15 @@ def vec_dot_q6_K_f32(src, s, x, xo, nb):
 HAS_VEC_DOT = frozenset({_F16, _Q8_0, _Q4_0, _Q4_1, _Q5_0, _Q4_K, _Q5_K, _Q6_K})
 
 
-@jit(inline="always")
-def vec_dot(qtype, src, s, x, xo, nb, sums):
-    """Σ row·x for a row of ggml type qtype in HAS_VEC_DOT (0 for others: callers check first); sums: x_sums
-    of x from xo, which the types with a minimum read."""
+@jit
+def vec_dot(qtype, src, s, x, xo, nb):
+    """Σ row·x for a row of ggml type qtype in HAS_VEC_DOT (0 for others: callers check first)."""
     if qtype == _Q8_0:
         return vec_dot_q8_0_f32(src, s, x, xo, nb)
     if qtype == _Q5_0:
         return vec_dot_q5_0_f32(src, s, x, xo, nb)
     if qtype == _Q4_K:
-        return vec_dot_q4_K_f32(src, s, x, xo, nb, sums)
+        return vec_dot_q4_K_f32(src, s, x, xo, nb)
     if qtype == _Q6_K:
         return vec_dot_q6_K_f32(src, s, x, xo, nb)
     if qtype == _F16:
@@ -173,7 +163,7 @@ def vec_dot(qtype, src, s, x, xo, nb, sums):
     if qtype == _Q4_0:
         return vec_dot_q4_0_f32(src, s, x, xo, nb)
     if qtype == _Q4_1:
-        return vec_dot_q4_1_f32(src, s, x, xo, nb, sums)
+        return vec_dot_q4_1_f32(src, s, x, xo, nb)
     if qtype == _Q5_K:
-        return vec_dot_q5_K_f32(src, s, x, xo, nb, sums)
+        return vec_dot_q5_K_f32(src, s, x, xo, nb)
     return F32(0.0)
