@@ -5,7 +5,7 @@ index is missing compiles on first call. `pyggml generate` asks before loading a
 say why the first step is slow.
 
 Numba checks a cached kernel against its own source file only, yet a kernel carries the code of the
-functions it calls from other modules (mul_mat_vec holds every vec_dot): an edit to quants.py alone
+functions it calls from other modules (mul_mat_vec holds a vec_dot): an edit to quants.py alone
 would leave mul_mat_vec's cached code stale. So the cache keeps a fingerprint of all the package's
 sources and is emptied when it differs.
 """

@@ -19,22 +19,25 @@ from pyggml.backend.cpu.jit import jit, parallel_jit
 from pyggml.backend.cpu.jit.compile_cache import drop_stale
 from pyggml.backend.cpu.jit.f16 import widen
 from pyggml.backend.cpu.jit.quants import U, dequantize_row
-from pyggml.backend.cpu.jit.vec_dot import F32, FASTMATH, vec_dot
+from pyggml.backend.cpu.jit.vec_dot import F32, FASTMATH
 
 
 @jit(fastmath=FASTMATH)
-def _rows_times_columns(qtype, direct, src, base, row_stride, r0, r1, nb, x, y):
-    """y[c, r] = dot(row r at byte base + r·row_stride of src, x[c]) for r in [r0, r1): in registers when
-    `direct` (qtype has a vec_dot), else through a float32 row."""
-    ncols, k = x.shape
-    values = np.empty(0 if direct else k, np.float32)
+def _rows_times_columns(dot, src, base, row_stride, r0, r1, nb, x, y):
+    """y[c, r] = dot(row r at byte base + r·row_stride of src, x[c]) for r in [r0, r1), in registers."""
     for r in range(U(r0), U(r1)):
         row = U(base) + r * U(row_stride)
-        if direct:
-            for c in range(U(ncols)):
-                y[c, r] = vec_dot(qtype, src, row, x[c], U(0), U(nb))
-            continue
-        dequantize_row(qtype, src, row, values, U(0), U(nb))
+        for c in range(U(x.shape[0])):
+            y[c, r] = dot(src, row, x[c], U(0), U(nb))
+
+
+@jit(fastmath=FASTMATH)
+def _dequantized_rows_times_columns(qtype, src, base, row_stride, r0, r1, nb, x, y):
+    """The same for a type without a row dot: each row through a float32 row."""
+    ncols, k = x.shape
+    values = np.empty(k, np.float32)
+    for r in range(U(r0), U(r1)):
+        dequantize_row(qtype, src, U(base) + r * U(row_stride), values, U(0), U(nb))
         for c in range(U(ncols)):
             acc = np.float32(0.0)
             for j in range(U(k)):
@@ -43,17 +46,21 @@ def _rows_times_columns(qtype, direct, src, base, row_stride, r0, r1, nb, x, y):
 
 
 @parallel_jit
-def mul_mat_vec(qtype, direct, src, planes, row_stride, nrows, nb, x, y, bands):
+def mul_mat_vec(dot, qtype, src, planes, row_stride, nrows, nb, x, y, bands):
     """y[i, c, r] = dot(row r of weight plane i, x[i, c]) for every plane i, column c and row r < nrows.
 
-    Row r of plane i starts at byte planes[i] + r·row_stride of src and holds nb blocks; `bands` row
-    bands per plane are shared out over the threads (more bands than threads balances a busy machine).
+    Row r of plane i starts at byte planes[i] + r·row_stride of src and holds nb blocks of ggml type qtype;
+    dot is the type's row dot (vec_dot.VEC_DOT), or None for a type without one. `bands` row bands per
+    plane are shared out over the threads (more bands than threads balances a busy machine).
     """
     per = (nrows + bands - 1) // bands
     for task in prange(planes.shape[0] * bands):
         plane, band = task // bands, task % bands
-        _rows_times_columns(qtype, direct, src, planes[plane], row_stride, min(nrows, band * per),
-                            min(nrows, (band + 1) * per), nb, x[plane], y[plane])
+        r0, r1 = min(nrows, band * per), min(nrows, (band + 1) * per)
+        if dot is None:
+            _dequantized_rows_times_columns(qtype, src, planes[plane], row_stride, r0, r1, nb, x[plane], y[plane])
+        else:
+            _rows_times_columns(dot, src, planes[plane], row_stride, r0, r1, nb, x[plane], y[plane])
 
 
 @jit(fastmath=FASTMATH)
