@@ -19,21 +19,13 @@ from pyggml.backend.cpu.jit import jit, parallel_jit
 from pyggml.backend.cpu.jit.compile_cache import drop_stale
 from pyggml.backend.cpu.jit.f16 import widen
 from pyggml.backend.cpu.jit.quants import U, dequantize_row
-from pyggml.backend.cpu.jit.vec_dot import F32, FASTMATH
-
-
-@jit(fastmath=FASTMATH)
-def _rows_times_columns(dot, src, base, row_stride, r0, r1, nb, x, y):
-    """y[c, r] = dot(row r at byte base + r·row_stride of src, x[c]) for r in [r0, r1), in registers."""
-    for r in range(U(r0), U(r1)):
-        row = U(base) + r * U(row_stride)
-        for c in range(U(x.shape[0])):
-            y[c, r] = dot(src, row, x[c], U(0), U(nb))
+from pyggml.backend.cpu.jit.vec_dot import F32, FASTMATH, rows_dot
 
 
 @jit(fastmath=FASTMATH)
 def _dequantized_rows_times_columns(qtype, src, base, row_stride, r0, r1, nb, x, y):
-    """The same for a type without a row dot: each row through a float32 row."""
+    """y[c, r] = dot(row r at byte base + r·row_stride of src, x[c]) for r in [r0, r1), for a type without a
+    row dot: each row through a float32 row."""
     ncols, k = x.shape
     values = np.empty(k, np.float32)
     for r in range(U(r0), U(r1)):
@@ -46,21 +38,21 @@ def _dequantized_rows_times_columns(qtype, src, base, row_stride, r0, r1, nb, x,
 
 
 @parallel_jit
-def mul_mat_vec(dot, qtype, src, planes, row_stride, nrows, nb, x, y, bands):
+def mul_mat_vec(qtype, direct, src, planes, row_stride, nrows, nb, x, y, bands):
     """y[i, c, r] = dot(row r of weight plane i, x[i, c]) for every plane i, column c and row r < nrows.
 
     Row r of plane i starts at byte planes[i] + r·row_stride of src and holds nb blocks of ggml type qtype;
-    dot is the type's row dot (vec_dot.VEC_DOT), or None for a type without one. `bands` row bands per
-    plane are shared out over the threads (more bands than threads balances a busy machine).
+    `direct`: qtype has a row dot (vec_dot.HAS_VEC_DOT), else rows go through a float32 row. `bands` row
+    bands per plane are shared out over the threads (more bands than threads balances a busy machine).
     """
     per = (nrows + bands - 1) // bands
     for task in prange(planes.shape[0] * bands):
         plane, band = task // bands, task % bands
         r0, r1 = min(nrows, band * per), min(nrows, (band + 1) * per)
-        if dot is None:
-            _dequantized_rows_times_columns(qtype, src, planes[plane], row_stride, r0, r1, nb, x[plane], y[plane])
+        if direct:
+            rows_dot(qtype, src, planes[plane], row_stride, r0, r1, nb, x[plane], y[plane])
         else:
-            _rows_times_columns(dot, src, planes[plane], row_stride, r0, r1, nb, x[plane], y[plane])
+            _dequantized_rows_times_columns(qtype, src, planes[plane], row_stride, r0, r1, nb, x[plane], y[plane])
 
 
 @jit(fastmath=FASTMATH)

@@ -16,7 +16,7 @@ import threading
 import numpy as np
 
 from pyggml.backend.cpu.jit.mul_mat import dequantize_rows, mul_mat_float_columns, mul_mat_vec
-from pyggml.backend.cpu.jit.vec_dot import VEC_DOT
+from pyggml.backend.cpu.jit.vec_dot import HAS_VEC_DOT
 from pyggml.backend.cpu.kernels import kernel
 from pyggml.backend.cpu.kernels._blocks import THREADS_MAX, blocks_per_row, in_blocks, memory_of
 from pyggml.backend.cpu.kernels._common import FLOAT_TYPES, as_f32, blas_threads, repacked_values, view
@@ -101,7 +101,7 @@ def _matvec_call(a: Tensor, src: np.ndarray, planes: np.ndarray, x: np.ndarray, 
     else:
         qtype = int(a.type)
         kernel_ = mul_mat_vec
-        args = (VEC_DOT.get(qtype), qtype, src, planes, a.nb[1], a.ne[1], blocks_per_row(a), x, y)
+        args = (qtype, qtype in HAS_VEC_DOT, src, planes, a.nb[1], a.ne[1], blocks_per_row(a), x, y)
     on_threads = functools.partial(kernel_, *args, max(1, min(THREADS_MAX * BANDS_PER_THREAD, a.ne[1] // 16)))
 
     def call() -> None:
