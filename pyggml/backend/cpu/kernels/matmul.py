@@ -121,13 +121,15 @@ def _product_on_blocks(a: Tensor, src: np.ndarray, planes: np.ndarray, x: np.nda
     tile = np.empty((tile_rows, a.ne[0]), np.float32)
     for plane in np.unique(planes):
         using = np.flatnonzero(planes == plane)
-        xs = x if len(using) == len(planes) else x[using]
+        if using[-1] - using[0] + 1 == len(using):  # consecutive planes of b (the query heads of one KV head):
+            using = slice(using[0], using[-1] + 1)   # views of x and y, no copies
+        xs = x[using]
         for r0 in range(0, a.ne[1], tile_rows):
             rows = plane + np.arange(r0, min(r0 + tile_rows, a.ne[1]), dtype=np.uint64) * np.uint64(a.nb[1])
             values = tile[:len(rows)]
             dequantize_rows(qtype, src, rows, nb, values)
-            if len(rows) == a.ne[1] and len(using) == len(planes):
-                np.matmul(xs, values.T, out=y)  # the whole matrix in one tile: straight into dst
+            if isinstance(using, slice):
+                np.matmul(xs, values.T, out=y[using, :, r0:r0 + len(rows)])
             else:
                 y[using, :, r0:r0 + len(rows)] = np.matmul(xs, values.T)
 
