@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -27,7 +26,7 @@ SPEECH = REPO / "tests" / "data" / "speech"
 sys.path.insert(0, str(REPO / "tests" / "models" / "whisper"))  # the peers' harness, shared with the tests
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from peer_run import blas_kernel  # noqa: E402
+from peer_run import blas_kernel, cpu_model  # noqa: E402
 
 ENGINES = ("pyggml", "pyggml-f32", "faster-whisper-int8", "faster-whisper-float32", "whisper.cpp-f16",
            "whisper.cpp-q8_0")
@@ -35,14 +34,8 @@ THREADS = 2
 
 
 def machine_state() -> dict:
-    """The load average, CPU model and NumPy's BLAS kernel at the time of a measurement."""
-    cpu = platform.processor()
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return {"loadavg": [round(x, 2) for x in os.getloadavg()], "cpu": cpu, "cpus": os.cpu_count(),
-            "blas": blas_kernel()}
+    """The load average and CPU model at the time of a measurement."""
+    return {"loadavg": [round(x, 2) for x in os.getloadavg()], "cpu": cpu_model(), "cpus": os.cpu_count()}
 
 
 def english_files(quick: bool) -> list[Path]:

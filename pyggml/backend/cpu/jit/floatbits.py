@@ -34,6 +34,16 @@ def float_bits(typingctx, x):
     return types.uint32(types.float32), codegen
 
 
+def _int_of_width(builder, value, numba_type, width: int):
+    """An integer value of Numba type numba_type as an LLVM integer of `width` bits: its low bits, or
+    zero-extended."""
+    if numba_type.bitwidth > width:
+        return builder.trunc(value, ir.IntType(width))
+    if numba_type.bitwidth < width:
+        return builder.zext(value, ir.IntType(width))
+    return value
+
+
 @intrinsic
 def bits_float(typingctx, x):
     """The float32 whose bit pattern is the low 32 bits of the integer x."""
@@ -41,8 +51,7 @@ def bits_float(typingctx, x):
         return None
 
     def codegen(context, builder, signature, args):
-        low = builder.trunc(args[0], ir.IntType(32)) if x.bitwidth > 32 else args[0]
-        return builder.bitcast(low, ir.FloatType())
+        return builder.bitcast(_int_of_width(builder, args[0], x, 32), ir.FloatType())
 
     return types.float32(x), codegen
 
@@ -54,8 +63,8 @@ def f16_to_f32(typingctx, bits):
         return None
 
     def codegen(context, builder, signature, args):
-        low = builder.trunc(args[0], ir.IntType(16)) if bits.bitwidth > 16 else args[0]
-        return builder.fpext(builder.bitcast(low, ir.HalfType()), ir.FloatType())
+        half = builder.bitcast(_int_of_width(builder, args[0], bits, 16), ir.HalfType())
+        return builder.fpext(half, ir.FloatType())
 
     return types.float32(bits), codegen
 
@@ -67,11 +76,7 @@ def bf16_to_f32(typingctx, bits):
         return None
 
     def codegen(context, builder, signature, args):
-        value = args[0]
-        if bits.bitwidth > 32:
-            value = builder.trunc(value, ir.IntType(32))
-        elif bits.bitwidth < 32:
-            value = builder.zext(value, ir.IntType(32))
+        value = _int_of_width(builder, args[0], bits, 32)
         return builder.bitcast(builder.shl(value, ir.Constant(ir.IntType(32), 16)), ir.FloatType())
 
     return types.float32(bits), codegen

@@ -10,7 +10,7 @@ Each function reads `nb` blocks of the row at byte s of src and values x[xo:]. T
 (Q4_0, Q4_1, Q5_0, Q8_0) are LLVM vector IR (block_ir.py: one vector accumulator per row, 1.2-1.8x the
 speed of the same loops in Python); the K-quants sum each sub-block's quants against x first and scale
 once (d·Σq·x, and for types with a minimum m·Σx), the order ggml uses.
-`rows_dot` picks by ggml type number; types without one here go through a dequantized row (mul_mat.py).
+mul_mat.py picks them by ggml type number; types without one here go through a dequantized row.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ import numpy as np
 
 from pyggml.backend.cpu.jit import jit
 from pyggml.backend.cpu.jit.block_ir import row_dot_q4_0, row_dot_q4_1, row_dot_q5_0, row_dot_q8_0
-from pyggml.backend.cpu.jit.quants import (_F16, _Q4_0, _Q4_1, _Q4_K, _Q5_0, _Q5_K, _Q6_K, _Q8_0, QK_K, U, _fp16,
-                                           k45_quants, k45_sub_scales)
+from pyggml.backend.cpu.jit.quants import QK_K, U, _fp16, k45_quants, k45_sub_scales
 
 F32 = np.float32
 FASTMATH = {"reassoc", "contract"}  # lets LLVM split a dot's sum over vector lanes; NaN and inf still propagate
@@ -102,38 +101,3 @@ def vec_dot_q6_K_f32(src, s, x, xo, nb):
                         part += F32(q) * x[t + n * U(128) + k * U(32) + ll]
                     acc += d * F32(np.int8(src[p + U(192) + n * U(8) + U(2) * k + half])) * part
     return acc
-
-
-HAS_VEC_DOT = frozenset({_F16, _Q8_0, _Q4_0, _Q4_1, _Q5_0, _Q4_K, _Q5_K, _Q6_K})
-
-
-@jit(inline="always")
-def _rows_dot(dot, src, base, row_stride, r0, r1, nb, x, y):
-    """y[c, r] = dot(row r at byte base + r·row_stride of src, x[c]) for r in [r0, r1) (inlined where it is
-    called, with dot a known function: each type's row loop is compiled with its dot inside)."""
-    for r in range(U(r0), U(r1)):
-        row = U(base) + r * U(row_stride)
-        for c in range(U(x.shape[0])):
-            y[c, r] = dot(src, row, x[c], U(0), U(nb))
-
-
-@jit
-def rows_dot(qtype, src, base, row_stride, r0, r1, nb, x, y):
-    """_rows_dot with the row dot of qtype (in HAS_VEC_DOT: callers check first), chosen once for the rows:
-    choosing it per row, among all the types in one loop, ran a Q4_0 product at 0.6x the speed."""
-    if qtype == _Q8_0:
-        _rows_dot(vec_dot_q8_0_f32, src, base, row_stride, r0, r1, nb, x, y)
-    elif qtype == _Q5_0:
-        _rows_dot(vec_dot_q5_0_f32, src, base, row_stride, r0, r1, nb, x, y)
-    elif qtype == _Q4_K:
-        _rows_dot(vec_dot_q4_K_f32, src, base, row_stride, r0, r1, nb, x, y)
-    elif qtype == _Q6_K:
-        _rows_dot(vec_dot_q6_K_f32, src, base, row_stride, r0, r1, nb, x, y)
-    elif qtype == _F16:
-        _rows_dot(vec_dot_f16_f32, src, base, row_stride, r0, r1, nb, x, y)
-    elif qtype == _Q4_0:
-        _rows_dot(vec_dot_q4_0_f32, src, base, row_stride, r0, r1, nb, x, y)
-    elif qtype == _Q4_1:
-        _rows_dot(vec_dot_q4_1_f32, src, base, row_stride, r0, r1, nb, x, y)
-    elif qtype == _Q5_K:
-        _rows_dot(vec_dot_q5_K_f32, src, base, row_stride, r0, r1, nb, x, y)

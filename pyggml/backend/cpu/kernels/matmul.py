@@ -16,7 +16,6 @@ import threading
 import numpy as np
 
 from pyggml.backend.cpu.jit.mul_mat import dequantize_rows, mul_mat_float_columns, mul_mat_vec
-from pyggml.backend.cpu.jit.vec_dot import HAS_VEC_DOT
 from pyggml.backend.cpu.kernels import kernel
 from pyggml.backend.cpu.kernels._blocks import THREADS_MAX, blocks_per_row, in_blocks, memory_of
 from pyggml.backend.cpu.kernels._common import FLOAT_TYPES, as_f32, blas_threads, repacked_values, view
@@ -99,9 +98,7 @@ def _matvec_call(a: Tensor, src: np.ndarray, planes: np.ndarray, x: np.ndarray, 
         values = src[: src.size // size * size].view(np.float32 if a.type == T.GGMLType.F32 else np.uint16)
         kernel_, args = mul_mat_float_columns, (values, planes // size, a.nb[1] // size, a.ne[1], a.ne[0], x, y)
     else:
-        qtype = int(a.type)
-        kernel_ = mul_mat_vec
-        args = (qtype, qtype in HAS_VEC_DOT, src, planes, a.nb[1], a.ne[1], blocks_per_row(a), x, y)
+        kernel_, args = mul_mat_vec, (int(a.type), src, planes, a.nb[1], a.ne[1], blocks_per_row(a), x, y)
     on_threads = functools.partial(kernel_, *args, max(1, min(THREADS_MAX * BANDS_PER_THREAD, a.ne[1] // 16)))
 
     def call() -> None:
