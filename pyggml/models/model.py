@@ -20,6 +20,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from pyggml.backend import Backend, tensor_get, tensor_set
+from pyggml.backend.cpu.jit.compile_cache import load_cached
 from pyggml.core import GGMLType
 from pyggml.errors import GGMLError, GGUFError
 from pyggml.models.arch import architecture_of
@@ -66,6 +67,7 @@ class Model:
         self.backend = backend = backends[-1]
         arch_class = architecture_of(gguf)  # refuse an unknown architecture before reading any weight
         self.tokenizer = load_tokenizer(gguf)
+        load_cached()  # the CPU kernels load now, while the weights are still unread (see load_cached)
         placement = plan_layers(hparam(gguf, "block_count"), backends) if len(backends) > 1 else None
         self.weights = load_weights(gguf, backend, repack=repack, progress=progress,
                                     elsewhere_prefixes=remote_prefixes(placement) if placement else ())

@@ -292,6 +292,7 @@ def load_whisper(model="tiny.en", backend="CPU", f32: bool = False, gelu: str = 
     `audio_ctx_pad=1` attends over the audio's positions alone instead of whisper.cpp's padded 1536 (see
     pyggml.models.whisper.model); `planner` is the GraphAllocator's ("best" or "ggml")."""
     from pyggml.backend.cpu.backend import CpuBackend, set_n_threads
+    from pyggml.backend.cpu.jit.compile_cache import load_cached
     from pyggml.models.whisper.files import load_whisper_file
 
     start = time.perf_counter()
@@ -303,6 +304,7 @@ def load_whisper(model="tiny.en", backend="CPU", f32: bool = False, gelu: str = 
         for b in backends:
             if isinstance(b, CpuBackend):
                 set_n_threads(b, n_threads)
+    load_cached()  # the CPU kernels load before the weights are read (see load_cached)
     w = Whisper(load_whisper_file(model), backends, f32=f32, gelu=gelu, planner=planner, flash_attn=flash_attn,
                 placement=placement, audio_ctx_pad=audio_ctx_pad)
     w.timings.load_s = time.perf_counter() - start

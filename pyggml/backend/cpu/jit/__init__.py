@@ -11,5 +11,8 @@ import functools
 
 import numba
 
+from pyggml.backend.cpu.jit import compiler_pages
+
 jit = functools.partial(numba.njit, cache=True, nogil=True, error_model="numpy")
 parallel_jit = functools.partial(numba.njit, cache=True, nogil=True, error_model="numpy", parallel=True)
+compiler_pages.install()
