@@ -6,7 +6,9 @@ itself becomes the WEIGHTS buffer and no byte is copied: the CPU's compiled kern
 weights in their block formats there. Optionally (`repack=True`, `pyggml generate --weights f32`)
 quantized tensors are *repacked*: placed, with their own types, in the device's extra buffer type (the
 CPU's "CPU_REPACK", as llama.cpp uses ggml's), which keeps their float32 values (4 bytes a weight;
-products run on BLAS).
+products run on BLAS). By default, the matrices an extra buffer type `takes` go there instead (the CPU's
+"CPU_Q4_0x16": Q4_0 interleaved for the integer products, same bytes), except the token embedding,
+whose rows GET_ROWS reads from the file.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pyggml.models.gguf_file import GGUFFile
 
 
 REPACK_ROWS = 16384
+INPUT_EMBEDDING = "token_embd.weight"  # read by GET_ROWS: stays in the file's layout
 
 
 class Weights:
@@ -35,8 +38,9 @@ class Weights:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the buffers holding the weights (the mapped data section counts whole)."""
-        return sum(b.size for b in self.buffers)
+        """Bytes the weights take in their buffers: their file bytes where the file is mapped, their
+        allocation elsewhere (a tensor left for another backend counts nothing)."""
+        return sum(t.buffer.buft.alloc_size(t) for t in self.tensors.values() if t.buffer is not None)
 
     @property
     def file_tensor_bytes(self) -> int:
@@ -71,17 +75,23 @@ def load_weights(gguf: GGUFFile, backend, repack: bool = False, progress: bool |
     caller to place on other backends (`Weights.file_bytes` gives their bytes).
     """
     direct, packed, elsewhere = Context(no_alloc=True), Context(no_alloc=True), Context(no_alloc=True)
-    repack_type = next(iter(backend.device.extra_buffer_types()), None) if repack else None
+    extra = backend.device.extra_buffer_types()
+    repack_type = next(iter(extra), None) if repack else None
+    interleave_type = None if repack else next((b for b in extra if hasattr(b, "takes")), None)
     infos = {}
     for info in gguf.tensors:
+        ne = info.ne[:info.n_dims] or (1,)
         if info.name.startswith(elsewhere_prefixes):
             ctx = elsewhere
         elif repack_type is not None and T.is_quantized(int(info.type)):
             ctx = packed
+        elif (interleave_type is not None and info.name != INPUT_EMBEDDING
+              and interleave_type.takes(int(info.type), ne)):
+            ctx = packed
         else:
             ctx = direct
         try:
-            ctx.new_tensor(T.as_type(int(info.type)), info.ne[:info.n_dims] or (1,), info.name)
+            ctx.new_tensor(T.as_type(int(info.type)), ne, info.name)
         except GGMLError as e:
             raise GGUFError(f"{gguf.path}: tensor '{info.name}' ({info.type.name}{list(info.ne)}): {e}") from e
         infos[info.name] = info
@@ -90,7 +100,8 @@ def load_weights(gguf: GGUFFile, backend, repack: bool = False, progress: bool |
     with tqdm(total=total, desc="loading", unit="B", unit_scale=True, unit_divisor=1024,
               disable=None if progress is None else not progress) as bar:
         buffers = [b for b in (_place_direct(gguf, backend, direct, infos, bar),
-                               _place_repacked(gguf, repack_type, packed, infos, bar)) if b is not None]
+                               _place_repacked(gguf, repack_type or interleave_type, packed, infos, bar))
+                   if b is not None]
     for b in buffers:
         b.usage = BufferUsage.WEIGHTS
     return Weights(gguf, {t.name: t for ctx in (direct, packed, elsewhere) for t in ctx}, buffers)

@@ -19,7 +19,7 @@ from pyggml.backend.base import (Backend, BackendReg, Buffer, BufferType, Device
                                  check_graph_buffers, computed_nodes)
 from pyggml.backend.cpu import kernels
 from pyggml.backend.cpu.kernels._blocks import set_threads
-from pyggml.backend.cpu.kernels._common import blas_threads
+from pyggml.backend.cpu.kernels._common import INTERLEAVED, blas_threads
 from pyggml.backend.tensor_io import host_bytes
 from pyggml.core.host_memory import aligned_bytes
 from pyggml.core.tensor import Tensor
@@ -130,8 +130,10 @@ class CpuDevice(Device):
         self.description = _cpu_model()
         self._buffer_type = CpuBufferType(self)
         self._mapped_type = CpuMappedBufferType(self)
-        from pyggml.backend.cpu.repack import RepackBufferType  # it builds on this module's CpuBuffer
+        from pyggml.backend.cpu.interleave import InterleavedBufferType  # they build on this module's CpuBuffer
+        from pyggml.backend.cpu.repack import RepackBufferType
         self._repack_type = RepackBufferType(self)
+        self._interleaved_type = InterleavedBufferType(self)
 
     def memory(self) -> tuple[int, int]:
         """(free, total): physical memory; ggml counts all of it as free."""
@@ -156,11 +158,12 @@ class CpuDevice(Device):
         return kernels.supports(t)
 
     def extra_buffer_types(self) -> list[BufferType]:
-        """[CPU_REPACK]: quantized weights kept as float32 values (pyggml.backend.cpu.repack)."""
-        return [self._repack_type]
+        """[CPU_REPACK, CPU_Q4_0x16]: quantized weights kept as float32 values (pyggml.backend.cpu.repack), and
+        Q4_0 matrices interleaved for the integer products (pyggml.backend.cpu.interleave)."""
+        return [self._repack_type, self._interleaved_type]
 
     def supports_buft(self, buft: BufferType) -> bool:
-        return buft.is_host or buft is self._repack_type
+        return buft.is_host or buft is self._repack_type or buft is self._interleaved_type
 
 
 # ----------------------------------------------------------------------------------------------
@@ -182,6 +185,7 @@ class CpuGraphPlan:
     addresses: list
     buffers: list
     freed: bool = False
+    blas_on_one_thread: bool = False  # the graph's products run on Numba's threads (see CpuBackend._run)
 
 
 _DATA = operator.attrgetter("data")
@@ -218,13 +222,17 @@ class CpuBackend(Backend):
             steps.append((node, kernels.bound(node, kernel)))
         tensors = list({id(t): t for node, _ in steps for t in (node, *node.srcs)}.values())
         buffers = list({id(b): b for t in tensors if (b := (t.view_src or t).buffer) is not None}.values())
-        return CpuGraphPlan(graph, steps, tensors, _data(tensors), buffers)
+        interleaved = any(t.extra is INTERLEAVED for t in tensors)
+        return CpuGraphPlan(graph, steps, tensors, _data(tensors), buffers, blas_on_one_thread=interleaved)
 
     def _run(self, plan: CpuGraphPlan) -> Status:
+        """The plan's calls in order. A graph whose weight products run on Numba's threads (interleaved Q4_0)
+        gives BLAS one thread: OpenBLAS's idle workers spin for a while after each call, and Numba's after
+        each parallel loop, so two pools on the same cores slowed each other 2-4x (a 512-token prompt)."""
         n_threads = min(self.n_threads, AVAILABLE_CPUS)
         set_threads(n_threads)
         # C float semantics for every kernel (inf and NaN without NumPy warnings), set once per graph
-        with blas_threads(n_threads), np.errstate(all="ignore"):
+        with blas_threads(1 if plan.blas_on_one_thread else n_threads), np.errstate(all="ignore"):
             for _, call in plan.steps:
                 call()
                 if self.abort_callback is not None and self.abort_callback():
@@ -239,8 +247,8 @@ class CpuBackend(Backend):
 
     def _graph_plan_update(self, plan: CpuGraphPlan, graph) -> None:
         fresh = self._plan(graph)
-        plan.graph, plan.steps, plan.tensors, plan.addresses, plan.buffers = (
-            fresh.graph, fresh.steps, fresh.tensors, fresh.addresses, fresh.buffers)
+        plan.graph, plan.steps, plan.tensors, plan.addresses, plan.buffers, plan.blas_on_one_thread = (
+            fresh.graph, fresh.steps, fresh.tensors, fresh.addresses, fresh.buffers, fresh.blas_on_one_thread)
 
     def _graph_plan_compute(self, plan: CpuGraphPlan) -> Status:
         if plan.freed:

@@ -14,6 +14,7 @@ from typing import Callable
 
 import numpy as np
 
+from pyggml.backend.cpu.kernels._common import INTERLEAVED
 from pyggml.core.tensor import Op, Tensor, VIEW_OPS
 from pyggml.errors import UnsupportedOpError
 
@@ -32,10 +33,17 @@ def _always(_t: Tensor) -> bool:
     return True
 
 
+def _no_interleaved_source(supports: Callable[[Tensor], bool], t: Tensor) -> bool:
+    return all(s.extra is not INTERLEAVED for s in t.srcs) and supports(t)
+
+
 def kernel(*ops: Op, supports: Callable[[Tensor], bool] = _always,
-           bind: Callable[[Tensor], Callable[[], None] | None] | None = None):
+           bind: Callable[[Tensor], Callable[[], None] | None] | None = None, reads_interleaved: bool = False):
     """Register fn as the kernel of ops; `supports(dst)` says which type/shape combinations it handles,
-    `bind(dst)` gives the pre-bound call for the cases it covers (None for the others, which run fn)."""
+    `bind(dst)` gives the pre-bound call for the cases it covers (None for the others, which run fn).
+    Only a kernel that `reads_interleaved` is given a source in a CPU_Q4_0x16 buffer (not host bytes)."""
+    if not reads_interleaved:
+        supports = functools.partial(_no_interleaved_source, supports)
 
     def register(fn):
         for op in ops:

@@ -16,9 +16,12 @@ import threading
 import numpy as np
 
 from pyggml.backend.cpu.jit.mul_mat import dequantize_rows, mul_mat_float_columns, mul_mat_vec
+from pyggml.backend.cpu.jit.repack import gemm_q4_0_16x4_q8_0, quantize_q8_0
+from pyggml.backend.cpu.jit.vnni_ir import ROWS
 from pyggml.backend.cpu.kernels import kernel
 from pyggml.backend.cpu.kernels._blocks import THREADS_MAX, blocks_per_row, in_blocks, memory_of
-from pyggml.backend.cpu.kernels._common import FLOAT_TYPES, as_f32, blas_threads, repacked_values, view
+from pyggml.backend.cpu.kernels._common import (FLOAT_TYPES, INTERLEAVED, as_f32, blas_threads, repacked_values,
+                                                view)
 from pyggml.backend.cpu.kernels._dequant_cache import DEQUANT_CACHE, dequantizable
 from pyggml.core import types as T
 from pyggml.core.tensor import Op, Tensor
@@ -44,8 +47,17 @@ def _out_view(dst: Tensor, shape) -> np.ndarray:
 
 
 def _supports_product(dst: Tensor) -> bool:
+    """Products that read src0's values (float32, or decoded from its blocks): not an interleaved src0."""
     a, b = dst.src[0], dst.src[1]
-    return dst.type == T.GGMLType.F32 and b.type in FLOAT_TYPES and dequantizable(a.type)
+    return (dst.type == T.GGMLType.F32 and b.type in FLOAT_TYPES and dequantizable(a.type)
+            and a.extra is not INTERLEAVED)
+
+
+def _supports_mul_mat(dst: Tensor) -> bool:
+    a, b = dst.src[0], dst.src[1]
+    if a.extra is INTERLEAVED:  # a 2-D Q4_0 matrix (the buffer checked its shape)
+        return dst.type == T.GGMLType.F32 and b.type in FLOAT_TYPES
+    return _supports_product(dst)
 
 
 def _broadcast_split(dst: Tensor, wa: np.ndarray, wb: np.ndarray):
@@ -108,6 +120,46 @@ def _matvec_call(a: Tensor, src: np.ndarray, planes: np.ndarray, x: np.ndarray, 
     return call
 
 
+class _Q8Scratch:
+    """The Q8_0 activations of the interleaved products: one buffer for all of them, grown to the largest
+    (a prompt's 200 products would otherwise hold 70 MiB of it); used under _PARALLEL_LAUNCH only."""
+
+    def __init__(self):
+        self.quants, self.scales, self.sums = (np.empty(0, dt) for dt in (np.uint8, np.float32, np.int32))
+
+    def arrays(self, n: int, k: int):
+        if self.quants.size < n * k:
+            self.quants = np.empty(n * k, np.uint8)
+            self.scales, self.sums = np.empty(n * k // 32, np.float32), np.empty(n * k // 32, np.int32)
+        return self.quants[: n * k], self.scales[: n * k // 32], self.sums[: n * k // 32]
+
+
+_Q8 = _Q8Scratch()
+
+
+def _interleaved_call(dst: Tensor, x: np.ndarray):
+    """The call of dst = a·b for a Q4_0 matrix a in a CPU_Q4_0x16 buffer and the float32 rows x (n, k) of b:
+    x quantized to Q8_0, then the integer tile products (jit/repack.py), for a prompt's batch and a
+    generation step's one row alike."""
+    a = dst.src[0]
+    n, k = x.shape
+    w, y = a.buffer.quant_bytes(a), _out_view(dst, (n, a.ne[1]))
+
+    def call() -> None:
+        with _PARALLEL_LAUNCH:
+            xq, xd, xc = _Q8.arrays(n, k)
+            quantize_q8_0(x, xq, xd, xc)
+            gemm_q4_0_16x4_q8_0(w, 0, k // 32, a.ne[1] // ROWS, xq, xd, xc, n, y)
+
+    return call
+
+
+def _interleaved_rows(dst: Tensor) -> np.ndarray:
+    """b's rows as float32 (n, k) for an interleaved product: a view where b is F32 with contiguous rows."""
+    b = dst.src[1]
+    return np.ascontiguousarray(np.reshape(as_f32(b), (-1, b.ne[0])), dtype=np.float32)
+
+
 def _product_on_blocks(a: Tensor, src: np.ndarray, planes: np.ndarray, x: np.ndarray, y: np.ndarray) -> None:
     """y[i] = x[i] · (a's matrix at byte planes[i] of src)ᵀ for float32 x (P, n, k) and y (P, n, a.ne1)."""
     if x.shape[1] <= VEC_COLUMNS:
@@ -154,6 +206,9 @@ def _bind_mul_mat(dst: Tensor):
     """The compiled call for a few float32 columns of b read in place (a generation step's products), a read
     where it is: in its blocks, or float32 (the KV cache)."""
     a, b = dst.src[0], dst.src[1]
+    if a.extra is INTERLEAVED:
+        x = _interleaved_rows(dst)
+        return _interleaved_call(dst, x) if np.shares_memory(x, view(b)) else None
     if b.type != T.GGMLType.F32 or b.ne[1] > VEC_COLUMNS or not in_blocks(a, f32=True):
         return None
     src, first = memory_of(a)
@@ -166,10 +221,13 @@ def _bind_mul_mat(dst: Tensor):
     return _matvec_call(a, src, planes, x, y)
 
 
-@kernel(Op.MUL_MAT, supports=_supports_product, bind=_bind_mul_mat)
+@kernel(Op.MUL_MAT, supports=_supports_mul_mat, bind=_bind_mul_mat, reads_interleaved=True)
 def mul_mat(dst: Tensor) -> None:
     """dst[.., i1, i0] = b[.., i1, :]·a[.., i0, :]: on a's blocks, or one BLAS call per float32 matrix pair."""
     a, b = dst.src[0], dst.src[1]
+    if a.extra is INTERLEAVED:
+        _interleaved_call(dst, _interleaved_rows(dst))()
+        return
     if in_blocks(a):
         _mul_mat_blocks(dst)
         return
