@@ -6,6 +6,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from pyggml.backend import BufferUsage, init_by_name
+from pyggml.backend.cpu.interleave import has_vnni
 from pyggml.core import GGMLType
 from pyggml.errors import GGUFError
 from pyggml.models import load_model
@@ -106,3 +107,27 @@ def test_a_type_without_dequantization_cannot_be_repacked(tmp_path, q8_file, mon
     monkeypatch.setattr(loader.T, "to_float", refuse)
     with pytest.raises(GGUFError, match="token_embd.weight' of type Q8_0 cannot be repacked"):
         load_weights(GGUFFile.open(q8_file), init_by_name("CPU"), repack=True)
+
+
+@pytest.fixture
+def q4_0_file(tmp_path):
+    return write_llama(tmp_path / "q4_0.gguf", qtype=GGMLQuantizationType.Q4_0)
+
+
+@pytest.mark.skipif(not has_vnni(), reason="Q4_0 is interleaved only where AVX-512 VNNI multiplies it")
+def test_q4_0_matrices_are_interleaved_except_the_token_embedding(q4_0_file):
+    """Same bytes, moved: the weights take the file's tensor bytes; get_rows' embedding stays in the file."""
+    gguf = GGUFFile.open(q4_0_file)
+    w = load_weights(gguf, init_by_name("CPU"))
+    placed = {name: t.buffer.buft.name for name, t in w.tensors.items()}
+    assert placed["blk.0.attn_q.weight"] == placed["output.weight"] == "CPU_Q4_0x16"
+    assert placed["token_embd.weight"] == placed["blk.0.attn_norm.weight"] == "CPU_Mapped"
+    assert w.nbytes == w.file_tensor_bytes
+    model = load_model(q4_0_file, n_ctx=64)
+    assert np.isfinite(model.decode(model.tokenize("hello world"))).all()
+
+
+def test_without_vnni_q4_0_stays_in_the_file(q4_0_file, monkeypatch):
+    monkeypatch.setattr("pyggml.backend.cpu.interleave.has_vnni", lambda: False)
+    w = load_weights(GGUFFile.open(q4_0_file), init_by_name("CPU"))
+    assert {t.buffer.buft.name for t in w.tensors.values()} == {"CPU_Mapped"} and len(w.buffers) == 1

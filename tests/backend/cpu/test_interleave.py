@@ -1,0 +1,152 @@
+"""Q4_0 interleaved 16 rows at a time (CPU_Q4_0x16) and its integer products against Q8_0 activations."""
+
+import numpy as np
+import pytest
+
+from pyggml.alloc import alloc_ctx_tensors_from_buft
+from pyggml.backend import init_by_name, tensor_get, tensor_set
+from pyggml.backend.cpu import kernels
+from pyggml.backend.cpu.interleave import has_vnni
+from pyggml.backend.cpu.jit.repack import gemm_q4_0_16x4_q8_0, quantize_q8_0, repack_q4_0_16x4
+from pyggml.backend.cpu.kernels._common import INTERLEAVED
+from pyggml.core import Context, GGMLType, ops
+from pyggml.core.graph import Graph
+from pyggml.core import types as T
+from pyggml.core.tensor import host_ndarray
+from pyggml.errors import BackendError, UnsupportedOpError
+
+from tests.backend.cpu.opcheck import nmse
+
+Q = GGMLType.Q4_0
+pytestmark = pytest.mark.skipif(not has_vnni(), reason="the integer products need AVX-512 VNNI")
+
+
+@pytest.fixture
+def cpu():
+    return init_by_name("CPU")
+
+
+def _q4_0_rows(rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    values = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
+    return np.ascontiguousarray(T.from_float(Q, values)).view(np.uint8).reshape(rows, -1)
+
+
+def _q8_0_reference(x: np.ndarray):
+    """ggml's quantize_row_q8_0 with round-to-nearest-even (its AVX path): quants, fp16-rounded scales."""
+    blocks = x.reshape(x.shape[0], -1, 32).astype(np.float32)
+    d = np.abs(blocks).max(axis=-1) / np.float32(127)
+    inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), np.float32(0)).astype(np.float32)
+    q = np.rint(blocks * inv[..., None]).astype(np.int8)
+    return q, d.astype(np.float16).astype(np.float32)
+
+
+def _quantized(x: np.ndarray):
+    n, k = x.shape
+    xq, xd, xc = np.empty(n * k, np.uint8), np.empty(n * k // 32, np.float32), np.empty(n * k // 32, np.int32)
+    quantize_q8_0(x, xq, xd, xc)
+    return xq, xd, xc
+
+
+def test_the_layout_moves_each_rows_bytes_to_its_lane():
+    rows = _q4_0_rows(32, 96)
+    packed = repack_q4_0_16x4(rows).reshape(2, 3, 288)            # (group, block, bytes)
+    blocks = rows.reshape(32, 3, 18)
+    for g, b, r in [(0, 0, 0), (1, 2, 15), (0, 1, 7)]:
+        block = blocks[16 * g + r, b]
+        assert packed[g, b, 2 * r: 2 * r + 2].tobytes() == block[:2].tobytes()          # its fp16 scale
+        for m in range(4):                                                             # quant bytes 4m..4m+3
+            at = 32 + 64 * m + 4 * r
+            assert packed[g, b, at: at + 4].tobytes() == block[2 + 4 * m: 6 + 4 * m].tobytes()
+    assert packed.nbytes == rows.nbytes
+
+
+def test_activations_are_quantized_as_ggml_quantizes_q8_0():
+    x = np.random.default_rng(1).standard_normal((5, 96)).astype(np.float32) * 3
+    x[2, :32] = 0                                                   # an all-zero block: scale 0, quants 0
+    x[3, :32] = 0
+    x[3, :4] = [127, 0.5, 1.5, -2.5]                                # scale 1: halves round to even
+    xq, xd, xc = _quantized(x)
+    q, d = _q8_0_reference(x)
+    np.testing.assert_array_equal(xq.view(np.int8).reshape(q.shape), q)
+    np.testing.assert_array_equal(xd.reshape(d.shape), d)
+    np.testing.assert_array_equal(xc.reshape(d.shape), -8 * q.astype(np.int32).sum(axis=-1))
+    assert list(q[3, 0, :4]) == [127, 0, 2, -2] and d[2, 0] == 0 and not q[2, 0].any()
+
+
+@pytest.mark.parametrize("n_tokens", [1, 3, 4, 9])
+@pytest.mark.parametrize("cols", [32, 96, 576])
+def test_tile_products_equal_the_dequantized_product_of_both_sides(n_tokens, cols):
+    """Exact integer dots, then float32 per block: the float64 product of the dequantized Q4_0 weights
+    and Q8_0 activations, to float32 rounding (full 4-token tiles and the 1-token tail)."""
+    rows = _q4_0_rows(48, cols)
+    x = np.random.default_rng(2).standard_normal((n_tokens, cols)).astype(np.float32)
+    xq, xd, xc = _quantized(x)
+    y = np.full((n_tokens, 48), np.nan, np.float32)
+    gemm_q4_0_16x4_q8_0(repack_q4_0_16x4(rows).reshape(-1), 0, cols // 32, 3, xq, xd, xc, n_tokens, y)
+    weights = T.to_float(Q, rows).reshape(48, cols).astype(np.float64)
+    acts = (xq.view(np.int8).reshape(n_tokens, -1, 32) * xd.reshape(n_tokens, -1, 1)).reshape(n_tokens, cols)
+    expected = acts.astype(np.float64) @ weights.T
+    np.testing.assert_allclose(y, expected, rtol=0, atol=2e-6 * np.abs(expected).max())
+
+
+def _placed(raw: np.ndarray, buft, cols: int):
+    ctx = Context(no_alloc=True)
+    w = ctx.new_tensor_2d(Q, cols, raw.shape[0], "w")
+    buffer = alloc_ctx_tensors_from_buft(ctx, buft)
+    tensor_set(w, raw)
+    return w, buffer
+
+
+@pytest.mark.parametrize("shape", [(256, 1), (256, 7), (256, 64), (256, 5, 3)])
+def test_mul_mat_on_it_is_within_test_backend_ops_nmse_of_the_file_layout(cpu, shape):
+    """Prompt batches, a generation step's one column and a 3-D b: within 5e-4 NMSE of the float product
+    on the same Q4_0 bytes (test-backend-ops' bound for quantized mul_mat), with bound calls and without."""
+    _, interleaved = cpu.device.extra_buffer_types()
+    raw = _q4_0_rows(64, 256)
+    packed, _ = _placed(raw, interleaved, 256)
+    plain, _ = _placed(raw, cpu.default_buffer_type, 256)
+    assert packed.extra is INTERLEAVED
+    ctx = Context()
+    x = ctx.new_tensor(GGMLType.F32, shape, "x")
+    host_ndarray(x)[...] = np.random.default_rng(3).standard_normal(host_ndarray(x).shape)
+    a, b = ops.mul_mat(ctx, packed, x), ops.mul_mat(ctx, plain, x)
+    kernels.compute(b)
+    kernels.compute(a)
+    assert nmse(host_ndarray(b), host_ndarray(a)) < 5e-4
+    host_ndarray(a)[...] = np.nan
+    kernels.bound(a, kernels.KERNELS[a.op])()
+    assert nmse(host_ndarray(b), host_ndarray(a)) < 5e-4
+
+
+def test_only_mul_mat_reads_it_and_the_backend_gives_blas_one_thread(cpu):
+    _, interleaved = cpu.device.extra_buffer_types()
+    w, _ = _placed(_q4_0_rows(16, 64), interleaved, 64)
+    ctx = Context()
+    ids = ctx.new_tensor_1d(GGMLType.I32, 2, "ids")
+    host_ndarray(ids)[...] = [0, 3]
+    rows = ops.get_rows(ctx, w, ids)
+    assert not kernels.supports(rows)
+    with pytest.raises(UnsupportedOpError, match="GET_ROWS"):
+        cpu._plan(_graph(rows))
+    x = ctx.new_tensor_2d(GGMLType.F32, 64, 2, "x")
+    assert cpu._plan(_graph(ops.mul_mat(ctx, w, x))).blas_on_one_thread
+    assert not cpu._plan(_graph(ops.mul_mat(ctx, x, x))).blas_on_one_thread
+
+
+def _graph(t):
+    return Graph().build_forward_expand(t)
+
+
+def test_it_refuses_reads_partial_groups_and_tensors_it_cannot_hold(cpu):
+    _, interleaved = cpu.device.extra_buffer_types()
+    raw = _q4_0_rows(32, 64)
+    w, _ = _placed(raw, interleaved, 64)
+    with pytest.raises(BackendError, match="cannot be read back"):
+        tensor_get(w)
+    with pytest.raises(BackendError, match="whole groups of 16 rows"):
+        tensor_set(w, raw[:8].reshape(-1), 0, raw[:8].nbytes)
+    for type_, ne in ((GGMLType.Q8_0, (64, 16)), (Q, (64, 8)), (Q, (64, 16, 2))):
+        ctx = Context(no_alloc=True)
+        ctx.new_tensor(type_, ne, "w")
+        with pytest.raises(BackendError, match="holds whole Q4_0 matrices"):
+            alloc_ctx_tensors_from_buft(ctx, interleaved)
