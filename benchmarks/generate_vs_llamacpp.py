@@ -74,7 +74,15 @@ def run_pyggml(args) -> dict:
             "gguf_tensor_bytes": model.weights.file_tensor_bytes,
             "compute_buffer_ggml_planner": model.reserved_plan.ggml_size, "kv_type": model.kv.type.name,
             "outputs_reserved": 1, "flash_attn": "disabled",  # pyggml's models attend without flash attention
-            "weights_kind": "as in the file (blocks)" if args.weights == "quantized" else "expanded to F32"}
+            "weights_kind": weights_kind(model, args.weights)}
+
+
+def weights_kind(model, weights: str) -> str:
+    if weights == "f32":
+        return "expanded to F32"
+    if any(b.buft.name == "CPU_Q4_0x16" for b in model.weights.buffers):
+        return "Q4_0 interleaved (CPU_Q4_0x16), rest in the file"
+    return "as in the file (blocks)"
 
 
 def run_llama(args) -> dict:

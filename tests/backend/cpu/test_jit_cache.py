@@ -29,3 +29,51 @@ def test_cache_files_go_when_the_fingerprint_differs(tmp_path):
     (tmp_path / compile_cache.FINGERPRINT).write_text("sources of another version")
     compile_cache.drop_stale(kernel)
     assert not (tmp_path / "k.nbi").exists()
+
+
+def _run(code: str) -> str:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_a_model_loads_its_kernels_before_its_first_step(tmp_path):
+    """After load_model (cache warm), decoding takes Numba's compiler lock not once: no kernel loads late,
+    when all the weights are resident (see compile_cache.load_cached)."""
+    from pyggml.models.synthetic import write_llama
+
+    path = write_llama(tmp_path / "m.gguf", qtype=8)  # Q8_0
+    step = f"""
+from pyggml.models import load_model
+m = load_model({str(path)!r}, n_ctx=64)
+m.decode(m.tokenize("hello world")); m.decode([1])
+"""
+    _run(step)  # warms the cache
+    out = _run("""
+from numba.core import event
+class Count(event.Listener):
+    n = 0
+    def on_start(self, ev): Count.n += 1
+    def on_end(self, ev): pass
+""" + step.replace("m.decode(m.tokenize", "event.register('numba:compiler_lock', Count()); m.decode(m.tokenize")
+        + "print(Count.n)")
+    assert out.split()[-1] == "0"
+
+
+def test_load_cached_loads_what_the_disk_cache_holds_once():
+    out = _run("""
+from pyggml.backend.cpu.jit import compile_cache
+from pyggml.backend.cpu.jit.norm import rms_norm_rows
+import numpy as np
+x = np.ones((2, 8), np.float32); rms_norm_rows(x, x, np.float32(1e-5))
+""")
+    out = _run("""
+from pyggml.backend.cpu.jit import compile_cache
+from pyggml.backend.cpu.jit.norm import rms_norm_rows
+print(compile_cache.load_cached([rms_norm_rows]), len(rms_norm_rows.overloads), compile_cache.load_cached([rms_norm_rows]))
+""")
+    loaded, overloads, again = map(int, out.split())
+    assert loaded >= 1 and overloads == loaded and again == 0

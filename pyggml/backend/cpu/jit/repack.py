@@ -37,13 +37,13 @@ def repack_q4_0_16x4(rows: np.ndarray) -> np.ndarray:
     return out.reshape(n_rows, row_bytes)
 
 
-@parallel_jit
-def quantize_q8_0(x: np.ndarray, xq: np.ndarray, xd: np.ndarray, xc: np.ndarray) -> None:
-    """x (n, nb·32) float32 -> xq (n·nb·32,) int8 bits, xd (n·nb,) float32 scales, xc (n·nb,) -8·Σq.
-    Rounding to nearest even, as ggml's AVX code (_mm256_round_ps) does."""
-    n, k = x.shape
-    nb = k // 32
-    for t in prange(n):
+@jit
+def quantize_q8_0_rows(x: np.ndarray, first: np.intp, end: np.intp, xq: np.ndarray, xd: np.ndarray,
+                       xc: np.ndarray) -> None:
+    """Rows first .. end-1 of x (n, nb·32) float32 -> xq (n·nb·32,) int8 bits, xd (n·nb,) float32 scales,
+    xc (n·nb,) -8·Σq. Rounding to nearest even, as ggml's AVX code (_mm256_round_ps) does."""
+    nb = x.shape[1] // 32
+    for t in range(first, end):
         for b in range(nb):
             row = x[t, b * 32: b * 32 + 32]
             amax = np.float32(0)
@@ -59,6 +59,26 @@ def quantize_q8_0(x: np.ndarray, xq: np.ndarray, xd: np.ndarray, xc: np.ndarray)
                 total += q
             xd[t * nb + b] = f16_to_f32(f16_bits(d))
             xc[t * nb + b] = np.int32(-8) * total
+
+
+PARALLEL_ROWS = 16  # rows per thread's share below which quantizing is not worth a parallel launch
+
+
+@parallel_jit
+def quantize_q8_0_parallel(x: np.ndarray, xq: np.ndarray, xd: np.ndarray, xc: np.ndarray) -> None:
+    n = x.shape[0]
+    chunks = -(-n // PARALLEL_ROWS)
+    for c in prange(chunks):
+        quantize_q8_0_rows(x, c * PARALLEL_ROWS, min(n, (c + 1) * PARALLEL_ROWS), xq, xd, xc)
+
+
+def quantize_q8_0(x: np.ndarray, xq: np.ndarray, xd: np.ndarray, xc: np.ndarray) -> None:
+    """All rows of x quantized (see quantize_q8_0_rows): a generation step's row on this thread, a batch's
+    rows on Numba's threads."""
+    if x.shape[0] <= PARALLEL_ROWS:
+        quantize_q8_0_rows(x, 0, x.shape[0], xq, xd, xc)
+    else:
+        quantize_q8_0_parallel(x, xq, xd, xc)
 
 
 @parallel_jit
