@@ -1,11 +1,17 @@
-"""Shared test settings: the graph fixtures and the hypothesis profiles."""
+"""Shared test settings: the compiled kernels' cache, the graph fixtures and the hypothesis profiles."""
 
 import os
+from pathlib import Path
 
-import pytest
-from hypothesis import HealthCheck, settings
+# The tests compile kernels for many argument types a model never passes; they go to a cache of their own
+# (kept between runs), so that the package's cache holds what real runs used: a model loads all of that
+# when it starts (pyggml.backend.cpu.jit.compile_cache.load_cached). Set before Numba is imported.
+os.environ.setdefault("NUMBA_CACHE_DIR", str(Path(__file__).resolve().parent.parent / ".numba-test-cache"))
 
-from fixture_data import graph_paths
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+from fixture_data import graph_paths  # noqa: E402
 
 settings.register_profile("ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("long", max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
