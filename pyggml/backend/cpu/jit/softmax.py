@@ -20,11 +20,12 @@ from pyggml.backend.cpu.jit.reduce import max_f32, sum_f64
 
 @jit
 def finite_prefix(m: np.ndarray) -> np.intp:
-    """The length of a mask row up to its last value that is not -inf."""
-    end = m.shape[0]
-    while end > 0 and widen(m[end - 1]) == np.float32(-np.inf):
-        end -= 1
-    return end
+    """The length of a mask row up to its last value that is not -inf (a max over the row, which
+    vectorises, where a scan back from the end stayed scalar)."""
+    last = np.intp(-1)
+    for i in range(np.uintp(m.shape[0])):
+        last = max(last, np.intp(i) if widen(m[i]) != np.float32(-np.inf) else np.intp(-1))
+    return last + 1
 
 
 @jit
