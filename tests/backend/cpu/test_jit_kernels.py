@@ -141,6 +141,26 @@ def test_soft_max_causal_mask_and_fully_masked_rows():
     compiled_and_numpy(_soft_max((6, 4, 2), (6, 4), mask_values=mask), ulps=8)
 
 
+@pytest.mark.parametrize("max_bias", [0.0, 8.0])
+def test_soft_max_skips_masked_tails_only_where_they_are_minus_inf(max_bias):
+    """A causal mask's -inf tail is 0 after the softmax and skipped, exactly; a NaN or +inf score inside
+    the tail still makes the whole row NaN (x·scale - inf), as ggml computes it."""
+    mask = np.triu(np.full((4, 8), -np.inf, np.float32), 1)
+    values = np.random.default_rng(5).standard_normal((3, 4, 8)).astype(np.float32)
+    values[1, 0, 5] = np.nan
+    values[2, 1, 7] = np.inf
+
+    def build(ctx):
+        a, m = ctx.new_tensor(G.F32, (8, 4, 3)), ctx.new_tensor(G.F32, (8, 4))
+        host_ndarray(a)[...] = values.reshape(host_ndarray(a).shape)
+        host_ndarray(m)[...] = mask.reshape(host_ndarray(m).shape)
+        return ops.soft_max_ext(ctx, a, m, 0.7, max_bias)
+
+    out = host_ndarray(compiled_and_numpy(build, ulps=8)).reshape(3, 4, 8)
+    assert np.isnan(out[1, 0]).all() and np.isnan(out[2, 1]).all()
+    assert (out[0, 0, 1:] == 0).all() and out[0, 0, 0] == 1 and (out[0, 2, 3:] == 0).all()
+
+
 def _rope(mode, n_dims, ne=(64, 4, 3), factors=False, ext=0.0, back=False):
     def build(ctx):
         x = ctx.new_tensor(G.F32, ne)
