@@ -80,8 +80,8 @@ def run_pyggml(args) -> dict:
 def weights_kind(model, weights: str) -> str:
     if weights == "f32":
         return "expanded to F32"
-    if any(b.buft.name == "CPU_Q4_0x16" for b in model.weights.buffers):
-        return "Q4_0 interleaved (CPU_Q4_0x16), rest in the file"
+    if any(b.buft.name == "CPU_INTERLEAVED" for b in model.weights.buffers):
+        return "interleaved for int8 (CPU_INTERLEAVED), rest in the file"
     return "as in the file (blocks)"
 
 

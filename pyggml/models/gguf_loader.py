@@ -7,7 +7,7 @@ weights in their block formats there. Optionally (`repack=True`, `pyggml generat
 quantized tensors are *repacked*: placed, with their own types, in the device's extra buffer type (the
 CPU's "CPU_REPACK", as llama.cpp uses ggml's), which keeps their float32 values (4 bytes a weight;
 products run on BLAS). By default, the matrices an extra buffer type `takes` go there instead (the CPU's
-"CPU_Q4_0x16": Q4_0 interleaved for the integer products, same bytes), except the token embedding,
+"CPU_INTERLEAVED": Q4_0, Q4_1, Q8_0 interleaved for the integer products, same bytes), except the token embedding,
 whose rows GET_ROWS reads from the file.
 """
 

@@ -27,8 +27,10 @@ def _data_section(gguf) -> tuple[int, int]:
     return (min(i.offset_in_file for i in gguf.tensors), max(i.offset_in_file + i.nbytes for i in gguf.tensors))
 
 
-def test_without_repack_the_weights_buffer_is_the_mapped_data_section(q8_file):
-    """No copy: the buffer is the file's mapping from the first tensor's byte to the last's."""
+def test_without_repack_the_weights_buffer_is_the_mapped_data_section(q8_file, monkeypatch):
+    """No copy: the buffer is the file's mapping from the first tensor's byte to the last's (with nothing
+    interleaved, as on a CPU without VNNI)."""
+    monkeypatch.setattr("pyggml.backend.cpu.interleave.has_vnni", lambda: False)
     gguf = GGUFFile.open(q8_file)
     w = load_weights(gguf, init_by_name("CPU"), repack=False)
     (buf,) = w.buffers
@@ -115,16 +117,18 @@ def q4_0_file(tmp_path):
 
 
 @pytest.mark.skipif(not has_vnni(), reason="Q4_0 is interleaved only where AVX-512 VNNI multiplies it")
-def test_q4_0_matrices_are_interleaved_except_the_token_embedding(q4_0_file):
+def test_q4_0_matrices_are_interleaved_except_the_token_embedding(q4_0_file, q8_file):
     """Same bytes, moved: the weights take the file's tensor bytes; get_rows' embedding stays in the file."""
     gguf = GGUFFile.open(q4_0_file)
     w = load_weights(gguf, init_by_name("CPU"))
     placed = {name: t.buffer.buft.name for name, t in w.tensors.items()}
-    assert placed["blk.0.attn_q.weight"] == placed["output.weight"] == "CPU_Q4_0x16"
+    assert placed["blk.0.attn_q.weight"] == placed["output.weight"] == "CPU_INTERLEAVED"
     assert placed["token_embd.weight"] == placed["blk.0.attn_norm.weight"] == "CPU_Mapped"
     assert w.nbytes == w.file_tensor_bytes
     model = load_model(q4_0_file, n_ctx=64)
     assert np.isfinite(model.decode(model.tokenize("hello world"))).all()
+    assert load_weights(GGUFFile.open(q8_file), init_by_name("CPU")).tensors["blk.1.ffn_up.weight"].buffer.buft.name \
+        == "CPU_INTERLEAVED"
 
 
 def test_without_vnni_q4_0_stays_in_the_file(q4_0_file, monkeypatch):

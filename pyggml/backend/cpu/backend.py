@@ -158,7 +158,7 @@ class CpuDevice(Device):
         return kernels.supports(t)
 
     def extra_buffer_types(self) -> list[BufferType]:
-        """[CPU_REPACK, CPU_Q4_0x16]: quantized weights kept as float32 values (pyggml.backend.cpu.repack), and
+        """[CPU_REPACK, CPU_INTERLEAVED]: quantized weights kept as float32 values (pyggml.backend.cpu.repack), and
         Q4_0 matrices interleaved for the integer products (pyggml.backend.cpu.interleave)."""
         return [self._repack_type, self._interleaved_type]
 
@@ -226,7 +226,7 @@ class CpuBackend(Backend):
         return CpuGraphPlan(graph, steps, tensors, _data(tensors), buffers, blas_on_one_thread=interleaved)
 
     def _run(self, plan: CpuGraphPlan) -> Status:
-        """The plan's calls in order. A graph whose weight products run on Numba's threads (interleaved Q4_0)
+        """The plan's calls in order. A graph whose weight products run on Numba's threads (interleaved weights)
         gives BLAS one thread: OpenBLAS's idle workers spin for a while after each call, and Numba's after
         each parallel loop, so two pools on the same cores slowed each other 2-4x (a 512-token prompt)."""
         n_threads = min(self.n_threads, AVAILABLE_CPUS)

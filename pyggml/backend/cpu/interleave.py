@@ -1,13 +1,14 @@
-"""The CPU device's extra buffer type "CPU_Q4_0x16": Q4_0 weights interleaved 16 rows at a time, for the
-integer products of AVX-512 VNNI (pyggml.backend.cpu.jit.repack), as ggml's CPU_REPACK keeps Q4_0 as
-block_q4_0x8 for its integer kernels.
+"""The CPU device's extra buffer type "CPU_INTERLEAVED": Q4_0, Q4_1 and Q8_0 matrices interleaved 16 rows at
+a time, for the integer products of AVX-512 VNNI (pyggml.backend.cpu.jit.repack), as ggml's CPU_REPACK
+keeps Q4_0 as block_q4_0x8 for its integer kernels.
 
-The layout moves the file's bytes and adds none (jit/repack.py), so a weight takes its Q4_0 size. The
-loader puts a model's Q4_0 matrices here when the CPU has VNNI (`takes`); the products then quantize
-their activations to Q8_0 and multiply in int8, prompt and generation alike (within test-backend-ops'
-5e-4 NMSE, as ggml's own CPU kernels, which quantize activations the same way). Like CPU_REPACK, the
-buffer is not host memory to the rest of the system: tensor_get and memset refuse, only MUL_MAT reads
-it (`Tensor.extra` is INTERLEAVED), and a token embedding, which GET_ROWS reads, is left in the file.
+The layout moves the file's bytes and adds none (jit/repack.py), so a weight takes its size in the file.
+The loader puts a model's matrices of these types here when the CPU has VNNI (`takes`); the products
+then quantize their activations to Q8_0 and multiply in int8, prompt and generation alike (within
+test-backend-ops' 5e-4 NMSE, as ggml's own CPU kernels, which quantize activations the same way). Like
+CPU_REPACK, the buffer is not host memory to the rest of the system: tensor_get and memset refuse, only
+MUL_MAT reads it (`Tensor.extra` is INTERLEAVED), and a token embedding, which GET_ROWS reads, is left
+in the file.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 
 from pyggml.backend.base import BufferType, Status
 from pyggml.backend.cpu.backend import TENSOR_ALIGNMENT, CpuBuffer
-from pyggml.backend.cpu.jit.repack import repack_q4_0_16x4
+from pyggml.backend.cpu.jit.repack import FORMATS, repack_16x4
 from pyggml.backend.cpu.jit.vnni_ir import ROWS
 from pyggml.backend.cpu.kernels._common import INTERLEAVED
 from pyggml.core import types as T
@@ -37,14 +38,13 @@ def has_vnni() -> bool:
 
 
 def interleavable(type_, ne) -> bool:
-    """A Q4_0 matrix of whole 16-row groups (2-D), on a CPU with VNNI."""
+    """A Q4_0, Q4_1 or Q8_0 matrix of whole 16-row groups (2-D), on a CPU with VNNI."""
     ne = list(ne) + [1] * (4 - len(ne))
-    return (T.as_type(type_) == T.GGMLType.Q4_0 and ne[1] % ROWS == 0 and ne[2] == ne[3] == 1
-            and has_vnni())
+    return int(type_) in FORMATS and ne[1] % ROWS == 0 and ne[2] == ne[3] == 1 and has_vnni()
 
 
 class InterleavedBuffer(CpuBuffer):
-    """Q4_0 tensors in the Q4_0_16x4 layout, converted as whole 16-row groups are written.
+    """Tensors in the 16x4 layout of their type, converted as whole 16-row groups are written.
 
     Thread-safety: as CpuBuffer (disjoint tensors may be written concurrently).
     """
@@ -60,8 +60,8 @@ class InterleavedBuffer(CpuBuffer):
 
     def _init_tensor(self, t: Tensor) -> Status:
         if t.view_src is not None or not interleavable(t.type, t.ne):
-            raise BackendError(f"buffer type CPU_Q4_0x16 holds whole Q4_0 matrices of 16-row groups on a CPU with "
-                               f"AVX-512 VNNI; {t.name!r} is {T.type_name(t.type)}{list(t.ne)}"
+            raise BackendError(f"buffer type CPU_INTERLEAVED holds whole Q4_0, Q4_1 or Q8_0 matrices of 16-row "
+                               f"groups on a CPU with AVX-512 VNNI; {t.name!r} is {T.type_name(t.type)}{list(t.ne)}"
                                f"{' (a view)' if t.view_src is not None else ''}")
         t.extra = INTERLEAVED
         return Status.SUCCESS
@@ -69,18 +69,18 @@ class InterleavedBuffer(CpuBuffer):
     def _set_tensor(self, t: Tensor, data: memoryview, offset: int, size: int) -> None:
         group = ROWS * T.row_size(t.type, t.ne[0])
         if offset % group or size % group:
-            raise BackendError(f"CPU_Q4_0x16: writes to {t.name!r} must be whole groups of 16 rows ({group} bytes; "
+            raise BackendError(f"CPU_INTERLEAVED: writes to {t.name!r} must be whole groups of 16 rows ({group} bytes; "
                                f"got {size} bytes at offset {offset})")
         rows = np.frombuffer(data, np.uint8, count=size).reshape(-1, T.row_size(t.type, t.ne[0]))
         start = self.offset_of(t) + offset
-        self._host[start: start + size] = repack_q4_0_16x4(rows).reshape(-1)
+        self._host[start: start + size] = repack_16x4(int(t.type), rows).reshape(-1)
 
     def _get_tensor(self, t: Tensor, out: memoryview, offset: int, size: int) -> None:
-        raise BackendError(f"CPU_Q4_0x16: {t.name!r} cannot be read back (its bytes were interleaved as they were "
+        raise BackendError(f"CPU_INTERLEAVED: {t.name!r} cannot be read back (its bytes were interleaved as they were "
                            f"written, as in ggml's repack buffers)")
 
     def _memset_tensor(self, t: Tensor, value: int, offset: int, size: int) -> None:
-        raise BackendError(f"CPU_Q4_0x16: memset of {t.name!r} is not supported (only whole row groups are written)")
+        raise BackendError(f"CPU_INTERLEAVED: memset of {t.name!r} is not supported (only whole row groups are written)")
 
     def _cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
         return False
@@ -89,7 +89,7 @@ class InterleavedBuffer(CpuBuffer):
 class InterleavedBufferType(BufferType):
     """Thread-safety: alloc_buffer may be called from any thread."""
 
-    name = "CPU_Q4_0x16"
+    name = "CPU_INTERLEAVED"
     alignment = TENSOR_ALIGNMENT
     is_host = False
 

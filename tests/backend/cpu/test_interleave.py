@@ -1,4 +1,5 @@
-"""Q4_0 interleaved 16 rows at a time (CPU_Q4_0x16) and its integer products against Q8_0 activations."""
+"""Q4_0, Q4_1 and Q8_0 interleaved 16 rows at a time (CPU_INTERLEAVED) and their integer products against Q8_0
+activations."""
 
 import numpy as np
 import pytest
@@ -7,7 +8,7 @@ from pyggml.alloc import alloc_ctx_tensors_from_buft
 from pyggml.backend import init_by_name, tensor_get, tensor_set
 from pyggml.backend.cpu import kernels
 from pyggml.backend.cpu.interleave import has_vnni
-from pyggml.backend.cpu.jit.repack import gemm_q4_0_16x4_q8_0, quantize_q8_0, repack_q4_0_16x4
+from pyggml.backend.cpu.jit.repack import gemm_16x4_q8_0, quantize_q8_0, repack_16x4
 from pyggml.backend.cpu.kernels._common import INTERLEAVED
 from pyggml.core import Context, GGMLType, ops
 from pyggml.core.graph import Graph
@@ -18,6 +19,7 @@ from pyggml.errors import BackendError, UnsupportedOpError
 from tests.backend.cpu.opcheck import nmse
 
 Q = GGMLType.Q4_0
+TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0]
 pytestmark = pytest.mark.skipif(not has_vnni(), reason="the integer products need AVX-512 VNNI")
 
 
@@ -26,9 +28,9 @@ def cpu():
     return init_by_name("CPU")
 
 
-def _q4_0_rows(rows: int, cols: int, seed: int = 0) -> np.ndarray:
-    values = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
-    return np.ascontiguousarray(T.from_float(Q, values)).view(np.uint8).reshape(rows, -1)
+def _q_rows(rows: int, cols: int, seed: int = 0, qtype=Q) -> np.ndarray:
+    values = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32) + (qtype == GGMLType.Q4_1)
+    return np.ascontiguousarray(T.from_float(qtype, values)).view(np.uint8).reshape(rows, -1)
 
 
 def _q8_0_reference(x: np.ndarray):
@@ -42,21 +44,26 @@ def _q8_0_reference(x: np.ndarray):
 
 def _quantized(x: np.ndarray):
     n, k = x.shape
-    xq, xd, xc = np.empty(n * k, np.uint8), np.empty(n * k // 32, np.float32), np.empty(n * k // 32, np.int32)
-    quantize_q8_0(x, xq, xd, xc)
-    return xq, xd, xc
+    xq, xd, xs = np.empty(n * k, np.uint8), np.empty(n * k // 32, np.float32), np.empty(n * k // 32, np.int32)
+    quantize_q8_0(x, xq, xd, xs)
+    return xq, xd, xs
 
 
-def test_the_layout_moves_each_rows_bytes_to_its_lane():
-    rows = _q4_0_rows(32, 96)
-    packed = repack_q4_0_16x4(rows).reshape(2, 3, 288)            # (group, block, bytes)
-    blocks = rows.reshape(32, 3, 18)
+@pytest.mark.parametrize("qtype", TYPES)
+def test_the_layout_moves_each_rows_bytes_to_its_lane(qtype):
+    rows = _q_rows(32, 96, qtype=qtype)
+    block_bytes, headers = {Q: (18, 1), GGMLType.Q4_1: (20, 2), GGMLType.Q8_0: (34, 1)}[qtype]
+    packed = repack_16x4(int(qtype), rows).reshape(2, 3, 16 * block_bytes)   # (group, block, bytes)
+    blocks = rows.reshape(32, 3, block_bytes)
     for g, b, r in [(0, 0, 0), (1, 2, 15), (0, 1, 7)]:
         block = blocks[16 * g + r, b]
-        assert packed[g, b, 2 * r: 2 * r + 2].tobytes() == block[:2].tobytes()          # its fp16 scale
-        for m in range(4):                                                             # quant bytes 4m..4m+3
-            at = 32 + 64 * m + 4 * r
-            assert packed[g, b, at: at + 4].tobytes() == block[2 + 4 * m: 6 + 4 * m].tobytes()
+        for f in range(headers):                                               # its fp16 d (and m)
+            assert packed[g, b, 32 * f + 2 * r: 32 * f + 2 * r + 2].tobytes() == block[2 * f: 2 * f + 2].tobytes()
+        quants = block[2 * headers:]
+        for m in range(quants.size // 4):                                      # quant bytes 4m..4m+3
+            at = 32 * headers + 64 * m + 4 * r
+            want = quants[4 * m: 4 * m + 4] ^ (0x80 if qtype == GGMLType.Q8_0 else 0)
+            assert packed[g, b, at: at + 4].tobytes() == want.tobytes()
     assert packed.nbytes == rows.nbytes
 
 
@@ -65,46 +72,48 @@ def test_activations_are_quantized_as_ggml_quantizes_q8_0():
     x[2, :32] = 0                                                   # an all-zero block: scale 0, quants 0
     x[3, :32] = 0
     x[3, :4] = [127, 0.5, 1.5, -2.5]                                # scale 1: halves round to even
-    xq, xd, xc = _quantized(x)
+    xq, xd, xs = _quantized(x)
     q, d = _q8_0_reference(x)
     np.testing.assert_array_equal(xq.view(np.int8).reshape(q.shape), q)
     np.testing.assert_array_equal(xd.reshape(d.shape), d)
-    np.testing.assert_array_equal(xc.reshape(d.shape), -8 * q.astype(np.int32).sum(axis=-1))
+    np.testing.assert_array_equal(xs.reshape(d.shape), q.astype(np.int32).sum(axis=-1))
     assert list(q[3, 0, :4]) == [127, 0, 2, -2] and d[2, 0] == 0 and not q[2, 0].any()
 
 
+@pytest.mark.parametrize("qtype", TYPES)
 @pytest.mark.parametrize("n_tokens", [1, 3, 4, 9])
 @pytest.mark.parametrize("cols", [32, 96, 576])
-def test_tile_products_equal_the_dequantized_product_of_both_sides(n_tokens, cols):
-    """Exact integer dots, then float32 per block: the float64 product of the dequantized Q4_0 weights
-    and Q8_0 activations, to float32 rounding (full 4-token tiles and the 1-token tail)."""
-    rows = _q4_0_rows(48, cols)
+def test_tile_products_equal_the_dequantized_product_of_both_sides(qtype, n_tokens, cols):
+    """Exact integer dots, then float32 per block: the float64 product of the dequantized weights and
+    Q8_0 activations, to float32 rounding (full 4-token tiles and the 1-token tail)."""
+    rows = _q_rows(48, cols, qtype=qtype)
     x = np.random.default_rng(2).standard_normal((n_tokens, cols)).astype(np.float32)
-    xq, xd, xc = _quantized(x)
+    xq, xd, xs = _quantized(x)
     y = np.full((n_tokens, 48), np.nan, np.float32)
-    gemm_q4_0_16x4_q8_0(repack_q4_0_16x4(rows).reshape(-1), 0, cols // 32, 3, xq, xd, xc, n_tokens, y)
-    weights = T.to_float(Q, rows).reshape(48, cols).astype(np.float64)
+    gemm_16x4_q8_0(int(qtype), repack_16x4(int(qtype), rows).reshape(-1), 0, cols // 32, 3, xq, xd, xs, n_tokens, y)
+    weights = T.to_float(qtype, rows).reshape(48, cols).astype(np.float64)
     acts = (xq.view(np.int8).reshape(n_tokens, -1, 32) * xd.reshape(n_tokens, -1, 1)).reshape(n_tokens, cols)
     expected = acts.astype(np.float64) @ weights.T
     np.testing.assert_allclose(y, expected, rtol=0, atol=2e-6 * np.abs(expected).max())
 
 
-def _placed(raw: np.ndarray, buft, cols: int):
+def _placed(raw: np.ndarray, buft, cols: int, qtype=Q):
     ctx = Context(no_alloc=True)
-    w = ctx.new_tensor_2d(Q, cols, raw.shape[0], "w")
+    w = ctx.new_tensor_2d(qtype, cols, raw.shape[0], "w")
     buffer = alloc_ctx_tensors_from_buft(ctx, buft)
     tensor_set(w, raw)
     return w, buffer
 
 
+@pytest.mark.parametrize("qtype", TYPES)
 @pytest.mark.parametrize("shape", [(256, 1), (256, 7), (256, 64), (256, 5, 3)])
-def test_mul_mat_on_it_is_within_test_backend_ops_nmse_of_the_file_layout(cpu, shape):
+def test_mul_mat_on_it_is_within_test_backend_ops_nmse_of_the_file_layout(cpu, shape, qtype):
     """Prompt batches, a generation step's one column and a 3-D b: within 5e-4 NMSE of the float product
     on the same Q4_0 bytes (test-backend-ops' bound for quantized mul_mat), with bound calls and without."""
     _, interleaved = cpu.device.extra_buffer_types()
-    raw = _q4_0_rows(64, 256)
-    packed, _ = _placed(raw, interleaved, 256)
-    plain, _ = _placed(raw, cpu.default_buffer_type, 256)
+    raw = _q_rows(64, 256, qtype=qtype)
+    packed, _ = _placed(raw, interleaved, 256, qtype)
+    plain, _ = _placed(raw, cpu.default_buffer_type, 256, qtype)
     assert packed.extra is INTERLEAVED
     ctx = Context()
     x = ctx.new_tensor(GGMLType.F32, shape, "x")
@@ -120,7 +129,7 @@ def test_mul_mat_on_it_is_within_test_backend_ops_nmse_of_the_file_layout(cpu, s
 
 def test_only_mul_mat_reads_it_and_the_backend_gives_blas_one_thread(cpu):
     _, interleaved = cpu.device.extra_buffer_types()
-    w, _ = _placed(_q4_0_rows(16, 64), interleaved, 64)
+    w, _ = _placed(_q_rows(16, 64), interleaved, 64)
     ctx = Context()
     ids = ctx.new_tensor_1d(GGMLType.I32, 2, "ids")
     host_ndarray(ids)[...] = [0, 3]
@@ -139,14 +148,14 @@ def _graph(t):
 
 def test_it_refuses_reads_partial_groups_and_tensors_it_cannot_hold(cpu):
     _, interleaved = cpu.device.extra_buffer_types()
-    raw = _q4_0_rows(32, 64)
+    raw = _q_rows(32, 64)
     w, _ = _placed(raw, interleaved, 64)
     with pytest.raises(BackendError, match="cannot be read back"):
         tensor_get(w)
     with pytest.raises(BackendError, match="whole groups of 16 rows"):
         tensor_set(w, raw[:8].reshape(-1), 0, raw[:8].nbytes)
-    for type_, ne in ((GGMLType.Q8_0, (64, 16)), (Q, (64, 8)), (Q, (64, 16, 2))):
+    for type_, ne in ((GGMLType.Q4_K, (256, 16)), (Q, (64, 8)), (Q, (64, 16, 2))):
         ctx = Context(no_alloc=True)
         ctx.new_tensor(type_, ne, "w")
-        with pytest.raises(BackendError, match="holds whole Q4_0 matrices"):
+        with pytest.raises(BackendError, match="holds whole Q4_0, Q4_1 or Q8_0 matrices"):
             alloc_ctx_tensors_from_buft(ctx, interleaved)

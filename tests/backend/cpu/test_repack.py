@@ -35,7 +35,7 @@ def _placed(cpu, raw: np.ndarray, buft):
 
 def test_the_cpu_device_offers_it_and_its_backend_computes_with_it(cpu):
     repack, interleaved = cpu.device.extra_buffer_types()
-    assert interleaved.name == "CPU_Q4_0x16" and cpu.supports_buft(interleaved)
+    assert interleaved.name == "CPU_INTERLEAVED" and cpu.supports_buft(interleaved)
     assert repack.name == "CPU_REPACK" and not repack.is_host and cpu.supports_buft(repack)
     ctx = Context(no_alloc=True)
     w = ctx.new_tensor_2d(Q, 256, 8, "w")

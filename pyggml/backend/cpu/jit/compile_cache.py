@@ -28,7 +28,7 @@ def matmul_kernels() -> list:
 def entry_points() -> list:
     """The kernels the CPU backend's ops call from Python (their callees compile into them)."""
     from pyggml.backend.cpu.jit import attention, glu, norm, repack, rope, rows, softmax
-    return [*matmul_kernels(), repack.gemm_q4_0_16x4_q8_0, repack.quantize_q8_0_rows, repack.quantize_q8_0_parallel,
+    return [*matmul_kernels(), repack.gemm_16x4_q8_0, repack.quantize_q8_0_rows, repack.quantize_q8_0_parallel,
             softmax.soft_max_rows, rope.rope_rows, attention.exp_score_rows, attention.flash_attn_rows, glu.glu_rows,
             glu.unary_rows, norm.norm_rows, norm.rms_norm_rows, rows.set_rows_f16, rows.set_rows_f32]
 

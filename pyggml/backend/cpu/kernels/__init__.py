@@ -41,7 +41,7 @@ def kernel(*ops: Op, supports: Callable[[Tensor], bool] = _always,
            bind: Callable[[Tensor], Callable[[], None] | None] | None = None, reads_interleaved: bool = False):
     """Register fn as the kernel of ops; `supports(dst)` says which type/shape combinations it handles,
     `bind(dst)` gives the pre-bound call for the cases it covers (None for the others, which run fn).
-    Only a kernel that `reads_interleaved` is given a source in a CPU_Q4_0x16 buffer (not host bytes)."""
+    Only a kernel that `reads_interleaved` is given a source in a CPU_INTERLEAVED buffer (not host bytes)."""
     if not reads_interleaved:
         supports = functools.partial(_no_interleaved_source, supports)
 

@@ -10,7 +10,7 @@ from pyggml.core.tensor import Tensor, host_ndarray
 
 FLOAT_TYPES = frozenset({T.GGMLType.F32, T.GGMLType.F16, T.GGMLType.BF16})
 REPACKED = "CPU_REPACK"  # Tensor.extra of a tensor in a CPU_REPACK buffer: `t.buffer.values(t)` are its values
-INTERLEAVED = "CPU_Q4_0x16"  # Tensor.extra of a tensor in a CPU_Q4_0x16 buffer: `t.buffer.quant_bytes(t)`
+INTERLEAVED = "CPU_INTERLEAVED"  # Tensor.extra of a tensor in a CPU_INTERLEAVED buffer: `t.buffer.quant_bytes(t)`
 _BLAS = ThreadpoolController()  # scanning the loaded BLAS libraries costs ~1 ms: done once
 
 

@@ -16,7 +16,7 @@ import threading
 import numpy as np
 
 from pyggml.backend.cpu.jit.mul_mat import dequantize_rows, mul_mat_float_columns, mul_mat_vec
-from pyggml.backend.cpu.jit.repack import gemm_q4_0_16x4_q8_0, quantize_q8_0
+from pyggml.backend.cpu.jit.repack import gemm_16x4_q8_0, quantize_q8_0
 from pyggml.backend.cpu.jit.vnni_ir import ROWS
 from pyggml.backend.cpu.kernels import kernel
 from pyggml.backend.cpu.kernels._blocks import THREADS_MAX, blocks_per_row, in_blocks, memory_of
@@ -55,7 +55,7 @@ def _supports_product(dst: Tensor) -> bool:
 
 def _supports_mul_mat(dst: Tensor) -> bool:
     a, b = dst.src[0], dst.src[1]
-    if a.extra is INTERLEAVED:  # a 2-D Q4_0 matrix (the buffer checked its shape)
+    if a.extra is INTERLEAVED:  # a 2-D matrix of whole 16-row groups (the buffer checked)
         return dst.type == T.GGMLType.F32 and b.type in FLOAT_TYPES
     return _supports_product(dst)
 
@@ -138,18 +138,18 @@ _Q8 = _Q8Scratch()
 
 
 def _interleaved_call(dst: Tensor, x: np.ndarray):
-    """The call of dst = a·b for a Q4_0 matrix a in a CPU_Q4_0x16 buffer and the float32 rows x (n, k) of b:
+    """The call of dst = a·b for a matrix a in a CPU_INTERLEAVED buffer and the float32 rows x (n, k) of b:
     x quantized to Q8_0, then the integer tile products (jit/repack.py), for a prompt's batch and a
     generation step's one row alike."""
     a = dst.src[0]
     n, k = x.shape
-    w, y = a.buffer.quant_bytes(a), _out_view(dst, (n, a.ne[1]))
+    w, y, qtype = a.buffer.quant_bytes(a), _out_view(dst, (n, a.ne[1])), int(a.type)
 
     def call() -> None:
         with _PARALLEL_LAUNCH:
-            xq, xd, xc = _Q8.arrays(n, k)
-            quantize_q8_0(x, xq, xd, xc)
-            gemm_q4_0_16x4_q8_0(w, 0, k // 32, a.ne[1] // ROWS, xq, xd, xc, n, y)
+            xq, xd, xs = _Q8.arrays(n, k)
+            quantize_q8_0(x, xq, xd, xs)
+            gemm_16x4_q8_0(qtype, w, 0, k // 32, a.ne[1] // ROWS, xq, xd, xs, n, y)
 
     return call
 
