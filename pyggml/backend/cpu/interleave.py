@@ -1,4 +1,4 @@
-"""The CPU device's extra buffer type "CPU_INTERLEAVED": Q4_0, Q4_1 and Q8_0 matrices interleaved 16 rows at
+"""The CPU device's extra buffer type "CPU_INTERLEAVED": Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 matrices interleaved 16 rows at
 a time, for the integer products of AVX-512 VNNI (pyggml.backend.cpu.jit.repack), as ggml's CPU_REPACK
 keeps Q4_0 as block_q4_0x8 for its integer kernels.
 
@@ -38,7 +38,7 @@ def has_vnni() -> bool:
 
 
 def interleavable(type_, ne) -> bool:
-    """A Q4_0, Q4_1 or Q8_0 matrix of whole 16-row groups (2-D), on a CPU with VNNI."""
+    """A Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 matrix of whole 16-row groups (2-D), on a CPU with VNNI."""
     ne = list(ne) + [1] * (4 - len(ne))
     return int(type_) in FORMATS and ne[1] % ROWS == 0 and ne[2] == ne[3] == 1 and has_vnni()
 
@@ -60,7 +60,7 @@ class InterleavedBuffer(CpuBuffer):
 
     def _init_tensor(self, t: Tensor) -> Status:
         if t.view_src is not None or not interleavable(t.type, t.ne):
-            raise BackendError(f"buffer type CPU_INTERLEAVED holds whole Q4_0, Q4_1 or Q8_0 matrices of 16-row "
+            raise BackendError(f"buffer type CPU_INTERLEAVED holds whole Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 matrices of 16-row "
                                f"groups on a CPU with AVX-512 VNNI; {t.name!r} is {T.type_name(t.type)}{list(t.ne)}"
                                f"{' (a view)' if t.view_src is not None else ''}")
         t.extra = INTERLEAVED

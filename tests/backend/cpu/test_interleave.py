@@ -19,7 +19,7 @@ from pyggml.errors import BackendError, UnsupportedOpError
 from tests.backend.cpu.opcheck import nmse
 
 Q = GGMLType.Q4_0
-TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0]
+TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0]
 pytestmark = pytest.mark.skipif(not has_vnni(), reason="the integer products need AVX-512 VNNI")
 
 
@@ -29,39 +29,46 @@ def cpu():
 
 
 def _q_rows(rows: int, cols: int, seed: int = 0, qtype=Q) -> np.ndarray:
-    values = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32) + (qtype == GGMLType.Q4_1)
+    values = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32) + 1  # Q4_1/Q5_1: m != 0
     return np.ascontiguousarray(T.from_float(qtype, values)).view(np.uint8).reshape(rows, -1)
 
 
 def _q8_0_reference(x: np.ndarray):
-    """ggml's quantize_row_q8_0 with round-to-nearest-even (its AVX path): quants, fp16-rounded scales."""
+    """ggml's quantize_row_q8_0 / q8_1 as its AVX path computes them (q = round(x·127/max) to nearest even):
+    quants, fp16-rounded scales, and Q8_1's s = fp16(d·Σq)."""
     blocks = x.reshape(x.shape[0], -1, 32).astype(np.float32)
-    d = np.abs(blocks).max(axis=-1) / np.float32(127)
-    inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), np.float32(0)).astype(np.float32)
+    amax = np.abs(blocks).max(axis=-1)
+    d = amax / np.float32(127)
+    inv = np.where(amax != 0, np.float32(127) / np.where(amax != 0, amax, 1), np.float32(0)).astype(np.float32)
     q = np.rint(blocks * inv[..., None]).astype(np.int8)
-    return q, d.astype(np.float16).astype(np.float32)
+    s = (d * q.astype(np.int32).sum(axis=-1).astype(np.float32)).astype(np.float16).astype(np.float32)
+    return q, d.astype(np.float16).astype(np.float32), s
 
 
 def _quantized(x: np.ndarray):
     n, k = x.shape
-    xq, xd, xs = np.empty(n * k, np.uint8), np.empty(n * k // 32, np.float32), np.empty(n * k // 32, np.int32)
-    quantize_q8_0(x, xq, xd, xs)
-    return xq, xd, xs
+    xq, xd, xs, xm = (np.empty(n * k, np.uint8), np.empty(n * k // 32, np.float32), np.empty(n * k // 32, np.int32),
+                      np.empty(n * k // 32, np.float32))
+    quantize_q8_0(x, xq, xd, xs, xm)
+    return xq, xd, xs, xm
 
 
 @pytest.mark.parametrize("qtype", TYPES)
 def test_the_layout_moves_each_rows_bytes_to_its_lane(qtype):
     rows = _q_rows(32, 96, qtype=qtype)
-    block_bytes, headers = {Q: (18, 1), GGMLType.Q4_1: (20, 2), GGMLType.Q8_0: (34, 1)}[qtype]
+    block_bytes, fields = {Q: (18, [2]), GGMLType.Q4_1: (20, [2, 2]), GGMLType.Q5_0: (22, [2, 4]),
+                           GGMLType.Q5_1: (24, [2, 2, 4]), GGMLType.Q8_0: (34, [2])}[qtype]                    # d, m, qh: bytes a row
     packed = repack_16x4(int(qtype), rows).reshape(2, 3, 16 * block_bytes)   # (group, block, bytes)
     blocks = rows.reshape(32, 3, block_bytes)
     for g, b, r in [(0, 0, 0), (1, 2, 15), (0, 1, 7)]:
         block = blocks[16 * g + r, b]
-        for f in range(headers):                                               # its fp16 d (and m)
-            assert packed[g, b, 32 * f + 2 * r: 32 * f + 2 * r + 2].tobytes() == block[2 * f: 2 * f + 2].tobytes()
-        quants = block[2 * headers:]
+        offset = at = 0
+        for size in fields:                                                    # its d (m, qh) among the 16 rows'
+            assert packed[g, b, at + size * r: at + size * (r + 1)].tobytes() == block[offset: offset + size].tobytes()
+            offset, at = offset + size, at + 16 * size
+        quants = block[offset:]
         for m in range(quants.size // 4):                                      # quant bytes 4m..4m+3
-            at = 32 * headers + 64 * m + 4 * r
+            at = 16 * sum(fields) + 64 * m + 4 * r
             want = quants[4 * m: 4 * m + 4] ^ (0x80 if qtype == GGMLType.Q8_0 else 0)
             assert packed[g, b, at: at + 4].tobytes() == want.tobytes()
     assert packed.nbytes == rows.nbytes
@@ -72,11 +79,12 @@ def test_activations_are_quantized_as_ggml_quantizes_q8_0():
     x[2, :32] = 0                                                   # an all-zero block: scale 0, quants 0
     x[3, :32] = 0
     x[3, :4] = [127, 0.5, 1.5, -2.5]                                # scale 1: halves round to even
-    xq, xd, xs = _quantized(x)
-    q, d = _q8_0_reference(x)
+    xq, xd, xs, xm = _quantized(x)
+    q, d, s = _q8_0_reference(x)
     np.testing.assert_array_equal(xq.view(np.int8).reshape(q.shape), q)
     np.testing.assert_array_equal(xd.reshape(d.shape), d)
     np.testing.assert_array_equal(xs.reshape(d.shape), q.astype(np.int32).sum(axis=-1))
+    np.testing.assert_array_equal(xm.reshape(d.shape), s)
     assert list(q[3, 0, :4]) == [127, 0, 2, -2] and d[2, 0] == 0 and not q[2, 0].any()
 
 
@@ -88,12 +96,17 @@ def test_tile_products_equal_the_dequantized_product_of_both_sides(qtype, n_toke
     Q8_0 activations, to float32 rounding (full 4-token tiles and the 1-token tail)."""
     rows = _q_rows(48, cols, qtype=qtype)
     x = np.random.default_rng(2).standard_normal((n_tokens, cols)).astype(np.float32)
-    xq, xd, xs = _quantized(x)
+    xq, xd, xs, xm = _quantized(x)
     y = np.full((n_tokens, 48), np.nan, np.float32)
-    gemm_16x4_q8_0(int(qtype), repack_16x4(int(qtype), rows).reshape(-1), 0, cols // 32, 3, xq, xd, xs, n_tokens, y)
+    gemm_16x4_q8_0(int(qtype), repack_16x4(int(qtype), rows).reshape(-1), 0, cols // 32, 3, xq, xd, xs, xm, n_tokens, y)
     weights = T.to_float(qtype, rows).reshape(48, cols).astype(np.float64)
     acts = (xq.view(np.int8).reshape(n_tokens, -1, 32) * xd.reshape(n_tokens, -1, 1)).reshape(n_tokens, cols)
     expected = acts.astype(np.float64) @ weights.T
+    if qtype in (GGMLType.Q4_1, GGMLType.Q5_1):  # ggml takes the activations' sum from Q8_1's fp16 s
+        block_bytes = 20 if qtype == GGMLType.Q4_1 else 24
+        m = rows.reshape(48, -1, block_bytes)[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
+        sums = xm.reshape(n_tokens, -1).astype(np.float64) - (xd * xs).reshape(n_tokens, -1)
+        expected += sums @ m.T
     np.testing.assert_allclose(y, expected, rtol=0, atol=2e-6 * np.abs(expected).max())
 
 
@@ -157,5 +170,5 @@ def test_it_refuses_reads_partial_groups_and_tensors_it_cannot_hold(cpu):
     for type_, ne in ((GGMLType.Q4_K, (256, 16)), (Q, (64, 8)), (Q, (64, 16, 2))):
         ctx = Context(no_alloc=True)
         ctx.new_tensor(type_, ne, "w")
-        with pytest.raises(BackendError, match="holds whole Q4_0, Q4_1 or Q8_0 matrices"):
+        with pytest.raises(BackendError, match="holds whole Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 matrices"):
             alloc_ctx_tensors_from_buft(ctx, interleaved)

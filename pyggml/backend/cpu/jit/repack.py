@@ -1,16 +1,18 @@
-"""Q4_0, Q4_1 and Q8_0 weights repacked 16 rows at a time and multiplied in int8 against activations
+"""Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights repacked 16 rows at a time and multiplied in int8 against activations
 quantized to Q8_0, as ggml's CPU repack kernels do (ggml_gemm_q4_0_8x8_q8_0 and its kin), on CPUs with
 AVX-512 VNNI.
 
-Layout "16x4": rows go in groups of 16; a group's block b holds the 16 rows' fp16 d (and for Q4_1 then
-their fp16 m), then vectors of 64 bytes: vector j holds bytes 4j .. 4j+3 of each row's quant bytes, row
-after row, so each int32 lane of a vector is one row. A Q4_0/Q4_1 quant byte keeps value j in its low
-nibble and value j + 16 in its high one: vector j's low nibbles are values 4j .. 4j+3, its high ones
-16+4j .. 16+4j+3 (4 vectors a block). Q8_0's 32 bytes are 8 vectors, each byte stored + 128 (unsigned,
-as vpdpbusd takes one side). The repacked tensor takes exactly its size in the file.
+Layout "16x4": rows go in groups of 16; a group's block b holds the fields before the quants, each for
+the 16 rows in turn (fp16 d; Q4_1's and Q5_1's fp16 m; Q5_0's and Q5_1's 4 bytes of fifth bits), then vectors of 64 bytes:
+vector j holds bytes 4j .. 4j+3 of each row's quant bytes, row after row, so each int32 lane of a vector
+is one row. A 4-bit quant byte keeps value j in its low nibble and value j + 16 in its high one: vector
+j's low nibbles are values 4j .. 4j+3, its high ones 16+4j .. 16+4j+3 (4 vectors a block). Q8_0's 32
+bytes are 8 vectors, each byte stored + 128 (unsigned, as vpdpbusd takes one side). The repacked tensor
+takes exactly its size in the file.
 
 Activations become Q8_0 blocks as ggml's quantize_row_q8_0 makes them (d = max|x| / 127 kept as fp16,
-q = round(x / d)), split into quants, float scales and Σq (what vnni_ir.py's sums start from).
+q = round(x·127/max)), split into quants, float scales, Σq (what vnni_ir.py's sums start from) and
+Q8_1's s = fp16(d·Σq) (what ggml multiplies Q4_1's and Q5_1's minimum with).
 """
 
 from __future__ import annotations
@@ -22,36 +24,43 @@ from pyggml.backend.cpu.jit import jit, parallel_jit
 from pyggml.backend.cpu.jit.f16 import f16_bits
 from pyggml.backend.cpu.jit.floatbits import f16_to_f32
 from pyggml.backend.cpu.jit.vnni_ir import (ROWS, TOKENS, tile_q4_0_16x1, tile_q4_0_16x4, tile_q4_1_16x1, tile_q4_1_16x4,
+                                            tile_q5_0_16x1, tile_q5_0_16x4, tile_q5_1_16x1, tile_q5_1_16x4,
                                             tile_q8_0_16x1, tile_q8_0_16x4)
 from pyggml.core.types import GGMLType
 
-Q4_0, Q4_1, Q8_0 = int(GGMLType.Q4_0), int(GGMLType.Q4_1), int(GGMLType.Q8_0)
-FORMATS = {Q4_0: (18, 1), Q4_1: (20, 2), Q8_0: (34, 1)}  # block bytes, fp16 header fields (d, m)
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = (int(GGMLType.Q4_0), int(GGMLType.Q4_1), int(GGMLType.Q5_0), int(GGMLType.Q5_1),
+                                int(GGMLType.Q8_0))
+# per type: block bytes, and the fields before the quants as (offset, bytes): fp16 d (and m), Q5's qh
+FORMATS = {Q4_0: (18, ((0, 2),)), Q4_1: (20, ((0, 2), (2, 2))), Q5_0: (22, ((0, 2), (2, 4))),
+           Q5_1: (24, ((0, 2), (2, 2), (4, 4))), Q8_0: (34, ((0, 2),))}
 
 
 def repack_16x4(qtype: int, rows: np.ndarray) -> np.ndarray:
     """The 16x4 bytes of rows (uint8, shape (n_rows, nb·block bytes), n_rows a multiple of 16) of a type
-    of FORMATS."""
-    block_bytes, headers = FORMATS[qtype]
+    of FORMATS: per group and block, each field for the 16 rows, then the quant vectors."""
+    block_bytes, fields = FORMATS[qtype]
     n_rows, row_bytes = rows.shape
     groups, nb = n_rows // ROWS, row_bytes // block_bytes
     blocks = rows.reshape(groups, ROWS, nb, block_bytes)
     out = np.empty((groups, nb, ROWS * block_bytes), np.uint8)
-    head = 2 * headers
-    out[:, :, : ROWS * head] = (blocks[:, :, :, :head].reshape(groups, ROWS, nb, headers, 2)
-                                .transpose(0, 2, 3, 1, 4).reshape(groups, nb, ROWS * head))
-    quants = blocks[:, :, :, head:].reshape(groups, ROWS, nb, -1, 4)          # (g, row, b, vector, byte)
-    out[:, :, ROWS * head:] = quants.transpose(0, 2, 3, 1, 4).reshape(groups, nb, -1)
+    at = 0
+    for offset, size in fields:
+        out[:, :, at: at + ROWS * size] = (blocks[:, :, :, offset: offset + size].transpose(0, 2, 1, 3)
+                                           .reshape(groups, nb, ROWS * size))
+        at += ROWS * size
+    quants = blocks[:, :, :, at // ROWS:].reshape(groups, ROWS, nb, -1, 4)    # (g, row, b, vector, byte)
+    out[:, :, at:] = quants.transpose(0, 2, 3, 1, 4).reshape(groups, nb, -1)
     if qtype == Q8_0:
-        out[:, :, ROWS * head:] ^= 0x80  # int8 -> uint8 + 128
+        out[:, :, at:] ^= 0x80  # int8 -> uint8 + 128
     return out.reshape(n_rows, row_bytes)
 
 
 @jit
 def quantize_q8_0_rows(x: np.ndarray, first: np.intp, end: np.intp, xq: np.ndarray, xd: np.ndarray,
-                       xs: np.ndarray) -> None:
-    """Rows first .. end-1 of x (n, nb·32) float32 -> xq (n·nb·32,) int8 bits, xd (n·nb,) float32 scales,
-    xs (n·nb,) Σq. Rounding to nearest even, as ggml's AVX code (_mm256_round_ps) does."""
+                       xs: np.ndarray, xm: np.ndarray) -> None:
+    """Rows first .. end-1 of x (n, nb·32) float32 -> xq (n·nb·32,) int8 bits, xd (n·nb,) fp16-rounded
+    scales, xs (n·nb,) Σq, xm (n·nb,) Q8_1's s = fp16(d·Σq). As ggml's AVX code: q = round(x·127/max),
+    to nearest even (_mm256_round_ps)."""
     nb = x.shape[1] // 32
     for t in range(first, end):
         for b in range(nb):
@@ -60,7 +69,7 @@ def quantize_q8_0_rows(x: np.ndarray, first: np.intp, end: np.intp, xq: np.ndarr
             for j in range(32):
                 amax = max(amax, abs(row[j]))
             d = amax / np.float32(127)
-            inv = np.float32(1) / d if d != 0 else np.float32(0)
+            inv = np.float32(127) / amax if amax != 0 else np.float32(0)
             total = np.int32(0)
             at = (t * nb + b) * 32
             for j in range(32):
@@ -69,52 +78,75 @@ def quantize_q8_0_rows(x: np.ndarray, first: np.intp, end: np.intp, xq: np.ndarr
                 total += q
             xd[t * nb + b] = f16_to_f32(f16_bits(d))
             xs[t * nb + b] = total
+            xm[t * nb + b] = f16_to_f32(f16_bits(d * np.float32(total)))
 
 
 PARALLEL_ROWS = 16  # rows per thread's share below which quantizing is not worth a parallel launch
 
 
 @parallel_jit
-def quantize_q8_0_parallel(x: np.ndarray, xq: np.ndarray, xd: np.ndarray, xs: np.ndarray) -> None:
+def quantize_q8_0_parallel(x: np.ndarray, xq: np.ndarray, xd: np.ndarray, xs: np.ndarray, xm: np.ndarray) -> None:
     n = x.shape[0]
     chunks = -(-n // PARALLEL_ROWS)
     for c in prange(chunks):
-        quantize_q8_0_rows(x, c * PARALLEL_ROWS, min(n, (c + 1) * PARALLEL_ROWS), xq, xd, xs)
+        quantize_q8_0_rows(x, c * PARALLEL_ROWS, min(n, (c + 1) * PARALLEL_ROWS), xq, xd, xs, xm)
 
 
-def quantize_q8_0(x: np.ndarray, xq: np.ndarray, xd: np.ndarray, xs: np.ndarray) -> None:
+def quantize_q8_0(x: np.ndarray, xq: np.ndarray, xd: np.ndarray, xs: np.ndarray, xm: np.ndarray) -> None:
     """All rows of x quantized (see quantize_q8_0_rows): a generation step's row on this thread, a batch's
     rows on Numba's threads."""
     if x.shape[0] <= PARALLEL_ROWS:
-        quantize_q8_0_rows(x, 0, x.shape[0], xq, xd, xs)
+        quantize_q8_0_rows(x, 0, x.shape[0], xq, xd, xs, xm)
     else:
-        quantize_q8_0_parallel(x, xq, xd, xs)
+        quantize_q8_0_parallel(x, xq, xd, xs, xm)
+
+
+@jit(inline="always")
+def _tile_of(qtype, full, w, start, nb, xq, xd, xs, xm, t, y, yo, ys) -> None:
+    """One tile (TOKENS tokens if full, else one) of the type's kernel."""
+    if qtype == Q4_0:
+        if full:
+            tile_q4_0_16x4(w, start, nb, xq, xd, xs, xm, t, y, yo, ys)
+        else:
+            tile_q4_0_16x1(w, start, nb, xq, xd, xs, xm, t, y, yo, ys)
+    elif qtype == Q4_1:
+        if full:
+            tile_q4_1_16x4(w, start, nb, xq, xd, xs, xm, t, y, yo, ys)
+        else:
+            tile_q4_1_16x1(w, start, nb, xq, xd, xs, xm, t, y, yo, ys)
+    elif qtype == Q5_0:
+        if full:
+            tile_q5_0_16x4(w, start, nb, xq, xd, xs, xm, t, y, yo, ys)
+        else:
+            tile_q5_0_16x1(w, start, nb, xq, xd, xs, xm, t, y, yo, ys)
+    elif qtype == Q5_1:
+        if full:
+            tile_q5_1_16x4(w, start, nb, xq, xd, xs, xm, t, y, yo, ys)
+        else:
+            tile_q5_1_16x1(w, start, nb, xq, xd, xs, xm, t, y, yo, ys)
+    elif full:
+        tile_q8_0_16x4(w, start, nb, xq, xd, xs, xm, t, y, yo, ys)
+    else:
+        tile_q8_0_16x1(w, start, nb, xq, xd, xs, xm, t, y, yo, ys)
+
+
+BLOCK_BYTES = np.array([FORMATS.get(t, (0,))[0] for t in range(max(FORMATS) + 1)], np.int64)
 
 
 @parallel_jit
 def gemm_16x4_q8_0(qtype: np.intp, w: np.ndarray, first: np.uintp, nb: np.intp, n_groups: np.intp, xq: np.ndarray,
-                   xd: np.ndarray, xs: np.ndarray, n_tokens: np.intp, y: np.ndarray) -> None:
+                   xd: np.ndarray, xs: np.ndarray, xm: np.ndarray, n_tokens: np.intp, y: np.ndarray) -> None:
     """y (n_tokens, n_groups·16) = the 16x4 matrix of qtype at byte `first` of w times the Q8_0 tokens, row
     groups split over the threads (each group's 16 rows stay in L1 while all the tokens pass)."""
     ys = y.shape[1]
     flat = y.reshape(-1)
-    group_bytes = nb * ROWS * (18 if qtype == Q4_0 else 20 if qtype == Q4_1 else 34)
+    group_bytes = nb * ROWS * BLOCK_BYTES[qtype]
     for g in prange(n_groups):
         start = first + g * group_bytes
         t = 0
         while t + TOKENS <= n_tokens:
-            if qtype == Q4_0:
-                tile_q4_0_16x4(w, start, nb, xq, xd, xs, t, flat, t * ys + g * ROWS, ys)
-            elif qtype == Q4_1:
-                tile_q4_1_16x4(w, start, nb, xq, xd, xs, t, flat, t * ys + g * ROWS, ys)
-            else:
-                tile_q8_0_16x4(w, start, nb, xq, xd, xs, t, flat, t * ys + g * ROWS, ys)
+            _tile_of(qtype, True, w, start, nb, xq, xd, xs, xm, t, flat, t * ys + g * ROWS, ys)
             t += TOKENS
         while t < n_tokens:
-            if qtype == Q4_0:
-                tile_q4_0_16x1(w, start, nb, xq, xd, xs, t, flat, t * ys + g * ROWS, ys)
-            elif qtype == Q4_1:
-                tile_q4_1_16x1(w, start, nb, xq, xd, xs, t, flat, t * ys + g * ROWS, ys)
-            else:
-                tile_q8_0_16x1(w, start, nb, xq, xd, xs, t, flat, t * ys + g * ROWS, ys)
+            _tile_of(qtype, False, w, start, nb, xq, xd, xs, xm, t, flat, t * ys + g * ROWS, ys)
             t += 1

@@ -125,13 +125,15 @@ class _Q8Scratch:
     (a prompt's 200 products would otherwise hold 70 MiB of it); used under _PARALLEL_LAUNCH only."""
 
     def __init__(self):
-        self.quants, self.scales, self.sums = (np.empty(0, dt) for dt in (np.uint8, np.float32, np.int32))
+        self.quants, self.scales, self.sums, self.s = (np.empty(0, dt) for dt in (np.uint8, np.float32, np.int32,
+                                                                                  np.float32))
 
     def arrays(self, n: int, k: int):
         if self.quants.size < n * k:
             self.quants = np.empty(n * k, np.uint8)
-            self.scales, self.sums = np.empty(n * k // 32, np.float32), np.empty(n * k // 32, np.int32)
-        return self.quants[: n * k], self.scales[: n * k // 32], self.sums[: n * k // 32]
+            self.scales, self.sums, self.s = (np.empty(n * k // 32, dt) for dt in (np.float32, np.int32, np.float32))
+        blocks = n * k // 32
+        return self.quants[: n * k], self.scales[:blocks], self.sums[:blocks], self.s[:blocks]
 
 
 _Q8 = _Q8Scratch()
@@ -147,9 +149,9 @@ def _interleaved_call(dst: Tensor, x: np.ndarray):
 
     def call() -> None:
         with _PARALLEL_LAUNCH:
-            xq, xd, xs = _Q8.arrays(n, k)
-            quantize_q8_0(x, xq, xd, xs)
-            gemm_16x4_q8_0(qtype, w, 0, k // 32, a.ne[1] // ROWS, xq, xd, xs, n, y)
+            xq, xd, xs, xm = _Q8.arrays(n, k)
+            quantize_q8_0(x, xq, xd, xs, xm)
+            gemm_16x4_q8_0(qtype, w, 0, k // 32, a.ne[1] // ROWS, xq, xd, xs, xm, n, y)
 
     return call
 
