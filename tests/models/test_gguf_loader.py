@@ -135,3 +135,13 @@ def test_without_vnni_q4_0_stays_in_the_file(q4_0_file, monkeypatch):
     monkeypatch.setattr("pyggml.backend.cpu.interleave.has_vnni", lambda: False)
     w = load_weights(GGUFFile.open(q4_0_file), init_by_name("CPU"))
     assert {t.buffer.buft.name for t in w.tensors.values()} == {"CPU_Mapped"} and len(w.buffers) == 1
+
+
+@pytest.mark.skipif(not has_vnni(), reason="matrices are interleaved only where AVX-512 VNNI multiplies them")
+def test_a_model_whose_layers_mix_in_other_quantized_types_keeps_them_all_in_the_file(tmp_path):
+    """Q4_0 layers with one Q4_K matrix among them: nothing is interleaved (integer and float products
+    mixed moved the logits further from llama.cpp's than either alone)."""
+    path = write_llama(tmp_path / "mix.gguf", n_embd=256, qtype={"attn_q": GGMLQuantizationType.Q4_K,
+                                                                 "*": GGMLQuantizationType.Q4_0})
+    w = load_weights(GGUFFile.open(path), init_by_name("CPU"))
+    assert {t.buffer.buft.name for t in w.tensors.values()} == {"CPU_Mapped"}
