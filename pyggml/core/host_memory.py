@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import mmap
+import sys
+
 import numpy as np
 
 HOST_ALIGNMENT = 64  # ggml_aligned_malloc's alignment
@@ -15,6 +20,41 @@ def aligned_bytes(nbytes: int, alignment: int = HOST_ALIGNMENT, fill: int | None
     if fill is not None:
         arr.fill(fill)
     return arr
+
+
+def madvise(address: int, length: int, advice: int) -> bool:
+    """madvise(2) on any address range of this process (Python's mmap objects offer it for their own only);
+    False where it failed or the platform has none."""
+    call = _libc_madvise()
+    return call is not None and call(address, length, advice) == 0
+
+
+@functools.cache
+def _libc_madvise():
+    if not sys.platform.startswith("linux"):
+        return None
+    madvise_fn = ctypes.CDLL(None, use_errno=True).madvise
+    madvise_fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    madvise_fn.restype = ctypes.c_int
+    return madvise_fn
+
+
+def zero_anonymous(arr: np.ndarray) -> None:
+    """Zero a C-contiguous uint8 array of this process's own anonymous memory (what aligned_bytes returns):
+    its whole pages go back to the OS (MADV_DONTNEED: they read as zeros and take no memory until
+    written again, so a large buffer cleared up front, such as a KV cache, costs only what is used),
+    the partial pages at its ends are filled. The range stops taking transparent huge pages (NumPy asks
+    for them on large arrays): one write into a KV cache's layer would otherwise make 2 MiB resident.
+    Never for memory mapped from a file: those pages would read the file again."""
+    start = arr.ctypes.data
+    first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
+    end = (start + arr.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    if end - first < mmap.PAGESIZE or not madvise(first, end - first, mmap.MADV_DONTNEED):
+        arr.fill(0)
+        return
+    madvise(first, end - first, getattr(mmap, "MADV_NOHUGEPAGE", 15))
+    arr[: first - start].fill(0)
+    arr[end - start:].fill(0)
 
 
 class HostArena:

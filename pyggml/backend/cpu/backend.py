@@ -21,7 +21,7 @@ from pyggml.backend.cpu import kernels
 from pyggml.backend.cpu.kernels._blocks import set_threads
 from pyggml.backend.cpu.kernels._common import INTERLEAVED, blas_threads
 from pyggml.backend.tensor_io import host_bytes
-from pyggml.core.host_memory import aligned_bytes
+from pyggml.core.host_memory import aligned_bytes, zero_anonymous
 from pyggml.core.tensor import Tensor
 from pyggml.errors import BackendError, UnsupportedOpError
 
@@ -29,6 +29,7 @@ from pyggml.errors import BackendError, UnsupportedOpError
 CPU_GUID = bytes([0xAA, 0x67, 0xC7, 0x43, 0x96, 0xE6, 0xA3, 0x8A, 0xE3, 0xAF, 0xEA, 0x92, 0x36, 0xBC, 0xFC, 0x89])
 TENSOR_ALIGNMENT = 32
 AVAILABLE_CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+CLEAR_BY_PAGES = 1 << 20  # buffers from this size on are cleared by handing their pages back (zero_anonymous)
 DEFAULT_N_THREADS = 4  # ggml's default; BLAS never gets more threads than there are cores
 
 
@@ -41,9 +42,10 @@ class CpuBuffer(Buffer):
     Thread-safety: as Buffer (disjoint tensors may be read and written concurrently).
     """
 
-    def __init__(self, buft: BufferType, host_array: np.ndarray):
+    def __init__(self, buft: BufferType, host_array: np.ndarray, anonymous: bool = False):
         super().__init__(buft, host_array.nbytes)
         self._host = host_array
+        self.anonymous = anonymous  # the process's own anonymous memory (aligned_bytes), not borrowed
         self._address = host_array.ctypes.data  # asked for on every tensor placed; the array never moves
         self.read_only = not host_array.flags.writeable
         self.host_views: dict = {}  # host_ndarray's views of this memory by layout, dropped with the memory
@@ -82,7 +84,11 @@ class CpuBuffer(Buffer):
         return True
 
     def _clear(self, value: int) -> None:
-        self._host.fill(value)
+        """Zeros in a large buffer of its own memory go back to the OS as whole pages (zero_anonymous)."""
+        if value == 0 and self.anonymous and self.size >= CLEAR_BY_PAGES:
+            zero_anonymous(self._host)
+        else:
+            self._host.fill(value)
 
 
 class CpuBufferType(BufferType):
@@ -96,7 +102,7 @@ class CpuBufferType(BufferType):
     is_host = True
 
     def _alloc_buffer(self, size: int) -> Buffer:
-        return CpuBuffer(self, aligned_bytes(size, fill=None))  # uninitialised, like ggml_aligned_malloc
+        return CpuBuffer(self, aligned_bytes(size, fill=None), anonymous=True)  # uninitialised, like ggml_aligned_malloc
 
 
 class CpuMappedBufferType(CpuBufferType):

@@ -287,3 +287,39 @@ def test_openblas_idle_workers_sleep_soon_unless_the_user_says_otherwise(preset)
     code = "import os, pyggml; print(os.environ['OPENBLAS_THREAD_TIMEOUT'])"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == (preset or "22")
+
+
+def test_clearing_a_large_buffer_hands_its_pages_back_and_reads_zeros():
+    """A KV cache is cleared when made: its own memory is zeroed by MADV_DONTNEED (no page touched until
+    used); a buffer over borrowed memory (a mapped file, a user's array) is filled instead."""
+    import sys
+
+    from pyggml.backend.cpu.backend import CLEAR_BY_PAGES
+
+    cpu = registry.init_by_name("CPU")
+    buf = cpu.default_buffer_type.alloc_buffer(4 * CLEAR_BY_PAGES + 123)
+    memory = buf.host_array
+    memory.fill(7)
+    buf.clear(0)
+    if sys.platform.startswith("linux"):
+        assert _mincore_pages(memory) <= 2  # the partial pages at the ends at most (before anything reads it)
+    assert not memory.any()
+    borrowed = np.full(2 * CLEAR_BY_PAGES, 5, np.uint8)
+    wrapped = cpu.device.buffer_from_host_ptr(memoryview(borrowed), borrowed.nbytes, borrowed.nbytes)
+    wrapped.clear(0)
+    assert not borrowed.any()
+    buf.clear(3)
+    assert (memory == 3).all()
+
+
+def _mincore_pages(arr) -> int:
+    """How many of arr's pages are resident (mincore(2))."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    start = arr.ctypes.data // mmap.PAGESIZE * mmap.PAGESIZE
+    length = arr.ctypes.data + arr.nbytes - start
+    vec = (ctypes.c_ubyte * (-(-length // mmap.PAGESIZE)))()
+    assert libc.mincore(ctypes.c_void_p(start), ctypes.c_size_t(length), vec) == 0
+    return sum(b & 1 for b in vec)

@@ -14,11 +14,10 @@ or where /proc cannot be read, nothing is done.
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import mmap
-import sys
 from dataclasses import dataclass
+
+from pyggml.core.host_memory import madvise
 
 LIBRARY = "libllvmlite"
 
@@ -65,22 +64,11 @@ def compiler_mappings() -> list[Mapping]:
 
 def release_compiler_pages() -> int:
     """Advise away the resident pages of LLVM's read-only file mappings; returns the KiB they held."""
-    if not sys.platform.startswith("linux"):
-        return 0
-    madvise = _libc_madvise()
     released = 0
     for m in compiler_mappings():
-        if m.holds_only_file_pages and m.rss_kib and madvise(m.start, m.end - m.start, mmap.MADV_DONTNEED) == 0:
+        if m.holds_only_file_pages and m.rss_kib and madvise(m.start, m.end - m.start, mmap.MADV_DONTNEED):
             released += m.rss_kib
     return released
-
-
-@functools.cache
-def _libc_madvise():
-    madvise = ctypes.CDLL(None, use_errno=True).madvise
-    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    madvise.restype = ctypes.c_int
-    return madvise
 
 
 def install() -> None:
