@@ -18,10 +18,11 @@ import functools
 import numpy as np
 
 from pyggml.backend.base import BufferType, Status
-from pyggml.backend.cpu.backend import TENSOR_ALIGNMENT, CpuBuffer
+from pyggml.backend.cpu.backend import TENSOR_ALIGNMENT
 from pyggml.backend.cpu.jit.repack import FORMATS, repack_16x4
 from pyggml.backend.cpu.jit.vnni_ir import ROWS
 from pyggml.backend.cpu.kernels._common import INTERLEAVED
+from pyggml.backend.cpu.repack import ConvertedBuffer
 from pyggml.core import types as T
 from pyggml.core.host_memory import aligned_bytes
 from pyggml.core.tensor import Tensor
@@ -43,13 +44,13 @@ def interleavable(type_, ne) -> bool:
     return int(type_) in FORMATS and ne[1] % ROWS == 0 and ne[2] == ne[3] == 1 and has_vnni()
 
 
-class InterleavedBuffer(CpuBuffer):
+class InterleavedBuffer(ConvertedBuffer):
     """Tensors in the 16x4 layout of their type, converted as whole 16-row groups are written.
 
     Thread-safety: as CpuBuffer (disjoint tensors may be written concurrently).
     """
 
-    host_array = None  # the memory holds the interleaved layout, not the tensors' bytes: no generic views
+    what = "interleaved"
 
     def quant_bytes(self, t: Tensor) -> np.ndarray:
         """t's interleaved bytes (read-only uint8), what the products read."""
@@ -74,16 +75,6 @@ class InterleavedBuffer(CpuBuffer):
         rows = np.frombuffer(data, np.uint8, count=size).reshape(-1, T.row_size(t.type, t.ne[0]))
         start = self.offset_of(t) + offset
         self._host[start: start + size] = repack_16x4(int(t.type), rows).reshape(-1)
-
-    def _get_tensor(self, t: Tensor, out: memoryview, offset: int, size: int) -> None:
-        raise BackendError(f"CPU_INTERLEAVED: {t.name!r} cannot be read back (its bytes were interleaved as they were "
-                           f"written, as in ggml's repack buffers)")
-
-    def _memset_tensor(self, t: Tensor, value: int, offset: int, size: int) -> None:
-        raise BackendError(f"CPU_INTERLEAVED: memset of {t.name!r} is not supported (only whole row groups are written)")
-
-    def _cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
-        return False
 
 
 class InterleavedBufferType(BufferType):

@@ -28,13 +28,32 @@ def repackable(type_) -> bool:
     return T.is_quantized(type_) and dequantizable(type_)
 
 
-class RepackBuffer(CpuBuffer):
+class ConvertedBuffer(CpuBuffer):
+    """A buffer whose tensors' bytes are converted as they are written (ggml's repack buffers): not host
+    memory to the rest of the system, so no generic views, no read-back, no memset, no direct copy.
+    `what` says, in the errors, what the conversion made of the bytes."""
+
+    host_array = None  # the memory holds the conversion, not the tensors' bytes: no generic host views of it
+    what = "converted"
+
+    def _get_tensor(self, t: Tensor, out: memoryview, offset: int, size: int) -> None:
+        raise BackendError(f"{self.buft.name}: {t.name!r} cannot be read back (its bytes were {self.what} as they "
+                           f"were written, as in ggml's repack buffers)")
+
+    def _memset_tensor(self, t: Tensor, value: int, offset: int, size: int) -> None:
+        raise BackendError(f"{self.buft.name}: memset of {t.name!r} is not supported (only whole rows are written)")
+
+    def _cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
+        return False
+
+
+class RepackBuffer(ConvertedBuffer):
     """float32 values of whole tensors, converted from their own type's bytes as rows are written.
 
     Thread-safety: as CpuBuffer (disjoint tensors may be written concurrently).
     """
 
-    host_array = None  # the memory holds values, not the tensors' bytes: no generic host views of it
+    what = "converted to float32 values"
 
     def values(self, t: Tensor) -> np.ndarray:
         """t's float32 values, shape ne[::-1], in place (what the kernels multiply)."""
@@ -56,17 +75,6 @@ class RepackBuffer(CpuBuffer):
         rows = np.frombuffer(data, np.uint8, count=size).reshape(-1, row)
         first = offset // row
         self.values(t).reshape(-1, t.ne[0])[first: first + rows.shape[0]] = T.to_float(t.type, rows)
-
-    def _get_tensor(self, t: Tensor, out: memoryview, offset: int, size: int) -> None:
-        raise BackendError(f"CPU_REPACK: {t.name!r} cannot be read back (its bytes were converted to float32 "
-                           f"values as they were written, as in ggml's repack buffers)")
-
-    def _memset_tensor(self, t: Tensor, value: int, offset: int, size: int) -> None:
-        raise BackendError(f"CPU_REPACK: memset of {t.name!r} is not supported (only whole rows are written)")
-
-    def _cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
-        return False
-
 
 class RepackBufferType(BufferType):
     """Thread-safety: alloc_buffer may be called from any thread."""
