@@ -102,7 +102,8 @@ class CpuBufferType(BufferType):
     is_host = True
 
     def _alloc_buffer(self, size: int) -> Buffer:
-        return CpuBuffer(self, aligned_bytes(size, fill=None), anonymous=True)  # uninitialised, like ggml_aligned_malloc
+        # uninitialised, like ggml_aligned_malloc
+        return CpuBuffer(self, aligned_bytes(size, fill=None), anonymous=True)
 
 
 class CpuMappedBufferType(CpuBufferType):

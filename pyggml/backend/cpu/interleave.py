@@ -61,17 +61,17 @@ class InterleavedBuffer(ConvertedBuffer):
 
     def _init_tensor(self, t: Tensor) -> Status:
         if t.view_src is not None or not interleavable(t.type, t.ne):
-            raise BackendError(f"buffer type CPU_INTERLEAVED holds whole Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 matrices of 16-row "
-                               f"groups on a CPU with AVX-512 VNNI; {t.name!r} is {T.type_name(t.type)}{list(t.ne)}"
-                               f"{' (a view)' if t.view_src is not None else ''}")
+            raise BackendError(f"buffer type CPU_INTERLEAVED holds whole Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 matrices "
+                               f"of 16-row groups on a CPU with AVX-512 VNNI; {t.name!r} is "
+                               f"{T.type_name(t.type)}{list(t.ne)}{' (a view)' if t.view_src is not None else ''}")
         t.extra = INTERLEAVED
         return Status.SUCCESS
 
     def _set_tensor(self, t: Tensor, data: memoryview, offset: int, size: int) -> None:
         group = ROWS * T.row_size(t.type, t.ne[0])
         if offset % group or size % group:
-            raise BackendError(f"CPU_INTERLEAVED: writes to {t.name!r} must be whole groups of 16 rows ({group} bytes; "
-                               f"got {size} bytes at offset {offset})")
+            raise BackendError(f"CPU_INTERLEAVED: writes to {t.name!r} must be whole groups of 16 rows ({group} "
+                               f"bytes; got {size} bytes at offset {offset})")
         rows = np.frombuffer(data, np.uint8, count=size).reshape(-1, T.row_size(t.type, t.ne[0]))
         start = self.offset_of(t) + offset
         self._host[start: start + size] = repack_16x4(int(t.type), rows).reshape(-1)

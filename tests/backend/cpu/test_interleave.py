@@ -57,7 +57,7 @@ def _quantized(x: np.ndarray):
 def test_the_layout_moves_each_rows_bytes_to_its_lane(qtype):
     rows = _q_rows(32, 96, qtype=qtype)
     block_bytes, fields = {Q: (18, [2]), GGMLType.Q4_1: (20, [2, 2]), GGMLType.Q5_0: (22, [2, 4]),
-                           GGMLType.Q5_1: (24, [2, 2, 4]), GGMLType.Q8_0: (34, [2])}[qtype]                    # d, m, qh: bytes a row
+                           GGMLType.Q5_1: (24, [2, 2, 4]), GGMLType.Q8_0: (34, [2])}[qtype]  # d, m, qh: bytes
     packed = repack_16x4(int(qtype), rows).reshape(2, 3, 16 * block_bytes)   # (group, block, bytes)
     blocks = rows.reshape(32, 3, block_bytes)
     for g, b, r in [(0, 0, 0), (1, 2, 15), (0, 1, 7)]:

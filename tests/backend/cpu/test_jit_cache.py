@@ -73,7 +73,8 @@ x = np.ones((2, 8), np.float32); rms_norm_rows(x, x, np.float32(1e-5))
     out = _run("""
 from pyggml.backend.cpu.jit import compile_cache
 from pyggml.backend.cpu.jit.norm import rms_norm_rows
-print(compile_cache.load_cached([rms_norm_rows]), len(rms_norm_rows.overloads), compile_cache.load_cached([rms_norm_rows]))
+first = compile_cache.load_cached([rms_norm_rows])
+print(first, len(rms_norm_rows.overloads), compile_cache.load_cached([rms_norm_rows]))
 """)
     loaded, overloads, again = map(int, out.split())
     assert loaded >= 1 and overloads == loaded and again == 0
