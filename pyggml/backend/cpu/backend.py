@@ -166,7 +166,7 @@ class CpuDevice(Device):
 
     def extra_buffer_types(self) -> list[BufferType]:
         """[CPU_REPACK, CPU_INTERLEAVED]: quantized weights kept as float32 values (pyggml.backend.cpu.repack), and
-        Q4_0 matrices interleaved for the integer products (pyggml.backend.cpu.interleave)."""
+        Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 matrices interleaved for the integer products (pyggml.backend.cpu.interleave)."""
         return [self._repack_type, self._interleaved_type]
 
     def supports_buft(self, buft: BufferType) -> bool:

@@ -19,8 +19,8 @@ import numpy as np
 
 from pyggml.backend.base import BufferType, Status
 from pyggml.backend.cpu.backend import TENSOR_ALIGNMENT
-from pyggml.backend.cpu.jit.repack import FORMATS, repack_16x4
-from pyggml.backend.cpu.jit.vnni_ir import ROWS
+from pyggml.backend.cpu.jit.repack import repack_16x4
+from pyggml.backend.cpu.jit.vnni_ir import FORMATS, ROWS
 from pyggml.backend.cpu.kernels._common import INTERLEAVED
 from pyggml.backend.cpu.repack import ConvertedBuffer
 from pyggml.core import types as T

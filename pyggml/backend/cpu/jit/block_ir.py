@@ -31,10 +31,11 @@ VI32 = ir.VectorType(I32, LANES)
 FAST = ("fast",)
 
 
-def _splat(builder, value, vtype=VF32):
+def splat(builder, value, vtype=VF32):
     """A vector of `vtype` with value in every lane."""
     one = builder.insert_element(ir.Constant(vtype, ir.Undefined), value, ir.Constant(I32, 0))
-    return builder.shuffle_vector(one, ir.Constant(vtype, ir.Undefined), ir.Constant(VI32, [0] * LANES))
+    lanes = ir.Constant(ir.VectorType(I32, vtype.count), [0] * vtype.count)
+    return builder.shuffle_vector(one, ir.Constant(vtype, ir.Undefined), lanes)
 
 
 def _lanes_sum(builder, v):
@@ -79,7 +80,7 @@ def _q4_1(builder, p):
 def _q5_0(builder, p):
     """Nibbles with their fifth bit from qh (bit j for value j, bit j + 16 for value j + 16), minus 16."""
     low, high = _nibbles(builder, p, 6)
-    qh = _splat(builder, _at(builder, p, 2, I32), VI32)
+    qh = splat(builder, _at(builder, p, 2, I32), VI32)
     out = []
     for nibble, first_bit in ((low, 0), (high, LANES)):
         bit = builder.and_(builder.lshr(qh, ir.Constant(VI32, list(range(first_bit, first_bit + LANES)))),
@@ -121,10 +122,10 @@ def _row_dot(block_bytes: int, quants, with_min: bool):
                                   align=4)
                 products = builder.fadd(builder.fmul(v0, x0, flags=FAST), builder.fmul(v1, x1, flags=FAST),
                                         flags=FAST)
-                block = builder.fmul(_splat(builder, _f16_at(builder, p, 0)), products, flags=FAST)
+                block = builder.fmul(splat(builder, _f16_at(builder, p, 0)), products, flags=FAST)
                 if with_min:
                     sums = builder.fadd(x0, x1, flags=FAST)
-                    block = builder.fadd(block, builder.fmul(_splat(builder, _f16_at(builder, p, 2)), sums,
+                    block = builder.fadd(block, builder.fmul(splat(builder, _f16_at(builder, p, 2)), sums,
                                                              flags=FAST), flags=FAST)
                 builder.store(builder.fadd(builder.load(acc), block, flags=FAST), acc)
             return _lanes_sum(builder, builder.load(acc))

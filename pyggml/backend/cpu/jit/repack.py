@@ -23,22 +23,17 @@ from numba import prange
 from pyggml.backend.cpu.jit import jit, parallel_jit
 from pyggml.backend.cpu.jit.f16 import f16_bits
 from pyggml.backend.cpu.jit.floatbits import f16_to_f32
-from pyggml.backend.cpu.jit.vnni_ir import (ROWS, TOKENS, tile_q4_0_16x1, tile_q4_0_16x4, tile_q4_1_16x1,
-                                            tile_q4_1_16x4, tile_q5_0_16x1, tile_q5_0_16x4, tile_q5_1_16x1,
-                                            tile_q5_1_16x4, tile_q8_0_16x1, tile_q8_0_16x4)
+from pyggml.backend.cpu.jit.vnni_ir import FORMATS, ROWS, tile_q4_0, tile_q4_1, tile_q5_0, tile_q5_1, tile_q8_0
 from pyggml.core.types import GGMLType
 
-Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = (int(GGMLType.Q4_0), int(GGMLType.Q4_1), int(GGMLType.Q5_0), int(GGMLType.Q5_1),
-                                int(GGMLType.Q8_0))
-# per type: block bytes, and the fields before the quants as (offset, bytes): fp16 d (and m), Q5's qh
-FORMATS = {Q4_0: (18, ((0, 2),)), Q4_1: (20, ((0, 2), (2, 2))), Q5_0: (22, ((0, 2), (2, 4))),
-           Q5_1: (24, ((0, 2), (2, 2), (4, 4))), Q8_0: (34, ((0, 2),))}
+Q4_0, Q4_1, Q5_0, Q5_1 = int(GGMLType.Q4_0), int(GGMLType.Q4_1), int(GGMLType.Q5_0), int(GGMLType.Q5_1)
+Q8_0 = int(GGMLType.Q8_0)
 
 
 def repack_16x4(qtype: int, rows: np.ndarray) -> np.ndarray:
     """The 16x4 bytes of rows (uint8, shape (n_rows, nb·block bytes), n_rows a multiple of 16) of a type
     of FORMATS: per group and block, each field for the 16 rows, then the quant vectors."""
-    block_bytes, fields = FORMATS[qtype]
+    block_bytes, fields, _ = FORMATS[qtype]
     n_rows, row_bytes = rows.shape
     groups, nb = n_rows // ROWS, row_bytes // block_bytes
     blocks = rows.reshape(groups, ROWS, nb, block_bytes)
@@ -101,36 +96,7 @@ def quantize_q8_0(x: np.ndarray, xq: np.ndarray, xd: np.ndarray, xs: np.ndarray,
         quantize_q8_0_parallel(x, xq, xd, xs, xm)
 
 
-@jit(inline="always")
-def _tile_of(qtype, full, w, start, nb, xq, xd, xs, xm, t, y, yo, ys) -> None:
-    """One tile (TOKENS tokens if full, else one) of the type's kernel."""
-    if qtype == Q4_0:
-        if full:
-            tile_q4_0_16x4(w, start, nb, xq, xd, xs, xm, t, y, yo, ys)
-        else:
-            tile_q4_0_16x1(w, start, nb, xq, xd, xs, xm, t, y, yo, ys)
-    elif qtype == Q4_1:
-        if full:
-            tile_q4_1_16x4(w, start, nb, xq, xd, xs, xm, t, y, yo, ys)
-        else:
-            tile_q4_1_16x1(w, start, nb, xq, xd, xs, xm, t, y, yo, ys)
-    elif qtype == Q5_0:
-        if full:
-            tile_q5_0_16x4(w, start, nb, xq, xd, xs, xm, t, y, yo, ys)
-        else:
-            tile_q5_0_16x1(w, start, nb, xq, xd, xs, xm, t, y, yo, ys)
-    elif qtype == Q5_1:
-        if full:
-            tile_q5_1_16x4(w, start, nb, xq, xd, xs, xm, t, y, yo, ys)
-        else:
-            tile_q5_1_16x1(w, start, nb, xq, xd, xs, xm, t, y, yo, ys)
-    elif full:
-        tile_q8_0_16x4(w, start, nb, xq, xd, xs, xm, t, y, yo, ys)
-    else:
-        tile_q8_0_16x1(w, start, nb, xq, xd, xs, xm, t, y, yo, ys)
-
-
-BLOCK_BYTES = np.array([FORMATS.get(t, (0,))[0] for t in range(max(FORMATS) + 1)], np.int64)
+BLOCK_BYTES = np.array([FORMATS[t][0] if t in FORMATS else 0 for t in range(max(FORMATS) + 1)], np.int64)
 
 
 @parallel_jit
@@ -142,11 +108,14 @@ def gemm_16x4_q8_0(qtype: np.intp, w: np.ndarray, first: np.uintp, nb: np.intp, 
     flat = y.reshape(-1)
     group_bytes = nb * ROWS * BLOCK_BYTES[qtype]
     for g in prange(n_groups):
-        start = first + g * group_bytes
-        t = 0
-        while t + TOKENS <= n_tokens:
-            _tile_of(qtype, True, w, start, nb, xq, xd, xs, xm, t, flat, t * ys + g * ROWS, ys)
-            t += TOKENS
-        while t < n_tokens:
-            _tile_of(qtype, False, w, start, nb, xq, xd, xs, xm, t, flat, t * ys + g * ROWS, ys)
-            t += 1
+        start, yo = first + g * group_bytes, g * ROWS
+        if qtype == Q4_0:
+            tile_q4_0(w, start, nb, xq, xd, xs, xm, n_tokens, flat, yo, ys)
+        elif qtype == Q4_1:
+            tile_q4_1(w, start, nb, xq, xd, xs, xm, n_tokens, flat, yo, ys)
+        elif qtype == Q5_0:
+            tile_q5_0(w, start, nb, xq, xd, xs, xm, n_tokens, flat, yo, ys)
+        elif qtype == Q5_1:
+            tile_q5_1(w, start, nb, xq, xd, xs, xm, n_tokens, flat, yo, ys)
+        else:
+            tile_q8_0(w, start, nb, xq, xd, xs, xm, n_tokens, flat, yo, ys)

@@ -3,8 +3,10 @@
 ggml's CPU backend first quantizes the activations to Q8_0/Q8_K and multiplies integers; here the
 activations stay float32 and each block's quants are turned into floats as they are multiplied. Both
 were measured on Gemma 3 270M's 127 matrices (2 threads: 12.0 ms a token this way, 12.3 ms the integer
-way; the head is memory-bound either way), so the float way is kept: it adds no activation rounding,
-so results match a float64 product of the dequantized weights to ~1e-6 instead of ~1e-2.
+way; the head is memory-bound either way), so the float way is kept for weights read in the file's
+layout: it adds no activation rounding, so results match a float64 product of the dequantized weights to
+~1e-6 instead of ~1e-2. (On AVX-512 VNNI, a model whose layers are all Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 is
+interleaved and multiplied the integer way instead: repack.py, vnni_ir.py.)
 
 Each function reads `nb` blocks of the row at byte s of src and values x[xo:]. The 32-value block types
 (Q4_0, Q4_1, Q5_0, Q8_0) are LLVM vector IR (block_ir.py: one vector accumulator per row, 1.2-1.8x the

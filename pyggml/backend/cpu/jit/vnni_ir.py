@@ -12,10 +12,11 @@ bit put back (0..31), Q8_0's quants plus 128. So the sum starts at offset·Σq, 
 nibble - 8 (Σ(n - 8)q = Σnq - 8Σq), Q5_0's 5 bits - 16, Q8_0's byte - 128; Q4_1 and Q5_1 add their
 minimum as m·s, s being Q8_1's fp16 d·Σq (what ggml multiplies them with).
 
-`tile_<type>_16x<T>` is an intrinsic (w, g, nb, xq, xd, xs, xm, t0, y, yo, ys): for the group of 16 rows
-whose blocks start at byte g of w and tokens t0 .. t0+T-1, y[yo + t·ys + r] = Σ over the blocks of row
-r. xq: the tokens' quants (int8 as uint8, nb·32 a token), xd: their scales (float32, nb a token), xs:
-Σq per block (int32), xm: s per block (float32). All arrays C-contiguous.
+`tile_<type>` is an intrinsic (w, g, nb, xq, xd, xs, xm, n, y, yo, ys): for the group of 16 rows whose
+blocks start at byte g of w and tokens 0 .. n-1, y[yo + t·ys + r] = Σ over the blocks of row r, the tokens
+taken four at a time (their four accumulators and the block's quant vectors stay in registers), then one
+at a time. xq: the tokens' quants (int8 as uint8, nb·32 a token), xd: their scales (float32, nb a token),
+xs: Σq per block (int32), xm: s per block (float32). All arrays C-contiguous.
 """
 
 from __future__ import annotations
@@ -25,27 +26,28 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-F32 = ir.FloatType()
-I8 = ir.IntType(8)
-I32 = ir.IntType(32)
-I64 = ir.IntType(64)
+from pyggml.backend.cpu.jit.block_ir import F32, FAST, I32, I64, I8, splat
+from pyggml.core.types import GGMLType
+
 ROWS = 16                               # rows of a group: the int32 lanes of a zmm register
+TOKENS = 4                              # tokens a tile takes at once
 VF32 = ir.VectorType(F32, ROWS)
 VI32 = ir.VectorType(I32, ROWS)
 VI8 = ir.VectorType(I8, 4 * ROWS)
 VF16 = ir.VectorType(ir.HalfType(), ROWS)
-FAST = ("fast",)
+
+# per ggml type: block bytes, the fields before the quants as (offset, bytes): fp16 d (and m), Q5's qh
+# (repack.py lays the groups out from these), and the quants' zero point (offset·Σq starts each sum)
+FORMATS = {int(GGMLType.Q4_0): (18, ((0, 2),), -8), int(GGMLType.Q4_1): (20, ((0, 2), (2, 2)), 0),
+           int(GGMLType.Q5_0): (22, ((0, 2), (2, 4)), -16), int(GGMLType.Q5_1): (24, ((0, 2), (2, 2), (4, 4)), 0),
+           int(GGMLType.Q8_0): (34, ((0, 2),), -128)}
 
 
 def _dpbusd(builder, acc, unsigned, signed):
     """acc + the sums of four u8·s8 products per int32 lane (vpdpbusd)."""
-    fn = builder.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.512", fnty=ir.FunctionType(VI32, [VI32, VI8, VI8]))
+    fn = builder.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.512",
+                                          fnty=ir.FunctionType(VI32, [VI32, VI8, VI8]))
     return builder.call(fn, [acc, unsigned, signed])
-
-
-def _splat(builder, value, vtype):
-    one = builder.insert_element(ir.Constant(vtype, ir.Undefined), value, ir.Constant(I32, 0))
-    return builder.shuffle_vector(one, ir.Constant(vtype, ir.Undefined), ir.Constant(VI32, [0] * vtype.count))
 
 
 def _load(builder, base, offset, vtype, align=1):
@@ -53,17 +55,21 @@ def _load(builder, base, offset, vtype, align=1):
 
 
 class Layout:
-    """How a type's 16-row group block lies (repack.py): `headers` fp16 fields of 16 rows each (d, then m),
-    then for Q5_0 the rows' 32 fifth bits (`high_bits`: one vector of 16 uint32), then the quant vectors,
-    64 bytes each (16 rows x 4 bytes). `nibbles`: each vector holds two (low nibbles: values k, high:
-    k + 16); else one (bytes stored + 128, so unsigned). Integer sums start at `offset`·Σq (the quants'
-    zero point moved to the activations' side); `with_min` adds m·s (Q8_1's s = d·Σq, as ggml)."""
+    """How a type's 16-row group block lies (repack.py), from its FORMATS entry: the fp16 fields of 16 rows
+    each (`headers`: d, then m for Q4_1 and Q5_1, whose sums add m·s, s being Q8_1's d·Σq as in ggml), then
+    for Q5 the rows' 32 fifth bits (`high_bits`: one vector of 16 uint32), then the quant vectors, 64 bytes
+    each (16 rows x 4 bytes). 4-bit quants: each vector holds two (low nibbles: values k, high: k + 16);
+    Q8_0: one (bytes stored + 128, so unsigned). Integer sums start at `offset`·Σq (the quants' zero point
+    moved to the activations' side)."""
 
-    def __init__(self, block_bytes: int, headers: int, nibbles: bool, offset: int, high_bits: bool = False):
+    def __init__(self, qtype: int):
+        block_bytes, fields, self.offset = FORMATS[qtype]
         self.group_block = ROWS * block_bytes
-        self.headers, self.nibbles, self.offset, self.high_bits = headers, nibbles, offset, high_bits
-        self.quants_at = 2 * ROWS * headers + (4 * ROWS if high_bits else 0)
-        self.vectors = 4 if nibbles else 8
+        self.headers = sum(size == 2 for _, size in fields)
+        self.high_bits = any(size == 4 for _, size in fields)
+        self.quants_at = ROWS * sum(size for _, size in fields)
+        self.nibbles = block_bytes * ROWS - self.quants_at == 16 * ROWS
+        self.vectors = 4 if self.nibbles else 8
 
     def values(self, builder, data, block):
         """[(<64 x i8> unsigned quants of the 16 rows, the first value index k they multiply)]."""
@@ -82,75 +88,71 @@ class Layout:
 
 def _fifth_bits(builder, bits, k):
     """Bits k .. k+3 of each lane's uint32 as 16 in bytes 0 .. 3 (a multiply spreads four bits a byte apart)."""
-    four = builder.and_(builder.lshr(bits, _splat(builder, ir.Constant(I32, k), VI32)),
-                        _splat(builder, ir.Constant(I32, 15), VI32))
-    spread = builder.and_(builder.mul(four, _splat(builder, ir.Constant(I32, 0x00204081), VI32)),
-                          _splat(builder, ir.Constant(I32, 0x01010101), VI32))
-    return builder.bitcast(builder.shl(spread, _splat(builder, ir.Constant(I32, 4), VI32)), VI8)
+    four = builder.and_(builder.lshr(bits, splat(builder, ir.Constant(I32, k), VI32)),
+                        splat(builder, ir.Constant(I32, 15), VI32))
+    spread = builder.and_(builder.mul(four, splat(builder, ir.Constant(I32, 0x00204081), VI32)),
+                          splat(builder, ir.Constant(I32, 0x01010101), VI32))
+    return builder.bitcast(builder.shl(spread, splat(builder, ir.Constant(I32, 4), VI32)), VI8)
 
 
-LAYOUTS = {"q4_0": Layout(18, 1, True, -8), "q4_1": Layout(20, 2, True, 0), "q5_0": Layout(22, 1, True, -16, True),
-           "q5_1": Layout(24, 2, True, 0, True), "q8_0": Layout(34, 1, False, -128)}
+def _tile(qtype: int):
+    layout = Layout(qtype)
 
-
-def _tile(layout: Layout, n_tokens: int):
-    def typer(typingctx, w, g, nb, xq, xd, xs, xm, t0, y, yo, ys):
+    def typer(typingctx, w, g, nb, xq, xd, xs, xm, n, y, yo, ys):
         arrays = ((w, types.uint8), (xq, types.uint8), (xd, types.float32), (xs, types.int32), (xm, types.float32),
                   (y, types.float32))
         if not all(isinstance(a, types.Array) and a.dtype == dt and a.layout == "C" for a, dt in arrays):
             return None
-        if not all(isinstance(n, types.Integer) for n in (g, nb, t0, yo, ys)):
+        if not all(isinstance(i, types.Integer) for i in (g, nb, n, yo, ys)):
             return None
 
         def codegen(context, builder, signature, args):
             data = {i: context.make_array(signature.args[i])(context, builder, args[i]).data
                     for i in (0, 3, 4, 5, 6, 8)}
-            g_, nb_, t0_, yo_, ys_ = (context.cast(builder, args[i], signature.args[i], types.uintp)
-                                      for i in (1, 2, 7, 9, 10))
-            accs = [cgutils.alloca_once_value(builder, ir.Constant(VF32, [0.0] * ROWS)) for _ in range(n_tokens)]
-            tokens = [builder.add(t0_, ir.Constant(I64, t)) for t in range(n_tokens)]
-            with cgutils.for_range(builder, nb_) as loop:
-                b = loop.index
-                block = builder.add(g_, builder.mul(b, ir.Constant(I64, layout.group_block)))
-                scales = builder.fpext(_load(builder, data[0], block, VF16), VF32)
-                if layout.headers == 2:
-                    mins = builder.fpext(_load(builder, data[0], builder.add(block, ir.Constant(I64, 2 * ROWS)), VF16),
-                                         VF32)
-                quants = layout.values(builder, data[0], block)
-                for t, acc in zip(tokens, accs):
-                    at = builder.add(builder.mul(t, nb_), b)                  # token t's block b
-                    q0 = builder.mul(at, ir.Constant(I64, 32))
-                    sum_q = _load(builder, data[5], at, I32, 4)
-                    total = _splat(builder, builder.mul(sum_q, ir.Constant(I32, layout.offset)), VI32)
-                    for vector, k in quants:
-                        four = _load(builder, data[3], builder.add(q0, ir.Constant(I64, k)), I32)
-                        total = _dpbusd(builder, total, vector, builder.bitcast(_splat(builder, four, VI32), VI8))
-                    dx = _load(builder, data[4], at, F32, 4)
-                    scale = builder.fmul(scales, _splat(builder, dx, VF32), flags=FAST)
-                    block_sum = builder.fmul(builder.sitofp(total, VF32), scale, flags=FAST)
-                    if layout.headers == 2:
-                        x_sum = _splat(builder, _load(builder, data[6], at, F32, 4), VF32)
-                        block_sum = builder.fadd(block_sum, builder.fmul(mins, x_sum, flags=FAST), flags=FAST)
-                    builder.store(builder.fadd(builder.load(acc), block_sum, flags=FAST), acc)
-            for t, acc in zip(tokens, accs):
-                out = builder.add(yo_, builder.mul(builder.sub(t, t0_), ys_))
-                builder.store(builder.load(acc), builder.bitcast(builder.gep(data[8], [out]), VF32.as_pointer()),
-                              align=4)
+            g_, nb_, n_, yo_, ys_ = (context.cast(builder, args[i], signature.args[i], types.uintp)
+                                     for i in (1, 2, 7, 9, 10))
+            full = builder.mul(builder.udiv(n_, ir.Constant(I64, TOKENS)), ir.Constant(I64, TOKENS))
+            with cgutils.for_range_slice(builder, ir.Constant(I64, 0), full, ir.Constant(I64, TOKENS)) as (t0, _):
+                _tokens(builder, layout, data, g_, nb_, t0, TOKENS, yo_, ys_)
+            with cgutils.for_range_slice(builder, full, n_, ir.Constant(I64, 1)) as (t0, _):
+                _tokens(builder, layout, data, g_, nb_, t0, 1, yo_, ys_)
             return context.get_dummy_value()
 
-        return types.none(w, g, nb, xq, xd, xs, xm, t0, y, yo, ys), codegen
+        return types.none(w, g, nb, xq, xd, xs, xm, n, y, yo, ys), codegen
 
     return intrinsic(typer)
 
 
-TOKENS = 4  # tokens per tile: 4 accumulators and the 8 quant vectors stay in registers
-tile_q4_0_16x4 = _tile(LAYOUTS["q4_0"], TOKENS)
-tile_q4_0_16x1 = _tile(LAYOUTS["q4_0"], 1)
-tile_q4_1_16x4 = _tile(LAYOUTS["q4_1"], TOKENS)
-tile_q4_1_16x1 = _tile(LAYOUTS["q4_1"], 1)
-tile_q5_0_16x4 = _tile(LAYOUTS["q5_0"], TOKENS)
-tile_q5_0_16x1 = _tile(LAYOUTS["q5_0"], 1)
-tile_q5_1_16x4 = _tile(LAYOUTS["q5_1"], TOKENS)
-tile_q5_1_16x1 = _tile(LAYOUTS["q5_1"], 1)
-tile_q8_0_16x4 = _tile(LAYOUTS["q8_0"], TOKENS)
-tile_q8_0_16x1 = _tile(LAYOUTS["q8_0"], 1)
+def _tokens(builder, layout: Layout, data, g_, nb_, t0_, n_tokens: int, yo_, ys_) -> None:
+    """Tokens t0 .. t0 + n_tokens - 1 of the group at byte g_: one accumulator each, over the nb blocks."""
+    accs = [cgutils.alloca_once_value(builder, ir.Constant(VF32, [0.0] * ROWS)) for _ in range(n_tokens)]
+    tokens = [builder.add(t0_, ir.Constant(I64, t)) for t in range(n_tokens)]
+    with cgutils.for_range(builder, nb_) as loop:
+        b = loop.index
+        block = builder.add(g_, builder.mul(b, ir.Constant(I64, layout.group_block)))
+        scales = builder.fpext(_load(builder, data[0], block, VF16), VF32)
+        if layout.headers == 2:
+            at_m = builder.add(block, ir.Constant(I64, 2 * ROWS))
+            mins = builder.fpext(_load(builder, data[0], at_m, VF16), VF32)
+        quants = layout.values(builder, data[0], block)
+        for t, acc in zip(tokens, accs):
+            at = builder.add(builder.mul(t, nb_), b)                  # token t's block b
+            q0 = builder.mul(at, ir.Constant(I64, 32))
+            sum_q = _load(builder, data[5], at, I32, 4)
+            total = splat(builder, builder.mul(sum_q, ir.Constant(I32, layout.offset)), VI32)
+            for vector, k in quants:
+                four = _load(builder, data[3], builder.add(q0, ir.Constant(I64, k)), I32)
+                total = _dpbusd(builder, total, vector, builder.bitcast(splat(builder, four, VI32), VI8))
+            dx = _load(builder, data[4], at, F32, 4)
+            scale = builder.fmul(scales, splat(builder, dx, VF32), flags=FAST)
+            block_sum = builder.fmul(builder.sitofp(total, VF32), scale, flags=FAST)
+            if layout.headers == 2:
+                x_sum = splat(builder, _load(builder, data[6], at, F32, 4), VF32)
+                block_sum = builder.fadd(block_sum, builder.fmul(mins, x_sum, flags=FAST), flags=FAST)
+            builder.store(builder.fadd(builder.load(acc), block_sum, flags=FAST), acc)
+    for t, acc in zip(tokens, accs):
+        out = builder.add(yo_, builder.mul(t, ys_))
+        builder.store(builder.load(acc), builder.bitcast(builder.gep(data[8], [out]), VF32.as_pointer()), align=4)
+
+
+tile_q4_0, tile_q4_1, tile_q5_0, tile_q5_1, tile_q8_0 = (_tile(t) for t in FORMATS)
