@@ -6,7 +6,7 @@ the CPU kernel `mul_mat` runs with the weight (a) expanded to float32 (BLAS) and
 Variants take turns round after round (interleaved A/B), with a pause after each multi-threaded call
 so that idle BLAS/OpenMP workers stop spinning; medians are printed with the load average.
 
-    python benchmarks/block_products.py [--model PATH] [--rounds N] [--quick]
+    python -m benchmarks.block_products [--model PATH] [--rounds N] [--quick]
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ A timed run is "set the graph inputs, compute", as in llama.cpp: the allocators 
 its last consumer has run, so a second compute without new inputs would read garbage (ggml aborts on the
 token ids of GET_ROWS).
 
-    .venv/bin/python benchmarks/compute_vs_ggml.py [--runs 5] [--threads 2] [--quick] [graph names...]
+    .venv/bin/python -m benchmarks.compute_vs_ggml [--runs 5] [--threads 2] [--quick] [graph names...]
 """
 
 from __future__ import annotations
@@ -32,12 +32,11 @@ import pyggml as gg
 from pyggml.core import types as T
 from pyggml.core.tensor import Op, TensorFlag
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-from fixture_data import GRAPH_NAMES, GRAPHS  # noqa: E402 - the tests' graph fixtures
+from tests.support.fixture_data import GRAPH_NAMES, GRAPHS  # the tests' graph fixtures
+from benchmarks.peer_run import RunLog, RunStart, differences
 
-sys.path.append(str(Path(__file__).resolve().parent))  # already there when run as a script
-from peer_run import RunLog, RunStart, differences  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
+
 
 NMSE_MAX = 2e-3
 
@@ -125,7 +124,7 @@ def seconds(fn) -> float:
 @contextmanager
 def ggml_side(lg, weights, inputs, threads: int):
     """ggml's CPU backend through the peer: weights in a ggml buffer, the rest planned by ggml's gallocr."""
-    from peer.ggml_peer import GGMLPeer
+    from tests.support.ggml_peer import GGMLPeer
 
     with GGMLPeer(n_threads=threads) as peer, peer.prepare(lg.graph, weights, preallocated=lg.preallocated) as p:
         def compute():

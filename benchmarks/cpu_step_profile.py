@@ -9,7 +9,7 @@ prompt step per variant. The load average is printed with every figure. On a bus
 thread` times each op by this thread's CPU time (time.thread_time) instead of wall time: waits for a core
 are left out, and so is the work of BLAS's other threads (read MUL_MAT rows as the calling thread's share).
 
-    python benchmarks/cpu_step_profile.py [--quick]
+    python -m benchmarks.cpu_step_profile [--quick]
 """
 
 from __future__ import annotations

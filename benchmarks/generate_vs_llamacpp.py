@@ -10,8 +10,8 @@ second context that reserves one output row (n_outputs_max = 1), as pyggml does.
 each side's start is printed (runs above load 1.0 per core are marked noisy), then what the sides do
 differently (KV cache type, output rows reserved, flash attention, threads, weights).
 
-    python benchmarks/generate_vs_llamacpp.py --llama-python /tmp/llamavenv/bin/python
-    python benchmarks/generate_vs_llamacpp.py --synthetic q4_0     # a random-weight llama of realistic size
+    python -m benchmarks.generate_vs_llamacpp --llama-python /tmp/llamavenv/bin/python
+    python -m benchmarks.generate_vs_llamacpp --synthetic q4_0     # a random-weight llama of realistic size
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from peer_run import RunLog, differences
+from benchmarks.peer_run import RunLog, differences
 
+REPO = Path(__file__).resolve().parents[1]
 MIB = 1024 * 1024
 TEXT = ("The history of the city begins with a small fishing village on the river, where traders from the north "
         "and the south met every spring to exchange salt, wool, timber and news. ")
@@ -130,20 +131,20 @@ def write_synthetic(qtype: str, directory: str) -> str:
     the GPT-2 BPE vocabulary of tests/models/data padded to 49152 tokens."""
     from gguf import GGMLQuantizationType
 
-    from pyggml.models.synthetic import Vocab, write_small_llama
+    from pyggml.testing.synthetic import Vocab, write_small_llama
 
-    vocab = Vocab.from_gguf(Path(__file__).parents[1] / "tests" / "models" / "data" / "bpe_vocabs" / "gpt-2.gguf")
+    vocab = Vocab.from_gguf(REPO / "tests" / "models" / "data" / "bpe_vocabs" / "gpt-2.gguf")
     return str(write_small_llama(Path(directory) / f"llama-30l-576-{qtype}.gguf",
                                  GGMLQuantizationType[qtype.upper()], vocab))
 
 
 def _side(python: str, side: str, args) -> dict:
-    cmd = [python, os.path.abspath(__file__), "--side", side, "--model", args.model, "--ctx", str(args.ctx),
+    cmd = [python, "-m", "benchmarks.generate_vs_llamacpp", "--side", side, "--model", args.model, "--ctx", str(args.ctx),
            "--batch", str(args.batch), "--threads", str(args.threads), "-n", str(args.n),
            "--prompt-tokens", str(args.prompt_tokens), "--warmup", str(args.warmup), "--weights", args.weights]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads),
-               MKL_NUM_THREADS=str(args.threads))
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+               MKL_NUM_THREADS=str(args.threads), PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
     if done.returncode != 0:
         raise SystemExit(f"{side} side failed:\n{done.stderr[-4000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])

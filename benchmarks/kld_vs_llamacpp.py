@@ -12,12 +12,12 @@ Three comparisons, all against llama.cpp:
   yardstick         llama.cpp on the weights converted to F32 vs llama.cpp on the file
   F32 both sides    pyggml on the F32 copy                   vs llama.cpp on the F32 copy (KV cache F32)
 Targets (all positions): pyggml no further from llama.cpp than the yardstick (mean KLD and top-1, with
-the slack of pyggml.models.agreement.within_yardstick), and mean KLD <= 1e-6 with F32 weights on both
+the slack of pyggml.testing.agreement.within_yardstick), and mean KLD <= 1e-6 with F32 weights on both
 sides. The F32 copy is written with gguf into a temporary directory; logits go to memory-mapped temporary
 files, one chunk in memory at a time (Gemma 3: 512 x 262144 floats = 512 MiB).
 
-    OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 python benchmarks/kld_vs_llamacpp.py            # 4 chunks
-    python benchmarks/kld_vs_llamacpp.py --quick                                             # 1 chunk
+    OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 python -m benchmarks.kld_vs_llamacpp            # 4 chunks
+    python -m benchmarks.kld_vs_llamacpp --quick                                             # 1 chunk
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from pathlib import Path
 import numpy as np
 
 from pyggml.models import load_model
-from pyggml.models.agreement import F32_BOUND, Agreement, within_yardstick
-from pyggml.models.llamacpp import LlamaCpp
-from pyggml.models.synthetic import write_f32_copy
+from pyggml.testing.agreement import F32_BOUND, Agreement, within_yardstick
+from pyggml.testing.llamacpp import LlamaCpp
+from pyggml.testing.synthetic import write_f32_copy
 
 TEXT = Path(__file__).parent / "data" / "GPL-3.txt"
 

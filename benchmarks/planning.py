@@ -1,6 +1,6 @@
 """Offset-planning benchmark: every planner on every planning-bench instance.
 
-Run from the repository root: ``.venv/bin/python benchmarks/planning.py [search_budget_s] [--quick]``
+Run from the repository root: ``.venv/bin/python -m benchmarks.planning [search_budget_s] [--quick]``
 (default budget 5 s per instance; ``--quick`` runs one repeat of everything with a 0.5 s budget, to smoke-test).
 The instances are the tests' fixtures: tests/data/planning (sources and licences in its README.md) and
 tests/data/graphs.
@@ -22,9 +22,9 @@ from pyggml.alloc import GraphAllocator, alloc_ctx_tensors_from_buft, planner
 from pyggml.cli.plan import AddressOnlyBufferType
 from pyggml.core.graph_json import load_graph_json
 
+from tests.support.fixture_data import GRAPHS, PLANNING, graph_paths, planning_paths  # the tests' fixtures
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT / "tests"))
-from fixture_data import GRAPHS, PLANNING, graph_paths, planning_paths  # noqa: E402 - the tests' fixtures
 
 
 def timed_plan(intervals, planner_name: str, repeats: int, **options) -> tuple[planner.PlanResult, float]:

@@ -6,7 +6,7 @@ head stay local), and the scheduler runs each op where its weights are, copying 
 backends. The greedy tokens must equal a purely local run's. Reports tokens/s for both, the
 wire bytes (sent and received by this client) per generated token, and the split.
 
-    .venv/bin/python benchmarks/rpc_split.py [--servers pyggml|ggml] [-n 8] [--servers-count 2]
+    .venv/bin/python -m benchmarks.rpc_split [--servers pyggml|ggml] [-n 8] [--servers-count 2]
 
 Servers are started as subprocesses on free loopback ports and killed at the end. With `--servers ggml`
 they are ggml 0.15.3's own rpc-server (ggml-python's libggml-rpc.so); ggml's CPU kernels round
@@ -23,7 +23,6 @@ from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "backend" / "rpc")]
 
 from pyggml.backend import rpc  # noqa: E402
 from pyggml.models import load_model  # noqa: E402
@@ -52,7 +51,7 @@ def timed_tokens(model, n: int, conns=()):
 @contextlib.contextmanager
 def servers(kind: str, count: int):
     """`count` RPC servers of `kind` (pyggml or ggml) in subprocesses: yields their endpoints."""
-    import ggml_rpc
+    from tests.support import ggml_rpc
 
     start = ggml_rpc.pyggml_server if kind == "pyggml" else ggml_rpc.ggml_server
     with contextlib.ExitStack() as stack:

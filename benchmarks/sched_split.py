@@ -4,14 +4,13 @@ Prints the number of splits and copies, the bytes copied per compute, and median
 times (split / single). The second backend is TORCH_CPU when torch is installed (weights
 alternate between its buffers and the CPU's), else the scheduler tests' fake GPU.
 
-    python benchmarks/sched_split.py [graph_name] [--runs N] [--parallel]
+    python -m benchmarks.sched_split [graph_name] [--runs N] [--parallel]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -22,10 +21,10 @@ from pyggml.alloc import GraphAllocator
 from pyggml.backend import tensor_get
 from pyggml.sched import Scheduler
 
+from tests.support.fixture_data import GRAPH_NAMES, graph_path  # the tests' graph fixtures
+from tests.support.graph_fixtures import load_weights, outputs, set_inputs  # shared with the scheduler tests
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "sched")]
-from fixture_data import GRAPH_NAMES, graph_path  # noqa: E402 - the tests' graph fixtures
-from graph_fixtures import load_weights, outputs, set_inputs  # noqa: E402 - shared with the scheduler tests
 
 
 def second_backend():
@@ -34,7 +33,7 @@ def second_backend():
 
         return gg.backend.init_by_name("TORCH_CPU")
     except ImportError:
-        from fake_gpu import FakeDevice
+        from tests.support.fake_gpu import FakeDevice
 
         return FakeDevice().init_backend()
 

@@ -1,8 +1,8 @@
 """Benchmark the torch backend on CUDA: mul_mat throughput, host<->device transfers (sync and async), and
 Gemma 3 270M generation when its model package is installed.
 
-    python benchmarks/torch_cuda.py                 # CUDA0; says so and exits 0 when there is no CUDA
-    python benchmarks/torch_cuda.py --device TORCH_CPU --size 1024   # the same measurements on the CPU
+    python -m benchmarks.torch_cuda                 # CUDA0; says so and exits 0 when there is no CUDA
+    python -m benchmarks.torch_cuda --device TORCH_CPU --size 1024   # the same measurements on the CPU
 """
 
 from __future__ import annotations

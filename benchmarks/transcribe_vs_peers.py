@@ -6,7 +6,7 @@ interleaved round by round. Reported per engine: load time, transcription wall t
 (wall / audio seconds), peak RSS and the WER against the sentences' texts; with the load average and the
 CPU, since this machine is shared.
 
-    python benchmarks/transcribe_vs_peers.py [--model tiny.en|base] [--rounds N] [--quick]
+    python -m benchmarks.transcribe_vs_peers [--model tiny.en|base] [--rounds N] [--quick]
 """
 
 from __future__ import annotations
@@ -21,12 +21,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.peer_run import blas_kernel, cpu_model
+
 REPO = Path(__file__).resolve().parents[1]
 SPEECH = REPO / "tests" / "data" / "speech"
-sys.path.insert(0, str(REPO / "tests" / "models" / "whisper"))  # the peers' harness, shared with the tests
-sys.path.insert(0, str(REPO / "benchmarks"))
 
-from peer_run import blas_kernel, cpu_model  # noqa: E402
 
 ENGINES = ("pyggml", "pyggml-f32", "faster-whisper-int8", "faster-whisper-float32", "whisper.cpp-f16",
            "whisper.cpp-q8_0")
@@ -46,7 +45,7 @@ def english_files(quick: bool) -> list[Path]:
 
 def worker(engine: str, model: str, files: list[Path], workdir: Path) -> dict:
     """Load `engine`, transcribe every file; times, texts and the process's peak RSS."""
-    import peers
+    from tests.support import whisper_peers as peers
 
     start = time.perf_counter()
     if engine.startswith("pyggml"):
@@ -73,7 +72,7 @@ def worker(engine: str, model: str, files: list[Path], workdir: Path) -> dict:
 
 
 def main() -> None:
-    from peers import wer
+    from tests.support.whisper_peers import wer
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="tiny.en", choices=["tiny.en", "base"])
@@ -99,8 +98,9 @@ def main() -> None:
     for _ in range(args.rounds):
         for engine in engines:
             before = machine_state()
-            cmd = [sys.executable, __file__, "--worker", engine, "--model", args.model, "--workdir", str(workdir)]
-            out = subprocess.run(cmd + (["--quick"] if args.quick else []), capture_output=True, text=True, env=env)
+            cmd = [sys.executable, "-m", "benchmarks.transcribe_vs_peers", "--worker", engine, "--model", args.model, "--workdir", str(workdir)]
+            out = subprocess.run(cmd + (["--quick"] if args.quick else []), capture_output=True, text=True, env=env,
+                                 cwd=REPO)
             if out.returncode != 0:
                 print(f"{engine}: failed\n{out.stderr[-2000:]}", file=sys.stderr)
                 continue

@@ -11,7 +11,7 @@ os.environ.setdefault("NUMBA_CACHE_DIR", str(Path(__file__).resolve().parent.par
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
-from fixture_data import graph_paths  # noqa: E402
+from tests.support.fixture_data import graph_paths  # noqa: E402
 
 settings.register_profile("ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("long", max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])

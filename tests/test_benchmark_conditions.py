@@ -1,13 +1,12 @@
 """What the *_vs_* benchmarks report about their conditions: benchmarks/peer_run.py (CPU model, load at each
 run's start, the noisy mark, the differences table) and the generate benchmark's reading of llama.cpp's log."""
 
-import importlib.util
-import sys
 from pathlib import Path
 
+from benchmarks import peer_run
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.append(str(BENCHMARKS))  # as when a benchmark runs as a script (appended: shadows nothing)
-import peer_run  # noqa: E402
+
 
 LLAMA_LOG = """\
 load_tensors:   CPU_REPACK model buffer size =    12.66 MiB
@@ -55,9 +54,8 @@ def test_differences_mark_the_aspects_that_differ():
 
 
 def test_the_generate_benchmark_reads_both_llama_contexts_from_the_log():
-    spec = importlib.util.spec_from_file_location("generate_vs_llamacpp", BENCHMARKS / "generate_vs_llamacpp.py")
-    generate = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(generate)
+    from benchmarks import generate_vs_llamacpp as generate
+
     facts = generate.llama_log_facts(LLAMA_LOG)
     assert facts == {"compute_buffer": 514.50 * 2**20, "compute_buffer_1_output": 21.76 * 2**20, "kv_type": "F16",
                      "outputs_reserved": "512", "flash_attn": "disabled",

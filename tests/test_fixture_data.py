@@ -2,7 +2,7 @@
 
 import pytest
 
-from fixture_data import DATA, GRAPHS, PLANNING, all_files
+from tests.support.fixture_data import DATA, GRAPHS, PLANNING, all_files
 
 
 @pytest.mark.parametrize("path", all_files(), ids=lambda p: str(p.relative_to(DATA)))

@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from pyggml.alloc import canonical, planner
 from pyggml.alloc.planner import Interval, plan_offsets, verify_offsets
-from test_planner import interval_sets  # tests/alloc is on sys.path under pytest
+from tests.alloc.test_planner import interval_sets
 
 PLANNING = Path(__file__).resolve().parents[1] / "data" / "planning"
 

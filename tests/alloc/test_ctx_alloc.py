@@ -8,7 +8,7 @@ from pyggml.alloc import alloc_ctx_tensors, alloc_ctx_tensors_from_buft, alloc_c
 from pyggml.backend import is_multi_buffer
 from pyggml.core import ops
 from pyggml.errors import AllocationError
-from alloc_test_buft import DummyBufferType  # tests/alloc is on sys.path under pytest
+from tests.support.alloc_test_buft import DummyBufferType
 
 
 def _weights_ctx() -> Context:

@@ -12,7 +12,7 @@ from pyggml.alloc import GraphAllocator, alloc_ctx_tensors
 from pyggml.backend import tensor_get, tensor_set
 from pyggml.core import ops
 from pyggml.errors import AllocationError, BufferIdError
-from alloc_test_buft import DummyBufferType  # tests/alloc is on sys.path under pytest
+from tests.support.alloc_test_buft import DummyBufferType
 
 N = 1000  # 4000-byte f32 tensors, as in the notes
 

@@ -9,7 +9,7 @@ from pyggml.alloc import GraphAllocator, alloc_ctx_tensors
 from pyggml.alloc.gallocr import INPLACE_OPS
 from pyggml.core.tensor import Op
 
-from fixture_data import GRAPH_NAMES, IN_PLACE_LOWER_BOUNDS, graph_path
+from tests.support.fixture_data import GRAPH_NAMES, IN_PLACE_LOWER_BOUNDS, graph_path
 
 
 @pytest.fixture(scope="module")

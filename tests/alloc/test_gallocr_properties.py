@@ -13,7 +13,7 @@ from pyggml import Context, Graph
 from pyggml.alloc import GraphAllocator, alloc_ctx_tensors, compute_poisoned
 from pyggml.backend import tensor_get, tensor_set
 from pyggml.backend.cpu.backend import CpuBufferType
-from alloc_programs import SHAPE, build, programs  # tests/alloc is on sys.path under pytest
+from tests.support.alloc_programs import SHAPE, build, programs
 
 
 class SmallCpuBufferType(CpuBufferType):

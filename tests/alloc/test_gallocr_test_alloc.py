@@ -8,7 +8,7 @@ from pyggml.core import ops
 from pyggml.alloc import GraphAllocator, alloc_ctx_tensors_from_buft
 from pyggml.alloc.gallocr import INPLACE_OPS
 from pyggml.core.tensor import MAX_SRC, Tensor, TensorFlag
-from alloc_test_buft import DummyBufferType  # tests/alloc is on sys.path under pytest
+from tests.support.alloc_test_buft import DummyBufferType
 
 SIZE_MAX = 2**64 - 1
 PLANNERS = ["ggml", "best"]

@@ -9,8 +9,8 @@ pytest.importorskip("ggml", reason="ggml-python (the ggml peer) is not installed
 import pyggml as gg  # noqa: E402
 from pyggml import Context, Graph  # noqa: E402
 from pyggml.alloc import GraphAllocator, alloc_ctx_tensors  # noqa: E402
-from alloc_programs import build, programs  # noqa: E402  (tests/alloc is on sys.path under pytest)
-from peer.ggml_peer import GGMLPeer  # noqa: E402
+from tests.support.alloc_programs import build, programs
+from tests.support.ggml_peer import GGMLPeer  # noqa: E402
 
 pytestmark = pytest.mark.peer
 

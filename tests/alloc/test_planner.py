@@ -10,7 +10,7 @@ from pyggml.alloc import planner
 from pyggml.alloc.planner import DynAllocator, Interval, PlanResult, plan_offsets, verify_offsets
 from pyggml.errors import AllocationError
 
-from fixture_data import IN_PLACE_LOWER_BOUNDS, PLANNING, graph_path, planning_paths
+from tests.support.fixture_data import IN_PLACE_LOWER_BOUNDS, PLANNING, graph_path, planning_paths
 
 # gallocr's allocations on the graph fixtures as intervals (in-place chains merged, one per dyn alloc,
 # in allocation order, named by the tensor that allocated), written by replaying ggml 0.15.3's

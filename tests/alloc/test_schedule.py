@@ -1,7 +1,6 @@
 """Memory-aware node orders (`pyggml.alloc.schedule`) and GraphAllocator(reorder=True): dependencies and
 side-effect chains, extended in-place reuse, and the lower bounds on the graph fixtures and random wide DAGs."""
 
-import sys
 import time
 from pathlib import Path
 
@@ -17,8 +16,7 @@ from pyggml.core import ops
 from pyggml.core.graph_json import load_graph_json
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-sys.path.insert(0, str(DATA.parent / "reliability"))
-from graph_strategies import build_wide_dag  # noqa: E402
+from tests.support.graph_strategies import build_wide_dag  # noqa: E402
 
 GGML_LOAD = {"mlp_chain": 262144, "gpt2_small_prefill": 104499200, "gpt2_small_decode": 1605632,
              "llama_like_block_stack": 15991808, "whisper_tiny_encoder_like": 63216000, "wide_dag": 19730432}

@@ -4,7 +4,7 @@ import threading
 
 import numpy as np
 import pytest
-from minimal_backend import MinimalBackend, MinimalBufferType, minimal_device
+from tests.support.minimal_backend import MinimalBackend, MinimalBufferType, minimal_device
 
 from pyggml.backend.base import (API_VERSION, SIZE_MAX, BufferUsage, DeviceCaps, DeviceProps, DeviceType, Event, Status,
                                  computed_nodes)

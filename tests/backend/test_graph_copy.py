@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from minimal_backend import MinimalBufferType, minimal_device
+from tests.support.minimal_backend import MinimalBufferType, minimal_device
 
 from pyggml.alloc import alloc_ctx_tensors
 from pyggml.backend import cpu

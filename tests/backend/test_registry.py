@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from minimal_backend import MinimalDevice, MinimalReg
+from tests.support.minimal_backend import MinimalDevice, MinimalReg
 
 from pyggml.backend import cpu, registry
 from pyggml.backend.base import DeviceType

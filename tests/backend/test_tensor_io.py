@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from minimal_backend import minimal_device
+from tests.support.minimal_backend import minimal_device
 
 from pyggml.backend import cpu
 from pyggml.backend.base import Status

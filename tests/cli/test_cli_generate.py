@@ -1,12 +1,10 @@
 """`pyggml generate` on a small random llama file: text on stdout, speed and memory figures on stderr."""
 
 import sys
-from pathlib import Path
 
 from pyggml.cli.main import main
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-from tiny_models import write_llama  # noqa: E402
+from tests.support.tiny_models import write_llama  # noqa: E402
 
 
 def test_generate_prints_text_then_speed_and_memory(tmp_path, capsys):

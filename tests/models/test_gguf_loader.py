@@ -13,7 +13,7 @@ from pyggml.models import load_model
 from pyggml.models.gguf_file import GGUFFile
 from pyggml.models.gguf_loader import load_weights
 
-from tiny_models import write_llama
+from tests.support.tiny_models import write_llama
 
 Q8_0 = GGMLQuantizationType.Q8_0
 

@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 
 from pyggml.models import load_model
-from pyggml.models.agreement import F32_BOUND, agreement, within_yardstick
-from pyggml.models.synthetic import write_f32_copy
+from pyggml.testing.agreement import F32_BOUND, agreement, within_yardstick
+from pyggml.testing.synthetic import write_f32_copy
 
-from parity_cases import BY_NAME, CASES, N_BATCH, N_CTX, sha256, write_case
+from tests.support.parity_cases import BY_NAME, CASES, N_BATCH, N_CTX, sha256, write_case
 
 DATA = Path(__file__).parent / "data"
 REPO = Path(__file__).resolve().parents[2]
@@ -70,7 +70,7 @@ def test_logits_agree_with_committed_llamacpp_logits(tmp_path, refs, case):
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_logits_agree_with_live_llamacpp(tmp_path, case):
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
-    from pyggml.models.llamacpp import llamacpp_logits
+    from pyggml.testing.llamacpp import llamacpp_logits
 
     path, tokens = write_case(case, tmp_path), case.tokens()
     reference = llamacpp_logits(path, tokens)
@@ -86,10 +86,10 @@ def test_kld_benchmark_measures_all_positions_and_second_halves(tmp_path):
     """benchmarks/kld_vs_llamacpp.py end to end on a small quantized model: 2 chunks of 64 tokens of GPL-3."""
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
     path = write_case(BY_NAME["llama-q4_1"], tmp_path)
-    cmd = [sys.executable, str(REPO / "benchmarks" / "kld_vs_llamacpp.py"), "--model", str(path), "--ctx", "64",
+    cmd = [sys.executable, "-m", "benchmarks.kld_vs_llamacpp", "--model", str(path), "--ctx", "64",
            "--chunks", "2", "--json", str(tmp_path / "out.json")]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     out = json.loads((tmp_path / "out.json").read_text())
     assert out["chunks"] == 2 and all(out["checks"].values()), out["checks"]

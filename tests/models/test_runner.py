@@ -8,7 +8,7 @@ import pyggml as gg
 from pyggml.models import load_model
 from pyggml.models.runner import Scheduled, SingleBackend, layer_counts
 
-from tiny_models import write_llama
+from tests.support.tiny_models import write_llama
 
 
 class _Dev:

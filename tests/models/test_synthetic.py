@@ -1,17 +1,17 @@
-"""pyggml.models.synthetic: random blocks of the types gguf cannot write, type mappings, vocabularies and
+"""pyggml.testing.synthetic: random blocks of the types gguf cannot write, type mappings, vocabularies and
 F32 copies."""
 
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize
-from parity_cases import plain
+from tests.support.parity_cases import plain
 
 from pyggml.errors import GGMLError
 from pyggml.models.gguf_file import GGUFFile
-from pyggml.models.synthetic import random_weight, write_f32_copy
+from pyggml.testing.synthetic import random_weight, write_f32_copy
 
-from tiny_models import gemma3_vocab, write_llama
+from tests.support.tiny_models import gemma3_vocab, write_llama
 
 
 @pytest.mark.parametrize("qtype", [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS, Q.Q4_0, Q.Q8_0])

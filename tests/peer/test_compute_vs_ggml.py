@@ -1,7 +1,5 @@
 """The compute benchmark's pieces: inputs ggml accepts, and one real graph computed alike by pyggml and ggml."""
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,10 +13,7 @@ from pyggml.core.tensor import Op  # noqa: E402
 
 pytestmark = pytest.mark.peer
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "compute_vs_ggml.py"
-spec = importlib.util.spec_from_file_location("compute_vs_ggml", SCRIPT)
-bench = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # registered first: it defines dataclasses
-spec.loader.exec_module(bench)
+from benchmarks import compute_vs_ggml as bench  # noqa: E402
 
 
 def test_inputs_are_valid_indices_positions_and_causal_masks(graph_files):

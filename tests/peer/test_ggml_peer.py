@@ -12,7 +12,7 @@ import pyggml as gg  # noqa: E402
 from pyggml.core.tensor import Op, Tensor, UnaryOp  # noqa: E402
 from pyggml.errors import BackendError, LayoutError, NotAllocatedError, UnsupportedOpError  # noqa: E402
 
-from peer.ggml_peer import GGMLPeer, GGMLTensorStruct, IsolatedPeer, PeerCrashed, ggml_version, library  # noqa: E402
+from tests.support.ggml_peer import GGMLPeer, GGMLTensorStruct, IsolatedPeer, PeerCrashed, ggml_version, library  # noqa: E402
 
 pytestmark = pytest.mark.peer
 

@@ -2,9 +2,6 @@
 same inputs, compared with ggml's NMSE criterion (the case's tolerance): test-backend-ops with ggml as reference."""
 
 import dataclasses
-import importlib
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -14,21 +11,13 @@ from pyggml.core.context import Context  # noqa: E402
 from pyggml.core.tensor import Tensor, host_ndarray  # noqa: E402
 from pyggml.errors import UnsupportedOpError  # noqa: E402
 
-from peer.ggml_peer import IsolatedPeer, PeerCrashed  # noqa: E402
+from tests.support.ggml_peer import IsolatedPeer, PeerCrashed  # noqa: E402
 
-CASES_DIR = Path(__file__).resolve().parents[1] / "backend" / "cpu"
-sys.path.insert(0, str(CASES_DIR))  # the case modules import opcheck as a top-level module
-opcheck = importlib.import_module("opcheck")
+from tests.support import opcheck  # noqa: E402
+from tests.support.all_opcases import all_cases  # noqa: E402
 
 pytestmark = pytest.mark.peer
 SEED = 0
-
-
-def all_cases():
-    cases = []
-    for path in sorted(CASES_DIR.glob("opcases_*.py")):
-        cases += importlib.import_module(path.stem).CASES
-    return cases
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ registry as they were."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,8 +18,7 @@ from pyggml.backend import registry, tensor_alloc, tensor_get, tensor_set
 from pyggml.backend.cpu.backend import set_n_threads
 from pyggml.sched import Scheduler
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sched"))
-from fake_gpu import FakeDevice  # noqa: E402
+from tests.support.fake_gpu import FakeDevice  # noqa: E402
 
 
 @pytest.fixture

@@ -4,10 +4,8 @@ CI, thousands with PYGGML_LONG=1): no lost update, no wrong result, no deadlock 
 from __future__ import annotations
 
 import os
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,8 +16,7 @@ from pyggml.backend import (Status, init_by_name, registry, tensor_copy_async, t
                             tensor_set, tensor_set_async)
 from pyggml.sched import Scheduler
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sched"))
-from fake_gpu import FakeDevice  # noqa: E402
+from tests.support.fake_gpu import FakeDevice  # noqa: E402
 
 LONG = bool(os.environ.get("PYGGML_LONG"))
 ITERATIONS = 3000 if LONG else 150

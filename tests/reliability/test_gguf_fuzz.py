@@ -8,10 +8,8 @@ raises GGUFError (never another exception), within a time limit and without an a
 from __future__ import annotations
 
 import signal
-import sys
 import tracemalloc
 from contextlib import contextmanager
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,8 +23,7 @@ from pyggml.models import load_model
 from pyggml.models.gguf_file import GGUFFile
 from pyggml.models.model import Model
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-from tiny_models import write_llama  # noqa: E402 - the models tests' small random GGUF writer
+from tests.support.tiny_models import write_llama  # noqa: E402 - the models tests' small random GGUF writer
 
 TIME_LIMIT_S = 10
 PEAK_LIMIT = 64 << 20  # the valid file loads in a few MiB; a bad count must not make the loader allocate more

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gc
 import os
-import sys
 import threading
 import tracemalloc
 from pathlib import Path
@@ -18,8 +17,7 @@ from pyggml.alloc import GraphAllocator
 from pyggml.backend import Status, init_by_name, tensor_get, tensor_set
 from pyggml.models import load_model
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-from tiny_models import write_llama  # noqa: E402
+from tests.support.tiny_models import write_llama  # noqa: E402
 
 LONG = bool(os.environ.get("PYGGML_LONG"))
 ALLOC_CYCLES = 10_000 if LONG else 300

@@ -13,8 +13,8 @@ import pyggml as gg
 from pyggml import Context
 from pyggml.alloc import GraphAllocator
 
-from graph_strategies import NAMES, STEPS, build, programs
-from guarded_compute import GuardedBufferType, planned, reference
+from tests.support.graph_strategies import NAMES, STEPS, build, programs
+from tests.support.guarded_compute import GuardedBufferType, planned, reference
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import pyggml as gg
 from pyggml import Context
 from pyggml.alloc import GraphAllocator, schedule
 
-from graph_strategies import build, build_wide_dag, programs
-from guarded_compute import GuardedBufferType, planned, reference
+from tests.support.graph_strategies import build, build_wide_dag, programs
+from tests.support.guarded_compute import GuardedBufferType, planned, reference
 
 UNBOUNDED = 2**64 - 1
 

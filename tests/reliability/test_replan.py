@@ -12,8 +12,8 @@ from hypothesis import given, strategies as st
 import pyggml as gg
 from pyggml.alloc import GraphAllocator
 
-from graph_strategies import dims, programs, steps
-from guarded_compute import GuardedBufferType, planned, reference
+from tests.support.graph_strategies import dims, programs, steps
+from tests.support.guarded_compute import GuardedBufferType, planned, reference
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,6 @@ results to the CPU alone, over several computes of the same allocation."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,11 +15,10 @@ from pyggml.backend import Status, tensor_get, tensor_set
 from pyggml.errors import SchedulerError
 from pyggml.sched import Scheduler
 
-from graph_strategies import build, fill, programs
-from guarded_compute import flat_bytes, reference
+from tests.support.graph_strategies import build, fill, programs
+from tests.support.guarded_compute import flat_bytes, reference
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sched"))
-from fake_gpu import FakeDevice  # noqa: E402 - the scheduler tests' fake accelerator
+from tests.support.fake_gpu import FakeDevice  # noqa: E402 - the scheduler tests' fake accelerator
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,9 @@ from pyggml.alloc import GraphAllocator
 from pyggml.backend import Status, tensor_get
 from pyggml.sched import Scheduler
 
-from fake_gpu import FakeDevice
-from fixture_data import graph_path
-from graph_fixtures import load_weights, outputs, set_inputs
+from tests.support.fake_gpu import FakeDevice
+from tests.support.fixture_data import graph_path
+from tests.support.graph_fixtures import load_weights, outputs, set_inputs
 
 CASES = [("FAKE", "mlp_chain", False), ("FAKE", "mlp_chain", True), ("FAKE", "gpt2_small_decode", False),
          ("FAKE", "gpt2_small_decode", True), ("FAKE", "llama_like_block_stack", True),

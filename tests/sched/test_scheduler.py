@@ -10,7 +10,7 @@ from pyggml.alloc import alloc_ctx_tensors_from_buft
 from pyggml.errors import SchedulerError
 from pyggml.sched import Scheduler
 
-from fake_gpu import FakeDevice
+from tests.support.fake_gpu import FakeDevice
 
 RNG = np.random.default_rng(0)
 X = RNG.uniform(-1, 1, (8, 64)).astype(np.float32)

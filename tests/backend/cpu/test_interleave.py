@@ -16,7 +16,7 @@ from pyggml.core import types as T
 from pyggml.core.tensor import host_ndarray
 from pyggml.errors import BackendError, UnsupportedOpError
 
-from opcheck import nmse
+from tests.support.opcheck import nmse
 
 Q = GGMLType.Q4_0
 TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0]

@@ -43,7 +43,7 @@ def _run(code: str) -> str:
 def test_a_model_loads_its_kernels_before_its_first_step(tmp_path):
     """After load_model (cache warm), decoding takes Numba's compiler lock not once: no kernel loads late,
     when all the weights are resident (see compile_cache.load_cached)."""
-    from pyggml.models.synthetic import write_llama
+    from pyggml.testing.synthetic import write_llama
 
     path = write_llama(tmp_path / "m.gguf", qtype=8)  # Q8_0
     step = f"""

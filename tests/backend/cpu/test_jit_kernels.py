@@ -5,7 +5,7 @@ import functools
 
 import numpy as np
 import pytest
-from opcheck import fill_random
+from tests.support.opcheck import fill_random
 
 from pyggml.backend.cpu import kernels
 from pyggml.backend.cpu.jit import glu as jit_glu

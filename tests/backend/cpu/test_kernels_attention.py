@@ -2,8 +2,8 @@
 
 import numpy as np
 import pytest
-from opcases_attention import CASES, _causal_mask
-from opcheck import check, fill_random, nmse, values
+from tests.support.opcases_attention import CASES, _causal_mask
+from tests.support.opcheck import check, fill_random, nmse, values
 
 from pyggml.backend.cpu import kernels
 from pyggml.core import ops

@@ -7,8 +7,8 @@ checked against the float64 product of gguf's dequantized values, within test-ba
 
 import numpy as np
 import pytest
-from blocks import BLOCK_TYPES, random_rows, reference_values
-from opcheck import nmse
+from tests.support.blocks import BLOCK_TYPES, random_rows, reference_values
+from tests.support.opcheck import nmse
 
 from pyggml.backend.cpu import kernels
 from pyggml.backend.cpu.jit.mul_mat import dequantize_rows

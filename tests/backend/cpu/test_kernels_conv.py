@@ -2,8 +2,8 @@
 
 import numpy as np
 import pytest
-from opcases_conv import CASES, conv_transpose_2d_case, im2col_case
-from opcheck import check, fill_random
+from tests.support.opcases_conv import CASES, conv_transpose_2d_case, im2col_case
+from tests.support.opcheck import check, fill_random
 
 from pyggml.backend.cpu import kernels
 from pyggml.core import ops

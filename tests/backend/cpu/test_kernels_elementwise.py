@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from opcases_elementwise import BINARY, CASES, EXTRA_CASES, tiled
-from opcheck import check, compute, run
+from tests.support.opcases_elementwise import BINARY, CASES, EXTRA_CASES, tiled
+from tests.support.opcheck import check, compute, run
 
 from pyggml.backend.cpu import kernels
 from pyggml.backend.cpu.kernels.elementwise import split_for_repeat

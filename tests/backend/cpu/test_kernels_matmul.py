@@ -2,8 +2,8 @@
 
 import numpy as np
 import pytest
-from opcases_matmul import CASES, QUANT_TYPES, mul_mat_case
-from opcheck import check
+from tests.support.opcases_matmul import CASES, QUANT_TYPES, mul_mat_case
+from tests.support.opcheck import check
 
 from pyggml.backend.cpu import kernels
 from pyggml.backend.cpu.kernels._dequant_cache import DequantCache

@@ -2,8 +2,8 @@
 
 import numpy as np
 import pytest
-from opcases_norm import CASES, EXTRA_CASES
-from opcheck import check, compute
+from tests.support.opcases_norm import CASES, EXTRA_CASES
+from tests.support.opcheck import check, compute
 
 from pyggml.backend.cpu import kernels
 from pyggml.core import ops

@@ -2,8 +2,8 @@
 
 import numpy as np
 import pytest
-from opcases_unary import CASES, gelu
-from opcheck import check, compute, nmse
+from tests.support.opcases_unary import CASES, gelu
+from tests.support.opcheck import check, compute, nmse
 
 from pyggml.backend.cpu import kernels
 from pyggml.backend.cpu.kernels import unary as K

@@ -15,7 +15,7 @@ def ggml_cache_dir(tmp_path_factory):
 def ggml_endpoint(ggml_cache_dir):
     """ggml's rpc-server on its CPU device, with a tensor cache (killed at the end of the session)."""
     pytest.importorskip("ggml", reason="ggml-python (ggml's RPC server) is not installed")
-    from ggml_rpc import ggml_server
+    from tests.support.ggml_rpc import ggml_server
 
     with ggml_server(str(ggml_cache_dir)) as server:
         yield server.endpoint

@@ -1,9 +1,6 @@
 """pyggml's RPC client against ggml's own RPC server and pyggml's: every buffer and tensor call, the
 registry entry, graph compute of the op cases (equal to the local CPU backend by ggml's NMSE), the cache."""
 
-import importlib
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,10 +11,9 @@ from pyggml.backend import BufferUsage, DeviceType, Status, graph_copy, rpc, ten
 from pyggml.backend.rpc import protocol as P
 from pyggml.core.tensor import Tensor
 from pyggml.errors import RPCError
+from tests.support import opcheck
+from tests.support.all_opcases import all_cases
 
-CASES_DIR = Path(__file__).resolve().parents[1] / "cpu"
-sys.path.insert(0, str(CASES_DIR))  # the case modules import opcheck as a top-level module
-opcheck = importlib.import_module("opcheck")
 F32 = gg.GGMLType.F32
 
 
@@ -120,10 +116,7 @@ def test_graph_with_a_local_tensor_is_refused(device):
 def representative_cases():
     """Every third op case of every family: matmul (plain and quantized), norms, attention (soft_max, rope,
     flash_attn_ext), unary/glu, elementwise, reduce, layout (views, cpy, get_rows, set_rows) and conv."""
-    cases = []
-    for path in sorted(CASES_DIR.glob("opcases_*.py")):
-        cases += importlib.import_module(path.stem).CASES[::3]
-    return cases
+    return all_cases(step=3)
 
 
 def _compare_with_local(backend, case):
@@ -169,7 +162,7 @@ def test_op_cases_on_ggml_server_within_nmse(ggml_endpoint):
 
 def ggml_supported(cases):
     """The cases whose every node ggml's CPU backend supports (asked in-process, without computing)."""
-    from peer.ggml_peer import GGMLPeer, PreparedGraph
+    from tests.support.ggml_peer import GGMLPeer, PreparedGraph
     from pyggml.errors import UnsupportedOpError
 
     kept = []

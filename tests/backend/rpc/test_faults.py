@@ -18,7 +18,7 @@ from pyggml.backend import rpc, tensor_get, tensor_set
 from pyggml.backend.cpu import CPU_REG
 from pyggml.backend.rpc import protocol as P
 from pyggml.errors import RPCError
-from raw_client import RawClient, wire
+from tests.support.raw_client import RawClient, wire
 
 F32 = gg.GGMLType.F32
 
@@ -244,7 +244,7 @@ def test_nothing_listening_raises():
 
 
 def test_server_killed_mid_compute_then_reconnect():
-    from ggml_rpc import pyggml_server
+    from tests.support.ggml_rpc import pyggml_server
 
     with pyggml_server() as proc_server:
         conn = rpc.Connection(proc_server.endpoint, timeout=5)

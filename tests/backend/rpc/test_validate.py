@@ -1,9 +1,6 @@
 """The RPC server's up-front checks accept every graph pyggml's op builders make (ggml's shape rules) and refuse
 descriptors ggml could not have made."""
 
-import importlib
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -14,16 +11,10 @@ from pyggml.core.context import Context
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import VIEW_OPS, Op, Tensor
 from pyggml.core.types import GGMLType
-
-CPU_DIR = Path(__file__).resolve().parents[1] / "cpu"
-
+from tests.support.all_opcases import all_cases
 
 def op_cases():
-    sys.path.insert(0, str(CPU_DIR))
-    cases = []
-    for path in sorted(CPU_DIR.glob("opcases_*.py")):
-        cases += importlib.import_module(path.stem).CASES
-    return cases
+    return all_cases()
 
 
 @pytest.mark.parametrize("case", op_cases(), ids=lambda c: c.name)

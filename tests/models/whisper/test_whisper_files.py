@@ -1,6 +1,5 @@
 """Whisper model files: CTranslate2 (one file or split), whisper.cpp ggml .bin and GGUF give the same tensors."""
 
-import os
 import shutil
 
 import numpy as np

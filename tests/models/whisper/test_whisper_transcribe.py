@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from peers import wer
+from tests.support.whisper_peers import wer
 from pyggml.errors import AudioError, GGMLError, WhisperError
 
 HERE = Path(__file__).parent
@@ -56,7 +56,7 @@ def test_logits_match_numpy_reference(audio_ctx_pad):
     """Per-step logits of the encoder + decoder graphs (F16 weights) against numpy_whisper (float32), for the
     prompt and three greedy steps of tiny.en on a test sentence: with whisper.cpp's 36 zero audio cells
     (the reference appends them; pyggml adds their sink) and without."""
-    from numpy_whisper import NumpyWhisper
+    from tests.support.numpy_whisper import NumpyWhisper
 
     from pyggml.models.whisper.files import load_whisper_file
 
@@ -251,7 +251,7 @@ def test_live_peers_give_the_committed_references(tmp_path):
     """The committed references are what the installed peers say now (one sentence, tiny.en, greedy)."""
     pytest.importorskip("faster_whisper")
     pytest.importorskip("pywhispercpp")
-    import peers
+    from tests.support import whisper_peers as peers
 
     whisper("tiny.en")
     wav = SPEECH / "en2.wav"
@@ -270,7 +270,7 @@ def test_logits_agree_with_whisper_cpp(tmp_path, flash_attn, audio_ctx_pad):
     pairs; padded against unpadded, median 4.9e-5 to 1.6e-4, max 5.8e-4 to 4.5e-3 (what flips base's two
     near-ties)."""
     pytest.importorskip("pywhispercpp")
-    import peers
+    from tests.support import whisper_peers as peers
     from pyggml.models.whisper.audio import load_audio
     from pyggml.models.whisper.decoding import log_softmax
 

@@ -21,7 +21,7 @@ import pytest
 from pyggml.backend.rpc import limits as rpc_limits
 from pyggml.backend.rpc import protocol as P
 from pyggml.core.tensor import Op, TensorFlag
-from raw_client import RawClient, wire
+from tests.support.raw_client import RawClient, wire
 
 COMPUTE = int(TensorFlag.COMPUTE)
 MB = 1 << 20
@@ -43,7 +43,7 @@ def rss(pid: int, field: str = "VmRSS") -> int:
 @pytest.fixture(scope="module")
 def server():
     """`pyggml rpc-server` with small limits; .baseline is its RSS after some well-behaved work."""
-    from ggml_rpc import pyggml_server
+    from tests.support.ggml_rpc import pyggml_server
 
     with pyggml_server(*FLAGS) as s:
         for _ in range(3):

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-from opcases_elementwise import QUANT_NMSE
-from opcheck import LAYOUTS, OpCase, new_input, stored_as, values
+from tests.support.opcases_elementwise import QUANT_NMSE
+from tests.support.opcheck import LAYOUTS, OpCase, new_input, stored_as, values
 
 from pyggml.backend.cpu.kernels._dequant_cache import dequantizable
 from pyggml.backend.cpu.kernels.elementwise import can_quantize

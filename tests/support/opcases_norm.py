@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from opcheck import LAYOUTS, ROW_LAYOUTS, OpCase, new_input, values
+from tests.support.opcheck import LAYOUTS, ROW_LAYOUTS, OpCase, new_input, values
 
 from pyggml.core import ops
 from pyggml.core.types import GGMLType as G

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from opcheck import OpCase, values
+from tests.support.opcheck import OpCase, values
 
 from pyggml.core import ops
 from pyggml.core.tensor import host_ndarray

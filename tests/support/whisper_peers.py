@@ -1,7 +1,7 @@
 """The peers on the committed test speech: faster-whisper (the same CTranslate2 weights) and whisper.cpp
 (pywhispercpp 1.5.1, loading the ggml .bin that write_ggml_bin makes from those weights).
 
-`python tests/models/whisper/peers.py` regenerates data/peer_transcripts.json, the references the tests
+`python -m tests.support.whisper_peers` regenerates data/peer_transcripts.json, the references the tests
 compare with (so that CI needs neither peer); the `peer`-marked tests call the same functions live.
 Settings as in the tests: 2 threads, temperature 0 without fallback, timestamps on, VAD off.
 """
@@ -15,9 +15,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).parent
-SPEECH = HERE.parent.parent / "data" / "speech"
-REFERENCES = HERE / "data" / "peer_transcripts.json"
+TESTS = Path(__file__).resolve().parents[1]
+SPEECH = TESTS / "data" / "speech"
+REFERENCES = TESTS / "models" / "whisper" / "data" / "peer_transcripts.json"
 MODELS = ("tiny.en", "base")
 BEAMS = (1, 5)
 

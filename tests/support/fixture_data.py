@@ -3,7 +3,7 @@ tests/test_fixture_data.py instead of shrinking a glob or skipping the tests tha
 
 from pathlib import Path
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 GRAPHS = DATA / "graphs"  # ggml-graph-json/1 files written by ggml 0.15.3, with its plans (graphs/FORMAT.md)
 PLANNING = DATA / "planning"  # offset-planning instances, their sources and licences (planning/README.md)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from opcases_elementwise import retyped
-from opcheck import OpCase, new_input, stored_as, values
+from tests.support.opcases_elementwise import retyped
+from tests.support.opcheck import OpCase, new_input, stored_as, values
 
 from pyggml.core import ops
 from pyggml.core.tensor import GluOp, UnaryOp

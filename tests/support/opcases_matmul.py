@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from opcheck import OpCase, values
+from tests.support.opcheck import OpCase, values
 
 from pyggml.backend.cpu.kernels._dequant_cache import dequantizable
 from pyggml.core import ops

@@ -10,7 +10,7 @@ from pyggml.alloc import compute_poisoned
 from pyggml.backend import tensor_get, tensor_set
 from pyggml.backend.cpu.backend import CpuBufferType
 
-from graph_strategies import build, fill
+from tests.support.graph_strategies import build, fill
 
 GUARD = 24  # slack bytes after every tensor, big enough to catch a row written one step too far
 GUARD_BYTE = 0xA5

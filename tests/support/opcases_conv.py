@@ -7,7 +7,7 @@ import itertools
 import math
 
 import numpy as np
-from opcheck import OpCase, values
+from tests.support.opcheck import OpCase, values
 
 from pyggml.core import ops
 from pyggml.core.tensor import host_ndarray

@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from peer.ggml_peer import declare, lib_dir, library
+from tests.support.ggml_peer import declare, lib_dir, library
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 
 SERVER_SCRIPT = r"""
 import ctypes as C, sys

@@ -1,11 +1,11 @@
-"""The models tests' random GGUF files (pyggml.models.synthetic's writers) and the real vocabularies kept
+"""The models tests' random GGUF files (pyggml.testing.synthetic's writers) and the real vocabularies kept
 in tests/models/data: byte-level BPE ones per pre-tokenizer and the first tokens of Gemma 3's SentencePiece list."""
 
 from pathlib import Path
 
-from pyggml.models.synthetic import Vocab, write_gemma3, write_gpt2, write_llama
+from pyggml.testing.synthetic import Vocab, write_gemma3, write_gpt2, write_llama
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "models" / "data"
 
 __all__ = ["bpe_vocab", "gemma3_vocab", "write_gemma3", "write_gpt2", "write_llama"]
 

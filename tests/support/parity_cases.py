@@ -19,7 +19,7 @@ from gguf import GGMLQuantizationType as Q
 
 from pyggml.models.gguf_file import GGUFFile
 
-from tiny_models import bpe_vocab, gemma3_vocab, write_gemma3, write_gpt2, write_llama
+from tests.support.tiny_models import bpe_vocab, gemma3_vocab, write_gemma3, write_gpt2, write_llama
 
 N_TOKENS = 32          # teacher-forced positions per case (BOS first)
 N_BATCH = 12           # pyggml's batch: later batches attend to earlier ones through the KV cache

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from opcheck import ROW_LAYOUTS, OpCase, new_input, stored_as, values
+from tests.support.opcheck import ROW_LAYOUTS, OpCase, new_input, stored_as, values
 
 from pyggml.core import ops
 from pyggml.core.ops import SortOrder

@@ -7,25 +7,22 @@ The other cases are not collected (the scheduler runs those ops on the CPU); the
 must be among the supported ones.
 """
 
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 pytest.importorskip("torch.cuda")  # "torch.cuda", not "torch": tests/backend/torch itself would import as "torch"
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cpu"))
 
-import opcases_attention  # noqa: E402
-import opcases_conv  # noqa: E402
-import opcases_elementwise  # noqa: E402
-import opcases_layout  # noqa: E402
-import opcases_matmul  # noqa: E402
-import opcases_norm  # noqa: E402
-import opcases_reduce  # noqa: E402
-import opcases_unary  # noqa: E402
-from opcheck import compute, nmse, prepare, values  # noqa: E402
+from tests.support import opcases_attention  # noqa: E402
+from tests.support import opcases_conv  # noqa: E402
+from tests.support import opcases_elementwise  # noqa: E402
+from tests.support import opcases_layout  # noqa: E402
+from tests.support import opcases_matmul  # noqa: E402
+from tests.support import opcases_norm  # noqa: E402
+from tests.support import opcases_reduce  # noqa: E402
+from tests.support import opcases_unary  # noqa: E402
+from tests.support.opcheck import compute, nmse, prepare, values  # noqa: E402
 
 from pyggml.backend import init_by_name, tensor_get  # noqa: E402
 from pyggml.backend.graph_copy import graph_copy  # noqa: E402
