@@ -76,13 +76,16 @@ def test_token_by_token_decode_matches_numpy_with_f16_cache(tmp_path, case, repa
 @pytest.mark.parametrize("case", ["llama-q8_0", "gpt2-q8_0"])
 def test_repacked_weights_give_the_logits_of_the_file_bytes(tmp_path, case, float_products):
     """CPU_REPACK holds the values the file's bytes dequantize to: embedding rows are identical, and the products
-    (BLAS on float32 values against the compiled kernels on the blocks) differ by float32 summation order only."""
+    (BLAS on float32 values against the compiled kernels on the blocks) differ by float32 summation order only.
+    GPT-2's GELU reads an F16 table: an input that the two orders round to neighbouring halves moves that
+    activation by one F16 step (5e-5 of the logits' range was seen), so its bound is wider than llama's."""
     tokens = np.random.default_rng(4).integers(3, 60, 10).tolist()
     packed, _ = _model_and_reference(tmp_path, case, tokens, n_ctx=32, n_batch=4, repack=True)
     assert any(t.buffer.buft.name == "CPU_REPACK" for t in packed.weights.tensors.values())
     plain = load_model(tmp_path / f"{case}.gguf", n_ctx=32, n_batch=4, repack=False)
     expected = packed.decode(tokens, all_logits=True)
-    np.testing.assert_allclose(plain.decode(tokens, all_logits=True), expected, rtol=0, atol=1e-5 * np.abs(expected).max())
+    bound = (2e-4 if case.startswith("gpt2") else 1e-5) * np.abs(expected).max()
+    np.testing.assert_allclose(plain.decode(tokens, all_logits=True), expected, rtol=0, atol=bound)
 
 
 @pytest.mark.parametrize("kv_type", [GGMLType.F32, GGMLType.F16], ids=["F32", "F16"])
