@@ -13,11 +13,11 @@ class ShapeError(GGMLError, ValueError):
     """An op got tensors whose shapes do not fit together."""
 
 
-class TypeError(GGMLError, TypeError):  # noqa: A001 - ggml's word, kept on purpose
-    """An op or a conversion got a tensor type it does not accept."""
+class GGMLTypeError(GGMLError, TypeError):
+    """An op or a conversion got a tensor type it does not accept (a TypeError too)."""
 
 
-class UnsupportedTypeError(TypeError):
+class UnsupportedTypeError(GGMLTypeError):
     """A ggml type is unknown, or this operation has no implementation for it."""
 
 
@@ -41,23 +41,23 @@ class BufferIdError(AllocationError, ValueError):
     """A graph allocator got a buffer id outside its buffers, or a list of ids that does not match the graph."""
 
 
-class BufferError(GGMLError):
-    """A buffer was used wrongly: freed, out of bounds, or the wrong kind."""
+class BufferUseError(GGMLError):
+    """A buffer was used wrongly: freed, out of bounds, read-only, or the wrong kind."""
 
 
-class BufferFreedError(BufferError):
+class BufferFreedError(BufferUseError):
     """A buffer was used after free() (or freed twice)."""
 
 
-class OutOfBoundsError(BufferError, IndexError):
+class OutOfBoundsError(BufferUseError, IndexError):
     """A read, write or placement falls outside a tensor or a buffer."""
 
 
-class NotAllocatedError(BufferError):
+class NotAllocatedError(BufferUseError):
     """A tensor has no buffer or no data yet."""
 
 
-class LayoutError(BufferError):
+class LayoutError(BufferUseError):
     """Two tensors that must share a layout (type, ne, nb) do not."""
 
 
@@ -70,7 +70,7 @@ class UnsupportedOpError(BackendError):
 
 
 class ComputeAborted(BackendError):
-    """A graph compute was cancelled by an abort or eval callback."""
+    """A model's graph compute was stopped by the backend's abort callback (Status.ABORTED from graph_compute)."""
 
 
 class SchedulerError(GGMLError):

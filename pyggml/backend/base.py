@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 from pyggml.core.tensor import VIEW_OPS, Op, Tensor, TensorFlag
-from pyggml.errors import AllocationError, BackendError, BufferError, BufferFreedError
+from pyggml.errors import AllocationError, BackendError, BufferUseError, BufferFreedError
 
 SIZE_MAX = 2**64 - 1  # ggml's "no limit" for get_max_size
 API_VERSION = 2  # GGML_BACKEND_API_VERSION: a loaded BackendReg must report it
@@ -161,7 +161,7 @@ class Buffer:
 
     `base` is the address of the first byte (None for a size-0 buffer). A buffer used after
     `free()` raises BufferFreedError; so does freeing it twice. A read-only buffer (e.g. over a
-    read-only mmap) refuses writes with BufferError. A host buffer (buft.is_host) must also
+    read-only mmap) refuses writes with BufferUseError. A host buffer (buft.is_host) must also
     expose `host_array`, a uint8 NumPy array whose first byte is at `base`, so that
     `core.tensor.host_ndarray` and the host fast paths of tensor_copy can reach its tensors; it may
     offer `host_views`, a dict in which host_ndarray keeps views by layout (emptied when freed).
@@ -229,7 +229,7 @@ class Buffer:
         self.check_alive()
         if self.read_only:
             target = f" tensor {t.name!r}" if t is not None else ""
-            raise BufferError(f"{what}: buffer {self.name} ({self.size} bytes) is read-only;{target} cannot be written")
+            raise BufferUseError(f"{what}: buffer {self.name} ({self.size} bytes) is read-only;{target} cannot be written")
 
     # ----- the interface ------------------------------------------------------------------------
     def free(self) -> None:
@@ -540,11 +540,11 @@ class Device:
         try:
             view = memoryview(obj).cast("B")
         except TypeError as e:
-            raise BufferError(f"device {self.name}: buffer_from_host_ptr needs a C-contiguous buffer-protocol "
+            raise BufferUseError(f"device {self.name}: buffer_from_host_ptr needs a C-contiguous buffer-protocol "
                               f"object, got {type(obj).__name__} ({e})") from None
         size = view.nbytes if size is None else int(size)
         if not 0 <= size <= view.nbytes:
-            raise BufferError(f"device {self.name}: buffer_from_host_ptr of {size} bytes over an object of "
+            raise BufferUseError(f"device {self.name}: buffer_from_host_ptr of {size} bytes over an object of "
                               f"{view.nbytes} bytes")
         return self._buffer_from_host_ptr(view[:size], max_tensor_size)
 

@@ -7,7 +7,7 @@ frees, clears and sets the usage of all of them at once (ggml_backend_multi_buff
 from __future__ import annotations
 
 from pyggml.backend.base import Buffer, BufferUsage
-from pyggml.errors import BufferError
+from pyggml.errors import BufferUseError
 
 
 class MultiBuffer(Buffer):
@@ -18,7 +18,7 @@ class MultiBuffer(Buffer):
 
     def __init__(self, buffers: list[Buffer]):
         if not buffers:
-            raise BufferError("multi_buffer: at least one buffer is needed")
+            raise BufferUseError("multi_buffer: at least one buffer is needed")
         super().__init__(buffers[0].buft, sum(b.size for b in buffers))
         self.buffers = list(buffers)
 

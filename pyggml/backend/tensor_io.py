@@ -18,8 +18,8 @@ import numpy as np
 from pyggml.backend.base import Backend, Buffer, Status
 from pyggml.core import types as T
 from pyggml.core.tensor import Tensor
-from pyggml.errors import (AllocationError, BufferError, LayoutError, NotAllocatedError, OutOfBoundsError,
-                           TypeError as GGMLTypeError)
+from pyggml.errors import (AllocationError, BufferUseError, LayoutError, NotAllocatedError, OutOfBoundsError,
+                           GGMLTypeError)
 
 __all__ = ["tensor_buffer", "tensor_alloc", "view_init", "tensor_set", "tensor_get", "tensor_memset",
            "tensor_set_2d", "tensor_get_2d", "tensor_set_async", "tensor_get_async", "tensor_copy",
@@ -130,7 +130,7 @@ def _as_bytes(obj, what: str, writable: bool = False) -> memoryview:
         raise GGMLTypeError(f"{what}: expected an ndarray or a C-contiguous buffer-protocol object, "
                             f"got {type(obj).__name__} ({e})") from None
     if writable and view.readonly:
-        raise BufferError(f"{what}: the output object ({type(obj).__name__}) is read-only")
+        raise BufferUseError(f"{what}: the output object ({type(obj).__name__}) is read-only")
     return view
 
 

@@ -12,10 +12,10 @@ from collections import OrderedDict
 
 from pyggml.alloc import GraphAllocator
 from pyggml.backend import Backend, BufferType, BufferUsage, DeviceType, init_by_name, tensor_alloc, tensor_get, tensor_set
-from pyggml.backend.base import Buffer
+from pyggml.backend.base import Buffer, Status
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
-from pyggml.errors import GGMLError
+from pyggml.errors import ComputeAborted, GGMLError
 from pyggml.sched import Scheduler
 
 
@@ -44,10 +44,11 @@ class SingleBackend:
 
     def compute(self, graph: Graph) -> None:
         if not self.has_plans:
-            self.backend.graph_compute(graph)
+            check_status(self.backend.graph_compute(graph), self.backend.name)
             return
-        self.backend.graph_plan_compute(self.plan_of(graph))
+        status = self.backend.graph_plan_compute(self.plan_of(graph))
         self.backend.synchronize()
+        check_status(status, self.backend.name)
 
     def plan_of(self, graph: Graph):
         """graph's backend plan: the one made before (the latest graphs_kept are kept), else a new one."""
@@ -97,7 +98,7 @@ class Scheduled:
             raise GGMLError("the scheduler could not allocate a step graph")
 
     def compute(self, graph: Graph) -> None:
-        self.sched.graph_compute(graph)
+        check_status(self.sched.graph_compute(graph), "the scheduler")
 
     def forget(self, graph: Graph) -> None:
         """Nothing is kept per graph here."""
@@ -113,6 +114,15 @@ class Scheduled:
     def describe(self) -> str:
         return ", ".join(f"{name} layers {ls[0]}..{ls[-1]}" if ls else f"{name} no layers"
                          for name, ls in self.placement)
+
+
+def check_status(status: Status, who: str) -> None:
+    """A step that did not finish raises: its logits would be those of a half-computed graph. The KV cells it
+    wrote are past n_past, so the next step overwrites them and the cache stays consistent."""
+    if status == Status.ABORTED:
+        raise ComputeAborted(f"{who}: graph compute stopped by the abort callback")
+    if status != Status.SUCCESS:
+        raise GGMLError(f"{who}: graph compute failed with status {status.name}")
 
 
 def layer_counts(n_layer: int, backends: list[Backend]) -> list[int]:

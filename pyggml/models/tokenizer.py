@@ -20,7 +20,7 @@ from enum import IntEnum, IntFlag
 import numpy as np
 from gguf import GGUFValueType
 
-from pyggml.errors import GGMLError, GGUFError
+from pyggml.errors import GGUFError, TokenizerError
 from pyggml.models.string_table import StringTable
 
 SPACE_ESCAPE = "\u2581"  # ▁, SentencePiece's visible space
@@ -238,7 +238,7 @@ class Tokenizer:
 
     def _check_id(self, token_id):
         if not 0 <= token_id < len(self.tokens):
-            raise GGMLError(f"token id {token_id} is outside the vocabulary of {len(self.tokens)} tokens")
+            raise TokenizerError(f"token id {token_id} is outside the vocabulary of {len(self.tokens)} tokens")
 
     # -- special-token partition (tokenizer_st_partition) --------------------------
 

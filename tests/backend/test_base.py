@@ -11,7 +11,7 @@ from pyggml.backend.base import (API_VERSION, SIZE_MAX, BufferUsage, DeviceCaps,
 from pyggml.core.context import Context
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Op, Tensor, TensorFlag
-from pyggml.errors import AllocationError, BackendError, BufferError, BufferFreedError
+from pyggml.errors import AllocationError, BackendError, BufferUseError, BufferFreedError
 
 
 @pytest.fixture
@@ -105,7 +105,7 @@ def test_use_after_free_and_double_free_raise(dev):
 def test_read_only_buffer_refuses_writes(dev):
     buf = dev.buffer_type.alloc_buffer(32)
     buf.read_only = True
-    with pytest.raises(BufferError, match="read-only"):
+    with pytest.raises(BufferUseError, match="read-only"):
         buf.clear(1)
     assert bytes(buf.mem) == bytes(32)
 
@@ -233,7 +233,7 @@ def test_device_defaults(dev):
 
 
 def test_buffer_from_host_ptr_checks_the_size_against_the_object(dev):
-    with pytest.raises(BufferError, match="16 bytes over an object of 8 bytes"):
+    with pytest.raises(BufferUseError, match="16 bytes over an object of 8 bytes"):
         dev.buffer_from_host_ptr(np.zeros(2, np.float32), 16)
 
 
@@ -247,9 +247,9 @@ def test_reg_defaults(dev):
 
 
 def test_buffer_from_host_ptr_needs_a_contiguous_buffer(dev):
-    with pytest.raises(BufferError, match="C-contiguous buffer-protocol object, got ndarray"):
+    with pytest.raises(BufferUseError, match="C-contiguous buffer-protocol object, got ndarray"):
         dev.buffer_from_host_ptr(np.zeros((4, 4), np.float32).T)
-    with pytest.raises(BufferError, match="got list"):
+    with pytest.raises(BufferUseError, match="got list"):
         dev.buffer_from_host_ptr([1, 2])
 
 

@@ -5,7 +5,7 @@ import pytest
 from pyggml.backend import cpu
 from pyggml.backend.base import BufferUsage
 from pyggml.backend.multi_buffer import is_multi_buffer, multi_buffer
-from pyggml.errors import BufferError, BufferFreedError
+from pyggml.errors import BufferUseError, BufferFreedError
 
 CPU_BUFT = cpu.CPU_REG.device(0).buffer_type
 
@@ -40,5 +40,5 @@ def test_clear_and_free_reach_every_child(children):
 
 
 def test_an_empty_list_is_refused():
-    with pytest.raises(BufferError, match="at least one buffer"):
+    with pytest.raises(BufferUseError, match="at least one buffer"):
         multi_buffer([])

@@ -16,8 +16,8 @@ from pyggml.backend.tensor_io import (host_bytes, tensor_alloc, tensor_copy, ten
                                       tensor_set_async, view_init)
 from pyggml.core.context import Context
 from pyggml.core.tensor import Tensor
-from pyggml.errors import (AllocationError, BufferError, BufferFreedError, LayoutError, NotAllocatedError,
-                           OutOfBoundsError, TypeError as GGMLTypeError)
+from pyggml.errors import (AllocationError, BufferUseError, BufferFreedError, LayoutError, NotAllocatedError,
+                           OutOfBoundsError, GGMLTypeError)
 
 CPU_BUFT = cpu.CPU_REG.device(0).buffer_type
 
@@ -193,7 +193,7 @@ def test_get_into_out(buf):
     assert bytes(raw) == x.tobytes()
     with pytest.raises(OutOfBoundsError, match="output has 20 bytes"):
         tensor_get(t, out=bytearray(20))
-    with pytest.raises(BufferError, match="read-only"):
+    with pytest.raises(BufferUseError, match="read-only"):
         tensor_get(t, out=bytes(24))
     with pytest.raises(LayoutError, match="C-contiguous"):
         tensor_get(t, out=np.empty((3, 2), np.float32).T)
@@ -304,7 +304,7 @@ def test_copy_into_read_only_buffer_is_refused():
     mapped = cpu.CPU_REG.device(0).buffer_from_host_ptr(bytes(64))
     src_buf = CPU_BUFT.alloc_buffer(64)
     src, dst = placed(src_buf, "f32", (4,), 0, "s"), placed(mapped, "f32", (4,), 0, "d")
-    with pytest.raises(BufferError, match="read-only.*'d'"):
+    with pytest.raises(BufferUseError, match="read-only.*'d'"):
         tensor_copy(src, dst)
 
 

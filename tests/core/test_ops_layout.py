@@ -12,7 +12,7 @@ from pyggml.core import ops
 from pyggml.core.context import Context
 from pyggml.core.tensor import Op, host_ndarray
 from pyggml.core.types import GGMLType as G
-from pyggml.errors import ShapeError, TypeError as GGMLTypeError
+from pyggml.errors import ShapeError, GGMLTypeError
 
 
 @pytest.fixture

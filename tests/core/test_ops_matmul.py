@@ -7,7 +7,7 @@ from pyggml.core import ops
 from pyggml.core.context import Context
 from pyggml.core.tensor import Op
 from pyggml.core.types import GGMLType
-from pyggml.errors import ShapeError, TypeError as GGMLTypeError
+from pyggml.errors import ShapeError, GGMLTypeError
 
 F32, I32 = GGMLType.F32, GGMLType.I32
 dim = st.integers(1, 5)

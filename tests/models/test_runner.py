@@ -54,3 +54,19 @@ def test_split_across_torch_cpu_and_cpu_matches_one_backend(tmp_path):
     remote = [t for name, t in two.weights.tensors.items() if name.startswith(remote_layers)]
     assert remote and all(t.buffer.buft.name != "CPU_REPACK" for t in remote)
     assert two.weights.nbytes < one.weights.nbytes  # the local buffers hold only the local layers
+
+
+def test_an_aborted_step_raises_and_the_next_step_is_right(tmp_path):
+    """The CPU backend's abort callback stops a step: decode raises ComputeAborted instead of returning the
+    logits of a half-computed graph, n_past stays, and decoding the same tokens again gives the right logits."""
+    path = tmp_path / "tiny.gguf"
+    write_llama(path, n_layer=2)
+    model = load_model(path, backend="CPU", n_ctx=32, n_batch=8)
+    expected = load_model(path, backend="CPU", n_ctx=32, n_batch=8).decode([1, 5, 9], all_logits=True)
+    backend = model.backend
+    gg.backend.cpu.set_abort_callback(backend, lambda: True)
+    with pytest.raises(gg.errors.ComputeAborted, match="abort callback"):
+        model.decode([1, 5, 9])
+    assert model.n_past == 0
+    gg.backend.cpu.set_abort_callback(backend, None)
+    np.testing.assert_array_equal(model.decode([1, 5, 9], all_logits=True), expected)

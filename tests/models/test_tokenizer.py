@@ -10,7 +10,7 @@ from gguf import GGUFWriter, TokenType
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pyggml.errors import GGMLError, GGUFError
+from pyggml.errors import GGUFError, TokenizerError
 from pyggml.models.gguf_file import GGUFFile
 from pyggml.models.tokenizer import BPETokenizer, SPMTokenizer, _bytes_to_unicode, _clean_spaces, load_tokenizer
 
@@ -183,7 +183,7 @@ def test_spm_phi3_special_tokens_swallow_following_whitespace(tmp_path):
 
 def test_spm_unknown_token_id_is_an_error(tmp_path):
     tok = spm(tmp_path, [("a", -1.0)])
-    with pytest.raises(GGMLError, match="outside the vocabulary"):
+    with pytest.raises(TokenizerError, match="outside the vocabulary"):
         tok.token_to_piece(tok.n_vocab)
 
 

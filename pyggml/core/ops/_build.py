@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pyggml.core.context import Context
 from pyggml.core.tensor import Op, Tensor
-from pyggml.errors import ShapeError, TypeError as GGMLTypeError
+from pyggml.errors import ShapeError, GGMLTypeError
 
 
 def describe(t: Tensor) -> str:

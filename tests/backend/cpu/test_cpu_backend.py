@@ -15,7 +15,7 @@ from pyggml.core import ops
 from pyggml.core.context import Context
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Op, Tensor, TensorFlag
-from pyggml.errors import BackendError, BufferError, BufferFreedError, UnsupportedOpError
+from pyggml.errors import BackendError, BufferUseError, BufferFreedError, UnsupportedOpError
 
 DEVICE = cpu.CPU_REG.device(0)
 
@@ -75,7 +75,7 @@ def test_mapped_file_is_zero_copy_and_read_only(tmp_path):
     tensor_alloc(buf, w, buf.base + 32)
     np.testing.assert_array_equal(tensor_get(w), values.reshape(4, 16))
     assert not w.numpy().flags.writeable
-    with pytest.raises(BufferError, match="read-only; tensor 'w' cannot be written"):
+    with pytest.raises(BufferUseError, match="read-only; tensor 'w' cannot be written"):
         tensor_set(w, np.zeros((4, 16), np.float32))
     buf.free()
     del w

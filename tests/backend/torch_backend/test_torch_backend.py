@@ -18,7 +18,7 @@ from pyggml.core.context import Context  # noqa: E402
 from pyggml.core.graph import Graph  # noqa: E402
 from pyggml.core.tensor import Op  # noqa: E402
 from pyggml.core.types import GGMLType as G  # noqa: E402
-from pyggml.errors import BackendError, BufferError, LayoutError, UnsupportedOpError  # noqa: E402
+from pyggml.errors import BackendError, BufferUseError, LayoutError, UnsupportedOpError  # noqa: E402
 from pyggml.sched import Scheduler  # noqa: E402
 
 
@@ -129,7 +129,7 @@ def test_buffer_from_host_ptr_is_zero_copy_and_read_only_stays_read_only():
     ro = dev.buffer_from_host_ptr(bytes(32))
     t2 = Context(no_alloc=True).new_tensor(G.F32, (8,), "t2")
     tensor_alloc(ro, t2, ro.base)
-    with pytest.raises(BufferError, match="read-only"):
+    with pytest.raises(BufferUseError, match="read-only"):
         tensor_set(t2, np.ones(8, np.float32))
 
 
