@@ -1,5 +1,6 @@
 """Shared test settings: the compiled kernels' cache, the graph fixtures and the hypothesis profiles."""
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -13,10 +14,26 @@ from hypothesis import HealthCheck, settings  # noqa: E402
 
 from tests.support.fixture_data import graph_paths  # noqa: E402
 
+RPC_PEER_FIX = ('CMAKE_ARGS="-DGGML_RPC=ON" .venv/bin/pip install --no-cache-dir --force-reinstall --no-deps '
+                'ggml-python==0.0.45')
+
 settings.register_profile("ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("long", max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 LONG = bool(os.environ.get("PYGGML_LONG"))
 settings.load_profile("long" if LONG else "ci")
+
+
+def pytest_sessionstart(session):
+    """The RPC tests run against ggml's own RPC server from ggml-python: a build of it without RPC (a wheel that
+    pip reused from its cache, built without CMAKE_ARGS) stops the run at once with the command that fixes it,
+    rather than failing a dozen tests later."""
+    spec = importlib.util.find_spec("ggml")
+    if spec is None or not spec.submodule_search_locations:
+        return  # no peer at all: its tests skip
+    lib = Path(next(iter(spec.submodule_search_locations))) / "lib"
+    if (lib / "libggml-base.so").exists() and not (lib / "libggml-rpc.so").exists():
+        pytest.exit(f"ggml-python in {lib.parent} was built without RPC (no libggml-rpc.so); run: {RPC_PEER_FIX}",
+                    returncode=4)
 
 
 def pytest_collection_modifyitems(config, items):
