@@ -1,5 +1,5 @@
-"""GraphAllocator on small graphs with ggml 0.15.3's measured layouts and sizes (ggml-notes §5.9, §13.1-13.5,
-§13.9), its re-planning rules, and its safety additions (topology fingerprint, reserve_n_size, errors)."""
+"""GraphAllocator on small graphs with ggml 0.15.3's measured layouts and sizes (`ggml_gallocr_reserve_n`,
+`ggml_gallocr_alloc_graph`), its re-planning rules, and its safety additions (topology fingerprint, reserve_n_size, errors)."""
 
 import logging
 
@@ -40,7 +40,7 @@ def planned(cpu, *outs, planner: str = "ggml") -> GraphAllocator:
     return galloc
 
 
-# ----- §13.4 / §5.9: layouts and sizes on CPU (alignment 32) -----------------------------------------------
+# ----- layouts and sizes on CPU (alignment 32) -----------------------------------------------
 
 
 def test_chain_runs_in_place_on_its_input(cpu):
@@ -156,7 +156,7 @@ def test_soft_max_of_scale_in_place(cpu):
     assert galloc.get_buffer_size(0) == 4000
 
 
-# ----- §13.5: best fit over holes ---------------------------------------------------------------------------
+# ----- best fit over holes ---------------------------------------------------------------------------
 
 
 def _two_holes(cpu, second_hole_elems: int):
@@ -185,7 +185,7 @@ def test_best_fit_prefers_the_smaller_hole(cpu):
     assert offsets(galloc, n1) == [0]
 
 
-# ----- §13.1 / §13.2: reserve_n_size, growth, several buffers -----------------------------------------------
+# ----- reserve_n_size, growth, several buffers -----------------------------------------------
 
 
 def _softmax_graph():
@@ -253,7 +253,7 @@ def test_a_rebuilt_graph_of_the_same_shape_reuses_the_plan(cpu, caplog):
     assert galloc.plan.placement(first.nodes[0]) is None
 
 
-# ----- §13.3: topology changes (ggml silently reuses stale offsets) ----------------------------------------
+# ----- topology changes (ggml silently reuses stale offsets) ----------------------------------------
 
 
 def _topology_graph(variant: str):
@@ -289,7 +289,7 @@ def test_topology_change_is_refused_with_several_buffers(cpu):
     assert all(t.data is None for t in graph.nodes)
 
 
-# ----- §13.9: an OUTPUT view keeps its root alive -----------------------------------------------------------
+# ----- an OUTPUT view keeps its root alive -----------------------------------------------------------
 
 
 @pytest.mark.parametrize("planner", ["ggml", "best"])
@@ -308,7 +308,7 @@ def test_output_view_keeps_its_root(cpu, planner):
     assert tensor_get(v)[0, 0] == 3.0  # 300.0 in ggml 0.15.3
 
 
-# ----- chunks (§13.6) and errors ----------------------------------------------------------------------------
+# ----- chunks and errors ----------------------------------------------------------------------------
 
 
 def test_alignment_pads_sizes_not_offsets():

@@ -1,5 +1,5 @@
-"""llama.cpp's tests/test-alloc.cpp cases (ggml-notes §11.2) with their bounds, on a buffer type with small
-max_size and alignment; ggml's measured numbers (§13.6) are asserted exactly where the notes give them."""
+"""llama.cpp's tests/test-alloc.cpp cases with their bounds, on a buffer type with small
+max_size and alignment; ggml's measured numbers are asserted exactly where the notes give them."""
 
 import pytest
 
@@ -89,7 +89,7 @@ def test_max_size_too_many_tensors(planner):
     check_graph(graph, ctx)
     assert buft.allocated_total() <= 16 + 16
     if planner == "ggml":
-        assert galloc.plan.chunk_sizes == [[16, 8]] and buft.allocated_total() == 24  # §13.6
+        assert galloc.plan.chunk_sizes == [[16, 8]] and buft.allocated_total() == 24  # as ggml 0.15.3
 
 
 @pytest.mark.parametrize("planner", PLANNERS)
@@ -111,7 +111,7 @@ def test_tensor_larger_than_max_size(planner):
     graph, galloc = allocate(x1, buft, planner)
     check_graph(graph, ctx, max_size=False)
     assert buft.allocated_total() == 24
-    assert galloc.plan.chunk_sizes == [[24]]  # §13.6: one 24-byte chunk
+    assert galloc.plan.chunk_sizes == [[24]]  # ggml 0.15.3: one 24-byte chunk
 
 
 @pytest.mark.parametrize("planner", PLANNERS)
@@ -125,7 +125,7 @@ def test_not_enough_chunks(planner):
     graph, galloc = allocate(acc, buft, planner)
     check_graph(graph, ctx, max_size=False)
     assert buft.allocated_total() > 16 * 8
-    assert galloc.plan.chunk_sizes == [[8] * 15 + [16]] and buft.allocated_total() == 136  # §13.6
+    assert galloc.plan.chunk_sizes == [[8] * 15 + [16]] and buft.allocated_total() == 136  # as ggml 0.15.3
 
 
 @pytest.mark.parametrize("planner", PLANNERS)

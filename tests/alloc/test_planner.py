@@ -14,12 +14,12 @@ from tests.support.fixture_data import IN_PLACE_LOWER_BOUNDS, PLANNING, graph_pa
 
 # gallocr's allocations on the graph fixtures as intervals (in-place chains merged, one per dyn alloc,
 # in allocation order, named by the tensor that allocated), written by replaying ggml 0.15.3's
-# gallocr rules (ggml-notes §5.4-5.6) over graphs/*.json.
+# gallocr rules (`ggml_gallocr_allocate_node`, `ggml_gallocr_free_node`, in-place reuse) over graphs/*.json.
 GRAPH_LIFETIMES = Path(__file__).parent / "data" / "graph_lifetimes"
 UNBOUNDED = 2**64 // 2 - 1
 
 
-# --- DynAllocator: ggml-notes §3, §13.5, §13.6 ---------------------------------------------------
+# --- DynAllocator: ggml_dyn_tallocr (best fit, merging, chunks) ---------------------------------------------------
 
 
 def test_equal_holes_tie_goes_to_the_later_block():
@@ -41,7 +41,7 @@ def test_smallest_fitting_hole_wins_over_an_earlier_bigger_one():
 
 
 def test_hole_is_used_before_the_tail_mul_mat_chain():
-    # ggml-notes §13.4 G3: x 2048, y1 4096, then y2 2048 goes into x's hole: 6144 in total.
+    # measured on ggml 0.15.3 (graph G3 of tests/peer/test_ggml_peer.py): x 2048, y1 4096, then y2 2048 goes into x's hole: 6144 in total.
     dyn = DynAllocator(alignment=32)
     x, y1 = dyn.alloc(2048), dyn.alloc(4096)
     dyn.free(*x, 2048)

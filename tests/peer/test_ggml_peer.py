@@ -1,4 +1,4 @@
-"""The peer itself: struct layout, hand-built graphs against NumPy and ggml-notes §13.4, and the graph files'
+"""The peer itself: struct layout, hand-built graphs against NumPy and ggml 0.15.3's planned offsets, and the graph files'
 recorded gallocr offsets (the peer must reproduce them exactly)."""
 
 import ctypes
@@ -17,7 +17,7 @@ from tests.support.ggml_peer import GGMLPeer, GGMLTensorStruct, IsolatedPeer, Pe
 pytestmark = pytest.mark.peer
 
 F32 = gg.GGMLType.F32
-N = 1000  # 4000-byte f32 tensors, as in ggml-notes §13.4
+N = 1000  # 4000-byte f32 tensors: the small graphs whose plans tests/alloc checks
 
 
 @pytest.fixture(scope="module")

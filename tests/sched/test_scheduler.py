@@ -1,4 +1,4 @@
-"""The FAKE-GPU + CPU scenarios of ggml-notes §9.9 / §13.7, with ggml 0.15.3's numbers."""
+"""The FAKE-GPU + CPU scenarios of `ggml_backend_sched` (op offload, splits, copies), with ggml 0.15.3's numbers."""
 
 import numpy as np
 import pytest

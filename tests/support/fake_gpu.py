@@ -1,6 +1,6 @@
 """A fake GPU backend in one short file: non-host memory, a few ops, optional op offload.
 
-It is the scheduler tests' stand-in for a real accelerator (ggml-notes §9.9) and an
+It is the scheduler tests' stand-in for a real accelerator (ggml's scheduler tests use one the same way) and an
 example of how little a backend must write: the base classes own everything else.
 Its memory is plain NumPy bytes, but its buffer type says "not host", so the CPU
 backend cannot touch it and every crossing goes through the scheduler's copies.
