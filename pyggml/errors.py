@@ -9,6 +9,11 @@ class GGMLError(Exception):
     """Base of every pyggml error."""
 
 
+class ParameterError(GGMLError, ValueError):
+    """A parameter of a public call (a count, a threshold, a choice) is out of range or of the wrong kind; the
+    message names the parameter, what it accepts and what it got."""
+
+
 class ShapeError(GGMLError, ValueError):
     """An op got tensors whose shapes do not fit together."""
 

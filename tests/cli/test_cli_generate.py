@@ -2,9 +2,11 @@
 
 import sys
 
+import pytest
+
 from pyggml.cli.main import main
 
-from tests.support.tiny_models import write_llama  # noqa: E402
+from tests.support.tiny_models import write_llama
 
 
 def test_generate_prints_text_then_speed_and_memory(tmp_path, capsys):
@@ -44,3 +46,34 @@ def test_generate_on_the_cpu_loads_no_plugin_backend(tmp_path):
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().endswith("False"), out.stdout
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["-n", "-5"], "n (tokens to generate) must be an integer >= 0, or -1"),
+    (["--top-p", "1.5"], "top_p must be a finite number in [0.0, 1.0], got 1.5"),
+    (["--top-k", "-1"], "top_k must be an integer >= 0"),
+    (["--min-p", "-0.1"], "min_p must be"),
+    (["--temp", "-1"], "temperature must be a finite number in [0.0, inf], got -1.0"),
+    (["--temp", "nan"], "temperature must be"),
+    (["--repeat-penalty", "0"], "repeat_penalty must be a finite number in (0.0, inf]"),
+    (["--seed", "-3"], "seed must be an integer >= 0"),
+    (["--ctx", "0"], "n_ctx must be a positive integer, got 0"),
+    (["--batch", "-2"], "n_batch must be a positive integer, got -2"),
+])
+def test_generate_refuses_nonsense_arguments_in_one_line(tmp_path, capsys, argv, fragment):
+    path = write_llama(tmp_path / "tiny.gguf")
+    assert main(["generate", "hi", "--model", str(path), *argv]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("pyggml generate: error: ") and fragment in err and err.count("\n") == 1
+
+
+def test_generate_n_minus_one_runs_to_the_end_of_the_context(tmp_path, capsys):
+    path = write_llama(tmp_path / "tiny.gguf")
+    assert main(["generate", "the a", "--model", str(path), "-n", "-1", "--ctx", "16"]) == 0
+    assert "eval:" in capsys.readouterr().err
+
+
+def test_generate_refuses_an_unknown_choice(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "hi", "--kv-type", "Q4_0"])
+    assert e.value.code == 2 and "invalid choice: 'Q4_0'" in capsys.readouterr().err

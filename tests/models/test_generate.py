@@ -1,10 +1,12 @@
 """Sampling: each filter of llama.cpp's default chain, greedy argmax, and seeded reproducibility."""
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
+from pyggml.errors import ParameterError
 from pyggml.models.generate import (Sampler, SamplingParams, apply_repeat_penalty, keep_min_p, keep_top_k,
                                     keep_top_p)
 
@@ -69,3 +71,34 @@ def test_penalty_window_forgets_old_tokens():
     s = Sampler(SamplingParams(repeat_last_n=0))
     s.accept(1)
     assert s.recent == []
+
+
+@pytest.mark.parametrize("field, value, fragment", [
+    ("temperature", -0.5, "temperature must be a finite number in [0.0, inf]"),
+    ("temperature", float("inf"), "temperature must be"),
+    ("top_k", -3, "top_k must be an integer >= 0 (0 disables it), got -3"),
+    ("top_k", 2.5, "top_k must be an integer"),
+    ("top_k", True, "top_k must be an integer"),
+    ("top_p", 1.01, "top_p must be a finite number in [0.0, 1.0]"),
+    ("min_p", -1e-3, "min_p must be"),
+    ("repeat_penalty", 0.0, "repeat_penalty must be a finite number in (0.0, inf]"),
+    ("repeat_last_n", -64, "repeat_last_n must be an integer >= 0"),
+    ("seed", -1, "seed must be an integer >= 0"),
+    ("seed", "42", "seed must be an integer"),
+])
+def test_sampling_params_refuse_values_out_of_range(field, value, fragment):
+    with pytest.raises(ParameterError) as e:
+        SamplingParams(**{field: value})
+    assert fragment in str(e.value) and isinstance(e.value, ValueError)
+
+
+def test_sampling_params_accept_the_edges():
+    SamplingParams(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1e-3, repeat_last_n=0, seed=0)
+    SamplingParams(top_p=0.0, min_p=1.0, seed=2**40)
+
+
+def test_load_model_refuses_a_kv_type_the_attention_cannot_read_before_opening_the_file():
+    from pyggml.models import load_model
+
+    with pytest.raises(ParameterError, match="kv_type must be one of F16, F32, got 'Q4_0'"):
+        load_model("/nonexistent.gguf", kv_type="Q4_0")
