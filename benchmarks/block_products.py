@@ -36,7 +36,8 @@ def _weights(gguf: GGUFFile, name: str, ctx: Context):
     info = gguf.tensor(name)
     ne = tuple(int(n) for n in info.ne[:info.n_dims])
     blocks = ctx.new_tensor(T.as_type(int(info.type)), ne, name)
-    host_ndarray(blocks).reshape(-1)[...] = np.frombuffer(gguf.tensor_bytes(info), np.uint8).view(host_ndarray(blocks).dtype)
+    dest = host_ndarray(blocks)
+    dest.reshape(-1)[...] = np.frombuffer(gguf.tensor_bytes(info), np.uint8).view(dest.dtype)
     f32 = ctx.new_tensor(T.GGMLType.F32, ne, name + ".f32")
     raw = host_ndarray(blocks)[0, 0]
     host_ndarray(f32)[0, 0] = T.to_float(blocks.type, raw).reshape(ne[1], ne[0])

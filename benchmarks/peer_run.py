@@ -101,7 +101,8 @@ class RunLog:
                     f"(highest {peak:.2f}) on {self.cpu}")
         worst = max(noisy, key=lambda s: s.load_per_core)
         return (f"NOISY: {len(noisy)} of {n} runs started above load {NOISY_LOAD_PER_CORE:.1f} per core "
-                f"(worst: {worst.side} at {worst.load_per_core:.2f}); other programs shared the CPU, so the timings and ratios are not "
+                f"(worst: {worst.side} at {worst.load_per_core:.2f}); other programs shared the CPU, so the timings "
+                f"and ratios are not "
                 f"trustworthy: rerun on a quiet machine")
 
 

@@ -20,6 +20,6 @@ from pyggml import sched  # noqa: E402
 from pyggml import models  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["alloc", "backend", "models", "ops", "sched", "BufferUsage", "DeviceType", "Status", "Context", "EvalOrder", "GGMLType", "Graph",
-           "GluOp", "LoadedGraph", "Op", "Tensor", "TensorFlag", "UnaryOp", "errors", "load_graph_json",
-           "save_graph_json"]
+__all__ = ["alloc", "backend", "models", "ops", "sched", "BufferUsage", "DeviceType", "Status", "Context", "EvalOrder",
+           "GGMLType", "Graph", "GluOp", "LoadedGraph", "Op", "Tensor", "TensorFlag", "UnaryOp", "errors",
+           "load_graph_json", "save_graph_json"]

@@ -74,8 +74,8 @@ class CanonicalSearch:
         self.status, used = _search(self.first, self.stop, self.size, self.capacity, self.rank, self.overlap_ptr,
                                     self.overlap_idx, self.twin, self.by_first, self.placed, self.offset, self.cand,
                                     self.floor, self.rem, self.label, self.children, self.n_children, self.next_child,
-                                    self.chosen, self.active, self.opens, self.saved_cand, self.saved_floor, self.saved_label,
-                                    self.depth, max_nodes)
+                                    self.chosen, self.active, self.opens, self.saved_cand, self.saved_floor,
+                                    self.saved_label, self.depth, max_nodes)
         self.nodes += used
         return self.status
 

@@ -229,7 +229,8 @@ class Buffer:
         self.check_alive()
         if self.read_only:
             target = f" tensor {t.name!r}" if t is not None else ""
-            raise BufferUseError(f"{what}: buffer {self.name} ({self.size} bytes) is read-only;{target} cannot be written")
+            raise BufferUseError(f"{what}: buffer {self.name} ({self.size} bytes) is read-only;{target} "
+                                 "cannot be written")
 
     # ----- the interface ------------------------------------------------------------------------
     def free(self) -> None:

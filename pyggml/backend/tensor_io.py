@@ -241,7 +241,8 @@ def _check_2d(t: Tensor, what: str, offset: int, size: int, n_copies: int, strid
 
 def tensor_set_2d(t: Tensor, data, offset: int, size: int, n_copies: int, stride_tensor: int,
                   stride_data: int) -> None:
-    """Write n_copies rows of `size` bytes: row i comes from data[i*stride_data:] and goes to offset + i*stride_tensor."""
+    """Write n_copies rows of `size` bytes: row i comes from data[i*stride_data:] and goes to
+    offset + i*stride_tensor."""
     buf = _bound_buffer(t, "tensor_set_2d")
     _check_2d(t, "tensor_set_2d", offset, size, n_copies, stride_tensor)
     if not (n_copies and size):

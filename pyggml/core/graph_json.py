@@ -53,8 +53,8 @@ class LoadedGraph:
     def random_values(self, seed: int = 0) -> dict[str, np.ndarray]:
         """Values for every tensor that needs data before compute: the preallocated tensors and the inputs.
 
-        Floats are uniform (inputs and vectors in [-0.5, 0.5), matrices in ±1/sqrt(ne0); masks causal, 0 / -inf); I32 tensors get valid
-        indices for what consumes them (rows of a GET_ROWS source, positions otherwise).
+        Floats are uniform (inputs and vectors in [-0.5, 0.5), matrices in ±1/sqrt(ne0); masks causal, 0 / -inf);
+        I32 tensors get valid indices for what consumes them (rows of a GET_ROWS source, positions otherwise).
         Keys are file ids; arrays are shaped like `Tensor.numpy()`.
         """
         rng = np.random.default_rng(seed)

@@ -64,7 +64,8 @@ def type_size(t) -> int:
 
 
 def type_name(t) -> str:
-    """ggml_type_name: lower-case for plain types ("f32"), upper-case for quant types ("q4_K" in ggml; here the enum name)."""
+    """ggml_type_name: lower-case for plain types ("f32"), upper-case for quant types ("q4_K" in ggml; here the
+    enum name)."""
     t = as_type(t)
     return t.name.lower() if t in _PLAIN_DTYPES else t.name
 

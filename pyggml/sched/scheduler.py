@@ -1,7 +1,7 @@
 """Scheduler: ggml_backend_sched — one graph computed across several backends.
 
-The passes follow ggml's `ggml_backend_sched_split_graph` (ggml-backend.cpp): assign every tensor a backend (pre-allocated
-buffers, inputs, weights with op offload, four expansion passes, upgrades to
+The passes follow ggml's `ggml_backend_sched_split_graph` (ggml-backend.cpp): assign every tensor a backend
+(pre-allocated buffers, inputs, weights with op offload, four expansion passes, upgrades to
 higher-priority backends sharing a buffer type, then sources and views), cut the
 node list into splits of one backend each, create copies of the inputs a split
 needs from other backends ("<backend>#<tensor>#<copy>"), plan all of it with one

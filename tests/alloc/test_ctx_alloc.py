@@ -1,4 +1,5 @@
-"""alloc_ctx_tensors*: ggml's packing of a context into buffers of at most max_size (`ggml_backend_alloc_ctx_tensors_from_buft_size`, measured on ggml 0.15.3 with a buffer type of small max_size)."""
+"""alloc_ctx_tensors*: ggml's packing of a context into buffers of at most max_size
+(`ggml_backend_alloc_ctx_tensors_from_buft_size`, measured on ggml 0.15.3 with a buffer type of small max_size)."""
 
 import pytest
 

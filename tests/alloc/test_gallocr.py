@@ -1,5 +1,6 @@
 """GraphAllocator on small graphs with ggml 0.15.3's measured layouts and sizes (`ggml_gallocr_reserve_n`,
-`ggml_gallocr_alloc_graph`), its re-planning rules, and its safety additions (topology fingerprint, reserve_n_size, errors)."""
+`ggml_gallocr_alloc_graph`), its re-planning rules, and its safety additions (topology fingerprint, reserve_n_size,
+errors)."""
 
 import logging
 

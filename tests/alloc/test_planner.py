@@ -41,7 +41,8 @@ def test_smallest_fitting_hole_wins_over_an_earlier_bigger_one():
 
 
 def test_hole_is_used_before_the_tail_mul_mat_chain():
-    # measured on ggml 0.15.3 (graph G3 of tests/peer/test_ggml_peer.py): x 2048, y1 4096, then y2 2048 goes into x's hole: 6144 in total.
+    # measured on ggml 0.15.3 (graph G3 of tests/peer/test_ggml_peer.py): x 2048, y1 4096, then y2 2048 goes into
+    # x's hole: 6144 in total.
     dyn = DynAllocator(alignment=32)
     x, y1 = dyn.alloc(2048), dyn.alloc(4096)
     dyn.free(*x, 2048)

@@ -169,7 +169,8 @@ def test_an_installed_plugin_is_found_by_name_without_load_all(fake_dist, plugin
         backend = registry.init_by_name("FakeGPU0")
     assert backend.name == "FakeGPU"
     assert registry.reg_by_name("fakegpu") is backend.device.reg
-    with pytest.raises(BackendError, match="no device named 'Metal'; registered devices: .*CPU \\(CPU\\).*FakeGPU0 \\(GPU\\)"):
+    listed = "registered devices: .*CPU \\(CPU\\).*FakeGPU0 \\(GPU\\)"
+    with pytest.raises(BackendError, match=f"no device named 'Metal'; {listed}"):
         registry.init_by_name("Metal")
 
 

@@ -69,5 +69,5 @@ def test_xielu_stores_ggml_coefficients(ctx):
     out = ops.xielu(ctx, ctx.new_tensor(G.F32, (4,)), 0.8, 0.6, 0.5, -1e-6)
     softplus = [float(np.log1p(np.exp(np.float32(v)))) for v in (0.8, 0.6)]
     assert (out.op, out.unary_op) == (Op.UNARY, UnaryOp.XIELU)
-    np.testing.assert_allclose([out.op_params_f32(i) for i in range(1, 5)], [0.5 + softplus[0], softplus[1], 0.5, -1e-6],
-                               rtol=1e-6)
+    expected = [0.5 + softplus[0], softplus[1], 0.5, -1e-6]
+    np.testing.assert_allclose([out.op_params_f32(i) for i in range(1, 5)], expected, rtol=1e-6)

@@ -1,5 +1,5 @@
-"""The peer itself: struct layout, hand-built graphs against NumPy and ggml 0.15.3's planned offsets, and the graph files'
-recorded gallocr offsets (the peer must reproduce them exactly)."""
+"""The peer itself: struct layout, hand-built graphs against NumPy and ggml 0.15.3's planned offsets, and the graph
+files' recorded gallocr offsets (the peer must reproduce them exactly)."""
 
 import ctypes
 

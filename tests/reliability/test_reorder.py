@@ -51,8 +51,8 @@ def test_reordered_compute_is_bit_identical_and_never_above_ggml_load(cpu, progr
 @pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning")  # products of products grow past F16 in gelu
 @pytest.mark.parametrize("seed", [0, 1])
 def test_reordered_wide_dag_computes_bit_identical(cpu, seed):
-    plan = _check_order(seed, lambda s, ctx: build_wide_dag(s, 120, ctx), GraphAllocator(GuardedBufferType(32, UNBOUNDED),
-                                                                                        reorder=True))
+    galloc = GraphAllocator(GuardedBufferType(32, UNBOUNDED), reorder=True)
+    plan = _check_order(seed, lambda s, ctx: build_wide_dag(s, 120, ctx), galloc)
     assert plan.size <= plan.ggml_order_lower_bound
     galloc = GraphAllocator(GuardedBufferType(32, UNBOUNDED), reorder=True)
     builder = lambda s, ctx: build_wide_dag(s, 120, ctx)  # noqa: E731

@@ -1,6 +1,6 @@
 """Random small graph programs for the allocator's property tests: element-wise ops, cont, views, reshapes,
-permutes, inputs, constant leafs and preallocated weights, and OUTPUT flags. A program is a list of steps (plain data, so hypothesis can shrink
-it); `build` turns it into tensors on a context."""
+permutes, inputs, constant leafs and preallocated weights, and OUTPUT flags. A program is a list of steps (plain
+data, so hypothesis can shrink it); `build` turns it into tensors on a context."""
 
 from hypothesis import strategies as st
 

@@ -209,7 +209,8 @@ def build_wide_dag(seed: int, n_nodes: int, ctx: Context, rows: tuple[int, ...] 
 
     def draw(pool):
         fresh = [t for t in unused if t in pool]
-        return fresh[int(rng.integers(len(fresh)))] if fresh and rng.random() < 0.5 else pool[int(rng.integers(len(pool)))]
+        choices = fresh if fresh and rng.random() < 0.5 else pool
+        return choices[int(rng.integers(len(choices)))]
 
     while len(prog.values) < len(WIDTHS) * len(rows) + n_nodes:
         kind = rng.choice(["unary", "scale", "binary", "binary", "mul_mat"])

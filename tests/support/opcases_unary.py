@@ -129,7 +129,8 @@ def xielu_case(types, alpha_n=0.8, alpha_p=0.6, beta=0.5, eps=-1e-6):
     def ref(out):
         x = values(out.src[0])
         a_n, a_p = beta + np.log1p(np.exp(alpha_n)), np.log1p(np.exp(alpha_p))
-        return stored_as(out, np.where(x > 0, a_p * x * x + beta * x, (np.expm1(np.minimum(x, eps)) - x) * a_n + beta * x))
+        negative = (np.expm1(np.minimum(x, eps)) - x) * a_n + beta * x
+        return stored_as(out, np.where(x > 0, a_p * x * x + beta * x, negative))
 
     return OpCase(f"xielu_{types[0].name}_{types[1].name}", build, reference=ref)
 

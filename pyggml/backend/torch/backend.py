@@ -99,7 +99,8 @@ class TorchBuffer(Buffer):
         self._dequantized.clear()
 
     def _settled(self) -> None:
-        """Wait for a write issued on the device's current stream: the buffer interface is synchronous (as ggml-cuda's)."""
+        """Wait for a write issued on the device's current stream: the buffer interface is synchronous (as
+        ggml-cuda's)."""
         if self.storage.is_cuda:
             torch.cuda.current_stream(self.storage.device).synchronize()
 
@@ -133,7 +134,8 @@ class TorchBuffer(Buffer):
 
 
 def host_tensor(data: memoryview) -> torch.Tensor:
-    """A uint8 torch tensor over host bytes: zero copy when writable, a copy of read-only bytes (torch needs writable)."""
+    """A uint8 torch tensor over host bytes: zero copy when writable, a copy of read-only bytes (torch needs
+    writable memory)."""
     arr = np.frombuffer(data, np.uint8)
     return torch.from_numpy(arr if arr.flags.writeable else arr.copy())
 

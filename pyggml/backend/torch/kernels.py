@@ -46,7 +46,8 @@ def view(t: Tensor) -> torch.Tensor:
 def dequantize(t: Tensor, raw: torch.Tensor) -> torch.Tensor:
     """float32 values of a quantized tensor from its raw rows (gguf's NumPy code, on the host)."""
     values = T.to_float(t.type, raw.cpu().numpy())
-    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).to(raw.device).reshape(tuple(reversed(t.ne)))
+    host = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
+    return host.to(raw.device).reshape(tuple(reversed(t.ne)))
 
 
 def f32(t: Tensor) -> torch.Tensor:
