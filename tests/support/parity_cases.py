@@ -18,6 +18,8 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 
 from pyggml.models.gguf_file import GGUFFile
+from pyggml.testing.agreement import F32_BOUND
+from pyggml.testing.synthetic import llama3_rope_freqs
 
 from tests.support.tiny_models import bpe_vocab, gemma3_vocab, write_gemma3, write_gpt2, write_llama
 
@@ -30,14 +32,17 @@ N_CTX = 64
 class Case:
     name: str
     write: object                  # path -> path
-    quantized: bool = False        # compared with the F32-weights yardstick rather than the 1e-6 bound
+    quantized: bool = False        # compared with the F32-weights yardstick rather than the F32 bound
     bos: int = 1
     n_vocab: int = 0
     notes: str = field(default="", compare=False)
+    n_tokens: int = N_TOKENS
+    n_ctx: int = N_CTX             # pyggml's context (llama.cpp's is the tokens')
+    f32_bound: float = F32_BOUND   # the mean KLD allowed with F32 weights
 
     def tokens(self) -> list[int]:
         rng = np.random.default_rng(len(self.name))
-        return [self.bos] + rng.integers(4, self.n_vocab, N_TOKENS - 1).tolist()
+        return [self.bos] + rng.integers(4, self.n_vocab, self.n_tokens - 1).tolist()
 
 
 def _spm(n=1024):
@@ -53,6 +58,14 @@ GEMMA_BOS, BPE_BOS = 2, 456
 K_MIX = {"attn_q": Q.Q2_K, "attn_k": Q.Q3_K, "attn_v": Q.Q6_K, "attn_output": Q.Q5_K, "ffn_down": Q.Q6_K,
          "ffn_up": Q.IQ4_XS, "ffn_gate": Q.IQ4_NL, "output": Q.Q6_K, "*": Q.Q4_K}
 Q4_K_M_LIKE = {"token_embd": Q.Q8_0, "attn_v": Q.Q8_0, "ffn_down": Q.Q6_K, "attn_output": Q.Q4_K, "*": Q.Q5_0}
+
+
+# Llama 3.1's layout scaled down: head_dim 64, base 500000, frequency factors for an original context of 256
+# (so that pairs 0-1 keep 1, pair 2 is smoothed and the low-frequency rest is divided by 8).
+LLAMA31 = dict(arch="llama", n_vocab=128, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_ctx=1024, freq_base=500000.0,
+               rope_factors={"rope_freqs": llama3_rope_freqs(64, 500000.0, n_ctx_orig=256)})
+QWEN2_YARN = dict(arch="qwen2", n_vocab=128, n_embd=128, n_head=4, n_head_kv=2, n_ff=192, n_ctx=128,
+                  rope_scaling={"type": "yarn", "factor": 4.0, "original_context_length": 32})
 
 
 def _llama(arch, vocab, **kw):
@@ -96,6 +109,18 @@ CASES = [
          quantized=True, bos=GEMMA_BOS, n_vocab=1024, notes="Gemma 3 270M's mix of types"),
     Case("gpt2-q8_0", lambda p: write_gpt2(p, vocab=bpe_vocab("gpt-2"), n_vocab=BPE_N, n_ctx=N_CTX, qtype=Q.Q8_0,
                                             seed=13), quantized=True, bos=BPE_BOS, n_vocab=BPE_N),
+    Case("gemma3-f32-swa-keys", lambda p: write_gemma3(p, vocab=_spm(256), n_vocab=256, n_layer=4, sliding_window=8,
+                                                       swa_pattern=[True, False, True, True], freq_base_swa=20000.0,
+                                                       n_ctx=N_CTX, seed=18),
+         bos=GEMMA_BOS, n_vocab=256, n_tokens=48, notes="sliding_window_pattern as bools, rope.freq_base_swa"),
+    Case("llama31-f32-rope-freqs", partial(write_llama, **LLAMA31, seed=14), n_vocab=128, n_tokens=256, n_ctx=256,
+         f32_bound=1e-8, notes="Llama 3.1's rope_freqs.weight (factors 1..8), 256 positions, base 500000"),
+    Case("llama31-q4_k-rope-freqs", partial(write_llama, **LLAMA31, qtype=K_MIX, seed=15), quantized=True,
+         n_vocab=128, n_tokens=64, n_ctx=64),
+    Case("qwen2-f32-yarn", partial(write_llama, **QWEN2_YARN, seed=16), n_vocab=128, n_tokens=128, n_ctx=128,
+         notes="rope.scaling.type yarn, factor 4 over an original context of 32"),
+    Case("qwen2-q8_0-yarn", partial(write_llama, **QWEN2_YARN, qtype=Q.Q8_0, seed=17), quantized=True, n_vocab=128,
+         n_tokens=64, n_ctx=64),
 ]
 BY_NAME = {c.name: c for c in CASES}
 

@@ -37,9 +37,8 @@ class Llama(Decoder):
     def __init__(self, gguf, w):
         super().__init__(gguf, w)
         self.eps = hparam(gguf, "attention.layer_norm_rms_epsilon")
-        scale = 1.0 / hparam(gguf, "rope.scaling.factor", 1.0)
-        self.rope = Rope(hparam(gguf, "rope.dimension_count", self.head_dim), ROPE_MODES[gguf.architecture],
-                         hparam(gguf, "rope.freq_base", 10000.0), scale, self.n_ctx_train)
+        self.rope = Rope.from_gguf(gguf, w, hparam(gguf, "rope.dimension_count", self.head_dim),
+                                   ROPE_MODES[gguf.architecture])
         e, q, kv = self.n_embd, self.head_dim * self.n_head, self.n_embd_k_gqa
         self.layers = [LlamaLayer(
             **self.projections(w, i),
