@@ -222,6 +222,9 @@ def write_llama(path, arch: str = "llama", n_vocab: int = 64, n_embd: int = 64, 
     (default 3/sqrt(n_embd): logits of spread ~3); `drop` names keys or tensors to leave out; n_ff may be a
     list (one per layer); `rope_scaling` / `rope_factors` as in _Writer.rope (e.g. {"rope_freqs":
     llama3_rope_freqs(...)})."""
+    if arch not in ("llama", "qwen2"):
+        raise GGMLError(f"write_llama writes llama or qwen2 files, not {arch!r} (llama.cpp has no such architecture "
+                        f"with this layout)")
     hd, ffs = n_embd // n_head, list(n_ff) if isinstance(n_ff, (list, tuple)) else [n_ff] * n_layer
     w = _Writer(path, arch, seed, qtype, drop)
     w.hparams(arch, context_length=n_ctx, embedding_length=n_embd, block_count=n_layer, feed_forward_length=n_ff,

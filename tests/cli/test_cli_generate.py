@@ -44,3 +44,17 @@ def test_generate_on_the_cpu_loads_no_plugin_backend(tmp_path):
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().endswith("False"), out.stdout
+
+
+def test_generate_names_the_supported_architectures_for_another(tmp_path, capsys):
+    import gguf
+
+    path = tmp_path / "mistral.gguf"   # llama.cpp has no `mistral` architecture: Mistral's files are `llama`
+    w = gguf.GGUFWriter(str(path), "mistral")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert main(["generate", "x", "--model", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "architecture 'mistral' is not supported (supported: gemma3, gpt2, llama, qwen2" in err

@@ -1,5 +1,5 @@
 """The random-weight models pyggml is compared with llama.cpp on, one per case: every architecture, GQA
-with n_head not a multiple of 4, rope NORMAL (llama, mistral) and NEOX (qwen2, gemma3), tied and separate
+with n_head not a multiple of 4, rope NORMAL (llama) and NEOX (qwen2, gemma3), tied and separate
 output, real BPE and SentencePiece token lists, F32 and each quantized type gguf can write or read.
 
 A case's file is rewritten from its seed wherever it is needed; a SHA-256 of its contents is recorded with llama.cpp's

@@ -1,7 +1,7 @@
 """Llama-family decoders (llama.cpp's llm_build_llama / llm_build_qwen2): RMS norms, GQA, RoPE, SwiGLU.
 
-Covers the llama, mistral and qwen2 layouts: qwen2 adds biases to q, k, v (any present bias is used)
-and rotates in NeoX mode; llama and mistral use the normal mode.
+Covers the llama layout (Llama, Mistral) and qwen2's: qwen2 adds biases to q, k, v (any present bias is
+used) and rotates in NeoX mode; llama uses the normal mode.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pyggml.core import ops
 from pyggml.models.arch.blocks import (ROPE_NEOX, ROPE_NORMAL, Decoder, Rope, Step, attention, default_kq_scale,
                                        hparam, linear, rms_norm)
 
-ROPE_MODES = {"llama": ROPE_NORMAL, "mistral": ROPE_NORMAL, "qwen2": ROPE_NEOX}
+ROPE_MODES = {"llama": ROPE_NORMAL, "qwen2": ROPE_NEOX}
 
 
 @dataclass
