@@ -212,24 +212,33 @@ def llama3_rope_freqs(n_rot: int, freq_base: float, factor: float = 8.0, low_fre
     return out.astype(np.float32)
 
 
+LLAMA_LAYOUTS = ("llama", "qwen2", "qwen3", "smollm3", "granite")
+
+
 def write_llama(path, arch: str = "llama", n_vocab: int = 64, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2,
                 n_ff: int = 96, n_layer: int = 2, n_ctx: int = 128, qtype=None, tied: bool = False, seed: int = 0,
                 vocab: Vocab | None = None, output_std: float | None = None, drop=(), freq_base: float = 10000.0,
-                rope_scaling: Mapping | None = None, rope_factors: Mapping | None = None):
-    """A llama (rope NORMAL) or qwen2 (rope NEOX, q/k/v biases) file; `qtype` is one type for
-    every matrix or a {name part: type, "*": default} mapping; `vocab` (resized to n_vocab) replaces the
-    synthetic SPM one; the output matrix (the token embeddings when tied) has values of spread output_std
-    (default 3/sqrt(n_embd): logits of spread ~3); `drop` names keys or tensors to leave out; n_ff may be a
-    list (one per layer); `rope_scaling` / `rope_factors` as in _Writer.rope (e.g. {"rope_freqs":
-    llama3_rope_freqs(...)})."""
-    if arch not in ("llama", "qwen2"):
-        raise GGMLError(f"write_llama writes llama or qwen2 files, not {arch!r} (llama.cpp has no such architecture "
-                        f"with this layout)")
-    hd, ffs = n_embd // n_head, list(n_ff) if isinstance(n_ff, (list, tuple)) else [n_ff] * n_layer
+                rope_scaling: Mapping | None = None, rope_factors: Mapping | None = None, head_dim: int | None = None,
+                keys: Mapping | None = None):
+    """A file of the llama layout: llama (rope NORMAL), qwen2 (rope NEOX, q/k/v biases), qwen3 (NEOX, per-head
+    q/k norms), smollm3, granite (see write_qwen3, write_granite); `qtype` is one type for every matrix or a
+    {name part: type, "*": default} mapping; `vocab` (resized to n_vocab) replaces the synthetic SPM one; the
+    output matrix (the token embeddings when tied) has values of spread output_std (default 3/sqrt(n_embd):
+    logits of spread ~3); `drop` names keys or tensors to leave out; n_ff may be a list (one per layer);
+    `rope_scaling` / `rope_factors` as in _Writer.rope (e.g. {"rope_freqs": llama3_rope_freqs(...)});
+    `head_dim` (written as attention.key_length) other than n_embd / n_head; `keys`: more `<arch>.` keys."""
+    if arch not in LLAMA_LAYOUTS:
+        raise GGMLError(f"write_llama writes {', '.join(LLAMA_LAYOUTS)} files, not {arch!r} (llama.cpp has no such "
+                        f"architecture with this layout)")
+    hd, ffs = head_dim or n_embd // n_head, list(n_ff) if isinstance(n_ff, (list, tuple)) else [n_ff] * n_layer
     w = _Writer(path, arch, seed, qtype, drop)
     w.hparams(arch, context_length=n_ctx, embedding_length=n_embd, block_count=n_layer, feed_forward_length=n_ff,
               attention__head_count=n_head, attention__head_count_kv=n_head_kv,
-              attention__layer_norm_rms_epsilon=1e-5, rope__freq_base=freq_base, rope__dimension_count=hd)
+              attention__layer_norm_rms_epsilon=1e-5 if arch != "qwen3" else 1e-6, rope__freq_base=freq_base,
+              rope__dimension_count=hd)
+    if head_dim:
+        w.hparams(arch, attention__key_length=hd, attention__value_length=hd)
+    w.hparams(arch, **(keys or {}))
     w.rope(arch, rope_scaling, rope_factors)
     (vocab.resized(n_vocab) if vocab else spm_vocab(n_vocab)).write_to(w)
     output_std = 3 / np.sqrt(n_embd) if output_std is None else output_std     # logits of spread ~3
@@ -247,12 +256,38 @@ def write_llama(path, arch: str = "llama", n_vocab: int = 64, n_embd: int = 64, 
         if arch == "qwen2":
             for name, n in (("attn_q", n_head * hd), ("attn_k", n_head_kv * hd), ("attn_v", n_head_kv * hd)):
                 w.vector(p + name + ".bias", n)
+        if arch == "qwen3":
+            w.vector(p + "attn_q_norm.weight", hd, 1.0)
+            w.vector(p + "attn_k_norm.weight", hd, 1.0)
         w.vector(p + "ffn_norm.weight", n_embd, 1.0)
         w.matrix(p + "ffn_gate.weight", ffs[i], n_embd)
         w.matrix(p + "ffn_up.weight", ffs[i], n_embd)
         w.matrix(p + "ffn_down.weight", n_embd, ffs[i])
     _finish(w)
     return path
+
+
+def write_qwen3(path, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2, head_dim: int = 32, **kw):
+    """A Qwen 3 file: per-head q/k RMS norms, head_dim other than n_embd / n_head (Qwen3-0.6B: 1024 wide,
+    16 heads of 128), GQA, rope NEOX with base 1e6, tied output as the small Qwen 3 models."""
+    kw.setdefault("tied", True)
+    kw.setdefault("freq_base", 1000000.0)
+    return write_llama(path, "qwen3", n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, **kw)
+
+
+def write_smollm3(path, n_layer: int = 4, **kw):
+    """A SmolLM3 file: the llama layout (tied, GQA 4:1 as SmolLM3-3B), NoPE on every 4th layer."""
+    kw.setdefault("tied", True)
+    return write_llama(path, "smollm3", n_layer=n_layer, **kw)
+
+
+def write_granite(path, embedding_scale: float = 12.0, residual_scale: float = 0.22,
+                  attention_scale: float = 0.0078125, logit_scale: float = 8.0, **kw):
+    """A Granite 3.x dense file with its four scales (granite-3.1-2b's: embedding 12, residual 0.22,
+    attention 1/128, logits / 8), tied output."""
+    kw.setdefault("tied", True)
+    return write_llama(path, "granite", keys=dict(embedding_scale=embedding_scale, residual_scale=residual_scale,
+                                                  attention__scale=attention_scale, logit_scale=logit_scale), **kw)
 
 
 # SmolLM-135M's shapes: a llama model of realistic size for benchmarks (134 M parameters, tied output).

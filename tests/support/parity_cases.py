@@ -21,7 +21,8 @@ from pyggml.models.gguf_file import GGUFFile
 from pyggml.testing.agreement import F32_BOUND
 from pyggml.testing.synthetic import llama3_rope_freqs
 
-from tests.support.tiny_models import bpe_vocab, gemma3_vocab, write_gemma3, write_gpt2, write_llama
+from tests.support.tiny_models import (bpe_vocab, gemma3_vocab, write_gemma3, write_gpt2, write_granite, write_llama,
+                                      write_qwen3, write_smollm3)
 
 N_TOKENS = 32          # teacher-forced positions per case (BOS first)
 N_BATCH = 12           # pyggml's batch: later batches attend to earlier ones through the KV cache
@@ -109,6 +110,23 @@ CASES = [
          quantized=True, bos=GEMMA_BOS, n_vocab=1024, notes="Gemma 3 270M's mix of types"),
     Case("gpt2-q8_0", lambda p: write_gpt2(p, vocab=bpe_vocab("gpt-2"), n_vocab=BPE_N, n_ctx=N_CTX, qtype=Q.Q8_0,
                                             seed=13), quantized=True, bos=BPE_BOS, n_vocab=BPE_N),
+    Case("qwen3-f32-bpe", partial(write_qwen3, vocab=bpe_vocab("qwen2"), n_vocab=BPE_N, n_ff=160, n_ctx=N_CTX, seed=19),
+         bos=BPE_BOS, n_vocab=BPE_N, notes="per-head q/k norms, head_dim 32 with n_embd 64 / 4 heads, GQA 4/2"),
+    Case("qwen3-q4_k_m", partial(write_qwen3, vocab=bpe_vocab("qwen2"), n_vocab=BPE_N, n_embd=256, head_dim=128,
+                                 n_ff=512, n_ctx=N_CTX, qtype=Q4_K_M_LIKE, seed=20),
+         quantized=True, bos=BPE_BOS, n_vocab=BPE_N),
+    Case("smollm3-f32-spm", partial(write_smollm3, vocab=_spm(256), n_vocab=256, n_embd=96, n_head=6, n_head_kv=2,
+                                    n_ff=160, n_ctx=N_CTX, seed=21),
+         bos=GEMMA_BOS, n_vocab=256, notes="4 layers, NoPE on the 4th"),
+    Case("smollm3-q4_0", partial(write_smollm3, vocab=_spm(256), n_vocab=256, n_embd=96, n_head=6, n_head_kv=2,
+                                 n_ff=160, n_ctx=N_CTX, qtype=Q.Q4_0, seed=22),
+         quantized=True, bos=GEMMA_BOS, n_vocab=256),
+    Case("granite-f32-bpe", partial(write_granite, vocab=bpe_vocab("default"), n_vocab=BPE_N, n_ff=160, n_ctx=N_CTX,
+                                    output_std=1.0, seed=23),
+         bos=BPE_BOS, n_vocab=BPE_N, notes="embedding, attention, residual and logit scales"),
+    Case("granite-q8_0", partial(write_granite, vocab=bpe_vocab("default"), n_vocab=BPE_N, n_ff=160, n_ctx=N_CTX,
+                                 output_std=1.0, qtype=Q.Q8_0, seed=24),
+         quantized=True, bos=BPE_BOS, n_vocab=BPE_N),
     Case("gemma3-f32-swa-keys", lambda p: write_gemma3(p, vocab=_spm(256), n_vocab=256, n_layer=4, sliding_window=8,
                                                        swa_pattern=[True, False, True, True], freq_base_swa=20000.0,
                                                        n_ctx=N_CTX, seed=18),
