@@ -120,7 +120,7 @@ class Model:
         self.n_past = 0
 
     def _build(self, n_tokens: int, n_outputs: int, n_kv: int):
-        step = Step.new(n_tokens, n_outputs, n_kv)
+        step = Step.new(n_tokens, n_outputs, n_kv, n_ctx=self.n_ctx)
         logits = self.arch.build(step, self.kv)
         logits.set_output()
         step.graph.build_forward_expand(logits)

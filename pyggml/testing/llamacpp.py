@@ -3,17 +3,39 @@ reference the parity tests and benchmarks/kld_vs_llamacpp.py measure pyggml agai
 
 Flash attention stays off (llama-cpp-python's default, and the graph pyggml builds); the KV cache type
 is chosen per run: F32 where F32 weights are compared to the 1e-6 bound, F16 as llama.cpp's default.
+The CPU's extra buffer types (REPACK, AMX) stay off: the references then come from ggml's plain kernels,
+the same on every x86 machine, and AMX, where a CPU reports it, crashed decoding quantized weights in
+a container that does not grant the tile state.
 """
 
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 import numpy as np
 
 from pyggml.errors import GGMLError
 
 _GGML_TYPE = {"F32": 0, "F16": 1}
+
+
+@contextmanager
+def _no_extra_buffer_types(bindings):
+    """llama.cpp's model parameters with use_extra_bufts off (llama-cpp-python sets no such option itself;
+    `bindings` is its ctypes module, where Llama takes the defaults from)."""
+    default = bindings.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    bindings.llama_model_default_params = params
+    try:
+        yield
+    finally:
+        bindings.llama_model_default_params = default
 
 
 class LlamaCpp:
@@ -27,10 +49,11 @@ class LlamaCpp:
         if kv_type not in _GGML_TYPE:
             raise GGMLError(f"kv_type must be one of {sorted(_GGML_TYPE)}, not {kv_type!r}")
         self.version = llama_cpp.__version__
-        self.llm = llama_cpp.Llama(model_path=os.fspath(path), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
-                                   n_threads=n_threads, n_threads_batch=n_threads, logits_all=True,
-                                   type_k=_GGML_TYPE[kv_type], type_v=_GGML_TYPE[kv_type], flash_attn=False,
-                                   verbose=False)
+        with _no_extra_buffer_types(llama_cpp.llama_cpp):
+            self.llm = llama_cpp.Llama(model_path=os.fspath(path), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
+                                       n_threads=n_threads, n_threads_batch=n_threads, logits_all=True,
+                                       type_k=_GGML_TYPE[kv_type], type_v=_GGML_TYPE[kv_type], flash_attn=False,
+                                       verbose=False)
 
     @property
     def n_vocab(self) -> int:

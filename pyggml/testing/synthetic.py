@@ -2,7 +2,7 @@
 
 The same files serve the tests (small models against NumPy and llama.cpp) and the benchmarks (a
 realistic-size llama model, an F32 copy of a quantized model): one writer per architecture pyggml
-supports (llama / mistral / qwen2, gemma3, gpt2) with the keys and tensor names llama.cpp expects.
+supports (llama / qwen2, gemma3, gpt2) with the keys and tensor names llama.cpp expects.
 
 Weights are quantized with `gguf.quants` where it can (F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0); for
 the types it can only read (Q2_K..Q6_K, IQ4_NL, IQ4_XS) the blocks themselves are drawn at random:
@@ -177,23 +177,69 @@ class _Writer(GGUFWriter):
         self.add_tensor(name, (centre + spread * self.rng.normal(size=n)).astype(np.float32))
 
     def hparams(self, arch: str, **values) -> None:
+        """`<arch>.<key>` for each keyword (`__` for a dot): floats as F32, strings, bools, int lists (one per
+        layer) and bool lists as such, other numbers as U32."""
         for key, value in values.items():
             key = f"{arch}.{key.replace('__', '.')}"
-            (self.add_float32 if isinstance(value, float) else self.add_uint32)(key, value)
+            if isinstance(value, str):
+                self.add_string(key, value)
+            elif isinstance(value, bool):
+                self.add_bool(key, value)
+            elif isinstance(value, (list, tuple)):
+                self.add_array(key, list(value))
+            else:
+                (self.add_float32 if isinstance(value, float) else self.add_uint32)(key, value)
+
+    def rope(self, arch: str, scaling: Mapping | None, factors: Mapping | None) -> None:
+        """`rope.scaling.<key>` for each entry of `scaling` (type, factor, original_context_length, attn_factor)
+        and one F32 tensor per entry of `factors` (rope_freqs, rope_factors_long, rope_factors_short)."""
+        self.hparams(arch, **{f"rope__scaling__{k}": v for k, v in (scaling or {}).items()})
+        for name, values in (factors or {}).items():
+            self.add_tensor(f"{name}.weight", np.asarray(values, np.float32))
+
+
+def llama3_rope_freqs(n_rot: int, freq_base: float, factor: float = 8.0, low_freq_factor: float = 1.0,
+                      high_freq_factor: float = 4.0, n_ctx_orig: int = 8192) -> np.ndarray:
+    """`rope_freqs.weight` as Llama 3.1's converter writes it (rope_type "llama3"): 1 for the pairs whose
+    wavelength is below n_ctx_orig / high_freq_factor, `factor` above n_ctx_orig / low_freq_factor, smoothly
+    between."""
+    freqs = 1.0 / freq_base ** (np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
+    wavelen = 2 * np.pi / freqs
+    smooth = (n_ctx_orig / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    between = 1 / ((1 - smooth) / factor + smooth)
+    out = np.where(wavelen < n_ctx_orig / high_freq_factor, 1.0,
+                   np.where(wavelen > n_ctx_orig / low_freq_factor, factor, between))
+    return out.astype(np.float32)
+
+
+LLAMA_LAYOUTS = ("llama", "qwen2", "qwen3", "smollm3", "granite")
 
 
 def write_llama(path, arch: str = "llama", n_vocab: int = 64, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2,
                 n_ff: int = 96, n_layer: int = 2, n_ctx: int = 128, qtype=None, tied: bool = False, seed: int = 0,
-                vocab: Vocab | None = None, output_std: float | None = None, drop=()):
-    """A llama / mistral (rope NORMAL) or qwen2 (rope NEOX, q/k/v biases) file; `qtype` is one type for
-    every matrix or a {name part: type, "*": default} mapping; `vocab` (resized to n_vocab) replaces the
-    synthetic SPM one; the output matrix (the token embeddings when tied) has values of spread output_std
-    (default 3/sqrt(n_embd): logits of spread ~3); `drop` names keys or tensors to leave out."""
-    hd = n_embd // n_head
+                vocab: Vocab | None = None, output_std: float | None = None, drop=(), freq_base: float = 10000.0,
+                rope_scaling: Mapping | None = None, rope_factors: Mapping | None = None, head_dim: int | None = None,
+                keys: Mapping | None = None):
+    """A file of the llama layout: llama (rope NORMAL), qwen2 (rope NEOX, q/k/v biases), qwen3 (NEOX, per-head
+    q/k norms), smollm3, granite (see write_qwen3, write_granite); `qtype` is one type for every matrix or a
+    {name part: type, "*": default} mapping; `vocab` (resized to n_vocab) replaces the synthetic SPM one; the
+    output matrix (the token embeddings when tied) has values of spread output_std (default 3/sqrt(n_embd):
+    logits of spread ~3); `drop` names keys or tensors to leave out; n_ff may be a list (one per layer);
+    `rope_scaling` / `rope_factors` as in _Writer.rope (e.g. {"rope_freqs": llama3_rope_freqs(...)});
+    `head_dim` (written as attention.key_length) other than n_embd / n_head; `keys`: more `<arch>.` keys."""
+    if arch not in LLAMA_LAYOUTS:
+        raise GGMLError(f"write_llama writes {', '.join(LLAMA_LAYOUTS)} files, not {arch!r} (llama.cpp has no such "
+                        f"architecture with this layout)")
+    hd, ffs = head_dim or n_embd // n_head, list(n_ff) if isinstance(n_ff, (list, tuple)) else [n_ff] * n_layer
     w = _Writer(path, arch, seed, qtype, drop)
     w.hparams(arch, context_length=n_ctx, embedding_length=n_embd, block_count=n_layer, feed_forward_length=n_ff,
               attention__head_count=n_head, attention__head_count_kv=n_head_kv,
-              attention__layer_norm_rms_epsilon=1e-5, rope__freq_base=10000.0, rope__dimension_count=hd)
+              attention__layer_norm_rms_epsilon=1e-5 if arch != "qwen3" else 1e-6, rope__freq_base=freq_base,
+              rope__dimension_count=hd)
+    if head_dim:
+        w.hparams(arch, attention__key_length=hd, attention__value_length=hd)
+    w.hparams(arch, **(keys or {}))
+    w.rope(arch, rope_scaling, rope_factors)
     (vocab.resized(n_vocab) if vocab else spm_vocab(n_vocab)).write_to(w)
     output_std = 3 / np.sqrt(n_embd) if output_std is None else output_std     # logits of spread ~3
     w.matrix("token_embd.weight", n_vocab, n_embd, std=output_std if tied else 1.0)
@@ -210,12 +256,38 @@ def write_llama(path, arch: str = "llama", n_vocab: int = 64, n_embd: int = 64, 
         if arch == "qwen2":
             for name, n in (("attn_q", n_head * hd), ("attn_k", n_head_kv * hd), ("attn_v", n_head_kv * hd)):
                 w.vector(p + name + ".bias", n)
+        if arch == "qwen3":
+            w.vector(p + "attn_q_norm.weight", hd, 1.0)
+            w.vector(p + "attn_k_norm.weight", hd, 1.0)
         w.vector(p + "ffn_norm.weight", n_embd, 1.0)
-        w.matrix(p + "ffn_gate.weight", n_ff, n_embd)
-        w.matrix(p + "ffn_up.weight", n_ff, n_embd)
-        w.matrix(p + "ffn_down.weight", n_embd, n_ff)
+        w.matrix(p + "ffn_gate.weight", ffs[i], n_embd)
+        w.matrix(p + "ffn_up.weight", ffs[i], n_embd)
+        w.matrix(p + "ffn_down.weight", n_embd, ffs[i])
     _finish(w)
     return path
+
+
+def write_qwen3(path, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2, head_dim: int = 32, **kw):
+    """A Qwen 3 file: per-head q/k RMS norms, head_dim other than n_embd / n_head (Qwen3-0.6B: 1024 wide,
+    16 heads of 128), GQA, rope NEOX with base 1e6, tied output as the small Qwen 3 models."""
+    kw.setdefault("tied", True)
+    kw.setdefault("freq_base", 1000000.0)
+    return write_llama(path, "qwen3", n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, **kw)
+
+
+def write_smollm3(path, n_layer: int = 4, **kw):
+    """A SmolLM3 file: the llama layout (tied, GQA 4:1 as SmolLM3-3B), NoPE on every 4th layer."""
+    kw.setdefault("tied", True)
+    return write_llama(path, "smollm3", n_layer=n_layer, **kw)
+
+
+def write_granite(path, embedding_scale: float = 12.0, residual_scale: float = 0.22,
+                  attention_scale: float = 0.0078125, logit_scale: float = 8.0, **kw):
+    """A Granite 3.x dense file with its four scales (granite-3.1-2b's: embedding 12, residual 0.22,
+    attention 1/128, logits / 8), tied output."""
+    kw.setdefault("tied", True)
+    return write_llama(path, "granite", keys=dict(embedding_scale=embedding_scale, residual_scale=residual_scale,
+                                                  attention__scale=attention_scale, logit_scale=logit_scale), **kw)
 
 
 # SmolLM-135M's shapes: a llama model of realistic size for benchmarks (134 M parameters, tied output).
@@ -230,14 +302,20 @@ def write_small_llama(path, qtype, vocab: Vocab, seed: int = 0):
 
 def write_gemma3(path, n_vocab: int = 64, n_embd: int = 64, n_head: int = 3, n_head_kv: int = 1, head_dim: int = 32,
                  n_ff: int = 128, n_layer: int = 7, n_ctx: int = 128, sliding_window: int = 16, qtype=None,
-                 seed: int = 0, vocab: Vocab | None = None, embd_std: float | None = None):
+                 seed: int = 0, vocab: Vocab | None = None, embd_std: float | None = None, swa_pattern=None,
+                 freq_base_swa: float | None = None):
     """A Gemma 3 file: q/k norms, pre- and post-norms, tied output, rope NEOX, head_dim independent of
-    n_embd / n_head, and (with n_layer >= 6) sliding-window layers next to a global one."""
+    n_embd / n_head, and (with n_layer >= 6) sliding-window layers next to a global one; `swa_pattern`
+    (a period or one bool per layer) and `freq_base_swa` write those keys."""
     w = _Writer(path, "gemma3", seed, qtype)
     w.hparams("gemma3", context_length=n_ctx, embedding_length=n_embd, block_count=n_layer, feed_forward_length=n_ff,
               attention__head_count=n_head, attention__head_count_kv=n_head_kv, attention__key_length=head_dim,
               attention__value_length=head_dim, attention__layer_norm_rms_epsilon=1e-6,
               attention__sliding_window=sliding_window, rope__freq_base=1000000.0)
+    if swa_pattern is not None:
+        w.hparams("gemma3", attention__sliding_window_pattern=swa_pattern)
+    if freq_base_swa is not None:
+        w.hparams("gemma3", rope__freq_base_swa=freq_base_swa)
     (vocab.resized(n_vocab) if vocab else spm_vocab(n_vocab)).write_to(w)
     embd_std = 3 / np.sqrt(n_embd) if embd_std is None else embd_std        # tied output: logits of spread ~3
     w.matrix("token_embd.weight", n_vocab, n_embd, std=embd_std)

@@ -77,3 +77,17 @@ def test_generate_refuses_an_unknown_choice(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["generate", "hi", "--kv-type", "Q4_0"])
     assert e.value.code == 2 and "invalid choice: 'Q4_0'" in capsys.readouterr().err
+
+
+def test_generate_names_the_supported_architectures_for_another(tmp_path, capsys):
+    import gguf
+
+    path = tmp_path / "mistral.gguf"   # llama.cpp has no `mistral` architecture: Mistral's files are `llama`
+    w = gguf.GGUFWriter(str(path), "mistral")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert main(["generate", "x", "--model", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "architecture 'mistral' is not supported (supported: gemma3, gpt2, llama, qwen2" in err

@@ -8,7 +8,7 @@ from gguf.quants import dequantize
 from pyggml.backend import BufferUsage, init_by_name
 from pyggml.backend.cpu.interleave import has_vnni
 from pyggml.core import GGMLType
-from pyggml.errors import GGUFError
+from pyggml.errors import GGMLError, GGUFError
 from pyggml.models import load_model
 from pyggml.models.gguf_file import GGUFFile
 from pyggml.models.gguf_loader import load_weights
@@ -88,8 +88,13 @@ def test_unsupported_architecture_is_refused(tmp_path):
     path = write_llama(tmp_path / "m.gguf", arch="llama")
     data = path.read_bytes().replace(b"llama", b"mamba")
     (tmp_path / "mamba.gguf").write_bytes(data)
-    with pytest.raises(GGUFError, match="architecture 'mamba' is not supported"):
+    with pytest.raises(GGUFError, match=r"architecture 'mamba' is not supported \(supported: .*llama"):
         load_model(tmp_path / "mamba.gguf")
+
+
+def test_mistral_is_no_architecture_and_is_not_written(tmp_path):
+    with pytest.raises(GGMLError, match="not 'mistral'"):
+        write_llama(tmp_path / "m.gguf", arch="mistral")
 
 
 def test_truncated_file_is_refused(tmp_path, q8_file):

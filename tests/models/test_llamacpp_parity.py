@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 
 from pyggml.models import load_model
-from pyggml.testing.agreement import F32_BOUND, agreement, within_yardstick
+from pyggml.testing.agreement import agreement, within_yardstick
 from pyggml.testing.synthetic import write_f32_copy
 
-from tests.support.parity_cases import BY_NAME, CASES, N_BATCH, N_CTX, sha256, write_case
+from tests.support.parity_cases import BY_NAME, CASES, N_BATCH, sha256, write_case
 
 DATA = Path(__file__).parent / "data"
 REPO = Path(__file__).resolve().parents[2]
@@ -36,13 +36,14 @@ def refs():
         return dict(f)
 
 
-def pyggml_logits(path, tokens) -> np.ndarray:
-    return load_model(path, n_ctx=N_CTX, n_batch=N_BATCH, kv_type="F32").decode(list(tokens), all_logits=True)  # as the refs
+def pyggml_logits(case, path, tokens) -> np.ndarray:
+    model = load_model(path, n_ctx=case.n_ctx, n_batch=N_BATCH, kv_type="F32")  # the KV cache's type as the refs'
+    return model.decode(list(tokens), all_logits=True)
 
 
 def check_agreement(case, got: dict, yardstick: dict | None) -> None:
     if not case.quantized:
-        assert got["kld_mean"] <= F32_BOUND, f"{case.name}: mean KLD {got['kld_mean']:.3e} with F32 weights"
+        assert got["kld_mean"] <= case.f32_bound, f"{case.name}: mean KLD {got['kld_mean']:.3e} with F32 weights"
         return
     for what, holds in within_yardstick(got, yardstick):
         assert holds, f"{case.name}: {what}"
@@ -63,7 +64,8 @@ def test_logits_agree_with_committed_llamacpp_logits(tmp_path, refs, case):
         f"{case.name}: the file differs from the one llama.cpp ran on; rerun make_llamacpp_refs.py parity")
     tokens = refs[f"{case.name}/tokens"]
     assert tokens.tolist() == case.tokens()
-    check_agreement(case, agreement(refs[f"{case.name}/logits"], pyggml_logits(path, tokens)), entry.get("yardstick"))
+    check_agreement(case, agreement(refs[f"{case.name}/logits"], pyggml_logits(case, path, tokens)),
+                    entry.get("yardstick"))
 
 
 @pytest.mark.peer
@@ -78,7 +80,7 @@ def test_logits_agree_with_live_llamacpp(tmp_path, case):
     if case.quantized:
         write_f32_copy(path, tmp_path / "f32.gguf")
         yardstick = agreement(reference, llamacpp_logits(tmp_path / "f32.gguf", tokens))
-    check_agreement(case, agreement(reference, pyggml_logits(path, tokens)), yardstick)
+    check_agreement(case, agreement(reference, pyggml_logits(case, path, tokens)), yardstick)
 
 
 @pytest.mark.peer

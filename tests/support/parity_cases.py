@@ -1,5 +1,5 @@
 """The random-weight models pyggml is compared with llama.cpp on, one per case: every architecture, GQA
-with n_head not a multiple of 4, rope NORMAL (llama, mistral) and NEOX (qwen2, gemma3), tied and separate
+with n_head not a multiple of 4, rope NORMAL (llama) and NEOX (qwen2, gemma3), tied and separate
 output, real BPE and SentencePiece token lists, F32 and each quantized type gguf can write or read.
 
 A case's file is rewritten from its seed wherever it is needed; a SHA-256 of its contents is recorded with llama.cpp's
@@ -18,8 +18,11 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 
 from pyggml.models.gguf_file import GGUFFile
+from pyggml.testing.agreement import F32_BOUND
+from pyggml.testing.synthetic import llama3_rope_freqs
 
-from tests.support.tiny_models import bpe_vocab, gemma3_vocab, write_gemma3, write_gpt2, write_llama
+from tests.support.tiny_models import (bpe_vocab, gemma3_vocab, write_gemma3, write_gpt2, write_granite, write_llama,
+                                      write_qwen3, write_smollm3)
 
 N_TOKENS = 32          # teacher-forced positions per case (BOS first)
 N_BATCH = 12           # pyggml's batch: later batches attend to earlier ones through the KV cache
@@ -30,14 +33,17 @@ N_CTX = 64
 class Case:
     name: str
     write: object                  # path -> path
-    quantized: bool = False        # compared with the F32-weights yardstick rather than the 1e-6 bound
+    quantized: bool = False        # compared with the F32-weights yardstick rather than the F32 bound
     bos: int = 1
     n_vocab: int = 0
     notes: str = field(default="", compare=False)
+    n_tokens: int = N_TOKENS
+    n_ctx: int = N_CTX             # pyggml's context (llama.cpp's is the tokens')
+    f32_bound: float = F32_BOUND   # the mean KLD allowed with F32 weights
 
     def tokens(self) -> list[int]:
         rng = np.random.default_rng(len(self.name))
-        return [self.bos] + rng.integers(4, self.n_vocab, N_TOKENS - 1).tolist()
+        return [self.bos] + rng.integers(4, self.n_vocab, self.n_tokens - 1).tolist()
 
 
 def _spm(n=1024):
@@ -53,6 +59,14 @@ GEMMA_BOS, BPE_BOS = 2, 456
 K_MIX = {"attn_q": Q.Q2_K, "attn_k": Q.Q3_K, "attn_v": Q.Q6_K, "attn_output": Q.Q5_K, "ffn_down": Q.Q6_K,
          "ffn_up": Q.IQ4_XS, "ffn_gate": Q.IQ4_NL, "output": Q.Q6_K, "*": Q.Q4_K}
 Q4_K_M_LIKE = {"token_embd": Q.Q8_0, "attn_v": Q.Q8_0, "ffn_down": Q.Q6_K, "attn_output": Q.Q4_K, "*": Q.Q5_0}
+
+
+# Llama 3.1's layout scaled down: head_dim 64, base 500000, frequency factors for an original context of 256
+# (so that pairs 0-1 keep 1, pair 2 is smoothed and the low-frequency rest is divided by 8).
+LLAMA31 = dict(arch="llama", n_vocab=128, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_ctx=1024, freq_base=500000.0,
+               rope_factors={"rope_freqs": llama3_rope_freqs(64, 500000.0, n_ctx_orig=256)})
+QWEN2_YARN = dict(arch="qwen2", n_vocab=128, n_embd=128, n_head=4, n_head_kv=2, n_ff=192, n_ctx=128,
+                  rope_scaling={"type": "yarn", "factor": 4.0, "original_context_length": 32})
 
 
 def _llama(arch, vocab, **kw):
@@ -96,6 +110,35 @@ CASES = [
          quantized=True, bos=GEMMA_BOS, n_vocab=1024, notes="Gemma 3 270M's mix of types"),
     Case("gpt2-q8_0", lambda p: write_gpt2(p, vocab=bpe_vocab("gpt-2"), n_vocab=BPE_N, n_ctx=N_CTX, qtype=Q.Q8_0,
                                             seed=13), quantized=True, bos=BPE_BOS, n_vocab=BPE_N),
+    Case("qwen3-f32-bpe", partial(write_qwen3, vocab=bpe_vocab("qwen2"), n_vocab=BPE_N, n_ff=160, n_ctx=N_CTX, seed=19),
+         bos=BPE_BOS, n_vocab=BPE_N, notes="per-head q/k norms, head_dim 32 with n_embd 64 / 4 heads, GQA 4/2"),
+    Case("qwen3-q4_k_m", partial(write_qwen3, vocab=bpe_vocab("qwen2"), n_vocab=BPE_N, n_embd=256, head_dim=128,
+                                 n_ff=512, n_ctx=N_CTX, qtype=Q4_K_M_LIKE, seed=20),
+         quantized=True, bos=BPE_BOS, n_vocab=BPE_N),
+    Case("smollm3-f32-spm", partial(write_smollm3, vocab=_spm(256), n_vocab=256, n_embd=96, n_head=6, n_head_kv=2,
+                                    n_ff=160, n_ctx=N_CTX, seed=21),
+         bos=GEMMA_BOS, n_vocab=256, notes="4 layers, NoPE on the 4th"),
+    Case("smollm3-q4_0", partial(write_smollm3, vocab=_spm(256), n_vocab=256, n_embd=96, n_head=6, n_head_kv=2,
+                                 n_ff=160, n_ctx=N_CTX, qtype=Q.Q4_0, seed=22),
+         quantized=True, bos=GEMMA_BOS, n_vocab=256),
+    Case("granite-f32-bpe", partial(write_granite, vocab=bpe_vocab("default"), n_vocab=BPE_N, n_ff=160, n_ctx=N_CTX,
+                                    output_std=1.0, seed=23),
+         bos=BPE_BOS, n_vocab=BPE_N, notes="embedding, attention, residual and logit scales"),
+    Case("granite-q8_0", partial(write_granite, vocab=bpe_vocab("default"), n_vocab=BPE_N, n_ff=160, n_ctx=N_CTX,
+                                 output_std=1.0, qtype=Q.Q8_0, seed=24),
+         quantized=True, bos=BPE_BOS, n_vocab=BPE_N),
+    Case("gemma3-f32-swa-keys", lambda p: write_gemma3(p, vocab=_spm(256), n_vocab=256, n_layer=4, sliding_window=8,
+                                                       swa_pattern=[True, False, True, True], freq_base_swa=20000.0,
+                                                       n_ctx=N_CTX, seed=18),
+         bos=GEMMA_BOS, n_vocab=256, n_tokens=48, notes="sliding_window_pattern as bools, rope.freq_base_swa"),
+    Case("llama31-f32-rope-freqs", partial(write_llama, **LLAMA31, seed=14), n_vocab=128, n_tokens=256, n_ctx=256,
+         f32_bound=1e-8, notes="Llama 3.1's rope_freqs.weight (factors 1..8), 256 positions, base 500000"),
+    Case("llama31-q4_k-rope-freqs", partial(write_llama, **LLAMA31, qtype=K_MIX, seed=15), quantized=True,
+         n_vocab=128, n_tokens=64, n_ctx=64),
+    Case("qwen2-f32-yarn", partial(write_llama, **QWEN2_YARN, seed=16), n_vocab=128, n_tokens=128, n_ctx=128,
+         notes="rope.scaling.type yarn, factor 4 over an original context of 32"),
+    Case("qwen2-q8_0-yarn", partial(write_llama, **QWEN2_YARN, qtype=Q.Q8_0, seed=17), quantized=True, n_vocab=128,
+         n_tokens=64, n_ctx=64),
 ]
 BY_NAME = {c.name: c for c in CASES}
 

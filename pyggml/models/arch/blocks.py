@@ -37,16 +37,17 @@ class Step:
     out_ids: Tensor | None
     masks: dict = field(default_factory=dict)  # window (None = full causal) -> F32 [n_kv, n_tokens] input
     kv_cells: tuple | None = None              # I64 inputs: the KV cache rows this step writes (kv_cache.store)
+    n_ctx: int = 0
 
     @classmethod
-    def new(cls, n_tokens: int, n_outputs: int, n_kv: int, graph_size: int = 8192) -> Step:
+    def new(cls, n_tokens: int, n_outputs: int, n_kv: int, graph_size: int = 8192, n_ctx: int = 0) -> Step:
         ctx = Context(no_alloc=True)
         tokens = ctx.new_tensor_1d(GGMLType.I32, n_tokens, "inp_tokens").set_input()
         positions = ctx.new_tensor_1d(GGMLType.I32, n_tokens, "inp_pos").set_input()
         out_ids = None
         if n_outputs < n_tokens:
             out_ids = ctx.new_tensor_1d(GGMLType.I32, n_outputs, "inp_out_ids").set_input()
-        return cls(ctx, Graph(graph_size), n_tokens, n_outputs, n_kv, tokens, positions, out_ids)
+        return cls(ctx, Graph(graph_size), n_tokens, n_outputs, n_kv, tokens, positions, out_ids, n_ctx=n_ctx)
 
     def mask(self, window: int | None = None) -> Tensor:
         """The attention mask input for a layer with this sliding window (one tensor per distinct window)."""
@@ -76,19 +77,70 @@ def linear(ctx: Context, w: Tensor, x: Tensor, bias: Tensor | None = None) -> Te
     return ops.add(ctx, y, bias) if bias is not None else y
 
 
+ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")
+
+
 @dataclass(frozen=True)
 class Rope:
-    """ggml_rope_ext's parameters for one layer (no YaRN: ext_factor 0, attn_factor 1)."""
+    """ggml_rope_ext's parameters for one layer, as llama.cpp derives them from the file (see `from_gguf`).
+
+    Frequency factors divide each pair's frequency: Llama 3.1's `rope_freqs.weight` (`freq_factors`), else
+    LongRoPE's `short_factors` or, for a context longer than n_ctx_orig, its `long_factors`.
+    """
 
     n_dims: int
     mode: int
     freq_base: float
     freq_scale: float = 1.0
     n_ctx_orig: int = 0
+    ext_factor: float = 0.0
+    attn_factor: float = 1.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    freq_factors: Tensor | None = None
+    short_factors: Tensor | None = None
+    long_factors: Tensor | None = None
+
+    @classmethod
+    def from_gguf(cls, gguf, w, n_dims: int, mode: int, freq_base: float | None = None,
+                  freq_scale: float | None = None) -> Rope:
+        """llama.cpp's RoPE of a file (llama-model.cpp load_hparams, llama-context.cpp): `rope.scaling.type`
+        none / linear (the default) / yarn / longrope; freq_scale = 1 / `rope.scaling.factor` (1 when the type
+        is none or there is no factor); n_ctx_orig = `rope.scaling.original_context_length` or the training
+        context. YaRN sets ext_factor 1 and attn_factor = mscale(factor) / (1 + 0.1 ln factor) (the second
+        term cancels the magnitude ggml's kernel applies itself), times `rope.scaling.attn_factor`; beta_fast
+        and beta_slow stay 32 and 1, as llama.cpp keeps them for the architectures built here. Frequency
+        factors: `rope_freqs.weight`, `rope_factors_short.weight`, `rope_factors_long.weight`.
+        `freq_base` / `freq_scale` override the file's (a sliding-window layer's own base and scale)."""
+        kind = gguf.get(f"{gguf.architecture}.rope.scaling.type", "linear")
+        if kind not in ROPE_SCALING_TYPES:
+            raise GGUFError(f"{gguf.path}: metadata key '{gguf.architecture}.rope.scaling.type' is {kind!r}; "
+                            f"expected one of {', '.join(ROPE_SCALING_TYPES)}")
+        factor = hparam(gguf, "rope.scaling.factor", 0.0) or hparam(gguf, "rope.scale_linear", 0.0)
+        file_scale = 1.0 if kind == "none" or factor == 0 else 1.0 / factor
+        attn_factor, ext_factor = hparam(gguf, "rope.scaling.attn_factor", 1.0), 0.0
+        if kind == "yarn":  # the context's ext_factor and attn_factor, the same for every layer
+            ext_factor, factor = 1.0, 1.0 / file_scale
+            mscale = 1.0 if factor <= 1.0 else 0.1 * math.log(factor) + 1.0
+            attn_factor *= mscale / (1.0 + 0.1 * math.log(factor))
+        pairs = (n_dims // 2,)
+        n_ctx_orig = hparam(gguf, "rope.scaling.original_context_length", 0) or hparam(gguf, "context_length")
+        return cls(n_dims, mode, hparam(gguf, "rope.freq_base", 10000.0) if freq_base is None else freq_base,
+                   file_scale if freq_scale is None else freq_scale, n_ctx_orig, ext_factor, attn_factor,
+                   freq_factors=w.optional("rope_freqs.weight", pairs),
+                   short_factors=w.optional("rope_factors_short.weight", pairs),
+                   long_factors=w.optional("rope_factors_long.weight", pairs))
+
+    def factors_for(self, n_ctx: int) -> Tensor | None:
+        """llama.cpp's get_rope_factors: rope_freqs, else LongRoPE's set for the context's length."""
+        if self.freq_factors is not None:
+            return self.freq_factors
+        return self.long_factors if n_ctx > self.n_ctx_orig else self.short_factors
 
     def apply(self, step: Step, x: Tensor) -> Tensor:
-        return ops.rope_ext(step.ctx, x, step.positions, None, self.n_dims, self.mode, self.n_ctx_orig,
-                            self.freq_base, self.freq_scale, 0.0, 1.0, 32.0, 1.0)
+        return ops.rope_ext(step.ctx, x, step.positions, self.factors_for(step.n_ctx), self.n_dims, self.mode,
+                            self.n_ctx_orig, self.freq_base, self.freq_scale, self.ext_factor, self.attn_factor,
+                            self.beta_fast, self.beta_slow)
 
 
 def attention(step: Step, kv, il: int, q: Tensor, k: Tensor, v: Tensor, kq_scale: float,
@@ -125,6 +177,36 @@ def hparam(gguf, key: str, default=_REQUIRED):
     return value
 
 
+def hparam_per_layer(gguf, key: str, n_layer: int, default=_REQUIRED) -> list:
+    """`<architecture>.<key>` for each layer: one number for all, or an array of one per layer (llama.cpp's
+    get_key_or_arr)."""
+    full = f"{gguf.architecture}.{key}"
+    value = gguf.get(full)
+    if value is None or isinstance(value, (int, float)):
+        return [hparam(gguf, key, default)] * n_layer
+    values = list(value.tolist() if hasattr(value, "tolist") else value)
+    if len(values) != n_layer or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        raise GGUFError(f"{gguf.path}: metadata key '{full}' is {values!r}; expected {n_layer} integers >= 0")
+    return values
+
+
+def swa_layers(gguf, n_layer: int, n_pattern: int, dense_first: bool = False) -> list[bool]:
+    """Which layers use the sliding window (llama.cpp's load_swa_pattern): `attention.sliding_window_pattern`
+    as one bool per layer, or a period n (default n_pattern): layer il is SWA unless il % n == n - 1
+    (dense_first: unless il % n == 0); a period of 0 makes every layer SWA."""
+    full = f"{gguf.architecture}.attention.sliding_window_pattern"
+    value = gguf.get(full, n_pattern)
+    if not isinstance(value, int):
+        flags = list(value.tolist() if hasattr(value, "tolist") else value)
+        if len(flags) != n_layer or not all(isinstance(f, bool) for f in flags):
+            raise GGUFError(f"{gguf.path}: metadata key '{full}' is {flags!r}; expected {n_layer} booleans")
+        return flags
+    n = hparam(gguf, "attention.sliding_window_pattern", n_pattern)
+    if dense_first:
+        return [n == 0 or il % n != 0 for il in range(n_layer)]
+    return [n == 0 or il % n < n - 1 for il in range(n_layer)]
+
+
 class Decoder:
     """What every decoder reads the same way: sizes from `<arch>.*` keys, the embeddings and the output head
     (output.weight, or the token embeddings when they are tied)."""
@@ -132,9 +214,12 @@ class Decoder:
     def __init__(self, gguf, w):
         self.n_layer = hparam(gguf, "block_count")
         self.n_embd = hparam(gguf, "embedding_length")
-        self.n_ff = hparam(gguf, "feed_forward_length")
-        self.n_head = hparam(gguf, "attention.head_count")
-        self.n_head_kv = hparam(gguf, "attention.head_count_kv", self.n_head)
+        self.n_ff_arr = hparam_per_layer(gguf, "feed_forward_length", self.n_layer)
+        self.n_ff = self.n_ff_arr[0]
+        self.n_head = self.uniform(gguf, "attention.head_count", hparam_per_layer(gguf, "attention.head_count",
+                                                                                 self.n_layer))
+        self.n_head_kv = self.uniform(gguf, "attention.head_count_kv", hparam_per_layer(
+            gguf, "attention.head_count_kv", self.n_layer, self.n_head))
         for key, n in (("block_count", self.n_layer), ("embedding_length", self.n_embd),
                        ("attention.head_count", self.n_head), ("attention.head_count_kv", self.n_head_kv)):
             if not isinstance(n, int) or n == 0:  # sizes and divisors: a float or 0 would fail far from here
@@ -148,9 +233,17 @@ class Decoder:
         self.output_norm = w.get("output_norm.weight", (self.n_embd,))
         self.output = w.optional("output.weight", (self.n_embd, self.n_vocab)) or self.tok_embd
 
+    @staticmethod
+    def uniform(gguf, key: str, values: list):
+        """The one value of a per-layer array (the KV cache and the graphs take one head count for all layers)."""
+        if len(set(values)) > 1:
+            raise GGUFError(f"{gguf.path}: metadata key '{gguf.architecture}.{key}' differs between layers "
+                            f"({values}); pyggml's {gguf.architecture} takes one value for every layer")
+        return values[0]
+
     def projections(self, w, il: int) -> dict:
         """Layer il's attention and gated-FFN matrices by their field names (shapes checked)."""
-        e, q, kv, f, p = self.n_embd, self.head_dim * self.n_head, self.n_embd_k_gqa, self.n_ff, f"blk.{il}."
+        e, q, kv, f, p = self.n_embd, self.head_dim * self.n_head, self.n_embd_k_gqa, self.n_ff_arr[il], f"blk.{il}."
         return dict(attn_norm=w.get(p + "attn_norm.weight", (e,)), wq=w.get(p + "attn_q.weight", (e, q)),
                     wk=w.get(p + "attn_k.weight", (e, kv)), wv=w.get(p + "attn_v.weight", (e, kv)),
                     wo=w.get(p + "attn_output.weight", (q, e)), ffn_norm=w.get(p + "ffn_norm.weight", (e,)),

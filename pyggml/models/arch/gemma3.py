@@ -1,5 +1,6 @@
 """Gemma 3 (llama.cpp's llm_build_gemma3, iSWA variant): q/k RMS norms, pre- and post-norms, GeGLU,
-embeddings scaled by sqrt(n_embd), sliding-window attention on 5 layers of every 6 and tied output."""
+embeddings scaled by sqrt(n_embd), sliding-window attention (5 layers of every 6 unless the file says
+otherwise) with its own RoPE base, and tied output."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ from dataclasses import dataclass
 
 from pyggml.core import Tensor
 from pyggml.core import ops
-from pyggml.models.arch.blocks import ROPE_NEOX, Decoder, Rope, Step, attention, hparam, rms_norm
+from pyggml.models.arch.blocks import ROPE_NEOX, Decoder, Rope, Step, attention, hparam, rms_norm, swa_layers
 
-SWA_PATTERN = 6           # layer il uses the sliding window unless il % 6 == 5 (llama.cpp's set_swa_pattern(6))
-SWA_FREQ_BASE = 10000.0   # llama.cpp hard-codes the local layers' RoPE base for gemma3
+SWA_PATTERN = 6           # by default layer il uses the sliding window unless il % 6 == 5 (llama.cpp's)
+SWA_FREQ_BASE = 10000.0   # the local layers' RoPE base unless `rope.freq_base_swa` says
 
 
 @dataclass
@@ -36,10 +37,11 @@ class Gemma3(Decoder):
         super().__init__(gguf, w)
         self.eps = hparam(gguf, "attention.layer_norm_rms_epsilon")
         self.n_swa = hparam(gguf, "attention.sliding_window", 0)
+        self.swa = swa_layers(gguf, self.n_layer, SWA_PATTERN) if self.n_swa > 0 else [False] * self.n_layer
         n_rot = hparam(gguf, "rope.dimension_count", self.head_dim)
-        scale = 1.0 / hparam(gguf, "rope.scaling.factor", 1.0)
-        self.rope_global = Rope(n_rot, ROPE_NEOX, hparam(gguf, "rope.freq_base", 10000.0), scale, self.n_ctx_train)
-        self.rope_local = Rope(n_rot, ROPE_NEOX, SWA_FREQ_BASE, 1.0, self.n_ctx_train)
+        self.rope_global = Rope.from_gguf(gguf, w, n_rot, ROPE_NEOX)
+        self.rope_local = Rope.from_gguf(gguf, w, n_rot, ROPE_NEOX, hparam(gguf, "rope.freq_base_swa", SWA_FREQ_BASE),
+                                         1.0)
         # gemma_pytorch: query_pre_attn_scalar = head_dim except for the 27B model (62 layers)
         self.attn_scale = 1.0 / math.sqrt(self.n_embd / self.n_head if self.n_layer == 62 else self.head_dim)
         self.softcap = gguf.get("gemma3.final_logit_softcapping")
@@ -52,14 +54,11 @@ class Gemma3(Decoder):
             post_ffn_norm=w.get(f"blk.{i}.post_ffw_norm.weight", (e,)),
         ) for i in range(self.n_layer)]
 
-    def is_swa(self, il: int) -> bool:
-        return self.n_swa > 0 and il % SWA_PATTERN < SWA_PATTERN - 1
-
     def build(self, step: Step, kv) -> Tensor:
         ctx, eps, n = step.ctx, self.eps, step.n_tokens
         x = ops.scale(ctx, ops.get_rows(ctx, self.tok_embd, step.tokens), math.sqrt(self.n_embd))
         for il, layer in enumerate(self.layers):
-            swa = self.is_swa(il)
+            swa = self.swa[il]
             rope = self.rope_local if swa else self.rope_global
             cur = rms_norm(ctx, x, layer.attn_norm, eps)
             q = ops.reshape_3d(ctx, ops.mul_mat(ctx, layer.wq, cur), self.head_dim, self.n_head, n)

@@ -49,7 +49,8 @@ class GPT2(Decoder):
 
     def build(self, step: Step, kv) -> Tensor:
         ctx, eps, n, e, hd = step.ctx, self.eps, step.n_tokens, self.n_embd, self.head_dim
-        x = ops.add(ctx, ops.get_rows(ctx, self.tok_embd, step.tokens), ops.get_rows(ctx, self.pos_embd, step.positions))
+        x = ops.add(ctx, ops.get_rows(ctx, self.tok_embd, step.tokens),
+                    ops.get_rows(ctx, self.pos_embd, step.positions))
         for il, layer in enumerate(self.layers):
             qkv = linear(ctx, layer.wqkv, layer_norm(ctx, x, layer.attn_norm, layer.attn_norm_b, eps), layer.bqkv)
             q, k, v = (ops.cont_3d(ctx, ops.view_2d(ctx, qkv, e, n, qkv.nb[1], i * e * qkv.nb[0]), hd, self.n_head, n)

@@ -1,0 +1,17 @@
+"""SmolLM3 (llama.cpp's llm_build_smollm3): the llama layout with no RoPE on every 4th layer (NoPE:
+layer il rotates unless (il + 1) % 4 == 0)."""
+
+from __future__ import annotations
+
+from pyggml.core import Tensor
+from pyggml.models.arch.blocks import Step
+from pyggml.models.arch.llama import Llama
+
+NO_ROPE_LAYER_STEP = 4  # llama.cpp's n_no_rope_layer_step for smollm3 (not a key of the file)
+
+
+class SmolLM3(Llama):
+    def rope_qk(self, step: Step, il: int, layer, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        if (il + 1) % NO_ROPE_LAYER_STEP == 0:
+            return q, k
+        return super().rope_qk(step, il, layer, q, k)
