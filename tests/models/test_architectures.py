@@ -63,10 +63,10 @@ def test_integer_products_stay_within_the_error_of_q8_0_activations(tmp_path, ca
 
 
 @pytest.mark.parametrize("case", ["llama", "gpt2"])
-@pytest.mark.parametrize("repack", [True, False])
-def test_token_by_token_decode_matches_numpy_with_f16_cache(tmp_path, case, repack):
+@pytest.mark.parametrize("weights", ["f32", "quantized"])
+def test_token_by_token_decode_matches_numpy_with_f16_cache(tmp_path, case, weights):
     tokens = np.random.default_rng(2).integers(3, 60, 12).tolist()
-    model, expected = _model_and_reference(tmp_path, case, tokens, n_ctx=16, n_batch=4, repack=repack,
+    model, expected = _model_and_reference(tmp_path, case, tokens, n_ctx=16, n_batch=4, weights=weights,
                                            kv_type=GGMLType.F16)
     got = np.stack([model.decode([t]) for t in tokens])
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-2 * np.abs(expected).max())
@@ -74,14 +74,14 @@ def test_token_by_token_decode_matches_numpy_with_f16_cache(tmp_path, case, repa
 
 
 @pytest.mark.parametrize("case", ["llama-q8_0", "gpt2-q8_0"])
-def test_repacked_weights_give_the_logits_of_the_file_bytes(tmp_path, case, float_products):
-    """CPU_REPACK holds the values the file's bytes dequantize to: embedding rows are identical, and the products
+def test_f32_weights_give_the_logits_of_the_file_bytes(tmp_path, case, float_products):
+    """CPU_F32 holds the values the file's bytes dequantize to: embedding rows are identical, and the products
     (BLAS on float32 values against the compiled kernels on the blocks) differ by float32 summation order only."""
     tokens = np.random.default_rng(4).integers(3, 60, 10).tolist()
-    packed, _ = _model_and_reference(tmp_path, case, tokens, n_ctx=32, n_batch=4, repack=True)
-    assert any(t.buffer.buft.name == "CPU_REPACK" for t in packed.weights.tensors.values())
-    plain = load_model(tmp_path / f"{case}.gguf", n_ctx=32, n_batch=4, repack=False)
-    expected = packed.decode(tokens, all_logits=True)
+    expanded, _ = _model_and_reference(tmp_path, case, tokens, n_ctx=32, n_batch=4, weights="f32")
+    assert any(t.buffer.buft.name == "CPU_F32" for t in expanded.weights.tensors.values())
+    plain = load_model(tmp_path / f"{case}.gguf", n_ctx=32, n_batch=4, weights="quantized")
+    expected = expanded.decode(tokens, all_logits=True)
     np.testing.assert_allclose(plain.decode(tokens, all_logits=True), expected, rtol=0, atol=1e-5 * np.abs(expected).max())
 
 

@@ -1,12 +1,12 @@
 """The CPU device's extra buffer type "CPU_INTERLEAVED": Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 matrices interleaved 16 rows at
 a time, for the integer products of AVX-512 VNNI (pyggml.backend.cpu.jit.repack), as ggml's CPU_REPACK
-keeps Q4_0 as block_q4_0x8 for its integer kernels.
+buffer type keeps Q4_0 as block_q4_0x8 for its integer kernels.
 
 The layout moves the file's bytes and adds none (jit/repack.py), so a weight takes its size in the file.
 The loader puts a model's matrices of these types here when the CPU has VNNI (`takes`); the products
 then quantize their activations to Q8_0 and multiply in int8, prompt and generation alike (within
 test-backend-ops' 5e-4 NMSE, as ggml's own CPU kernels, which quantize activations the same way). Like
-CPU_REPACK, the buffer is not host memory to the rest of the system: tensor_get and memset refuse, only
+CPU_F32, the buffer is not host memory to the rest of the system: tensor_get and memset refuse, only
 MUL_MAT reads it (`Tensor.extra` is INTERLEAVED), and a token embedding, which GET_ROWS reads, is left
 in the file.
 """
@@ -18,11 +18,10 @@ import functools
 import numpy as np
 
 from pyggml.backend.base import BufferType, Status
-from pyggml.backend.cpu.backend import TENSOR_ALIGNMENT
+from pyggml.backend.cpu.backend import TENSOR_ALIGNMENT, ConvertedBuffer
 from pyggml.backend.cpu.jit.repack import repack_16x4
-from pyggml.backend.cpu.jit.vnni_ir import FORMATS, ROWS
+from pyggml.backend.cpu.jit.ir.vnni_ir import FORMATS, ROWS
 from pyggml.backend.cpu.kernels._common import INTERLEAVED
-from pyggml.backend.cpu.repack import ConvertedBuffer
 from pyggml.core import types as T
 from pyggml.core.host_memory import aligned_bytes
 from pyggml.core.tensor import Tensor

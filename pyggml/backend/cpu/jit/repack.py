@@ -5,13 +5,13 @@ AVX-512 VNNI.
 Layout "16x4": rows go in groups of 16; a group's block b holds the fields before the quants, each for
 the 16 rows in turn (fp16 d; Q4_1's and Q5_1's fp16 m; Q5_0's and Q5_1's 4 bytes of fifth bits), then
 vectors of 64 bytes: vector j holds bytes 4j .. 4j+3 of each row's quant bytes, row after row, so each
-int32 lane of a vector is one row. A 4-bit quant byte keeps value j in its low nibble and value j + 16 in its high one: vector
-j's low nibbles are values 4j .. 4j+3, its high ones 16+4j .. 16+4j+3 (4 vectors a block). Q8_0's 32
-bytes are 8 vectors, each byte stored + 128 (unsigned, as vpdpbusd takes one side). The repacked tensor
-takes exactly its size in the file.
+int32 lane of a vector is one row. A 4-bit quant byte keeps value j in its low nibble and value j + 16 in
+its high one: vector j's low nibbles are values 4j .. 4j+3, its high ones 16+4j .. 16+4j+3 (4 vectors a
+block). Q8_0's 32 bytes are 8 vectors, each byte stored + 128 (unsigned, as vpdpbusd takes one side). The
+repacked tensor takes exactly its size in the file.
 
 Activations become Q8_0 blocks as ggml's quantize_row_q8_0 makes them (d = max|x| / 127 kept as fp16,
-q = round(x·127/max)), split into quants, float scales, Σq (what vnni_ir.py's sums start from) and
+q = round(x·127/max)), split into quants, float scales, Σq (what ir/vnni_ir.py's sums start from) and
 Q8_1's s = fp16(d·Σq) (what ggml multiplies Q4_1's and Q5_1's minimum with).
 """
 
@@ -23,7 +23,7 @@ from numba import prange
 from pyggml.backend.cpu.jit import jit, parallel_jit
 from pyggml.backend.cpu.jit.f16 import f16_bits
 from pyggml.backend.cpu.jit.floatbits import f16_to_f32
-from pyggml.backend.cpu.jit.vnni_ir import FORMATS, ROWS, tile_q4_0, tile_q4_1, tile_q5_0, tile_q5_1, tile_q8_0
+from pyggml.backend.cpu.jit.ir.vnni_ir import FORMATS, ROWS, tile_q4_0, tile_q4_1, tile_q5_0, tile_q5_1, tile_q8_0
 from pyggml.core.types import GGMLType
 
 Q4_0, Q4_1, Q5_0, Q5_1 = int(GGMLType.Q4_0), int(GGMLType.Q4_1), int(GGMLType.Q5_0), int(GGMLType.Q5_1)

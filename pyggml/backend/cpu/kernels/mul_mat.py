@@ -3,7 +3,7 @@
 A src0 in a block format the compiled kernels decode (F16, BF16, Q4_0 ... Q6_K, IQ4_NL/XS; see
 pyggml.backend.cpu.jit) is read in place: a few columns go through `mul_mat_vec` (rows dequantized in
 registers, threads over rows), many columns through tiles of rows dequantized to float32 on one thread
-and BLAS sgemm. Other sources are float32 (F32, CPU_REPACK values, or a cached dequantized copy) and
+and BLAS sgemm. Other sources are float32 (F32, CPU_F32 values, or a cached dequantized copy) and
 go to BLAS directly. ggml converts src1 to src0's vec_dot type (F16, Q8_0, Q8_K) before its dot
 products; here src1 stays float32, which is at least as accurate (within ggml's 5e-4 NMSE for these ops).
 """
@@ -17,10 +17,10 @@ import numpy as np
 
 from pyggml.backend.cpu.jit.mul_mat import dequantize_rows, mul_mat_float_columns, mul_mat_vec
 from pyggml.backend.cpu.jit.repack import gemm_16x4_q8_0, quantize_q8_0
-from pyggml.backend.cpu.jit.vnni_ir import ROWS
+from pyggml.backend.cpu.jit.ir.vnni_ir import ROWS
 from pyggml.backend.cpu.kernels import kernel
 from pyggml.backend.cpu.kernels._blocks import THREADS_MAX, blocks_per_row, in_blocks, memory_of
-from pyggml.backend.cpu.kernels._common import (FLOAT_TYPES, INTERLEAVED, as_f32, blas_threads, repacked_values,
+from pyggml.backend.cpu.kernels._common import (FLOAT_TYPES, INTERLEAVED, as_f32, blas_threads, expanded_values,
                                                 view)
 from pyggml.backend.cpu.kernels._dequant_cache import DEQUANT_CACHE, dequantizable
 from pyggml.core import types as T
@@ -29,11 +29,12 @@ from pyggml.errors import OutOfBoundsError
 
 
 def src0_f32(t: Tensor) -> np.ndarray:
-    """src0's values as float32, shape ne[::-1]: a view for F32 and repacked weights, else a (cached) dequantized copy."""
+    """src0's values as float32, shape ne[::-1]: a view for F32 and CPU_F32 weights, else a (cached) dequantized
+    copy."""
     if t.type == T.GGMLType.F32:
         return view(t)
-    repacked = repacked_values(t)
-    return repacked if repacked is not None else DEQUANT_CACHE.get(t)
+    expanded = expanded_values(t)
+    return expanded if expanded is not None else DEQUANT_CACHE.get(t)
 
 
 def _blasable(m: np.ndarray) -> np.ndarray:

@@ -3,7 +3,7 @@ quantized to Q8_0, written as LLVM vector IR around AVX-512 VNNI's vpdpbusd (as 
 
 One vpdpbusd multiplies 64 unsigned bytes by 64 signed bytes and adds each group of four products into
 one of 16 int32 lanes: 64 multiply-adds in one instruction, where a float32 FMA does 16. The repacked
-layout (repack.py) makes lane r row r of a 16-row group, so the four bytes each lane takes are four
+layout (jit/repack.py) makes lane r row r of a 16-row group, so the four bytes each lane takes are four
 quants of row r, and the activation side is four consecutive values of one token, the same in every
 lane (a broadcast). A block (32 values) is then 8 vpdpbusd into an int32 accumulator, one conversion
 to float and one multiply-add with the 16 rows' scales times the token's scale. The weights' bytes are
@@ -26,7 +26,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from pyggml.backend.cpu.jit.block_ir import F32, FAST, I32, I64, I8, splat
+from pyggml.backend.cpu.jit.ir.block_ir import F32, FAST, I32, I64, I8, splat
 from pyggml.core.types import GGMLType
 
 ROWS = 16                               # rows of a group: the int32 lanes of a zmm register
@@ -37,7 +37,7 @@ VI8 = ir.VectorType(I8, 4 * ROWS)
 VF16 = ir.VectorType(ir.HalfType(), ROWS)
 
 # per ggml type: block bytes, the fields before the quants as (offset, bytes): fp16 d (and m), Q5's qh
-# (repack.py lays the groups out from these), and the quants' zero point (offset·Σq starts each sum)
+# (jit/repack.py lays the groups out from these), and the quants' zero point (offset·Σq starts each sum)
 FORMATS = {int(GGMLType.Q4_0): (18, ((0, 2),), -8), int(GGMLType.Q4_1): (20, ((0, 2), (2, 2)), 0),
            int(GGMLType.Q5_0): (22, ((0, 2), (2, 4)), -16), int(GGMLType.Q5_1): (24, ((0, 2), (2, 2), (4, 4)), 0),
            int(GGMLType.Q8_0): (34, ((0, 2),), -128)}
@@ -55,7 +55,7 @@ def _load(builder, base, offset, vtype, align=1):
 
 
 class Layout:
-    """How a type's 16-row group block lies (repack.py), from its FORMATS entry: the fp16 fields of 16 rows
+    """How a type's 16-row group block lies (jit/repack.py), from its FORMATS entry: the fp16 fields of 16 rows
     each (`headers`: d, then m for Q4_1 and Q5_1, whose sums add m·s, s being Q8_1's d·Σq as in ggml), then
     for Q5 the rows' 32 fifth bits (`high_bits`: one vector of 16 uint32), then the quant vectors, 64 bytes
     each (16 rows x 4 bytes). 4-bit quants: each vector holds two (low nibbles: values k, high: k + 16);
