@@ -146,9 +146,28 @@ def test_without_vnni_q4_0_stays_in_the_file(q4_0_file, monkeypatch):
 
 @pytest.mark.skipif(not has_vnni(), reason="matrices are interleaved only where AVX-512 VNNI multiplies them")
 def test_a_model_whose_layers_mix_in_other_quantized_types_keeps_them_all_in_the_file(tmp_path):
-    """Q4_0 layers with one Q4_K matrix among them: nothing is interleaved (integer and float products
-    mixed moved the logits further from llama.cpp's than either alone)."""
-    path = write_llama(tmp_path / "mix.gguf", n_embd=256, qtype={"attn_q": GGMLQuantizationType.Q4_K,
+    """Q4_0 layers with one Q2_K matrix among them (no integer product here): nothing is interleaved (integer
+    and float products mixed moved the logits further from llama.cpp's than either alone)."""
+    path = write_llama(tmp_path / "mix.gguf", n_embd=256, qtype={"attn_q": GGMLQuantizationType.Q2_K,
                                                                  "*": GGMLQuantizationType.Q4_0})
+    w = load_weights(GGUFFile.open(path), init_by_name("CPU"))
+    assert {t.buffer.buft.name for t in w.tensors.values()} == {"CPU_Mapped"}
+
+
+@pytest.mark.skipif(not has_vnni(), reason="matrices are interleaved only where AVX-512 VNNI multiplies them")
+def test_a_q4_k_m_mix_is_interleaved_whole(tmp_path, monkeypatch):
+    """llama.cpp's Q4_K_M mix (Q6_K for attn_v, ffn_down and the output head, Q4_K elsewhere): every layer
+    matrix has an integer product, so all go to CPU_INTERLEAVED in the file's bytes; without VNNI, none."""
+    qtypes = {"attn_v": GGMLQuantizationType.Q6_K, "ffn_down": GGMLQuantizationType.Q6_K,
+              "output": GGMLQuantizationType.Q6_K, "*": GGMLQuantizationType.Q4_K}
+    path = write_llama(tmp_path / "q4_k_m.gguf", n_embd=256, n_ff=512, qtype=qtypes)
+    w = load_weights(GGUFFile.open(path), init_by_name("CPU"))
+    placed = {name: (t.type.name, t.buffer.buft.name) for name, t in w.tensors.items()}
+    assert placed["blk.0.attn_q.weight"] == ("Q4_K", "CPU_INTERLEAVED")
+    assert placed["blk.1.ffn_down.weight"] == placed["output.weight"] == ("Q6_K", "CPU_INTERLEAVED")
+    assert placed["token_embd.weight"][1] == "CPU_Mapped" and w.nbytes == w.file_tensor_bytes
+    model = load_model(path, n_ctx=64)
+    assert np.isfinite(model.decode(model.tokenize("hello world"))).all()
+    monkeypatch.setattr("pyggml.backend.cpu.interleave.has_vnni", lambda: False)
     w = load_weights(GGUFFile.open(path), init_by_name("CPU"))
     assert {t.buffer.buft.name for t in w.tensors.values()} == {"CPU_Mapped"}

@@ -43,14 +43,14 @@ FORMATS = {int(GGMLType.Q4_0): (18, ((0, 2),), -8), int(GGMLType.Q4_1): (20, ((0
            int(GGMLType.Q8_0): (34, ((0, 2),), -128)}
 
 
-def _dpbusd(builder, acc, unsigned, signed):
+def dpbusd(builder, acc, unsigned, signed):
     """acc + the sums of four u8·s8 products per int32 lane (vpdpbusd)."""
     fn = builder.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.512",
                                           fnty=ir.FunctionType(VI32, [VI32, VI8, VI8]))
     return builder.call(fn, [acc, unsigned, signed])
 
 
-def _load(builder, base, offset, vtype, align=1):
+def load_at(builder, base, offset, vtype, align=1):
     return builder.load(builder.bitcast(builder.gep(base, [offset]), vtype.as_pointer()), align=align)
 
 
@@ -73,7 +73,7 @@ class Layout:
 
     def values(self, builder, data, block):
         """[(<64 x i8> unsigned quants of the 16 rows, the first value index k they multiply)]."""
-        packed = [_load(builder, data, builder.add(block, ir.Constant(I64, self.quants_at + 64 * m)), VI8)
+        packed = [load_at(builder, data, builder.add(block, ir.Constant(I64, self.quants_at + 64 * m)), VI8)
                   for m in range(self.vectors)]
         if not self.nibbles:
             return [(p, 4 * m) for m, p in enumerate(packed)]
@@ -81,7 +81,7 @@ class Layout:
         out = ([(builder.and_(p, low_mask), 4 * m) for m, p in enumerate(packed)]
                + [(builder.lshr(p, shift), 16 + 4 * m) for m, p in enumerate(packed)])
         if self.high_bits:
-            bits = _load(builder, data, builder.add(block, ir.Constant(I64, 2 * ROWS * self.headers)), VI32)
+            bits = load_at(builder, data, builder.add(block, ir.Constant(I64, 2 * ROWS * self.headers)), VI32)
             out = [(builder.or_(v, _fifth_bits(builder, bits, k)), k) for v, k in out]
         return out
 
@@ -130,24 +130,24 @@ def _tokens(builder, layout: Layout, data, g_, nb_, t0_, n_tokens: int, yo_, ys_
     with cgutils.for_range(builder, nb_) as loop:
         b = loop.index
         block = builder.add(g_, builder.mul(b, ir.Constant(I64, layout.group_block)))
-        scales = builder.fpext(_load(builder, data[0], block, VF16), VF32)
+        scales = builder.fpext(load_at(builder, data[0], block, VF16), VF32)
         if layout.headers == 2:
             at_m = builder.add(block, ir.Constant(I64, 2 * ROWS))
-            mins = builder.fpext(_load(builder, data[0], at_m, VF16), VF32)
+            mins = builder.fpext(load_at(builder, data[0], at_m, VF16), VF32)
         quants = layout.values(builder, data[0], block)
         for t, acc in zip(tokens, accs):
             at = builder.add(builder.mul(t, nb_), b)                  # token t's block b
             q0 = builder.mul(at, ir.Constant(I64, 32))
-            sum_q = _load(builder, data[5], at, I32, 4)
+            sum_q = load_at(builder, data[5], at, I32, 4)
             total = splat(builder, builder.mul(sum_q, ir.Constant(I32, layout.offset)), VI32)
             for vector, k in quants:
-                four = _load(builder, data[3], builder.add(q0, ir.Constant(I64, k)), I32)
-                total = _dpbusd(builder, total, vector, builder.bitcast(splat(builder, four, VI32), VI8))
-            dx = _load(builder, data[4], at, F32, 4)
+                four = load_at(builder, data[3], builder.add(q0, ir.Constant(I64, k)), I32)
+                total = dpbusd(builder, total, vector, builder.bitcast(splat(builder, four, VI32), VI8))
+            dx = load_at(builder, data[4], at, F32, 4)
             scale = builder.fmul(scales, splat(builder, dx, VF32), flags=FAST)
             block_sum = builder.fmul(builder.sitofp(total, VF32), scale, flags=FAST)
             if layout.headers == 2:
-                x_sum = splat(builder, _load(builder, data[6], at, F32, 4), VF32)
+                x_sum = splat(builder, load_at(builder, data[6], at, F32, 4), VF32)
                 block_sum = builder.fadd(block_sum, builder.fmul(mins, x_sum, flags=FAST), flags=FAST)
             builder.store(builder.fadd(builder.load(acc), block_sum, flags=FAST), acc)
     for t, acc in zip(tokens, accs):

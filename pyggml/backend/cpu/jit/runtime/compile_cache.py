@@ -29,6 +29,7 @@ def entry_points() -> list:
     """The kernels the CPU backend's ops call from Python (their callees compile into them)."""
     from pyggml.backend.cpu.jit import attention, glu, norm, repack, rope, rows, softmax
     return [*mul_mat_kernels(), repack.gemm_16x4_q8_0, repack.quantize_q8_0_rows, repack.quantize_q8_0_parallel,
+            repack.gemm_16x4_q8_K, repack.quantize_q8_K_rows, repack.quantize_q8_K_parallel,
             softmax.soft_max_rows, rope.rope_rows, attention.exp_score_rows, attention.flash_attn_rows, glu.glu_rows,
             glu.unary_rows, norm.norm_rows, norm.rms_norm_rows, rows.set_rows_f16, rows.set_rows_f32]
 
