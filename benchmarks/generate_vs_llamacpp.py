@@ -66,7 +66,7 @@ def run_pyggml(args) -> dict:
 
     from pyggml.backend.cpu.backend import set_n_threads
 
-    model = load_model(args.model, n_ctx=args.ctx, n_batch=args.batch, repack=args.weights == "f32")
+    model = load_model(args.model, n_ctx=args.ctx, n_batch=args.batch, weights=args.weights)
     set_n_threads(model.backend, args.threads)  # as llama.cpp's n_threads (BLAS and the compiled kernels)
     ids = model.tokenize(TEXT * 200)[: args.prompt_tokens]
     result = timed_runs(args, model.reset, lambda t: int(model.decode(t).argmax()),

@@ -6,7 +6,7 @@ from pathlib import Path
 
 # The tests compile kernels for many argument types a model never passes; they go to a cache of their own
 # (kept between runs), so that the package's cache holds what real runs used: a model loads all of that
-# when it starts (pyggml.backend.cpu.jit.compile_cache.load_cached). Set before Numba is imported.
+# when it starts (pyggml.backend.cpu.jit.runtime.compile_cache.load_cached). Set before Numba is imported.
 os.environ.setdefault("NUMBA_CACHE_DIR", str(Path(__file__).resolve().parent.parent / ".numba-test-cache"))
 
 import pytest  # noqa: E402

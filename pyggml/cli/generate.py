@@ -39,7 +39,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    from pyggml.backend.cpu.jit.compile_cache import is_cold
+    from pyggml.backend.cpu.jit.runtime.compile_cache import is_cold
     from pyggml.backend.registry import load_all
     from pyggml.models import load_model
     from pyggml.models.generate import SamplingParams, check_n_predict
@@ -60,7 +60,7 @@ def run(args) -> int:
         backend = args.backend or [dev.init_backend() for dev in devices] + ["CPU"]
     start = time.perf_counter()
     model = load_model(args.model, backend=backend, n_ctx=args.ctx, n_batch=args.batch,
-                       repack=args.weights == "f32", kv_type=args.kv_type)
+                       weights=args.weights, kv_type=args.kv_type)
     load_s = time.perf_counter() - start
     print(args.prompt, end="", flush=True)
     model.generate(args.prompt, n=args.n, temperature=args.temp, top_k=args.top_k, top_p=args.top_p,

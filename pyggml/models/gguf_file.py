@@ -299,7 +299,7 @@ class GGUFFile:
 
     def release_pages(self, offset: int, size: int) -> None:
         """Let the OS drop this process's resident pages of bytes [offset, offset + size) of the file, e.g. a
-        repacked tensor's original bytes: they stop counting in RSS and are read again if touched (the
+        converted tensor's original bytes: they stop counting in RSS and are read again if touched (the
         mapping is read-only, so nothing is lost). Only whole pages inside the range are dropped."""
         if self._mmap is None or not hasattr(mmap, "MADV_DONTNEED"):
             return

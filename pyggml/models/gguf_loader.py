@@ -3,11 +3,11 @@
 Like llama.cpp's loader, every tensor is created in a no_alloc Context with its GGUF type and shape.
 Where the device offers `buffer_from_host_ptr` (the CPU device does), the mmap'ed file's data section
 itself becomes the WEIGHTS buffer and no byte is copied: the CPU's compiled kernels multiply quantized
-weights in their block formats there. Optionally (`repack=True`, `pyggml generate --weights f32`)
-quantized tensors are *repacked*: placed, with their own types, in the device's extra buffer type (the
-CPU's "CPU_REPACK", as llama.cpp uses ggml's), which keeps their float32 values (4 bytes a weight;
-products run on BLAS). By default, the matrices an extra buffer type `takes` go there instead (the CPU's
-"CPU_INTERLEAVED": Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 interleaved for the integer products, same bytes), except
+weights in their block formats there. Optionally (`weights="f32"`, `pyggml generate --weights f32`)
+quantized tensors are *expanded*: placed, with their own types, in the device's float32 extra buffer type
+(the CPU's "CPU_F32"), which keeps their float32 values (4 bytes a weight; products run on BLAS). By
+default, the matrices an extra buffer type `takes` go there instead (the CPU's "CPU_INTERLEAVED": Q4_0,
+Q4_1, Q5_0, Q5_1, Q8_0 interleaved for the integer products, same bytes), except
 the token embedding, whose rows GET_ROWS reads from the file: all of a model's layer matrices or none.
 The integer products quantize their activations to Q8_0 as ggml does; a model whose layers mixed them
 with float products (types without an integer kernel here, Q4_K and Q6_K in Gemma 3 270M Q4_K_M) moved
@@ -28,7 +28,8 @@ from pyggml.errors import GGMLError, GGUFError
 from pyggml.models.gguf_file import GGUFFile
 
 
-REPACK_ROWS = 16384
+CONVERT_ROWS = 16384  # rows a slab written into a converting buffer type
+WEIGHT_KINDS = ("quantized", "f32")
 INPUT_EMBEDDING = "token_embd.weight"  # read by GET_ROWS: stays in the file's layout
 
 
@@ -52,7 +53,7 @@ class Weights:
         return sum(info.nbytes for info in self.gguf.tensors)
 
     def file_bytes(self, t: Tensor) -> np.ndarray:
-        """The bytes the file holds for weight t (a repacked tensor's own bytes cannot be read back)."""
+        """The bytes the file holds for weight t (a converted tensor's own bytes cannot be read back)."""
         return _raw(self.gguf, self.gguf.tensor(t.name))
 
     def get(self, name: str, ne: tuple | None = None) -> Tensor:
@@ -71,27 +72,32 @@ class Weights:
         return t
 
 
-def load_weights(gguf: GGUFFile, backend, repack: bool = False, progress: bool | None = None,
+def load_weights(gguf: GGUFFile, backend, weights: str = "quantized", progress: bool | None = None,
                  elsewhere_prefixes: tuple[str, ...] = ()) -> Weights:
     """Create every tensor of `gguf` and put its data on `backend`'s device (see the module docstring).
+
+    `weights` is "quantized" (the file's block formats, or the interleaved layout of the same bytes) or
+    "f32" (quantized tensors expanded to float32 in the device's first extra buffer type).
 
     Tensors whose names start with one of `elsewhere_prefixes` are created but left unplaced, for the
     caller to place on other backends (`Weights.file_bytes` gives their bytes).
     """
-    direct, packed, elsewhere = Context(no_alloc=True), Context(no_alloc=True), Context(no_alloc=True)
+    direct, converted, elsewhere = Context(no_alloc=True), Context(no_alloc=True), Context(no_alloc=True)
+    if weights not in WEIGHT_KINDS:
+        raise GGMLError(f"weights must be one of {', '.join(WEIGHT_KINDS)}, got {weights!r}")
     extra = backend.device.extra_buffer_types()
-    repack_type = next(iter(extra), None) if repack else None
-    interleave_type = None if repack else next((b for b in extra if hasattr(b, "takes")), None)
+    expand_type = next(iter(extra), None) if weights == "f32" else None
+    interleave_type = None if weights == "f32" else next((b for b in extra if hasattr(b, "takes")), None)
     interleaved = _interleaved(gguf, interleave_type, elsewhere_prefixes) if interleave_type is not None else set()
     infos = {}
     for info in gguf.tensors:
         ne = info.ne[:info.n_dims] or (1,)
         if info.name.startswith(elsewhere_prefixes):
             ctx = elsewhere
-        elif repack_type is not None and T.is_quantized(int(info.type)):
-            ctx = packed
+        elif expand_type is not None and T.is_quantized(int(info.type)):
+            ctx = converted
         elif info.name in interleaved:
-            ctx = packed
+            ctx = converted
         else:
             ctx = direct
         try:
@@ -99,16 +105,16 @@ def load_weights(gguf: GGUFFile, backend, repack: bool = False, progress: bool |
         except GGMLError as e:
             raise GGUFError(f"{gguf.path}: tensor '{info.name}' ({info.type.name}{list(info.ne)}): {e}") from e
         infos[info.name] = info
-    total = sum(infos[t.name].nbytes for ctx in (direct, packed) for t in ctx)
+    total = sum(infos[t.name].nbytes for ctx in (direct, converted) for t in ctx)
     # progress None: a bar on a terminal only (tqdm's disable=None); True/False: always/never
     with tqdm(total=total, desc="loading", unit="B", unit_scale=True, unit_divisor=1024,
               disable=None if progress is None else not progress) as bar:
         buffers = [b for b in (_place_direct(gguf, backend, direct, infos, bar),
-                               _place_repacked(gguf, repack_type or interleave_type, packed, infos, bar))
+                               _place_converted(gguf, expand_type or interleave_type, converted, infos, bar))
                    if b is not None]
     for b in buffers:
         b.usage = BufferUsage.WEIGHTS
-    return Weights(gguf, {t.name: t for ctx in (direct, packed, elsewhere) for t in ctx}, buffers)
+    return Weights(gguf, {t.name: t for ctx in (direct, converted, elsewhere) for t in ctx}, buffers)
 
 
 def _interleaved(gguf: GGUFFile, buft, elsewhere_prefixes: tuple[str, ...]) -> set[str]:
@@ -149,22 +155,23 @@ def _place_direct(gguf: GGUFFile, backend, ctx: Context, infos: dict, bar: tqdm)
     return buf
 
 
-def _place_repacked(gguf: GGUFFile, buft, ctx: Context, infos: dict, bar: tqdm):
-    """Quantized tensors written into the repack buffer type a slab of rows at a time (so a 262144-row
-    embedding is never converted in one piece), each slab's file pages released once converted."""
+def _place_converted(gguf: GGUFFile, buft, ctx: Context, infos: dict, bar: tqdm):
+    """Quantized tensors written into a converting buffer type (CPU_F32, CPU_INTERLEAVED) a slab of rows at a
+    time (so a 262144-row embedding is never converted in one piece), each slab's file pages released once
+    converted."""
     if not len(ctx):
         return None
     buf = alloc_ctx_tensors_from_buft(ctx, buft)
     for t in ctx:
         info, raw = infos[t.name], _raw(gguf, infos[t.name])
-        slab = REPACK_ROWS * T.row_size(t.type, t.ne[0])
+        slab = CONVERT_ROWS * T.row_size(t.type, t.ne[0])
         for start in range(0, raw.size, slab):
             chunk = raw[start:start + slab]
             try:
                 tensor_set(t, chunk, start, chunk.size)
             except GGMLError as e:
-                raise GGUFError(f"{gguf.path}: tensor '{t.name}' of type {T.type_name(t.type)} cannot be repacked: "
-                                f"{e}") from e
+                raise GGUFError(f"{gguf.path}: tensor '{t.name}' of type {T.type_name(t.type)} cannot be placed in "
+                                f"{buft.name}: {e}") from e
             gguf.release_pages(info.offset_in_file + start, chunk.size)
             bar.update(chunk.size)
     return buf

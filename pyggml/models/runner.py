@@ -145,7 +145,7 @@ def move_tensors(tensors: list[Tensor], buft: BufferType, usage: BufferUsage, re
     buf.usage = usage
     for t, off in zip(tensors, offsets):  # a tensor may be unplaced yet when `read` brings its bytes
         raw = tensor_get(t, 0, t.nbytes) if read is None else read(t)
-        t.buffer = t.data = t.extra = None  # extra belonged to the old buffer (a repack buffer's marker)
+        t.buffer = t.data = t.extra = None  # extra belonged to the old buffer (a converting buffer's marker)
         tensor_alloc(buf, t, buf.base + off)
         tensor_set(t, raw)
     return buf

@@ -49,9 +49,9 @@ def test_teacher_forced_kld_is_within_llamacpps_own_f32_yardstick():
 
 
 def test_teacher_forced_kld_with_f32_weights_on_both_sides_is_below_1e_6():
-    """pyggml with its weights expanded to F32 (repack) against llama.cpp on the file converted to F32."""
+    """pyggml with its weights expanded to F32 (weights="f32") against llama.cpp on the file converted to F32."""
     tokens = KLD["tokens"].tolist()
-    logits = load_model(n_ctx=len(tokens), n_batch=len(tokens), repack=True, kv_type="F32").decode(
+    logits = load_model(n_ctx=len(tokens), n_batch=len(tokens), weights="f32", kv_type="F32").decode(
         tokens, all_logits=True)
     bound = topk_kld_lower_bound(KLD["f32_top_logits"], KLD["f32_top_ids"], KLD["f32_logsumexp"], logits)
     print(f"KLD bound with F32 weights {bound.mean():.3e}")

@@ -1,4 +1,4 @@
-"""Loading weights: zero copy over the mmap, F32 repacking, and GGUFError for every kind of broken file."""
+"""Loading weights: zero copy over the mmap, F32 expansion, and GGUFError for every kind of broken file."""
 
 import numpy as np
 import pytest
@@ -27,12 +27,12 @@ def _data_section(gguf) -> tuple[int, int]:
     return (min(i.offset_in_file for i in gguf.tensors), max(i.offset_in_file + i.nbytes for i in gguf.tensors))
 
 
-def test_without_repack_the_weights_buffer_is_the_mapped_data_section(q8_file, monkeypatch):
+def test_quantized_weights_buffer_is_the_mapped_data_section(q8_file, monkeypatch):
     """No copy: the buffer is the file's mapping from the first tensor's byte to the last's (with nothing
     interleaved, as on a CPU without VNNI)."""
     monkeypatch.setattr("pyggml.backend.cpu.interleave.has_vnni", lambda: False)
     gguf = GGUFFile.open(q8_file)
-    w = load_weights(gguf, init_by_name("CPU"), repack=False)
+    w = load_weights(gguf, init_by_name("CPU"), weights="quantized")
     (buf,) = w.buffers
     first, end = _data_section(gguf)
     assert buf.usage == BufferUsage.WEIGHTS and buf.size == end - first
@@ -43,14 +43,14 @@ def test_without_repack_the_weights_buffer_is_the_mapped_data_section(q8_file, m
         assert t.numpy().tobytes() == bytes(gguf.tensor_bytes(info))
 
 
-def test_repack_places_quantized_matrices_in_the_cpu_repack_buffer_type(q8_file):
-    """They keep their file type and shape; the CPU_REPACK buffer holds their float32 values."""
+def test_f32_weights_place_quantized_matrices_in_the_cpu_f32_buffer_type(q8_file):
+    """They keep their file type and shape; the CPU_F32 buffer holds their float32 values."""
     gguf = GGUFFile.open(q8_file)
-    w = load_weights(gguf, init_by_name("CPU"), repack=True)
+    w = load_weights(gguf, init_by_name("CPU"), weights="f32")
     info = gguf.tensor("blk.0.attn_q.weight")
     t = w.tensors[info.name]
     raw = np.frombuffer(gguf.tensor_bytes(info), np.uint8).reshape(info.ne[1], -1)
-    assert t.type == GGMLType.Q8_0 and t.buffer.buft.name == "CPU_REPACK"
+    assert t.type == GGMLType.Q8_0 and t.buffer.buft.name == "CPU_F32"
     np.testing.assert_array_equal(t.buffer.values(t)[0, 0], dequantize(raw, Q8_0))
     assert w.file_bytes(t).tobytes() == raw.tobytes()
     assert (w.tensors["blk.0.attn_norm.weight"].data - w.buffers[0].base
@@ -60,7 +60,7 @@ def test_repack_places_quantized_matrices_in_the_cpu_repack_buffer_type(q8_file)
 
 
 def test_progress_bar_is_drawn_when_asked(q8_file, capsys):
-    load_weights(GGUFFile.open(q8_file), init_by_name("CPU"), repack=True, progress=True)
+    load_weights(GGUFFile.open(q8_file), init_by_name("CPU"), weights="f32", progress=True)
     err = capsys.readouterr().err
     assert "loading: 100%" in err
 
@@ -81,7 +81,7 @@ def test_a_tensor_of_the_wrong_shape_is_named(tmp_path):
     gguf.metadata["llama.feed_forward_length"] = 128
     from pyggml.models.model import Model
     with pytest.raises(GGUFError, match=r"'blk.0.ffn_gate.weight' has shape \[64, 96\], expected \[64, 128\]"):
-        Model(gguf, [init_by_name("CPU")], 16, 4, True, GGMLType.F16, None)
+        Model(gguf, [init_by_name("CPU")], 16, 4, "f32", GGMLType.F16, None)
 
 
 def test_unsupported_architecture_is_refused(tmp_path):
@@ -104,7 +104,7 @@ def test_truncated_file_is_refused(tmp_path, q8_file):
         load_model(cut)
 
 
-def test_a_type_without_dequantization_cannot_be_repacked(tmp_path, q8_file, monkeypatch):
+def test_a_type_without_dequantization_cannot_be_expanded(tmp_path, q8_file, monkeypatch):
     import pyggml.models.gguf_loader as loader
     from pyggml.errors import UnsupportedTypeError
 
@@ -112,8 +112,15 @@ def test_a_type_without_dequantization_cannot_be_repacked(tmp_path, q8_file, mon
         raise UnsupportedTypeError(f"dequantization of {GGMLType(type_).name} is not supported")
 
     monkeypatch.setattr(loader.T, "to_float", refuse)
-    with pytest.raises(GGUFError, match="token_embd.weight' of type Q8_0 cannot be repacked"):
-        load_weights(GGUFFile.open(q8_file), init_by_name("CPU"), repack=True)
+    with pytest.raises(GGUFError, match="token_embd.weight' of type Q8_0 cannot be placed in CPU_F32"):
+        load_weights(GGUFFile.open(q8_file), init_by_name("CPU"), weights="f32")
+
+
+def test_the_former_repack_keyword_and_unknown_weight_kinds_are_refused(q8_file):
+    with pytest.raises(GGMLError, match='pass weights="f32"'):
+        load_model(q8_file, repack=True)
+    with pytest.raises(GGMLError, match="weights must be one of quantized, f32, got 'int8'"):
+        load_weights(GGUFFile.open(q8_file), init_by_name("CPU"), weights="int8")
 
 
 @pytest.fixture
@@ -144,9 +151,28 @@ def test_without_vnni_q4_0_stays_in_the_file(q4_0_file, monkeypatch):
 
 @pytest.mark.skipif(not has_vnni(), reason="matrices are interleaved only where AVX-512 VNNI multiplies them")
 def test_a_model_whose_layers_mix_in_other_quantized_types_keeps_them_all_in_the_file(tmp_path):
-    """Q4_0 layers with one Q4_K matrix among them: nothing is interleaved (integer and float products
-    mixed moved the logits further from llama.cpp's than either alone)."""
-    path = write_llama(tmp_path / "mix.gguf", n_embd=256, qtype={"attn_q": GGMLQuantizationType.Q4_K,
+    """Q4_0 layers with one Q2_K matrix among them (no integer product here): nothing is interleaved (integer
+    and float products mixed moved the logits further from llama.cpp's than either alone)."""
+    path = write_llama(tmp_path / "mix.gguf", n_embd=256, qtype={"attn_q": GGMLQuantizationType.Q2_K,
                                                                  "*": GGMLQuantizationType.Q4_0})
+    w = load_weights(GGUFFile.open(path), init_by_name("CPU"))
+    assert {t.buffer.buft.name for t in w.tensors.values()} == {"CPU_Mapped"}
+
+
+@pytest.mark.skipif(not has_vnni(), reason="matrices are interleaved only where AVX-512 VNNI multiplies them")
+def test_a_q4_k_m_mix_is_interleaved_whole(tmp_path, monkeypatch):
+    """llama.cpp's Q4_K_M mix (Q6_K for attn_v, ffn_down and the output head, Q4_K elsewhere): every layer
+    matrix has an integer product, so all go to CPU_INTERLEAVED in the file's bytes; without VNNI, none."""
+    qtypes = {"attn_v": GGMLQuantizationType.Q6_K, "ffn_down": GGMLQuantizationType.Q6_K,
+              "output": GGMLQuantizationType.Q6_K, "*": GGMLQuantizationType.Q4_K}
+    path = write_llama(tmp_path / "q4_k_m.gguf", n_embd=256, n_ff=512, qtype=qtypes)
+    w = load_weights(GGUFFile.open(path), init_by_name("CPU"))
+    placed = {name: (t.type.name, t.buffer.buft.name) for name, t in w.tensors.items()}
+    assert placed["blk.0.attn_q.weight"] == ("Q4_K", "CPU_INTERLEAVED")
+    assert placed["blk.1.ffn_down.weight"] == placed["output.weight"] == ("Q6_K", "CPU_INTERLEAVED")
+    assert placed["token_embd.weight"][1] == "CPU_Mapped" and w.nbytes == w.file_tensor_bytes
+    model = load_model(path, n_ctx=64)
+    assert np.isfinite(model.decode(model.tokenize("hello world"))).all()
+    monkeypatch.setattr("pyggml.backend.cpu.interleave.has_vnni", lambda: False)
     w = load_weights(GGUFFile.open(path), init_by_name("CPU"))
     assert {t.buffer.buft.name for t in w.tensors.values()} == {"CPU_Mapped"}

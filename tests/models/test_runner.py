@@ -35,12 +35,12 @@ def test_split_across_torch_cpu_and_cpu_matches_one_backend(tmp_path):
     import pyggml.backend.torch  # noqa: F401 - registers TORCH_CPU
 
     path = tmp_path / "tiny.gguf"
-    write_llama(path, n_layer=4, qtype=GGMLQuantizationType.Q8_0)  # quantized: the CPU repacks its layers
+    write_llama(path, n_layer=4, qtype=GGMLQuantizationType.Q8_0)  # quantized: the CPU expands its layers to F32
     tokens = [1, 5, 9, 3, 7, 2]
-    one = load_model(path, backend="CPU", n_ctx=32, n_batch=8, repack=True)
+    one = load_model(path, backend="CPU", n_ctx=32, n_batch=8, weights="f32")
     assert isinstance(one.runner, SingleBackend)
     expected = one.decode(tokens, all_logits=True)
-    two = load_model(path, backend=[gg.backend.init_by_name("TORCH_CPU"), "CPU"], n_ctx=32, n_batch=8, repack=True)
+    two = load_model(path, backend=[gg.backend.init_by_name("TORCH_CPU"), "CPU"], n_ctx=32, n_batch=8, weights="f32")
     assert isinstance(two.runner, Scheduled)
     assert [name for name, _ in two.runner.placement] == ["TORCH_CPU", "CPU"]
     assert sorted(il for _, layers in two.runner.placement for il in layers) == [0, 1, 2, 3]
@@ -52,7 +52,7 @@ def test_split_across_torch_cpu_and_cpu_matches_one_backend(tmp_path):
     assert two.decode([4]).shape == (one.n_vocab,)  # single-token steps after the prompt
     remote_layers = tuple(f"blk.{il}." for name, layers in two.runner.placement if name != "CPU" for il in layers)
     remote = [t for name, t in two.weights.tensors.items() if name.startswith(remote_layers)]
-    assert remote and all(t.buffer.buft.name != "CPU_REPACK" for t in remote)
+    assert remote and all(t.buffer.buft.name != "CPU_F32" for t in remote)
     assert two.weights.nbytes < one.weights.nbytes  # the local buffers hold only the local layers
 
 

@@ -91,6 +91,26 @@ class CpuBuffer(Buffer):
             self._host.fill(value)
 
 
+class ConvertedBuffer(CpuBuffer):
+    """A buffer whose tensors' bytes are converted as they are written (the extra buffer types CPU_F32 and
+    CPU_INTERLEAVED, as ggml's): not host memory to the rest of the system, so no generic views, no
+    read-back, no memset, no direct copy.
+    `what` says, in the errors, what the conversion made of the bytes."""
+
+    host_array = None  # the memory holds the conversion, not the tensors' bytes: no generic host views of it
+    what = "converted"
+
+    def _get_tensor(self, t: Tensor, out: memoryview, offset: int, size: int) -> None:
+        raise BackendError(f"{self.buft.name}: {t.name!r} cannot be read back (its bytes were {self.what} as they "
+                           f"were written, as in ggml's extra buffers)")
+
+    def _memset_tensor(self, t: Tensor, value: int, offset: int, size: int) -> None:
+        raise BackendError(f"{self.buft.name}: memset of {t.name!r} is not supported (only whole rows are written)")
+
+    def _cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
+        return False
+
+
 class CpuBufferType(BufferType):
     """ggml's "CPU" buffer type: host memory, 32-byte tensor alignment, no size limit.
 
@@ -138,8 +158,8 @@ class CpuDevice(Device):
         self._buffer_type = CpuBufferType(self)
         self._mapped_type = CpuMappedBufferType(self)
         from pyggml.backend.cpu.interleave import InterleavedBufferType  # they build on this module's CpuBuffer
-        from pyggml.backend.cpu.repack import RepackBufferType
-        self._repack_type = RepackBufferType(self)
+        from pyggml.backend.cpu.f32_expand import F32ExpandedBufferType
+        self._f32_type = F32ExpandedBufferType(self)
         self._interleaved_type = InterleavedBufferType(self)
 
     def memory(self) -> tuple[int, int]:
@@ -165,12 +185,12 @@ class CpuDevice(Device):
         return kernels.supports(t)
 
     def extra_buffer_types(self) -> list[BufferType]:
-        """[CPU_REPACK, CPU_INTERLEAVED]: quantized weights kept as float32 values (pyggml.backend.cpu.repack), and
+        """[CPU_F32, CPU_INTERLEAVED]: quantized weights expanded to float32 (pyggml.backend.cpu.f32_expand), and
         Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 matrices interleaved for the integer products (pyggml.backend.cpu.interleave)."""
-        return [self._repack_type, self._interleaved_type]
+        return [self._f32_type, self._interleaved_type]
 
     def supports_buft(self, buft: BufferType) -> bool:
-        return buft.is_host or buft is self._repack_type or buft is self._interleaved_type
+        return buft.is_host or buft is self._f32_type or buft is self._interleaved_type
 
 
 # ----------------------------------------------------------------------------------------------

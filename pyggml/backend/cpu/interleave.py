@@ -1,12 +1,12 @@
-"""The CPU device's extra buffer type "CPU_INTERLEAVED": Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 matrices interleaved 16 rows at
-a time, for the integer products of AVX-512 VNNI (pyggml.backend.cpu.jit.repack), as ggml's CPU_REPACK
-keeps Q4_0 as block_q4_0x8 for its integer kernels.
+"""The CPU device's extra buffer type "CPU_INTERLEAVED": Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K matrices
+interleaved 16 rows at a time, for the integer products of AVX-512 VNNI (pyggml.backend.cpu.jit.repack), as
+ggml's CPU_REPACK buffer type keeps Q4_0 as block_q4_0x8 and Q4_K as block_q4_Kx8 for its integer kernels.
 
 The layout moves the file's bytes and adds none (jit/repack.py), so a weight takes its size in the file.
 The loader puts a model's matrices of these types here when the CPU has VNNI (`takes`); the products
-then quantize their activations to Q8_0 and multiply in int8, prompt and generation alike (within
-test-backend-ops' 5e-4 NMSE, as ggml's own CPU kernels, which quantize activations the same way). Like
-CPU_REPACK, the buffer is not host memory to the rest of the system: tensor_get and memset refuse, only
+then quantize their activations to Q8_0 (Q8_K for the K-quants) and multiply in int8, prompt and generation
+alike (within test-backend-ops' 5e-4 NMSE, as ggml's own CPU kernels, which quantize activations the same way). Like
+CPU_F32, the buffer is not host memory to the rest of the system: tensor_get and memset refuse, only
 MUL_MAT reads it (`Tensor.extra` is INTERLEAVED), and a token embedding, which GET_ROWS reads, is left
 in the file.
 """
@@ -18,15 +18,17 @@ import functools
 import numpy as np
 
 from pyggml.backend.base import BufferType, Status
-from pyggml.backend.cpu.backend import TENSOR_ALIGNMENT
+from pyggml.backend.cpu.backend import TENSOR_ALIGNMENT, ConvertedBuffer
+from pyggml.backend.cpu.jit.ir.vnni_ir import FORMATS, ROWS
+from pyggml.backend.cpu.jit.ir.vnni_k_ir import K_FORMATS
 from pyggml.backend.cpu.jit.repack import repack_16x4
-from pyggml.backend.cpu.jit.vnni_ir import FORMATS, ROWS
 from pyggml.backend.cpu.kernels._common import INTERLEAVED
-from pyggml.backend.cpu.repack import ConvertedBuffer
 from pyggml.core import types as T
 from pyggml.core.host_memory import aligned_bytes
 from pyggml.core.tensor import Tensor
 from pyggml.errors import BackendError
+
+INTERLEAVED_TYPES = frozenset(FORMATS) | frozenset(K_FORMATS)
 
 
 @functools.cache
@@ -39,9 +41,9 @@ def has_vnni() -> bool:
 
 
 def interleavable(type_, ne) -> bool:
-    """A Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 matrix of whole 16-row groups (2-D), on a CPU with VNNI."""
+    """A matrix of an interleaved type (INTERLEAVED_TYPES) of whole 16-row groups (2-D), on a CPU with VNNI."""
     ne = list(ne) + [1] * (4 - len(ne))
-    return int(type_) in FORMATS and ne[1] % ROWS == 0 and ne[2] == ne[3] == 1 and has_vnni()
+    return int(type_) in INTERLEAVED_TYPES and ne[1] % ROWS == 0 and ne[2] == ne[3] == 1 and has_vnni()
 
 
 class InterleavedBuffer(ConvertedBuffer):
@@ -61,8 +63,8 @@ class InterleavedBuffer(ConvertedBuffer):
 
     def _init_tensor(self, t: Tensor) -> Status:
         if t.view_src is not None or not interleavable(t.type, t.ne):
-            raise BackendError(f"buffer type CPU_INTERLEAVED holds whole Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 matrices "
-                               f"of 16-row groups on a CPU with AVX-512 VNNI; {t.name!r} is "
+            raise BackendError(f"buffer type CPU_INTERLEAVED holds whole Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, "
+                               f"Q5_K or Q6_K matrices of 16-row groups on a CPU with AVX-512 VNNI; {t.name!r} is "
                                f"{T.type_name(t.type)}{list(t.ne)}{' (a view)' if t.view_src is not None else ''}")
         t.extra = INTERLEAVED
         return Status.SUCCESS

@@ -292,7 +292,7 @@ def load_whisper(model="tiny.en", backend="CPU", f32: bool = False, gelu: str = 
     `audio_ctx_pad=1` attends over the audio's positions alone instead of whisper.cpp's padded 1536 (see
     pyggml.models.whisper.model); `planner` is the GraphAllocator's ("best" or "ggml")."""
     from pyggml.backend.cpu.backend import CpuBackend, set_n_threads
-    from pyggml.backend.cpu.jit.compile_cache import load_cached
+    from pyggml.backend.cpu.jit.runtime.compile_cache import load_cached
     from pyggml.models.whisper.files import load_whisper_file
 
     start = time.perf_counter()

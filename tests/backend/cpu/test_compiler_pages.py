@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from pyggml.backend.cpu.jit import compiler_pages
+from pyggml.backend.cpu.jit.runtime import compiler_pages
 
 SMAPS = """\
 7f0000000000-7f0000300000 r--p 00000000 08:01 42 /venv/llvmlite/binding/libllvmlite.so
@@ -44,7 +44,8 @@ def test_only_read_only_mappings_without_private_pages_qualify():
 def test_after_a_kernel_load_llvm_holds_little_and_kernels_still_compile_and_run():
     code = """
 import numpy as np
-from pyggml.backend.cpu.jit import compiler_pages, jit
+from pyggml.backend.cpu.jit import jit
+from pyggml.backend.cpu.jit.runtime import compiler_pages
 from pyggml.backend.cpu.jit.norm import rms_norm_rows
 x = np.ones((2, 8), np.float32); rms_norm_rows(x, x, np.float32(1e-5))
 held = sum(m.rss_kib for m in compiler_pages.compiler_mappings() if m.holds_only_file_pages)

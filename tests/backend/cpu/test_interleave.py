@@ -1,5 +1,5 @@
-"""Q4_0, Q4_1 and Q8_0 interleaved 16 rows at a time (CPU_INTERLEAVED) and their integer products against Q8_0
-activations."""
+"""Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the K-quants Q4_K, Q5_K, Q6_K interleaved 16 rows at a time (CPU_INTERLEAVED)
+and their integer products against Q8_0 (Q8_K) activations."""
 
 import numpy as np
 import pytest
@@ -8,7 +8,8 @@ from pyggml.alloc import alloc_ctx_tensors_from_buft
 from pyggml.backend import init_by_name, tensor_get, tensor_set
 from pyggml.backend.cpu import kernels
 from pyggml.backend.cpu.interleave import has_vnni
-from pyggml.backend.cpu.jit.repack import gemm_16x4_q8_0, quantize_q8_0, repack_16x4
+from pyggml.backend.cpu.jit.repack import (fields, gemm_16x4_q8_0, gemm_16x4_q8_K, quantize_q8_0, quantize_q8_K,
+                                           repack_16x4)
 from pyggml.backend.cpu.kernels._common import INTERLEAVED
 from pyggml.core import Context, GGMLType, ops
 from pyggml.core.graph import Graph
@@ -16,10 +17,12 @@ from pyggml.core import types as T
 from pyggml.core.tensor import host_ndarray
 from pyggml.errors import BackendError, UnsupportedOpError
 
+from tests.support.blocks import random_rows
 from tests.support.opcheck import nmse
 
 Q = GGMLType.Q4_0
 TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0]
+K_TYPES = [GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K]
 pytestmark = pytest.mark.skipif(not has_vnni(), reason="the integer products need AVX-512 VNNI")
 
 
@@ -29,6 +32,8 @@ def cpu():
 
 
 def _q_rows(rows: int, cols: int, seed: int = 0, qtype=Q) -> np.ndarray:
+    if qtype in K_TYPES:  # no quantizer for them here: random quants, scales and minimums (finite fp16 d, dmin)
+        return random_rows(qtype, rows, cols, np.random.default_rng(seed))
     values = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32) + 1  # Q4_1/Q5_1: m != 0
     return np.ascontiguousarray(T.from_float(qtype, values)).view(np.uint8).reshape(rows, -1)
 
@@ -110,6 +115,113 @@ def test_tile_products_equal_the_dequantized_product_of_both_sides(qtype, n_toke
     np.testing.assert_allclose(y, expected, rtol=0, atol=2e-6 * np.abs(expected).max())
 
 
+def _q8_K_reference(x: np.ndarray):
+    """ggml's quantize_row_q8_K_ref: iscale = -127/max (max: the value of largest magnitude), q = min(127,
+    nearest_int(iscale·x)) rounded to nearest even, d = 1/iscale, bsums = the sums of each 16 q."""
+    blocks = x.reshape(x.shape[0], -1, 256).astype(np.float32)
+    at = np.abs(blocks).argmax(axis=-1)
+    vmax = np.take_along_axis(blocks, at[..., None], -1)[..., 0]
+    safe = np.where(vmax != 0, vmax, np.float32(1))
+    iscale = np.where(vmax != 0, np.float32(-127) / safe, np.float32(0)).astype(np.float32)
+    q = np.minimum(127, np.rint(blocks * iscale[..., None])).astype(np.int8)
+    d = np.where(vmax != 0, np.float32(1) / np.where(vmax != 0, iscale, 1), 0).astype(np.float32)
+    return q, d, q.reshape(*q.shape[:2], 16, 16).astype(np.int32).sum(-1)
+
+
+def _quantized_k(x: np.ndarray):
+    n, k = x.shape
+    xq, xd, xb = np.empty(n * k, np.uint8), np.empty(n * k // 256, np.float32), np.empty(n * k // 16, np.int32)
+    quantize_q8_K(x, xq, xd, xb)
+    return xq, xd, xb
+
+
+@pytest.mark.parametrize("qtype", K_TYPES)
+def test_the_k_layout_moves_each_rows_fields_to_its_lane(qtype):
+    """Per group and block: fp16 fields row after row, the others in 4-byte pieces, piece j of the 16 rows
+    side by side (what one int32 lane per row reads); nothing added."""
+    rows = _q_rows(32, 512, qtype=qtype)
+    block_bytes, layout = fields(int(qtype))
+    # fields in any order, each byte of the block once:
+    assert sorted(b for o, n in layout for b in range(o, o + n)) == list(range(block_bytes))
+    packed = repack_16x4(int(qtype), rows).reshape(2, 2, 16 * block_bytes)
+    blocks = rows.reshape(32, 2, block_bytes)
+    for g, b, r in [(0, 0, 0), (1, 1, 15), (0, 1, 7)]:
+        block, at = blocks[16 * g + r, b], 0
+        for offset, size in layout:
+            piece = 2 if size == 2 else 4
+            for j in range(size // piece):
+                got = packed[g, b, at + 16 * piece * j + piece * r: at + 16 * piece * j + piece * (r + 1)]
+                assert got.tobytes() == block[offset + piece * j: offset + piece * (j + 1)].tobytes()
+            at += 16 * size
+    assert packed.nbytes == rows.nbytes
+
+
+def test_activations_are_quantized_as_ggml_quantizes_q8_K():
+    x = np.random.default_rng(1).standard_normal((3, 768)).astype(np.float32) * 3
+    x[1, :256] = 0                                                   # an all-zero block: scale 0, quants 0
+    x[2, 256:512] = 0
+    x[2, 256:260] = [-127, 0.5, 1.5, -2.5]                           # max negative: iscale 1, halves to even
+    xq, xd, xb = _quantized_k(x)
+    q, d, bsums = _q8_K_reference(x)
+    np.testing.assert_array_equal(xq.view(np.int8).reshape(q.shape), q)
+    np.testing.assert_array_equal(xd.reshape(d.shape), d)
+    np.testing.assert_array_equal(xb.reshape(bsums.shape), bsums)
+    assert list(q[2, 1, :4]) == [-127, 0, 2, -2] and d[2, 1] == 1 and d[1, 0] == 0 and not q[1, 0].any()
+
+
+def _integer_reference(qtype, rows: np.ndarray, q: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """ggml's vec_dot_<type>_q8_K in NumPy: per block, integer sums of quants times Q8_K quants times the
+    sub-blocks' integer scales (and minimums times bsums), then float32 d·dx and dmin·dx, summed in float64."""
+    n_rows, nb = rows.shape[0], q.shape[1]
+    blocks = rows.reshape(n_rows, nb, -1)
+    xq = q.astype(np.int64)                                            # (tokens, nb, 256)
+    f16 = lambda at: blocks[:, :, at:at + 2].copy().view(np.float16)[..., 0].astype(np.float32)  # noqa: E731
+    if qtype == GGMLType.Q6_K:
+        ql, qh = blocks[:, :, :128].astype(np.int64), blocks[:, :, 128:192].astype(np.int64)
+        values = np.empty((n_rows, nb, 256), np.int64)
+        for h in range(2):
+            low, bits = ql[:, :, 64 * h: 64 * h + 64], qh[:, :, 32 * h: 32 * h + 32]
+            for g in range(4):
+                nib = (low[:, :, 32 * (g % 2): 32 * (g % 2) + 32] >> (4 * (g // 2))) & 15
+                values[:, :, 128 * h + 32 * g: 128 * h + 32 * g + 32] = (nib | (((bits >> (2 * g)) & 3) << 4)) - 32
+        scales = blocks[:, :, 192:208].view(np.int8).astype(np.int64)   # (rows, nb, 16)
+        sums = np.einsum("rbsv,tbsv->trbs", values.reshape(n_rows, nb, 16, 16), xq.reshape(-1, nb, 16, 16))
+        return ((sums * scales).sum(-1) * (f16(208)[None] * d[:, None, :])).sum(-1)
+    sc = blocks[:, :, 4:16].astype(np.int64)
+    scales = np.concatenate([sc[..., :4] & 63, (sc[..., 8:] & 15) | ((sc[..., :4] >> 6) << 4)], -1)
+    mins = np.concatenate([sc[..., 4:8] & 63, (sc[..., 8:] >> 4) | ((sc[..., 4:8] >> 6) << 4)], -1)
+    qs = blocks[:, :, -128:].astype(np.int64).reshape(n_rows, nb, 4, 32)
+    values = np.stack([qs & 15, qs >> 4], 3).reshape(n_rows, nb, 8, 32)   # sub-block 2c: low nibbles, 2c+1: high
+    if qtype == GGMLType.Q5_K:
+        qh = blocks[:, :, 16:48].astype(np.int64)
+        values = values | (((qh[:, :, None, :] >> np.arange(8)[:, None]) & 1) << 4)
+    sums = np.einsum("rbsv,tbsv->trbs", values, xq.reshape(-1, nb, 8, 32))
+    bsums = xq.reshape(-1, nb, 8, 32).sum(-1)
+    ints = (sums * scales).sum(-1)
+    min_ints = np.einsum("rbs,tbs->trb", mins, bsums)
+    return (ints * (f16(0)[None] * d[:, None, :]) - min_ints * (f16(2)[None] * d[:, None, :])).sum(-1)
+
+
+@pytest.mark.parametrize("qtype", K_TYPES)
+@pytest.mark.parametrize("n_tokens", [1, 6])
+def test_k_tile_products_follow_ggml_integer_dots_and_the_dequantized_product(qtype, n_tokens):
+    """Against ggml's integer arithmetic (per-sub-block integer sums and scales) and against the float64
+    product of the dequantized weights and the Q8_K activations, to float32 rounding (4-token tiles and the
+    1-token tail)."""
+    cols = 512
+    rows = _q_rows(48, cols, qtype=qtype)
+    x = np.random.default_rng(2).standard_normal((n_tokens, cols)).astype(np.float32)
+    xq, xd, xb = _quantized_k(x)
+    y = np.full((n_tokens, 48), np.nan, np.float32)
+    gemm_16x4_q8_K(int(qtype), repack_16x4(int(qtype), rows).reshape(-1), 0, cols // 256, 3, xq, xd, xb, n_tokens, y)
+    q = xq.view(np.int8).reshape(n_tokens, -1, 256)
+    acts = (q * xd.reshape(n_tokens, -1, 1)).reshape(n_tokens, cols).astype(np.float64)
+    expected = acts @ T.to_float(qtype, rows).reshape(48, cols).astype(np.float64).T
+    np.testing.assert_allclose(y, expected, rtol=0, atol=2e-6 * np.abs(expected).max())
+    integer = _integer_reference(qtype, rows, q, xd.reshape(n_tokens, -1))
+    np.testing.assert_allclose(y, integer, rtol=0, atol=2e-6 * np.abs(integer).max())
+
+
 def _placed(raw: np.ndarray, buft, cols: int, qtype=Q):
     ctx = Context(no_alloc=True)
     w = ctx.new_tensor_2d(qtype, cols, raw.shape[0], "w")
@@ -118,7 +230,7 @@ def _placed(raw: np.ndarray, buft, cols: int, qtype=Q):
     return w, buffer
 
 
-@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize("qtype", TYPES + K_TYPES)
 @pytest.mark.parametrize("shape", [(256, 1), (256, 7), (256, 64), (256, 5, 3)])
 def test_mul_mat_on_it_is_within_test_backend_ops_nmse_of_the_file_layout(cpu, shape, qtype):
     """Prompt batches, a generation step's one column and a 3-D b: within 5e-4 NMSE of the float product
@@ -167,8 +279,8 @@ def test_it_refuses_reads_partial_groups_and_tensors_it_cannot_hold(cpu):
         tensor_get(w)
     with pytest.raises(BackendError, match="whole groups of 16 rows"):
         tensor_set(w, raw[:8].reshape(-1), 0, raw[:8].nbytes)
-    for type_, ne in ((GGMLType.Q4_K, (256, 16)), (Q, (64, 8)), (Q, (64, 16, 2))):
+    for type_, ne in ((GGMLType.Q2_K, (256, 16)), (GGMLType.Q4_K, (256, 8)), (Q, (64, 8)), (Q, (64, 16, 2))):
         ctx = Context(no_alloc=True)
         ctx.new_tensor(type_, ne, "w")
-        with pytest.raises(BackendError, match="holds whole Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 matrices"):
+        with pytest.raises(BackendError, match="holds whole Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K"):
             alloc_ctx_tensors_from_buft(ctx, interleaved)

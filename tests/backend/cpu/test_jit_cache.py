@@ -1,6 +1,6 @@
 """The compiled kernels' cache: cold detection, and emptied when the package's sources change."""
 
-from pyggml.backend.cpu.jit import compile_cache
+from pyggml.backend.cpu.jit.runtime import compile_cache
 
 
 class _Dispatcher:
@@ -65,13 +65,13 @@ class Count(event.Listener):
 
 def test_load_cached_loads_what_the_disk_cache_holds_once():
     out = _run("""
-from pyggml.backend.cpu.jit import compile_cache
+from pyggml.backend.cpu.jit.runtime import compile_cache
 from pyggml.backend.cpu.jit.norm import rms_norm_rows
 import numpy as np
 x = np.ones((2, 8), np.float32); rms_norm_rows(x, x, np.float32(1e-5))
 """)
     out = _run("""
-from pyggml.backend.cpu.jit import compile_cache
+from pyggml.backend.cpu.jit.runtime import compile_cache
 from pyggml.backend.cpu.jit.norm import rms_norm_rows
 first = compile_cache.load_cached([rms_norm_rows])
 print(first, len(rms_norm_rows.overloads), compile_cache.load_cached([rms_norm_rows]))

@@ -13,7 +13,7 @@ from tests.support.opcheck import nmse
 from pyggml.backend.cpu import kernels
 from pyggml.backend.cpu.jit.mul_mat import dequantize_rows
 from pyggml.backend.cpu.jit.quants import BLOCKS
-from pyggml.backend.cpu.kernels import matmul
+from pyggml.backend.cpu.kernels import mul_mat
 from pyggml.backend.cpu.kernels._blocks import THREADS_MAX, set_threads
 from pyggml.core import ops
 from pyggml.core import types as T
@@ -106,13 +106,13 @@ def test_zero_scales_give_zero_products():
 
 def test_block_weights_are_read_in_place_not_cached():
     """No float32 copy of a block-format weight is made for a product (the memory stays the file's)."""
-    matmul.DEQUANT_CACHE.clear()
+    mul_mat.DEQUANT_CACHE.clear()
     ctx = Context()
     w, _ = _weight(ctx, G.Q8_0, 64, 4)
     x = ctx.new_tensor(G.F32, (64, 1))
     host_ndarray(x)[...] = 1.0
     kernels.compute(ops.mul_mat(ctx, w, x))
-    assert matmul.DEQUANT_CACHE.nbytes == 0
+    assert mul_mat.DEQUANT_CACHE.nbytes == 0
 
 
 @pytest.mark.parametrize("type_", (G.Q4_0, G.Q6_K, G.F16), ids=lambda t: t.name)

@@ -11,7 +11,7 @@ import functools
 
 import numba
 
-from pyggml.backend.cpu.jit import compiler_pages
+from pyggml.backend.cpu.jit.runtime import compiler_pages
 
 jit = functools.partial(numba.njit, cache=True, nogil=True, error_model="numpy")
 parallel_jit = functools.partial(numba.njit, cache=True, nogil=True, error_model="numpy", parallel=True)

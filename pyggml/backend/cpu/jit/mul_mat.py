@@ -17,7 +17,7 @@ import numpy as np
 from numba import prange
 
 from pyggml.backend.cpu.jit import jit, parallel_jit
-from pyggml.backend.cpu.jit.compile_cache import drop_stale
+from pyggml.backend.cpu.jit.runtime.compile_cache import drop_stale
 from pyggml.backend.cpu.jit.f16 import widen
 from pyggml.backend.cpu.jit.quants import _F16, _Q4_0, _Q4_1, _Q4_K, _Q5_0, _Q5_K, _Q6_K, _Q8_0, U, dequantize_row
 from pyggml.backend.cpu.jit.vec_dot import (F32, FASTMATH, vec_dot_f16_f32, vec_dot_q4_0_f32, vec_dot_q4_1_f32,

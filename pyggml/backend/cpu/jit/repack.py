@@ -5,13 +5,13 @@ AVX-512 VNNI.
 Layout "16x4": rows go in groups of 16; a group's block b holds the fields before the quants, each for
 the 16 rows in turn (fp16 d; Q4_1's and Q5_1's fp16 m; Q5_0's and Q5_1's 4 bytes of fifth bits), then
 vectors of 64 bytes: vector j holds bytes 4j .. 4j+3 of each row's quant bytes, row after row, so each
-int32 lane of a vector is one row. A 4-bit quant byte keeps value j in its low nibble and value j + 16 in its high one: vector
-j's low nibbles are values 4j .. 4j+3, its high ones 16+4j .. 16+4j+3 (4 vectors a block). Q8_0's 32
-bytes are 8 vectors, each byte stored + 128 (unsigned, as vpdpbusd takes one side). The repacked tensor
-takes exactly its size in the file.
+int32 lane of a vector is one row. A 4-bit quant byte keeps value j in its low nibble and value j + 16 in
+its high one: vector j's low nibbles are values 4j .. 4j+3, its high ones 16+4j .. 16+4j+3 (4 vectors a
+block). Q8_0's 32 bytes are 8 vectors, each byte stored + 128 (unsigned, as vpdpbusd takes one side). The
+repacked tensor takes exactly its size in the file.
 
 Activations become Q8_0 blocks as ggml's quantize_row_q8_0 makes them (d = max|x| / 127 kept as fp16,
-q = round(x·127/max)), split into quants, float scales, Σq (what vnni_ir.py's sums start from) and
+q = round(x·127/max)), split into quants, float scales, Σq (what ir/vnni_ir.py's sums start from) and
 Q8_1's s = fp16(d·Σq) (what ggml multiplies Q4_1's and Q5_1's minimum with).
 """
 
@@ -23,30 +23,40 @@ from numba import prange
 from pyggml.backend.cpu.jit import jit, parallel_jit
 from pyggml.backend.cpu.jit.f16 import f16_bits
 from pyggml.backend.cpu.jit.floatbits import f16_to_f32
-from pyggml.backend.cpu.jit.vnni_ir import FORMATS, ROWS, tile_q4_0, tile_q4_1, tile_q5_0, tile_q5_1, tile_q8_0
+from pyggml.backend.cpu.jit.ir.vnni_ir import FORMATS, ROWS, tile_q4_0, tile_q4_1, tile_q5_0, tile_q5_1, tile_q8_0
+from pyggml.backend.cpu.jit.ir.vnni_k_ir import K_FORMATS, Q4_K, Q5_K, tile_q4_K, tile_q5_K, tile_q6_K
 from pyggml.core.types import GGMLType
 
 Q4_0, Q4_1, Q5_0, Q5_1 = int(GGMLType.Q4_0), int(GGMLType.Q4_1), int(GGMLType.Q5_0), int(GGMLType.Q5_1)
 Q8_0 = int(GGMLType.Q8_0)
 
 
+def fields(qtype: int) -> tuple:
+    """(block bytes, the block's fields in their interleaved order as (offset, bytes)) of an interleaved type."""
+    if qtype in K_FORMATS:
+        return K_FORMATS[qtype]
+    block_bytes, before, _ = FORMATS[qtype]
+    quants_at = sum(size for _, size in before)
+    return block_bytes, (*before, (quants_at, block_bytes - quants_at))
+
+
 def repack_16x4(qtype: int, rows: np.ndarray) -> np.ndarray:
-    """The 16x4 bytes of rows (uint8, shape (n_rows, nb·block bytes), n_rows a multiple of 16) of a type
-    of FORMATS: per group and block, each field for the 16 rows, then the quant vectors."""
-    block_bytes, fields, _ = FORMATS[qtype]
+    """The 16x4 bytes of rows (uint8, shape (n_rows, nb·block bytes), n_rows a multiple of 16) of an interleaved
+    type: per group and block, each field in turn for the 16 rows, an fp16 field row after row, the others as
+    vectors of 64 bytes (vector j: bytes 4j .. 4j+3 of each row)."""
+    block_bytes, layout = fields(qtype)
     n_rows, row_bytes = rows.shape
     groups, nb = n_rows // ROWS, row_bytes // block_bytes
     blocks = rows.reshape(groups, ROWS, nb, block_bytes)
     out = np.empty((groups, nb, ROWS * block_bytes), np.uint8)
     at = 0
-    for offset, size in fields:
-        out[:, :, at: at + ROWS * size] = (blocks[:, :, :, offset: offset + size].transpose(0, 2, 1, 3)
-                                           .reshape(groups, nb, ROWS * size))
+    for offset, size in layout:
+        piece = 2 if size == 2 else 4
+        field = blocks[:, :, :, offset: offset + size].reshape(groups, ROWS, nb, size // piece, piece)
+        out[:, :, at: at + ROWS * size] = field.transpose(0, 2, 3, 1, 4).reshape(groups, nb, ROWS * size)
         at += ROWS * size
-    quants = blocks[:, :, :, at // ROWS:].reshape(groups, ROWS, nb, -1, 4)    # (g, row, b, vector, byte)
-    out[:, :, at:] = quants.transpose(0, 2, 3, 1, 4).reshape(groups, nb, -1)
     if qtype == Q8_0:
-        out[:, :, at:] ^= 0x80  # int8 -> uint8 + 128
+        out[:, :, ROWS * 2:] ^= 0x80  # int8 -> uint8 + 128
     return out.reshape(n_rows, row_bytes)
 
 
@@ -119,3 +129,67 @@ def gemm_16x4_q8_0(qtype: np.intp, w: np.ndarray, first: np.uintp, nb: np.intp, 
             tile_q5_1(w, start, nb, xq, xd, xs, xm, n_tokens, flat, yo, ys)
         else:
             tile_q8_0(w, start, nb, xq, xd, xs, xm, n_tokens, flat, yo, ys)
+
+
+@jit
+def quantize_q8_K_rows(x: np.ndarray, first: np.intp, end: np.intp, xq: np.ndarray, xd: np.ndarray,
+                       xb: np.ndarray) -> None:
+    """Rows first .. end-1 of x (n, nb·256) float32 -> xq (n·nb·256,) int8 bits, xd (n·nb,) scales, xb (n·nb·16,)
+    the sums of each 16 quants: ggml's quantize_row_q8_K (its x86 build uses the reference code): iscale =
+    -127/max, max the value of largest magnitude, q = min(127, round(iscale·x)) to nearest even, d = 1/iscale."""
+    nb = x.shape[1] // 256
+    for t in range(first, end):
+        for b in range(nb):
+            row = x[t, b * 256: b * 256 + 256]
+            at = (t * nb + b) * 256
+            amax, vmax = np.float32(0), np.float32(0)
+            for j in range(256):
+                if abs(row[j]) > amax:
+                    amax, vmax = abs(row[j]), row[j]
+            iscale = np.float32(-127) / vmax if amax != 0 else np.float32(0)
+            for i in range(16):
+                total = np.int32(0)
+                for j in range(16 * i, 16 * i + 16):
+                    q = min(np.int32(127), np.int32(np.rint(iscale * row[j])))
+                    xq[at + j] = np.uint8(q & 0xFF)
+                    total += q
+                xb[(t * nb + b) * 16 + i] = total
+            xd[t * nb + b] = np.float32(1) / iscale if amax != 0 else np.float32(0)
+
+
+@parallel_jit
+def quantize_q8_K_parallel(x: np.ndarray, xq: np.ndarray, xd: np.ndarray, xb: np.ndarray) -> None:
+    n = x.shape[0]
+    chunks = -(-n // PARALLEL_ROWS)
+    for c in prange(chunks):
+        quantize_q8_K_rows(x, c * PARALLEL_ROWS, min(n, (c + 1) * PARALLEL_ROWS), xq, xd, xb)
+
+
+def quantize_q8_K(x: np.ndarray, xq: np.ndarray, xd: np.ndarray, xb: np.ndarray) -> None:
+    """All rows of x quantized to Q8_K (see quantize_q8_K_rows), as quantize_q8_0 shares them out."""
+    if x.shape[0] <= PARALLEL_ROWS:
+        quantize_q8_K_rows(x, 0, x.shape[0], xq, xd, xb)
+    else:
+        quantize_q8_K_parallel(x, xq, xd, xb)
+
+
+K_GROUP_BLOCK = np.array([ROWS * K_FORMATS[t][0] if t in K_FORMATS else 0 for t in range(max(K_FORMATS) + 1)],
+                         np.int64)
+
+
+@parallel_jit
+def gemm_16x4_q8_K(qtype: np.intp, w: np.ndarray, first: np.uintp, nb: np.intp, n_groups: np.intp, xq: np.ndarray,
+                   xd: np.ndarray, xb: np.ndarray, n_tokens: np.intp, y: np.ndarray) -> None:
+    """y (n_tokens, n_groups·16) = the 16x4 matrix of a K-quant qtype at byte `first` of w times the Q8_K tokens,
+    row groups split over the threads (as gemm_16x4_q8_0)."""
+    ys = y.shape[1]
+    flat = y.reshape(-1)
+    group_bytes = nb * K_GROUP_BLOCK[qtype]
+    for g in prange(n_groups):
+        start, yo = first + g * group_bytes, g * ROWS
+        if qtype == Q4_K:
+            tile_q4_K(w, start, nb, xq, xd, xb, n_tokens, flat, yo, ys)
+        elif qtype == Q5_K:
+            tile_q5_K(w, start, nb, xq, xd, xb, n_tokens, flat, yo, ys)
+        else:
+            tile_q6_K(w, start, nb, xq, xd, xb, n_tokens, flat, yo, ys)

@@ -6,7 +6,7 @@ were measured on Gemma 3 270M's 127 matrices (2 threads: 12.0 ms a token this wa
 way; the head is memory-bound either way), so the float way is kept for weights read in the file's
 layout: it adds no activation rounding, so results match a float64 product of the dequantized weights to
 ~1e-6 instead of ~1e-2. (On AVX-512 VNNI, a model whose layers are all Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 is
-interleaved and multiplied the integer way instead: repack.py, vnni_ir.py.)
+interleaved and multiplied the integer way instead: repack.py, ir/vnni_ir.py.)
 
 Each function reads `nb` blocks of the row at byte s of src and values x[xo:]. The 32-value block types
 (Q4_0, Q4_1, Q5_0, Q8_0) are LLVM vector IR (block_ir.py: one vector accumulator per row, 1.2-1.8x the
@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from pyggml.backend.cpu.jit import jit
-from pyggml.backend.cpu.jit.block_ir import row_dot_q4_0, row_dot_q4_1, row_dot_q5_0, row_dot_q8_0
+from pyggml.backend.cpu.jit.ir.block_ir import row_dot_q4_0, row_dot_q4_1, row_dot_q5_0, row_dot_q8_0
 from pyggml.backend.cpu.jit.quants import QK_K, U, _fp16, k45_quants, k45_sub_scales
 
 F32 = np.float32

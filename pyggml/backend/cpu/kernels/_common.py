@@ -9,7 +9,7 @@ from pyggml.core import types as T
 from pyggml.core.tensor import Tensor, host_ndarray
 
 FLOAT_TYPES = frozenset({T.GGMLType.F32, T.GGMLType.F16, T.GGMLType.BF16})
-REPACKED = "CPU_REPACK"  # Tensor.extra of a tensor in a CPU_REPACK buffer: `t.buffer.values(t)` are its values
+F32_EXPANDED = "CPU_F32"  # Tensor.extra of a tensor in a CPU_F32 buffer: `t.buffer.values(t)` are its values
 INTERLEAVED = "CPU_INTERLEAVED"  # Tensor.extra of a tensor in a CPU_INTERLEAVED buffer: `t.buffer.quant_bytes(t)`
 _BLAS = ThreadpoolController()  # scanning the loaded BLAS libraries costs ~1 ms: done once
 
@@ -19,9 +19,9 @@ def blas_threads(n: int):
     return _BLAS.limit(limits=n, user_api="blas")
 
 
-def repacked_values(t: Tensor) -> np.ndarray | None:
-    """The float32 values of a tensor in a CPU_REPACK buffer (shape ne[::-1], in place); None for others."""
-    return t.buffer.values(t) if t.extra is REPACKED else None
+def expanded_values(t: Tensor) -> np.ndarray | None:
+    """The float32 values of a tensor in a CPU_F32 buffer (shape ne[::-1], in place); None for others."""
+    return t.buffer.values(t) if t.extra is F32_EXPANDED else None
 
 
 def view(t: Tensor) -> np.ndarray:

@@ -11,7 +11,7 @@ from pyggml.backend.cpu.jit import rows as jit_rows
 from pyggml.backend.cpu.jit.mul_mat import dequantize_rows
 from pyggml.backend.cpu.kernels import kernel
 from pyggml.backend.cpu.kernels._blocks import blocks_per_row, in_blocks, memory_of
-from pyggml.backend.cpu.kernels._common import FLOAT_TYPES, as_f32, repacked_values, rows_2d, store, view
+from pyggml.backend.cpu.kernels._common import FLOAT_TYPES, as_f32, expanded_values, rows_2d, store, view
 from pyggml.backend.cpu.kernels._dequant_cache import dequantizable
 from pyggml.backend.cpu.kernels.elementwise import as_repeated, can_quantize, split_for_repeat
 from pyggml.core import types as T
@@ -129,10 +129,10 @@ def get_rows(dst: Tensor) -> None:
     if in_blocks(a):
         _get_rows_blocks(dst, ids)
         return
-    repacked = repacked_values(a)  # a repacked matrix's rows are float32 values already
-    rows = repacked if repacked is not None else view(a)
+    expanded = expanded_values(a)  # a CPU_F32 matrix's rows are float32 values already
+    rows = expanded if expanded is not None else view(a)
     picked = rows[np.arange(n12)[:, None, None], np.arange(n11)[None, :, None], ids]
-    if repacked is not None:
+    if expanded is not None:
         store(dst, picked)
     elif a.type == G.I32:
         view(dst)[...] = picked

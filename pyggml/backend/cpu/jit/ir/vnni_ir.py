@@ -3,7 +3,7 @@ quantized to Q8_0, written as LLVM vector IR around AVX-512 VNNI's vpdpbusd (as 
 
 One vpdpbusd multiplies 64 unsigned bytes by 64 signed bytes and adds each group of four products into
 one of 16 int32 lanes: 64 multiply-adds in one instruction, where a float32 FMA does 16. The repacked
-layout (repack.py) makes lane r row r of a 16-row group, so the four bytes each lane takes are four
+layout (jit/repack.py) makes lane r row r of a 16-row group, so the four bytes each lane takes are four
 quants of row r, and the activation side is four consecutive values of one token, the same in every
 lane (a broadcast). A block (32 values) is then 8 vpdpbusd into an int32 accumulator, one conversion
 to float and one multiply-add with the 16 rows' scales times the token's scale. The weights' bytes are
@@ -26,7 +26,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from pyggml.backend.cpu.jit.block_ir import F32, FAST, I32, I64, I8, splat
+from pyggml.backend.cpu.jit.ir.block_ir import F32, FAST, I32, I64, I8, splat
 from pyggml.core.types import GGMLType
 
 ROWS = 16                               # rows of a group: the int32 lanes of a zmm register
@@ -37,25 +37,25 @@ VI8 = ir.VectorType(I8, 4 * ROWS)
 VF16 = ir.VectorType(ir.HalfType(), ROWS)
 
 # per ggml type: block bytes, the fields before the quants as (offset, bytes): fp16 d (and m), Q5's qh
-# (repack.py lays the groups out from these), and the quants' zero point (offset·Σq starts each sum)
+# (jit/repack.py lays the groups out from these), and the quants' zero point (offset·Σq starts each sum)
 FORMATS = {int(GGMLType.Q4_0): (18, ((0, 2),), -8), int(GGMLType.Q4_1): (20, ((0, 2), (2, 2)), 0),
            int(GGMLType.Q5_0): (22, ((0, 2), (2, 4)), -16), int(GGMLType.Q5_1): (24, ((0, 2), (2, 2), (4, 4)), 0),
            int(GGMLType.Q8_0): (34, ((0, 2),), -128)}
 
 
-def _dpbusd(builder, acc, unsigned, signed):
+def dpbusd(builder, acc, unsigned, signed):
     """acc + the sums of four u8·s8 products per int32 lane (vpdpbusd)."""
     fn = builder.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.512",
                                           fnty=ir.FunctionType(VI32, [VI32, VI8, VI8]))
     return builder.call(fn, [acc, unsigned, signed])
 
 
-def _load(builder, base, offset, vtype, align=1):
+def load_at(builder, base, offset, vtype, align=1):
     return builder.load(builder.bitcast(builder.gep(base, [offset]), vtype.as_pointer()), align=align)
 
 
 class Layout:
-    """How a type's 16-row group block lies (repack.py), from its FORMATS entry: the fp16 fields of 16 rows
+    """How a type's 16-row group block lies (jit/repack.py), from its FORMATS entry: the fp16 fields of 16 rows
     each (`headers`: d, then m for Q4_1 and Q5_1, whose sums add m·s, s being Q8_1's d·Σq as in ggml), then
     for Q5 the rows' 32 fifth bits (`high_bits`: one vector of 16 uint32), then the quant vectors, 64 bytes
     each (16 rows x 4 bytes). 4-bit quants: each vector holds two (low nibbles: values k, high: k + 16);
@@ -73,7 +73,7 @@ class Layout:
 
     def values(self, builder, data, block):
         """[(<64 x i8> unsigned quants of the 16 rows, the first value index k they multiply)]."""
-        packed = [_load(builder, data, builder.add(block, ir.Constant(I64, self.quants_at + 64 * m)), VI8)
+        packed = [load_at(builder, data, builder.add(block, ir.Constant(I64, self.quants_at + 64 * m)), VI8)
                   for m in range(self.vectors)]
         if not self.nibbles:
             return [(p, 4 * m) for m, p in enumerate(packed)]
@@ -81,7 +81,7 @@ class Layout:
         out = ([(builder.and_(p, low_mask), 4 * m) for m, p in enumerate(packed)]
                + [(builder.lshr(p, shift), 16 + 4 * m) for m, p in enumerate(packed)])
         if self.high_bits:
-            bits = _load(builder, data, builder.add(block, ir.Constant(I64, 2 * ROWS * self.headers)), VI32)
+            bits = load_at(builder, data, builder.add(block, ir.Constant(I64, 2 * ROWS * self.headers)), VI32)
             out = [(builder.or_(v, _fifth_bits(builder, bits, k)), k) for v, k in out]
         return out
 
@@ -130,24 +130,24 @@ def _tokens(builder, layout: Layout, data, g_, nb_, t0_, n_tokens: int, yo_, ys_
     with cgutils.for_range(builder, nb_) as loop:
         b = loop.index
         block = builder.add(g_, builder.mul(b, ir.Constant(I64, layout.group_block)))
-        scales = builder.fpext(_load(builder, data[0], block, VF16), VF32)
+        scales = builder.fpext(load_at(builder, data[0], block, VF16), VF32)
         if layout.headers == 2:
             at_m = builder.add(block, ir.Constant(I64, 2 * ROWS))
-            mins = builder.fpext(_load(builder, data[0], at_m, VF16), VF32)
+            mins = builder.fpext(load_at(builder, data[0], at_m, VF16), VF32)
         quants = layout.values(builder, data[0], block)
         for t, acc in zip(tokens, accs):
             at = builder.add(builder.mul(t, nb_), b)                  # token t's block b
             q0 = builder.mul(at, ir.Constant(I64, 32))
-            sum_q = _load(builder, data[5], at, I32, 4)
+            sum_q = load_at(builder, data[5], at, I32, 4)
             total = splat(builder, builder.mul(sum_q, ir.Constant(I32, layout.offset)), VI32)
             for vector, k in quants:
-                four = _load(builder, data[3], builder.add(q0, ir.Constant(I64, k)), I32)
-                total = _dpbusd(builder, total, vector, builder.bitcast(splat(builder, four, VI32), VI8))
-            dx = _load(builder, data[4], at, F32, 4)
+                four = load_at(builder, data[3], builder.add(q0, ir.Constant(I64, k)), I32)
+                total = dpbusd(builder, total, vector, builder.bitcast(splat(builder, four, VI32), VI8))
+            dx = load_at(builder, data[4], at, F32, 4)
             scale = builder.fmul(scales, splat(builder, dx, VF32), flags=FAST)
             block_sum = builder.fmul(builder.sitofp(total, VF32), scale, flags=FAST)
             if layout.headers == 2:
-                x_sum = splat(builder, _load(builder, data[6], at, F32, 4), VF32)
+                x_sum = splat(builder, load_at(builder, data[6], at, F32, 4), VF32)
                 block_sum = builder.fadd(block_sum, builder.fmul(mins, x_sum, flags=FAST), flags=FAST)
             builder.store(builder.fadd(builder.load(acc), block_sum, flags=FAST), acc)
     for t, acc in zip(tokens, accs):

@@ -3,7 +3,7 @@
 A src0 in a block format the compiled kernels decode (F16, BF16, Q4_0 ... Q6_K, IQ4_NL/XS; see
 pyggml.backend.cpu.jit) is read in place: a few columns go through `mul_mat_vec` (rows dequantized in
 registers, threads over rows), many columns through tiles of rows dequantized to float32 on one thread
-and BLAS sgemm. Other sources are float32 (F32, CPU_REPACK values, or a cached dequantized copy) and
+and BLAS sgemm. Other sources are float32 (F32, CPU_F32 values, or a cached dequantized copy) and
 go to BLAS directly. ggml converts src1 to src0's vec_dot type (F16, Q8_0, Q8_K) before its dot
 products; here src1 stays float32, which is at least as accurate (within ggml's 5e-4 NMSE for these ops).
 """
@@ -16,11 +16,12 @@ import threading
 import numpy as np
 
 from pyggml.backend.cpu.jit.mul_mat import dequantize_rows, mul_mat_float_columns, mul_mat_vec
-from pyggml.backend.cpu.jit.repack import gemm_16x4_q8_0, quantize_q8_0
-from pyggml.backend.cpu.jit.vnni_ir import ROWS
+from pyggml.backend.cpu.jit.ir.vnni_ir import ROWS
+from pyggml.backend.cpu.jit.ir.vnni_k_ir import K_FORMATS
+from pyggml.backend.cpu.jit.repack import gemm_16x4_q8_0, gemm_16x4_q8_K, quantize_q8_0, quantize_q8_K
 from pyggml.backend.cpu.kernels import kernel
 from pyggml.backend.cpu.kernels._blocks import THREADS_MAX, blocks_per_row, in_blocks, memory_of
-from pyggml.backend.cpu.kernels._common import (FLOAT_TYPES, INTERLEAVED, as_f32, blas_threads, repacked_values,
+from pyggml.backend.cpu.kernels._common import (FLOAT_TYPES, INTERLEAVED, as_f32, blas_threads, expanded_values,
                                                 view)
 from pyggml.backend.cpu.kernels._dequant_cache import DEQUANT_CACHE, dequantizable
 from pyggml.core import types as T
@@ -29,11 +30,12 @@ from pyggml.errors import OutOfBoundsError
 
 
 def src0_f32(t: Tensor) -> np.ndarray:
-    """src0's values as float32, shape ne[::-1]: a view for F32 and repacked weights, else a (cached) dequantized copy."""
+    """src0's values as float32, shape ne[::-1]: a view for F32 and CPU_F32 weights, else a (cached) dequantized
+    copy."""
     if t.type == T.GGMLType.F32:
         return view(t)
-    repacked = repacked_values(t)
-    return repacked if repacked is not None else DEQUANT_CACHE.get(t)
+    expanded = expanded_values(t)
+    return expanded if expanded is not None else DEQUANT_CACHE.get(t)
 
 
 def _blasable(m: np.ndarray) -> np.ndarray:
@@ -121,19 +123,27 @@ def _matvec_call(a: Tensor, src: np.ndarray, planes: np.ndarray, x: np.ndarray, 
 
 
 class _Q8Scratch:
-    """The Q8_0 activations of the interleaved products: one buffer for all of them, grown to the largest
-    (a prompt's 200 products would otherwise hold 70 MiB of it); used under _PARALLEL_LAUNCH only."""
+    """The quantized activations of the interleaved products: one buffer for all of them, grown to the largest
+    (a prompt's 200 products would otherwise hold 70 MiB of it); used under _PARALLEL_LAUNCH only. Q8_0: quants,
+    scales, Σq and Q8_1's s per 32 values; Q8_K: quants, a scale per 256 values, a sum per 16."""
 
     def __init__(self):
         self.quants, self.scales, self.sums, self.s = (np.empty(0, dt) for dt in (np.uint8, np.float32, np.int32,
                                                                                   np.float32))
 
-    def arrays(self, n: int, k: int):
+    def _grown(self, n: int, k: int):
         if self.quants.size < n * k:
             self.quants = np.empty(n * k, np.uint8)
-            self.scales, self.sums, self.s = (np.empty(n * k // 32, dt) for dt in (np.float32, np.int32, np.float32))
+            self.scales, self.sums, self.s = (np.empty(n * k // 16, dt) for dt in (np.float32, np.int32, np.float32))
+
+    def q8_0(self, n: int, k: int):
+        self._grown(n, k)
         blocks = n * k // 32
         return self.quants[: n * k], self.scales[:blocks], self.sums[:blocks], self.s[:blocks]
+
+    def q8_K(self, n: int, k: int):
+        self._grown(n, k)
+        return self.quants[: n * k], self.scales[: n * k // 256], self.sums[: n * k // 16]
 
 
 _Q8 = _Q8Scratch()
@@ -141,19 +151,25 @@ _Q8 = _Q8Scratch()
 
 def _interleaved_call(dst: Tensor, x: np.ndarray):
     """The call of dst = a·b for a matrix a in a CPU_INTERLEAVED buffer and the float32 rows x (n, k) of b:
-    x quantized to Q8_0, then the integer tile products (jit/repack.py), for a prompt's batch and a
-    generation step's one row alike."""
+    x quantized to Q8_0 (Q8_K for the K-quants), then the integer tile products (jit/repack.py), for a prompt's
+    batch and a generation step's one row alike."""
     a = dst.src[0]
     n, k = x.shape
-    w, y, qtype = a.buffer.quant_bytes(a), _out_view(dst, (n, a.ne[1])), int(a.type)
+    w, y, qtype, groups = a.buffer.quant_bytes(a), _out_view(dst, (n, a.ne[1])), int(a.type), a.ne[1] // ROWS
 
-    def call() -> None:
+    def call_q8_0() -> None:
         with _PARALLEL_LAUNCH:
-            xq, xd, xs, xm = _Q8.arrays(n, k)
+            xq, xd, xs, xm = _Q8.q8_0(n, k)
             quantize_q8_0(x, xq, xd, xs, xm)
-            gemm_16x4_q8_0(qtype, w, 0, k // 32, a.ne[1] // ROWS, xq, xd, xs, xm, n, y)
+            gemm_16x4_q8_0(qtype, w, 0, k // 32, groups, xq, xd, xs, xm, n, y)
 
-    return call
+    def call_q8_K() -> None:
+        with _PARALLEL_LAUNCH:
+            xq, xd, xb = _Q8.q8_K(n, k)
+            quantize_q8_K(x, xq, xd, xb)
+            gemm_16x4_q8_K(qtype, w, 0, k // 256, groups, xq, xd, xb, n, y)
+
+    return call_q8_K if qtype in K_FORMATS else call_q8_0
 
 
 def _interleaved_rows(dst: Tensor) -> np.ndarray:

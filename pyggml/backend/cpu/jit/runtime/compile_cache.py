@@ -19,7 +19,7 @@ from pathlib import Path
 FINGERPRINT = "pyggml-jit-sources.sha1"
 
 
-def matmul_kernels() -> list:
+def mul_mat_kernels() -> list:
     """The matrix products' kernels: every model calls them, so their cache says whether a model ran before."""
     from pyggml.backend.cpu.jit.mul_mat import dequantize_rows, mul_mat_float_columns, mul_mat_vec
     return [mul_mat_vec, mul_mat_float_columns, dequantize_rows]
@@ -28,7 +28,8 @@ def matmul_kernels() -> list:
 def entry_points() -> list:
     """The kernels the CPU backend's ops call from Python (their callees compile into them)."""
     from pyggml.backend.cpu.jit import attention, glu, norm, repack, rope, rows, softmax
-    return [*matmul_kernels(), repack.gemm_16x4_q8_0, repack.quantize_q8_0_rows, repack.quantize_q8_0_parallel,
+    return [*mul_mat_kernels(), repack.gemm_16x4_q8_0, repack.quantize_q8_0_rows, repack.quantize_q8_0_parallel,
+            repack.gemm_16x4_q8_K, repack.quantize_q8_K_rows, repack.quantize_q8_K_parallel,
             softmax.soft_max_rows, rope.rope_rows, attention.exp_score_rows, attention.flash_attn_rows, glu.glu_rows,
             glu.unary_rows, norm.norm_rows, norm.rms_norm_rows, rows.set_rows_f16, rows.set_rows_f32]
 
@@ -61,7 +62,7 @@ def load_cached(dispatchers=None) -> int:
 
 def is_cold(dispatchers=None) -> bool:
     """True when some kernel has no cache index yet (False where Numba's cache layout is not the known one)."""
-    for d in matmul_kernels() if dispatchers is None else dispatchers:
+    for d in mul_mat_kernels() if dispatchers is None else dispatchers:
         try:
             index = d._cache._cache_file._index_path
         except AttributeError:
@@ -78,8 +79,9 @@ def drop_stale(dispatcher) -> None:
     except AttributeError:
         return
     digest = hashlib.sha1()
-    for source in sorted(Path(__file__).parent.glob("*.py")):
-        digest.update(source.name.encode() + source.read_bytes())
+    package = Path(__file__).parents[1]  # jit/, with its ir/ and runtime/
+    for source in sorted(package.rglob("*.py")):
+        digest.update(str(source.relative_to(package)).encode() + source.read_bytes())
     marker = cache_dir / FINGERPRINT
     try:
         if marker.exists() and marker.read_text() == digest.hexdigest():

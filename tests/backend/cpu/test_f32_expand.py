@@ -1,4 +1,4 @@
-"""The CPU device's extra buffer type CPU_REPACK: quantized weights kept as their float32 values."""
+"""The CPU device's extra buffer type CPU_F32: quantized weights expanded to their float32 values."""
 
 import numpy as np
 import pytest
@@ -6,7 +6,7 @@ import pytest
 from pyggml.alloc import alloc_ctx_tensors_from_buft
 from pyggml.backend import init_by_name, tensor_get, tensor_set
 from pyggml.backend.cpu import kernels
-from pyggml.backend.cpu.kernels._common import REPACKED
+from pyggml.backend.cpu.kernels._common import F32_EXPANDED
 from pyggml.core import Context, GGMLType, ops
 from pyggml.core import types as T
 from pyggml.core.tensor import host_ndarray
@@ -34,12 +34,12 @@ def _placed(cpu, raw: np.ndarray, buft):
 
 
 def test_the_cpu_device_offers_it_and_its_backend_computes_with_it(cpu):
-    repack, interleaved = cpu.device.extra_buffer_types()
+    expanded, interleaved = cpu.device.extra_buffer_types()
     assert interleaved.name == "CPU_INTERLEAVED" and cpu.supports_buft(interleaved)
-    assert repack.name == "CPU_REPACK" and not repack.is_host and cpu.supports_buft(repack)
+    assert expanded.name == "CPU_F32" and not expanded.is_host and cpu.supports_buft(expanded)
     ctx = Context(no_alloc=True)
     w = ctx.new_tensor_2d(Q, 256, 8, "w")
-    assert repack.alloc_size(w) == 256 * 8 * 4 > w.nbytes
+    assert expanded.alloc_size(w) == 256 * 8 * 4 > w.nbytes
 
 
 def test_values_are_the_dequantized_rows_written_in_slabs(cpu):
@@ -50,14 +50,14 @@ def test_values_are_the_dequantized_rows_written_in_slabs(cpu):
     row = raw.shape[1]
     tensor_set(w, raw[5:], 5 * row, 3 * row)  # rows 5..7 first, then 0..4: any order of whole rows
     tensor_set(w, raw[:5], 0, 5 * row)
-    assert w.type == Q and w.extra is REPACKED
+    assert w.type == Q and w.extra is F32_EXPANDED
     np.testing.assert_array_equal(w.buffer.values(w)[0, 0], T.to_float(Q, raw))
 
 
 def test_products_and_get_rows_equal_those_of_the_quantized_bytes(cpu):
     """The same values either way: get_rows is bit-identical, products differ only by float32 summation order."""
     raw = _weight_bytes(16, 256)
-    packed, _ = _placed(cpu, raw, cpu.device.extra_buffer_types()[0])
+    expanded, _ = _placed(cpu, raw, cpu.device.extra_buffer_types()[0])
     plain, _ = _placed(cpu, raw, cpu.default_buffer_type)
     ctx = Context()
     x = ctx.new_tensor_2d(GGMLType.F32, 256, 3, "x")
@@ -65,10 +65,11 @@ def test_products_and_get_rows_equal_those_of_the_quantized_bytes(cpu):
     ids = ctx.new_tensor_1d(GGMLType.I32, 4, "ids")
     host_ndarray(ids)[...] = [3, 0, 15, 3]
     for build, rtol in ((lambda w: ops.mul_mat(ctx, w, x), 1e-5), (lambda w: ops.get_rows(ctx, w, ids), 0)):
-        a, b = build(packed), build(plain)
+        a, b = build(expanded), build(plain)
         kernels.compute(a)
         kernels.compute(b)
-        np.testing.assert_allclose(host_ndarray(a), host_ndarray(b), rtol=rtol, atol=rtol * np.abs(host_ndarray(b)).max())
+        np.testing.assert_allclose(host_ndarray(a), host_ndarray(b), rtol=rtol,
+                                   atol=rtol * np.abs(host_ndarray(b)).max())
 
 
 def test_it_refuses_reads_partial_rows_and_tensors_it_cannot_hold(cpu):

@@ -1,0 +1,200 @@
+"""Integer tile products of Q4_K, Q5_K and Q6_K weights interleaved 16 rows at a time, against activations
+quantized to Q8_K, written as LLVM vector IR around AVX-512 VNNI's vpdpbusd (as ggml's
+ggml_vec_dot_q4_K_q8_K and its kin compute them, and its block_q4_Kx8 repacked kernels).
+
+A K-quant block holds 256 values of a row in sub-blocks (8 of 32 for Q4_K and Q5_K, 16 of 16 for Q6_K), each
+with its own integer scale (6 bits; Q6_K: 8 bits signed) and for Q4_K/Q5_K a 6-bit minimum. As in ggml, every
+sum stays an integer up to the block: per sub-block, vpdpbusd adds the products of the row's unsigned quants
+(Q4_K's nibbles, Q5_K's 5 bits, Q6_K's 6 bits) and the token's int8 values; the sub-block's sum times its scale
+(vpmulld) goes into the block's int32 sum; the minimums' term Σ m_j·(Σ of the token's values in sub-block j)
+comes from Q8_K's sums of 16 values (bsums), and Q6_K's zero point 32 as -32·bsum starts each sub-block's sum.
+The block then adds float(sum)·d·dx (- float(mins)·dmin·dx) to the row's float32 sum, dx being the token's
+Q8_K scale: ggml's arithmetic, in another float order.
+
+Layout (jit/repack.py, same bytes as the file's): per 16-row group and block, each fp16 field for the 16 rows
+in turn, then the other fields as vectors of 64 bytes (vector j: bytes 4j .. 4j+3 of each row, so an int32 lane
+is one row): Q4_K: d, dmin, scales (3 vectors), qs (32); Q5_K: d, dmin, scales, qh (8), qs (32); Q6_K: d,
+scales (4), ql (32), qh (16).
+
+`tile_<type>` is an intrinsic (w, g, nb, xq, xd, xb, n, y, yo, ys): for the group whose blocks start at byte g
+of w and tokens 0 .. n-1, y[yo + t·ys + r] = Σ over the nb blocks of row r, four tokens at a time, then one.
+xq: the tokens' Q8_K quants (int8 as uint8, nb·256 a token), xd: their scales (float32, nb a token), xb: the
+sums of each 16 quants (int32, nb·16 a token). All arrays C-contiguous.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from pyggml.backend.cpu.jit.ir.block_ir import F32, FAST, I32, I64, splat
+from pyggml.backend.cpu.jit.ir.vnni_ir import ROWS, TOKENS, VF16, VF32, VI32, VI8, dpbusd, load_at
+from pyggml.core.types import GGMLType
+
+Q4_K, Q5_K, Q6_K = int(GGMLType.Q4_K), int(GGMLType.Q5_K), int(GGMLType.Q6_K)
+
+# per type: block bytes, its fields in the interleaved order as (offset in the file's block, bytes)
+K_FORMATS = {Q4_K: (144, ((0, 2), (2, 2), (4, 12), (16, 128))),
+             Q5_K: (176, ((0, 2), (2, 2), (4, 12), (16, 32), (48, 128))),
+             Q6_K: (210, ((208, 2), (192, 16), (0, 128), (128, 64)))}
+
+
+def _i32(builder, value: int):
+    return splat(builder, ir.Constant(I32, value), VI32)
+
+
+def _i8(value: int):
+    return ir.Constant(VI8, [value] * 4 * ROWS)
+
+
+def _bits(builder, word, shift: int, mask: int):
+    """(word >> shift) & mask in each int32 lane."""
+    return builder.and_(builder.lshr(word, _i32(builder, shift)) if shift else word, _i32(builder, mask))
+
+
+def _scales_mins_k4(builder, words):
+    """Q4_K's and Q5_K's eight 6-bit scales and minimums of each row (ggml's get_scale_min_k4) from the row's 12
+    scale bytes as three int32 lanes w0, w1, w2: ([8 x <16 x i32>], [8 x <16 x i32>])."""
+    w0, w1, w2 = words
+    scales = [_bits(builder, w0, 8 * j, 63) for j in range(4)]
+    mins = [_bits(builder, w1, 8 * j, 63) for j in range(4)]
+    for j in range(4):
+        high_s = builder.shl(_bits(builder, w0, 8 * j + 6, 3), _i32(builder, 4))
+        high_m = builder.shl(_bits(builder, w1, 8 * j + 6, 3), _i32(builder, 4))
+        scales.append(builder.or_(_bits(builder, w2, 8 * j, 15), high_s))
+        mins.append(builder.or_(_bits(builder, w2, 8 * j + 4, 15), high_m))
+    return scales, mins
+
+
+class KLayout:
+    """Where a type's fields lie in a 16-row group block (from K_FORMATS), and how its sub-blocks' unsigned
+    quant vectors are made: `sub_blocks()` gives, per sub-block, [(vector, index of the first of the four
+    values each lane holds)] and its scale vector; minimums or zero point as the type has them."""
+
+    def __init__(self, qtype: int):
+        block_bytes, fields = K_FORMATS[qtype]
+        self.qtype, self.group_block = qtype, ROWS * block_bytes
+        self.at, at = {}, 0
+        for offset, size in fields:
+            self.at[offset], at = at, at + ROWS * size
+
+    def vector(self, builder, data, block, field: int, j: int, vtype=VI8):
+        """Vector j of a field (by its offset in the file's block)."""
+        return load_at(builder, data, builder.add(block, ir.Constant(I64, self.at[field] + 64 * j)), vtype)
+
+    def header(self, builder, data, block, field: int):
+        """An fp16 field of the 16 rows as <16 x float>."""
+        return builder.fpext(load_at(builder, data, builder.add(block, ir.Constant(I64, self.at[field])), VF16), VF32)
+
+    def sub_blocks(self, builder, data, block):
+        """([(quants [(vector, first value)], scale <16 x i32>)], mins [8 x <16 x i32>] or None)."""
+        if self.qtype == Q6_K:
+            return self._q6_k(builder, data, block), None
+        words = [self.vector(builder, data, block, 4, j, VI32) for j in range(3)]
+        scales, mins = _scales_mins_k4(builder, words)
+        out = []
+        for j in range(8):                      # sub-block j: chunk j // 2's low (j even) or high nibbles
+            quants = []
+            for m in range(8):
+                packed = self.vector(builder, data, block, 16 if self.qtype == Q4_K else 48, 8 * (j // 2) + m)
+                nibble = builder.lshr(packed, _i8(4)) if j % 2 else builder.and_(packed, _i8(15))
+                if self.qtype == Q5_K:          # bit j of the row's qh byte l is value 32j + l's fifth bit
+                    high = builder.and_(self.vector(builder, data, block, 16, m), _i8(1 << j))
+                    high = builder.shl(high, _i8(4 - j)) if j < 4 else builder.lshr(high, _i8(j - 4))
+                    nibble = builder.or_(nibble, high)
+                quants.append((nibble, 32 * j + 4 * m))
+            out.append((quants, scales[j]))
+        return out, mins
+
+    def _q6_k(self, builder, data, block):
+        """Q6_K's 16 sub-blocks of 16: value 128h + 32g + l (l < 32) has its low 4 bits in ql byte 64h + 32(g % 2)
+        + l (low nibble for g < 2, high for g >= 2) and its high 2 bits at bit 2g of qh byte 32h + l; scales are
+        signed bytes."""
+        words = [self.vector(builder, data, block, 192, j, VI32) for j in range(4)]
+        out = []
+        for k in range(16):
+            h, g, half = k // 8, (k % 8) // 2, k % 2
+            scale = builder.ashr(builder.shl(words[k // 4], _i32(builder, 24 - 8 * (k % 4))), _i32(builder, 24))
+            quants = []
+            for m in range(4 * half, 4 * half + 4):
+                ql = self.vector(builder, data, block, 0, 16 * h + 8 * (g % 2) + m)
+                low = builder.lshr(ql, _i8(4)) if g >= 2 else builder.and_(ql, _i8(15))
+                qh = self.vector(builder, data, block, 128, 8 * h + m)
+                shift = 4 - 2 * g
+                qh = builder.shl(qh, _i8(shift)) if shift > 0 else builder.lshr(qh, _i8(-shift)) if shift else qh
+                quants.append((builder.or_(low, builder.and_(qh, _i8(0x30))), 128 * h + 32 * g + 4 * m))
+            out.append((quants, scale))
+        return out
+
+
+def _tile(qtype: int):
+    layout = KLayout(qtype)
+
+    def typer(typingctx, w, g, nb, xq, xd, xb, n, y, yo, ys):
+        arrays = ((w, types.uint8), (xq, types.uint8), (xd, types.float32), (xb, types.int32), (y, types.float32))
+        if not all(isinstance(a, types.Array) and a.dtype == dt and a.layout == "C" for a, dt in arrays):
+            return None
+        if not all(isinstance(i, types.Integer) for i in (g, nb, n, yo, ys)):
+            return None
+
+        def codegen(context, builder, signature, args):
+            data = {i: context.make_array(signature.args[i])(context, builder, args[i]).data for i in (0, 3, 4, 5, 7)}
+            g_, nb_, n_, yo_, ys_ = (context.cast(builder, args[i], signature.args[i], types.uintp)
+                                     for i in (1, 2, 6, 8, 9))
+            full = builder.mul(builder.udiv(n_, ir.Constant(I64, TOKENS)), ir.Constant(I64, TOKENS))
+            with cgutils.for_range_slice(builder, ir.Constant(I64, 0), full, ir.Constant(I64, TOKENS)) as (t0, _):
+                _tokens(builder, layout, data, g_, nb_, t0, TOKENS, yo_, ys_)
+            with cgutils.for_range_slice(builder, full, n_, ir.Constant(I64, 1)) as (t0, _):
+                _tokens(builder, layout, data, g_, nb_, t0, 1, yo_, ys_)
+            return context.get_dummy_value()
+
+        return types.none(w, g, nb, xq, xd, xb, n, y, yo, ys), codegen
+
+    return intrinsic(typer)
+
+
+def _tokens(builder, layout: KLayout, data, g_, nb_, t0_, n_tokens: int, yo_, ys_) -> None:
+    """Tokens t0 .. t0 + n_tokens - 1 of the group at byte g_: one float accumulator each, over the nb blocks."""
+    accs = [cgutils.alloca_once_value(builder, ir.Constant(VF32, [0.0] * ROWS)) for _ in range(n_tokens)]
+    tokens = [builder.add(t0_, ir.Constant(I64, t)) for t in range(n_tokens)]
+    with cgutils.for_range(builder, nb_) as loop:
+        b = loop.index
+        block = builder.add(g_, builder.mul(b, ir.Constant(I64, layout.group_block)))
+        ats = [builder.add(builder.mul(t, nb_), b) for t in tokens]                # token t's block b
+        q0s = [builder.mul(at, ir.Constant(I64, 256)) for at in ats]
+        b0s = [builder.mul(at, ir.Constant(I64, 16)) for at in ats]
+        subs, mins = layout.sub_blocks(builder, data[0], block)
+        totals = [_i32(builder, 0) for _ in tokens]
+        for j, (quants, scale) in enumerate(subs):
+            for t in range(n_tokens):
+                if layout.qtype == Q6_K:                                           # zero point 32: -32·Σq
+                    bsum = load_at(builder, data[5], builder.add(b0s[t], ir.Constant(I64, j)), I32, 4)
+                    s = splat(builder, builder.mul(bsum, ir.Constant(I32, -32)), VI32)
+                else:
+                    s = _i32(builder, 0)
+                for vector, k in quants:
+                    four = load_at(builder, data[3], builder.add(q0s[t], ir.Constant(I64, k)), I32)
+                    s = dpbusd(builder, s, vector, builder.bitcast(splat(builder, four, VI32), VI8))
+                totals[t] = builder.add(totals[t], builder.mul(s, scale))
+        d = layout.header(builder, data[0], block, 208 if layout.qtype == Q6_K else 0)
+        dmin = None if mins is None else layout.header(builder, data[0], block, 2)
+        for t, acc in enumerate(accs):
+            dx = splat(builder, load_at(builder, data[4], ats[t], F32, 4), VF32)
+            block_sum = builder.fmul(builder.sitofp(totals[t], VF32), builder.fmul(d, dx, flags=FAST), flags=FAST)
+            if mins is not None:
+                term = _i32(builder, 0)
+                for j, m in enumerate(mins):                     # Σ m_j · (the token's values summed in sub-block j)
+                    pair = [load_at(builder, data[5], builder.add(b0s[t], ir.Constant(I64, i)), I32, 4)
+                            for i in (2 * j, 2 * j + 1)]
+                    term = builder.add(term, builder.mul(m, splat(builder, builder.add(*pair), VI32)))
+                scaled = builder.fmul(builder.sitofp(term, VF32), builder.fmul(dmin, dx, flags=FAST), flags=FAST)
+                block_sum = builder.fsub(block_sum, scaled, flags=FAST)
+            builder.store(builder.fadd(builder.load(acc), block_sum, flags=FAST), acc)
+    for t, acc in zip(tokens, accs):
+        out = builder.add(yo_, builder.mul(t, ys_))
+        builder.store(builder.load(acc), builder.bitcast(builder.gep(data[7], [out]), VF32.as_pointer()), align=4)
+
+
+tile_q4_K, tile_q5_K, tile_q6_K = (_tile(t) for t in K_FORMATS)
