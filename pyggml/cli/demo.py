@@ -11,6 +11,8 @@ import numpy as np
 from pyggml import Context, GGMLType, Graph, ops
 from pyggml.alloc import GraphAllocator, alloc_ctx_tensors
 from pyggml.backend import BufferUsage, init_by_name, tensor_get, tensor_set
+from pyggml.cli.args import positive_int
+from pyggml.errors import ParameterError
 
 
 def build_block(n_embd: int, n_head: int, n_tokens: int, n_ff: int):
@@ -47,6 +49,8 @@ def build_block(n_embd: int, n_head: int, n_tokens: int, n_ff: int):
 
 def run(args) -> int:
     backend = init_by_name("CPU")
+    if args.n_embd % args.n_head or (args.n_embd // args.n_head) % 2:
+        raise ParameterError(f"--n-embd ({args.n_embd}) must be --n-head ({args.n_head}) heads of an even width")
     wctx, inputs, out = build_block(args.n_embd, args.n_head, args.n_tokens, 4 * args.n_embd)
     graph = Graph().build_forward_expand(out)
     weights = alloc_ctx_tensors(wctx, backend)
@@ -83,8 +87,8 @@ def run(args) -> int:
 
 def add_parser(sub) -> None:
     p = sub.add_parser("demo", help="plan and compute a small transformer block on the CPU backend")
-    p.add_argument("--n-embd", type=int, default=256)
-    p.add_argument("--n-head", type=int, default=4)
-    p.add_argument("--n-tokens", type=int, default=32)
+    p.add_argument("--n-embd", type=positive_int, default=256, help="embedding width (a multiple of --n-head)")
+    p.add_argument("--n-head", type=positive_int, default=4)
+    p.add_argument("--n-tokens", type=positive_int, default=32)
     p.add_argument("-v", "--verbose", action="store_true", help="print the whole plan")
     p.set_defaults(run=run)

@@ -7,6 +7,7 @@ import logging
 
 from pyggml import backend
 from pyggml.backend.rpc.limits import Limits, parse_size
+from pyggml.cli.args import port, positive_int
 from pyggml.errors import BackendError, RPCError
 
 
@@ -15,10 +16,11 @@ def add_parser(subparsers) -> None:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1: loopback only; any other address prints a warning: "
                         "the protocol has no authentication)")
-    p.add_argument("--port", "-p", type=int, default=50052, help="TCP port (default 50052, as ggml; 0 = any free)")
+    p.add_argument("--port", "-p", type=port, default=50052, help="TCP port (default 50052, as ggml; 0 = any free)")
     p.add_argument("--backend", "-d", action="append",
                    help="device to serve, e.g. CPU, TORCH_CPU, CUDA0 (repeat for several; default CPU)")
-    p.add_argument("--threads", "-t", type=int, default=None, help="compute threads (where the device supports it)")
+    p.add_argument("--threads", "-t", type=positive_int, default=None,
+                   help="compute threads (where the device supports it)")
     p.add_argument("--cache", "-c", help="directory for the tensor cache (SET_TENSOR_HASH); off by default")
     d = Limits()
     g = p.add_argument_group("limits (docs/rpc.md)")

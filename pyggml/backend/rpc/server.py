@@ -33,7 +33,7 @@ from pyggml.backend.rpc.validate import Refused, check_layout, check_node, node_
 from pyggml.core import types as T
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import MAX_SRC, VIEW_OPS, Op, Tensor, TensorFlag
-from pyggml.errors import AllocationError, GGMLError, RPCError
+from pyggml.errors import AllocationError, GGMLError, ParameterError, RPCError
 
 log = logging.getLogger("pyggml.rpc.server")
 
@@ -56,6 +56,10 @@ class RPCServer:
                  limits: Limits | None = None, n_threads: int | None = None):
         if not devices:
             raise RPCError("RPC server: at least one device is needed")
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+            raise ParameterError(f"RPC server: port must be 0 (any free port) to 65535, got {port!r}")
+        if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1):
+            raise ParameterError(f"RPC server: n_threads must be a positive integer or None, got {n_threads!r}")
         self.devices = list(devices)
         self.limits = limits or Limits()
         self.backends = [dev.init_backend() for dev in self.devices]
