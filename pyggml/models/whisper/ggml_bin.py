@@ -109,8 +109,8 @@ def write_ggml_bin(file: WhisperFile, path, weight_type=GGMLType.F16) -> None:
     """Write ``file`` as a whisper.cpp ggml .bin with matrices in ``weight_type`` (F16 or Q8_0)."""
     tensors = tensors_as(file, weight_type)
     hp = file.hparams
-    ftype = FTYPE_OF_TYPE[T.as_type(type)]
-    stored_ftype = ftype + (QNT_VERSION * QNT_VERSION_FACTOR if T.is_quantized(type) else 0)
+    ftype = FTYPE_OF_TYPE[T.as_type(weight_type)]
+    stored_ftype = ftype + (QNT_VERSION * QNT_VERSION_FACTOR if T.is_quantized(weight_type) else 0)
     filters = file.mel_filters if file.mel_filters is not None else mel_filters(hp.n_mels)
     n_tokens = n_text_tokens(hp.n_vocab)
     with open(path, "wb") as f:

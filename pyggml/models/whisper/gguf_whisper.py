@@ -37,7 +37,7 @@ def write_gguf(file: WhisperFile, path, weight_type=GGMLType.F16) -> None:
     tensors = tensors_as(file, weight_type)
     hp = file.hparams
     w = GGUFWriter(str(path), ARCH)
-    w.add_file_type(FTYPE_OF_TYPE[T.as_type(type)])
+    w.add_file_type(FTYPE_OF_TYPE[T.as_type(weight_type)])
     for f in fields(hp):
         if f.name != "ftype":
             w.add_uint32(f"{ARCH}.{f.name}", getattr(hp, f.name))

@@ -33,7 +33,7 @@ def converted(tiny_en, tmp_path_factory):
     for fmt, write in (("bin", write_ggml_bin), ("gguf", write_gguf)):
         for t in ("f16", "q8_0"):
             paths[fmt, t] = d / f"tiny.en-{t}.{fmt}"
-            write(tiny_en, paths[fmt, t], type=t)
+            write(tiny_en, paths[fmt, t], weight_type=t)
     return paths
 
 
