@@ -368,16 +368,16 @@ POOLING_TYPES = {"none": 0, "mean": 1, "cls": 2, "last": 3}  # `<arch>.pooling_t
 
 def write_bert(path, arch: str = "bert", n_vocab: int = 64, n_embd: int = 64, n_head: int = 4, n_ff: int = 128,
                n_layer: int = 2, n_ctx: int = 128, n_token_types: int = 2, pooling: str | None = "cls",
-               qtype=None, seed: int = 0, vocab: Vocab | None = None):
+               qtype=None, seed: int = 0, vocab: Vocab | None = None, drop=()):
     """An encoder file as llama.cpp's converter writes it: `bert` (bge, MiniLM: learned positions, separate
     q/k/v, biases on every projection, GELU FFN) or `nomic-bert` (nomic-embed: RoPE NeoX with base 1000, fused
     qkv, SwiGLU FFN, no projection biases); both with token types, the embedding LayerNorm, post-LayerNorms
     with biases, `attention.causal` false and `pooling` as pooling_type (bge: cls; MiniLM, nomic: mean;
-    None: no key)."""
+    None: no key); `drop` names keys or tensors to leave out."""
     if arch not in ("bert", "nomic-bert"):
         raise GGMLError(f"write_bert writes bert and nomic-bert files, not {arch!r}")
     nomic = arch == "nomic-bert"
-    w = _Writer(path, arch, seed, qtype)
+    w = _Writer(path, arch, seed, qtype, drop)
     w.hparams(arch, context_length=n_ctx, embedding_length=n_embd, block_count=n_layer, feed_forward_length=n_ff,
               attention__head_count=n_head, attention__layer_norm_epsilon=1e-12, attention__causal=False)
     if nomic:
@@ -387,7 +387,8 @@ def write_bert(path, arch: str = "bert", n_vocab: int = 64, n_embd: int = 64, n_
     w.add_uint32("tokenizer.ggml.token_type_count", n_token_types)
     (vocab.resized(n_vocab) if vocab else spm_vocab(n_vocab)).write_to(w)
     w.matrix("token_embd.weight", n_vocab, n_embd, std=1.0)
-    w.matrix("token_types.weight", n_token_types, n_embd, std=0.5)
+    # F32 as the converters keep them: llama.cpp adds a token_types row as it is (no quantized add)
+    w.add_tensor("token_types.weight", w.rng.normal(0, 0.5, (n_token_types, n_embd)).astype(np.float32))
     if not nomic:
         w.add_tensor("position_embd.weight", w.rng.normal(0, 0.5, (n_ctx, n_embd)).astype(np.float32))
     w.vector("token_embd_norm.weight", n_embd, 1.0)
