@@ -201,3 +201,17 @@ def test_encoder_files_need_a_token_type_count(tmp_path):
     path = write_bert(tmp_path / "bert.gguf", drop=("tokenizer.ggml.token_type_count",))
     with pytest.raises(GGUFError, match="token_type_count"):
         load_model(path, n_ctx=32)
+
+
+def test_a_decoder_split_across_backends_embeds_as_on_one(tmp_path):
+    path = write_llama(tmp_path / "llama.gguf", n_layer=4, n_ctx=64)
+    texts = [[1, 5, 9, 12], [1, 30, 31]]
+    one = load_model(path, n_ctx=64).embed(texts, pooling="mean")
+    split = load_model(path, n_ctx=64, backend="CPU,CPU")
+    assert "layers 0..1" in split.runner.describe()
+    np.testing.assert_allclose(split.embed(texts, pooling="mean"), one, rtol=1e-6, atol=1e-7)
+
+
+def test_an_encoder_runs_on_one_backend(tmp_path):
+    with pytest.raises(ParameterError, match="bert models run on one backend, not 2"):
+        load_model(write_bert(tmp_path / "bert.gguf"), backend="CPU,CPU")
