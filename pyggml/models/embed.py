@@ -193,11 +193,12 @@ class Embedder:
         pooling = check_pooling(file_pooling(model.gguf) if pooling is None else pooling)
         check_norm(norm)
         ids = token_lists(model, texts)
-        limit = min(model.n_ctx, getattr(model.arch, "max_tokens", None) or model.n_ctx)
+        learned = getattr(model.arch, "pos_embd", None) is not None  # bert, gpt2: one learned row per position
+        limit = min(model.n_ctx, model.arch.n_ctx_train) if learned else model.n_ctx
         for i, t in enumerate(ids):
             if len(t) > limit:
-                raise ParameterError(f"embed: text {i} has {len(t)} tokens, more than the context of {limit} "
-                                     f"(n_ctx {model.n_ctx}, trained positions {model.arch.n_ctx_train})")
+                what = "the model's learned positions" if limit < model.n_ctx else "n_ctx"
+                raise ParameterError(f"embed: text {i} has {len(t)} tokens, more than the context of {limit} ({what})")
         rows = []
         for group in batches([len(t) for t in ids], model.n_batch):
             rows.append(self.run([ids[i] for i in group], pooling))

@@ -180,11 +180,12 @@ def test_embedding_leaves_the_kv_cache_and_generation_alone(llama):
 def test_bad_inputs_raise_clear_errors(bert, llama):
     cases = [("", "text 0 is empty"), (["a", ""], "text 1 is empty"), ([], "must be a str"),
              ([[1, 2], []], "text 1 has no tokens"), ([[1, 10_000]], r"token id 10000, outside the vocabulary"),
-             ([[1, 2], 3.5], "text 1 is neither"), ([list(range(1, 60))], "more than the context of 32")]
+             ([[1, 2], 3.5], "text 1 is neither"),
+             ([list(range(1, 60))], r"59 tokens, more than the context of 32 \(the model's learned positions\)")]
     for texts, message in cases:
         with pytest.raises(ParameterError, match=message):
             bert.embed(texts)
-    with pytest.raises(ParameterError, match="more than the context of 64"):
+    with pytest.raises(ParameterError, match=r"more than the context of 64 \(n_ctx\)"):
         llama.embed([[1] * 65])
     with pytest.raises(ParameterError, match="unknown pooling 'max'"):
         bert.embed("a", pooling="max")

@@ -62,7 +62,6 @@ class Bert(Decoder):
 
     def init_positions(self, gguf, w) -> None:
         self.pos_embd = w.get("position_embd.weight", (self.n_embd, self.n_ctx_train))
-        self.max_tokens = self.n_ctx_train  # one learned position per token
 
     def new_layer(self, w, i: int) -> BertLayer:
         e, q, kv, f, p = self.n_embd, self.head_dim * self.n_head, self.n_embd_k_gqa, self.n_ff_arr[i], f"blk.{i}."
@@ -104,9 +103,9 @@ class Bert(Decoder):
         the fused one or, when only the three separate biases exist, their concatenation; or three products."""
         ctx, n, hd, n_q, n_kv = step.ctx, step.n_tokens, self.head_dim, self.n_head, self.n_head_kv
         if layer.wqkv is None:
-            return (ops.reshape_3d(ctx, linear(ctx, wt, cur, b), hd, heads, n)
-                    for wt, b, heads in ((layer.wq, layer.bq, n_q), (layer.wk, layer.bk, n_kv),
-                                         (layer.wv, layer.bv, n_kv)))
+            return tuple(ops.reshape_3d(ctx, linear(ctx, wt, cur, b), hd, heads, n)
+                         for wt, b, heads in ((layer.wq, layer.bq, n_q), (layer.wk, layer.bk, n_kv),
+                                              (layer.wv, layer.bv, n_kv)))
         bias = layer.bqkv
         if bias is None and None not in (layer.bq, layer.bk, layer.bv):
             bias = ops.concat(ctx, ops.concat(ctx, layer.bq, layer.bk, 0), layer.bv, 0)

@@ -13,7 +13,6 @@ from pyggml.models.arch.blocks import ROPE_NEOX, Rope, Step, hparam
 class NomicBert(Bert):
     def init_positions(self, gguf, w) -> None:
         self.rope = Rope.from_gguf(gguf, w, hparam(gguf, "rope.dimension_count", self.head_dim), ROPE_NEOX)
-        self.max_tokens = None  # rotary positions: the context is the limit
 
     def gate_weight(self, w, prefix: str, n_ff: int) -> Tensor | None:
         return w.get(prefix + "ffn_gate.weight", (self.n_embd, n_ff))
