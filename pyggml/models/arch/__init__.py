@@ -14,7 +14,8 @@ from pyggml.models.arch.smollm3 import SmolLM3
 
 # llama.cpp's names (llm_arch_from_string); Mistral's files are `llama` (llama.cpp has no `mistral` architecture)
 ARCHITECTURES = {"gemma3": Gemma3, "llama": Llama, "qwen2": Llama, "gpt2": GPT2, "qwen3": Qwen3, "smollm3": SmolLM3,
-                 "granite": Granite, "bert": Bert, "nomic-bert": NomicBert}
+                 "granite": Granite}
+ARCHITECTURES |= {"bert": Bert, "nomic-bert": NomicBert}  # encoders: embedding models (Model.embed)
 
 
 def architecture_of(gguf):
