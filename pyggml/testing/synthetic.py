@@ -384,8 +384,9 @@ def write_bert(path, arch: str = "bert", n_vocab: int = 64, n_embd: int = 64, n_
         w.hparams(arch, rope__freq_base=1000.0)
     if pooling is not None:
         w.hparams(arch, pooling_type=POOLING_TYPES[pooling])
-    w.add_uint32("tokenizer.ggml.token_type_count", n_token_types)
-    (vocab.resized(n_vocab) if vocab else spm_vocab(n_vocab)).write_to(w)
+    vocab = vocab.resized(n_vocab) if vocab else spm_vocab(n_vocab)
+    count = {"tokenizer.ggml.token_type_count": (n_token_types, GGUFValueType.UINT32, None)}  # not a vocabulary's
+    Vocab({**vocab.keys, **count}).write_to(w)
     w.matrix("token_embd.weight", n_vocab, n_embd, std=1.0)
     # F32 as the converters keep them: llama.cpp adds a token_types row as it is (no quantized add)
     w.add_tensor("token_types.weight", w.rng.normal(0, 0.5, (n_token_types, n_embd)).astype(np.float32))

@@ -1,6 +1,7 @@
 """The random-weight models whose embeddings pyggml compares with llama.cpp's (`Llama(embedding=True).embed`):
-the encoders (bert, nomic-bert) in every pooling, F32 and quantized, and decoders pooled as llama.cpp's
-`--embeddings` pools them (llama, qwen2 with BPE, gemma3 with a sliding window shorter than a text, gpt2).
+the encoders (bert, nomic-bert; bge's WordPiece vocabulary, and SentencePiece) in every pooling, F32 and
+quantized, and decoders pooled as llama.cpp's `--embeddings` pools them (llama, qwen2 with BPE, gemma3 with a
+sliding window shorter than a text, gpt2).
 
 The references (data/llamacpp_embeddings.npz and .json, written by data/make_embedding_refs.py) hold each
 case's tokens and raw embeddings and a digest of its file (parity_cases.sha256).
@@ -8,14 +9,17 @@ case's tokens and raw embeddings and a digest of its file (parity_cases.sha256).
 
 from __future__ import annotations
 
+import tarfile
+import tempfile
 from dataclasses import dataclass
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 
 from gguf import GGMLQuantizationType as Q
 
-from pyggml.testing.synthetic import write_bert, write_nomic_bert
+from pyggml.testing.synthetic import Vocab, write_bert, write_nomic_bert
 
+from tests.support.llama_cpp_vocabs import ARCHIVE, file_name
 from tests.support.tiny_models import bpe_vocab, gemma3_vocab, write_gemma3, write_gpt2, write_llama
 
 N_CTX = 128
@@ -43,15 +47,25 @@ def _spm():
     return gemma3_vocab().resized(1024)
 
 
+@cache
+def bge_vocab() -> Vocab:
+    """BAAI/bge-small's WordPiece vocabulary (30522 tokens; llama.cpp's models/ggml-vocab-bert-bge.gguf, kept in
+    tests/models/data/llama_cpp_vocabs)."""
+    with tarfile.open(ARCHIVE) as archive, tempfile.TemporaryDirectory() as tmp:
+        archive.extract(file_name("bert-bge"), tmp, filter="data")
+        return Vocab.from_gguf(Path(tmp) / file_name("bert-bge"))
+
+
 _SIZES = dict(n_vocab=1024, n_embd=96, n_head=6, n_ff=160, n_ctx=N_CTX)
+_ENCODER = dict(n_vocab=30522, n_embd=64, n_head=4, n_ff=128, n_ctx=N_CTX)
 
 
 def _bert(seed, **kw):
-    return lambda p: write_bert(p, **{**_SIZES, "vocab": _spm(), "seed": seed, **kw})
+    return lambda p: write_bert(p, **{**_ENCODER, "vocab": bge_vocab(), "seed": seed, **kw})
 
 
 def _nomic(seed, **kw):
-    return lambda p: write_nomic_bert(p, **{**_SIZES, "vocab": _spm(), "seed": seed, **kw})
+    return lambda p: write_nomic_bert(p, **{**_ENCODER, "vocab": bge_vocab(), "seed": seed, **kw})
 
 
 def _llama(arch="llama", **kw):
@@ -66,7 +80,8 @@ CASES = [
     EmbedCase("bert-q8_0-mean", _bert(31, qtype=Q.Q8_0, pooling="mean"), "mean", from_file=True, quantized=True),
     EmbedCase("nomic-bert-f32-mean", _nomic(32), "mean", from_file=True),
     EmbedCase("nomic-bert-f32-none", _nomic(32), "none"),
-    EmbedCase("nomic-bert-q4_0-cls", _nomic(33, qtype=Q.Q4_0), "cls", quantized=True),
+    EmbedCase("nomic-bert-q4_0-cls-spm", _nomic(33, qtype=Q.Q4_0, vocab=_spm(), n_vocab=1024), "cls",
+              quantized=True),
     EmbedCase("llama-f32-mean", _llama(), "mean"),
     EmbedCase("llama-f32-last", _llama(), "last"),
     EmbedCase("llama-f32-none", _llama(), "none", from_file=True),
