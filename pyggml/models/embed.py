@@ -2,13 +2,13 @@
 
 Each batch of whole texts is one graph of its own: the texts' tokens side by side, positions restarting at 0
 for each text, and a mask that keeps every token within its own text (llama.cpp's sequences in one ubatch).
-Encoders (bert) attend both ways; decoders causally, over the text's own tokens. No KV cache is read or
-written: the architecture's graph gets a NoCache, whose "cache" is the step's own keys and values. The
-hidden states are the encoder's output, or a decoder's output-norm rows that its output head would multiply
-(llama.cpp's t_embd); pooling them follows llama.cpp's build_pooling: "mean" multiplies them by a
-[n_tokens, n_texts] matrix of 1/length, "cls" takes each text's first row and "last" its last (get_rows),
-"none" keeps every token's row. The graphs are placed in a compute buffer of their own, so the model's
-step graphs, their buffer and the KV cache are left as they were.
+Encoders (bert) attend both ways; decoders causally (unless their file's `attention.causal` is false), over
+the text's own tokens. No KV cache is read or written: the architecture's graph gets a NoCache, whose
+"cache" is the step's own keys and values. The hidden states are the encoder's output, or a decoder's
+output-norm rows that its output head would multiply (llama.cpp's t_embd); pooling them follows llama.cpp's
+build_pooling: "mean" multiplies them by a [n_tokens, n_texts] matrix of 1/length, "cls" takes each text's
+first row and "last" its last (get_rows), "none" keeps every token's row. The graphs are placed in a
+compute buffer of their own, so the model's step graphs, their buffer and the KV cache are left as they were.
 """
 
 from __future__ import annotations
@@ -181,6 +181,8 @@ class Embedder:
 
     def __init__(self, model):
         self.model = model
+        # decoders attend causally unless the file says otherwise (llama.cpp's `attention.causal`, e.g. gte-Qwen2)
+        self.causal = not model.arch.encoder and model.gguf.get(f"{model.architecture}.attention.causal", True)
         if model.kv is None:
             self.runner = model.runner
         elif isinstance(model.runner, Scheduled):
@@ -224,7 +226,7 @@ class Embedder:
         tensor_set(step.tokens, np.concatenate(texts).astype(np.int32))
         tensor_set(step.positions, pos)
         for window, mask in step.masks.items():
-            tensor_set(mask, sequence_mask(seq, pos, not arch.encoder, window))
+            tensor_set(mask, sequence_mask(seq, pos, self.causal, window))
         if pool_in is not None:
             tensor_set(pool_in, pooling_input(pooling, lengths))
         self.runner.compute(step.graph)

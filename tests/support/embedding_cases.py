@@ -1,7 +1,7 @@
 """The random-weight models whose embeddings pyggml compares with llama.cpp's (`Llama(embedding=True).embed`):
 the encoders (bert, nomic-bert; bge's WordPiece vocabulary, and SentencePiece) in every pooling, F32 and
-quantized, and decoders pooled as llama.cpp's `--embeddings` pools them (llama, qwen2 with BPE, gemma3 with a
-sliding window shorter than a text, gpt2).
+quantized, and decoders pooled as llama.cpp's `--embeddings` pools them (llama, also with `attention.causal`
+false, qwen2 with BPE, gemma3 with a sliding window shorter than a text, gpt2).
 
 The references (data/llamacpp_embeddings.npz and .json, written by data/make_embedding_refs.py) hold each
 case's tokens and raw embeddings and a digest of its file (parity_cases.sha256).
@@ -85,6 +85,7 @@ CASES = [
     EmbedCase("llama-f32-mean", _llama(), "mean"),
     EmbedCase("llama-f32-last", _llama(), "last"),
     EmbedCase("llama-f32-none", _llama(), "none", from_file=True),
+    EmbedCase("llama-f32-noncausal-mean", _llama(keys={"attention__causal": False}, seed=38), "mean"),
     EmbedCase("qwen2-f32-bpe-cls", _llama("qwen2", vocab=bpe_vocab("qwen2"), n_vocab=459, seed=35), "cls"),
     EmbedCase("gemma3-f32-mean", partial(write_gemma3, vocab=_spm(), n_vocab=1024, n_ctx=N_CTX, sliding_window=8,
                                          seed=36), "mean"),
