@@ -181,7 +181,7 @@ class Model:
 
     # ----- embeddings ------------------------------------------------------------------------------
     @cached_property
-    def embedder(self) -> Embedder:
+    def _embedder(self) -> Embedder:
         return Embedder(self)
 
     def embed(self, texts, pooling: str | None = None, normalize: int = 2) -> np.ndarray | list[np.ndarray]:
@@ -194,7 +194,7 @@ class Model:
         [n_tokens, n_embd] rows. Each text is attended on its own (a decoder causally) in graphs and a compute
         buffer of their own: the KV cache and the generation state are left untouched.
         ParameterError for an empty text, a text longer than the context or an unknown pooling."""
-        return self.embedder.embed(texts, pooling, normalize)
+        return self._embedder.embed(texts, pooling, normalize)
 
     # ----- generation ------------------------------------------------------------------------------
     def generate_tokens(self, prompt_ids: list[int], n: int = 32, params: SamplingParams = SamplingParams(),
