@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from functools import cached_property
 from numbers import Integral
 from typing import Callable, Iterator
 
@@ -28,6 +29,7 @@ from pyggml.errors import GGMLError, GGUFError, ParameterError
 from pyggml.models.arch import architecture_of
 from pyggml.models.arch.blocks import MAX_LAYERS, Step, hparam_count
 from pyggml.models.chat import detect_template, format_chat
+from pyggml.models.embed import Embedder
 from pyggml.models.generate import Sampler, SamplingParams, check_n_predict
 from pyggml.models.gguf_file import GGUFFile
 from pyggml.models.gguf_loader import load_weights
@@ -79,6 +81,12 @@ class Model:
                                     elsewhere_prefixes=remote_prefixes(placement) if placement else ())
         self.arch = arch_class(gguf, self.weights)
         self.n_ctx, self.n_batch = n_ctx, min(n_batch, n_ctx)
+        if self.arch.encoder:  # an embedding model (Model.embed): no KV cache, no step graphs to reserve
+            if placement:
+                raise ParameterError(f"{gguf.architecture} models run on one backend, not {len(backends)}")
+            self.kv, self.reserved_plan, self.n_past = None, None, 0
+            self.runner, self.timings = SingleBackend(backend), Timings()
+            return
         a = self.arch
         self.kv = KVCache(backend, a.n_layer, a.n_head_kv, a.n_embd_k_gqa, a.n_embd_v_gqa, n_ctx, kv_type)
         self.runner = split_layers(self.weights, self.kv, placement) if placement else SingleBackend(backend)
@@ -165,10 +173,29 @@ class Model:
         ([n_vocab]) or, with all_logits, of every token ([len(ids), n_vocab])."""
         if not ids:
             raise GGMLError("decode: no tokens")
+        if self.kv is None:
+            raise GGMLError(f"decode: {self.architecture} is an embedding model without logits; use Model.embed")
         out = []
         for i in range(0, len(ids), self.n_batch):
             out.append(self._run(list(ids[i:i + self.n_batch]), all_logits))
         return np.concatenate(out) if all_logits else out[-1][-1]
+
+    # ----- embeddings ------------------------------------------------------------------------------
+    @cached_property
+    def _embedder(self) -> Embedder:
+        return Embedder(self)
+
+    def embed(self, texts, pooling: str | None = None, normalize: int = 2) -> np.ndarray | list[np.ndarray]:
+        """Embeddings of texts as llama.cpp's `--embeddings` computes them, for encoders (bert) and decoders alike.
+
+        texts: a str, a list of str, a list of token ids, or a list of those (strings are tokenized with the
+        special tokens added). pooling: "mean", "cls", "last" or "none" (default: the file's pooling_type,
+        "none" if it has none). normalize: llama.cpp's --embd-normalize (-1 none, 0 max-abs, 1 taxicab,
+        2 euclidean, >2 p-norm). Returns float32 [n_texts, n_embd], or for "none" a list with each text's
+        [n_tokens, n_embd] rows. Each text is attended on its own (a decoder causally) in graphs and a compute
+        buffer of their own: the KV cache and the generation state are left untouched.
+        ParameterError for an empty text, a text longer than the context or an unknown pooling."""
+        return self._embedder.embed(texts, pooling, normalize)
 
     # ----- generation ------------------------------------------------------------------------------
     def generate_tokens(self, prompt_ids: list[int], n: int = 32, params: SamplingParams = SamplingParams(),

@@ -92,7 +92,10 @@ class StringTable(Sequence):
     def first_repeat(self) -> tuple[int, int] | None:
         """(an index, the earlier index holding the same string) for a string that repeats, or None."""
         self._index()
-        starts = np.flatnonzero(np.diff(self._hashes) != 0) + 1
+        steps = np.diff(self._hashes)
+        if steps.all():
+            return None  # no two hashes equal: the common case, decided without splitting into runs
+        starts = np.flatnonzero(steps != 0) + 1
         for run in np.split(self._order, starts):  # indices of equal hashes: repeats, or (rarely) collisions
             if len(run) > 1:
                 strings = {}

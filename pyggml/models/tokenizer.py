@@ -21,6 +21,7 @@ import numpy as np
 from gguf import GGUFValueType
 
 from pyggml.errors import GGUFError, TokenizerError
+from pyggml.models.pre_tokenizer import PRE_TOKENIZERS
 from pyggml.models.string_table import StringTable
 
 SPACE_ESCAPE = "\u2581"  # ▁, SentencePiece's visible space
@@ -72,24 +73,6 @@ _EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "
               "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
               "<｜end▁of▁sentence｜>", "[e~[")
 
-# BPE pre-tokenizers (llama.cpp's llm_tokenizer_bpe): each regex splits every piece the previous one left.
-_GPT2_WORDS = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
-_LLAMA3_WORDS = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_WORDS = _LLAMA3_WORDS.replace(r"\p{N}{1,3}", r"\p{N}")
-_PRE_TOKENIZERS = {
-    # name: (regexes, ignore_merges, add_bos, clean_spaces)
-    "default": ((r"[\p{P}\$\+<=>\^~\|]+", _GPT2_WORDS, r"\p{N}+", r"[0-9][0-9][0-9]"), False, None, True),
-    "gpt-2": ((_GPT2_WORDS,), False, None, True),
-    "llama3": ((_LLAMA3_WORDS,), True, True, True),
-    "qwen2": ((_QWEN2_WORDS,), False, None, False),
-    "starcoder": ((r"\p{N}", _GPT2_WORDS), False, None, True),
-}
-_PRE_ALIASES = {"phi-2": "gpt-2", "mpt": "gpt-2", "olmo": "gpt-2", "jais": "gpt-2",
-                "llama-v3": "llama3", "llama-bpe": "llama3", "falcon3": "llama3", "pixtral": "llama3",
-                "deepseek-r1-qwen": "qwen2", "refact": "starcoder", "smollm": "starcoder"}
-
-
 def _array(gguf, key, element_types, required=True):
     """A metadata array, checked the way llama.cpp checks vocabulary arrays."""
     if key not in gguf.metadata:
@@ -134,7 +117,10 @@ class Tokenizer:
     default_bos: int | None
     default_eos: int | None
     default_unk: int | None
+    default_sep: int | None = None
+    default_pad: int | None = None
     add_bos = False
+    force_bos = False  # add_bos whatever the file says
     add_eos = False
     add_space_prefix = False
     clean_spaces = False
@@ -165,9 +151,9 @@ class Tokenizer:
         self.unk_id = self._special_id(gguf, "unknown_token_id", self.default_unk)
         self.eot_id = self._special_id(gguf, "eot_token_id", None)
         self.eom_id = self._special_id(gguf, "eom_token_id", None)
-        self.sep_id = self._special_id(gguf, "seperator_token_id", None)
-        self.pad_id = self._special_id(gguf, "padding_token_id", None)
-        self.add_bos = _flag(gguf, "tokenizer.ggml.add_bos_token", self.add_bos)
+        self.sep_id = self._special_id(gguf, "seperator_token_id", self.default_sep)
+        self.pad_id = self._special_id(gguf, "padding_token_id", self.default_pad)
+        self.add_bos = _flag(gguf, "tokenizer.ggml.add_bos_token", self.add_bos) or self.force_bos
         self.add_eos = _flag(gguf, "tokenizer.ggml.add_eos_token", self.add_eos)
         self.add_space_prefix = _flag(gguf, "tokenizer.ggml.add_space_prefix", self.add_space_prefix)
         for flag, token_id, name in ((self.add_bos, self.bos_id, "bos"), (self.add_eos, self.eos_id, "eos")):
@@ -407,29 +393,31 @@ class SPMTokenizer(Tokenizer):
         return token_id
 
     def _normal_piece(self, text):
-        return text.replace(SPACE_ESCAPE, " ").encode("utf-8")
+        return unescape_whitespace(text)
 
 
 class BPETokenizer(Tokenizer):
-    """GPT-2-style byte-level BPE: regex pre-tokenizer, byte-to-unicode map, merges by rank."""
+    """BPE: a pre-tokenizer splits the text into words, whose symbols merge by rank.
+
+    Byte-level (GPT-2) vocabularies map each word's UTF-8 bytes to printable characters first;
+    SentencePiece-style ones (Gemma 4) merge raw UTF-8 with spaces escaped as ``▁`` and fall back
+    to ``<0xXX>`` byte tokens.
+    """
 
     default_bos, default_eos, default_unk = 11, 11, None
     clean_spaces = True
 
-    def __init__(self, gguf):
-        pre = gguf.get("tokenizer.ggml.pre", "default")
-        name = _PRE_ALIASES.get(pre, pre)
-        if name not in _PRE_TOKENIZERS:
+    def __init__(self, gguf, pre=None):
+        pre = pre or gguf.get("tokenizer.ggml.pre", "default")
+        if pre not in PRE_TOKENIZERS:
             raise GGUFError(f"{gguf.path}: tokenizer.ggml.pre '{pre}' is not supported "
-                            f"(supported: {', '.join(sorted({*_PRE_TOKENIZERS, *_PRE_ALIASES}))})")
-        patterns, self.ignore_merges, add_bos, self.clean_spaces = _PRE_TOKENIZERS[name]
-        if add_bos is not None:
-            self.add_bos = add_bos
+                            f"(supported: {', '.join(sorted(PRE_TOKENIZERS))})")
+        self.pre_tokenizer = PRE_TOKENIZERS[pre]
+        self.clean_spaces = self.pre_tokenizer.clean_spaces
+        if self.pre_tokenizer.add_bos is not None:
+            self.add_bos = self.pre_tokenizer.add_bos
+        self.force_bos = self.pre_tokenizer.force_bos
         super().__init__(gguf)
-        import regex  # the \p{L}/\p{N} classes of the pre-tokenizers; only BPE needs it
-
-        self.pre_tokenizer = name
-        self._patterns = [regex.compile(p) for p in patterns]
         self.ranks = {}
         for rank, merge in enumerate(_array(gguf, "tokenizer.ggml.merges", (GGUFValueType.STRING,))):
             cut = merge.find(" ", 1)
@@ -439,23 +427,14 @@ class BPETokenizer(Tokenizer):
         self._char_to_byte = {c: b for b, c in self._byte_to_char.items()}
 
     def _words(self, text):
-        """Pre-tokenize: every regex splits each piece into matches and the gaps between them."""
-        pieces = [text]
-        for pattern in self._patterns:
-            split = []
-            for piece in pieces:
-                pos = 0
-                for m in pattern.finditer(piece):
-                    if m.start() > pos:
-                        split.append(piece[pos : m.start()])
-                    if m.end() > m.start():
-                        split.append(m.group())
-                    pos = m.end()
-                if pos < len(piece):
-                    split.append(piece[pos:])
-            pieces = split
+        """The pre-tokenizer's words, byte-encoded where the vocabulary is byte-level."""
+        if self.pre_tokenizer.escape_whitespaces:
+            text = text.replace(" ", SPACE_ESCAPE)
+        words = self.pre_tokenizer.split(text)
+        if not self.pre_tokenizer.byte_encode:
+            return words
         to_char = self._byte_to_char
-        return ["".join(to_char[b] for b in piece.encode("utf-8")) for piece in pieces]
+        return ["".join(to_char[b] for b in word.encode("utf-8")) for word in words]
 
     def _encode_fragments(self, fragments, out):
         for fragment in fragments:
@@ -465,11 +444,19 @@ class BPETokenizer(Tokenizer):
                 for word in self._words(fragment):
                     self._merge(word, out)
 
+    def _whole_word(self, word):
+        """The word's own token when llama.cpp takes it without merging: always with ignore_merges,
+        and for a run of newlines in Gemma 4."""
+        if self.pre_tokenizer.ignore_merges or (self.pre_tokenizer.name == "gemma4" and not word.strip("\n")):
+            return self.token_to_id.get(word)
+        return None
+
     def _merge(self, word, out):
         """llm_tokenizer_bpe_session for one word: merge the lowest-ranked pair until none is left."""
         token_to_id = self.token_to_id
-        if self.ignore_merges and word in token_to_id:
-            out.append(token_to_id[word])
+        whole = self._whole_word(word)
+        if whole is not None:
+            out.append(whole)
             return
         symbols = list(word)
         nxt = list(range(1, len(symbols) + 1))
@@ -497,15 +484,22 @@ class BPETokenizer(Tokenizer):
             try_pair(prev[left], left)
             try_pair(left, nxt[left])
         for symbol in symbols:
-            if not symbol:
-                continue
-            token_id = token_to_id.get(symbol)
-            if token_id is not None:
-                out.append(token_id)
-            else:  # llama.cpp looks each UTF-8 byte up alone; only ASCII can ever be found
-                out.extend(token_to_id[c] for c in symbol if c < "\x80" and c in token_to_id)
+            if symbol:
+                token_id = token_to_id.get(symbol)
+                out.extend([token_id] if token_id is not None else self._unknown_symbol(symbol))
+
+    def _unknown_symbol(self, symbol):
+        """llama.cpp looks each UTF-8 byte of a symbol no token covers up alone, and drops the misses:
+        as a character of its own (byte-level; only ASCII can be found) or as ``<0xXX>``."""
+        if self.pre_tokenizer.byte_encode:
+            keys = [c for c in symbol if c < "\x80"]
+        else:
+            keys = [f"<0x{b:02X}>" for b in symbol.encode("utf-8")]
+        return [self.token_to_id[k] for k in keys if k in self.token_to_id]
 
     def _normal_piece(self, text):
+        if self.pre_tokenizer.escape_whitespaces:
+            return unescape_whitespace(text)
         out = bytearray()
         for c in text:
             b = self._char_to_byte.get(c)
@@ -517,14 +511,33 @@ class BPETokenizer(Tokenizer):
         return bytes(out)
 
 
+class Gemma4Tokenizer(BPETokenizer):
+    """``tokenizer.ggml.model = "gemma4"``: SentencePiece-style BPE with its own pre-tokenizer and no
+    default special ids."""
+
+    default_bos = default_eos = None
+
+    def __init__(self, gguf):
+        super().__init__(gguf, pre="gemma4")
+
+
 def load_tokenizer(gguf):
     """The tokenizer a GGUF file's ``tokenizer.ggml.model`` names."""
+    from pyggml.models.unigram import UGMTokenizer  # they build on this module's Tokenizer
+    from pyggml.models.wordpiece import WPMTokenizer
+
+    models = {"llama": SPMTokenizer, "gpt2": BPETokenizer, "gemma4": Gemma4Tokenizer, "bert": WPMTokenizer,
+              "t5": UGMTokenizer}
     model = gguf.require("tokenizer.ggml.model", GGUFValueType.STRING)
-    if model == "llama":
-        return SPMTokenizer(gguf)
-    if model == "gpt2":
-        return BPETokenizer(gguf)
-    raise GGUFError(f"{gguf.path}: tokenizer.ggml.model '{model}' is not supported (expected 'llama' or 'gpt2')")
+    if model not in models:
+        raise GGUFError(f"{gguf.path}: tokenizer.ggml.model '{model}' is not supported "
+                        f"(supported: {', '.join(sorted(models))})")
+    return models[model](gguf)
+
+
+def unescape_whitespace(text):
+    """A SentencePiece piece's bytes: ``▁`` back to a space (llama_unescape_whitespace)."""
+    return text.replace(SPACE_ESCAPE, " ").encode("utf-8")
 
 
 def _hex_byte(text):

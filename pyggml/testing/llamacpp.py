@@ -79,3 +79,29 @@ def llamacpp_logits(path, tokens, n_threads: int = 2, kv_type: str = "F32") -> n
         return llm.logits(tokens)
     finally:
         llm.close()
+
+
+POOLING_TYPES = {"none": 0, "mean": 1, "cls": 2, "last": 3}  # llama.cpp's enum llama_pooling_type
+
+
+def llamacpp_embeddings(path, texts: list[str], pooling: str, n_ctx: int = 128, n_threads: int = 2,
+                        kv_type: str = "F32", normalize: bool = False) -> tuple[list[list[int]], list[np.ndarray]]:
+    """llama.cpp's tokens and embeddings of each text through `Llama(embedding=True, pooling_type=...).embed`
+    (raw, or with normalize L2-normalized): [n_embd] per text, or [n_tokens, n_embd] for "none" (one text per
+    call there: llama-cpp-python 0.3.36 reads the per-token rows of a second text from the wrong offset)."""
+    try:
+        import llama_cpp
+    except ImportError:
+        raise GGMLError("llama.cpp's embeddings need llama-cpp-python: pip install llama-cpp-python") from None
+    with _no_extra_buffer_types(llama_cpp.llama_cpp):
+        llm = llama_cpp.Llama(model_path=os.fspath(path), embedding=True, pooling_type=POOLING_TYPES[pooling],
+                              n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=n_threads,
+                              n_threads_batch=n_threads, type_k=_GGML_TYPE[kv_type], type_v=_GGML_TYPE[kv_type],
+                              flash_attn=False, verbose=False)
+    try:
+        tokens = [llm.tokenize(t.encode("utf-8")) for t in texts]
+        kw = dict(normalize=normalize, truncate=False)  # a text longer than n_ctx raises instead of being cut
+        rows = [llm.embed(t, **kw) for t in texts] if pooling == "none" else llm.embed(texts, **kw)
+        return tokens, [np.asarray(r, dtype=np.float32) for r in rows]
+    finally:
+        llm.close()

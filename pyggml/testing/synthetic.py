@@ -363,6 +363,60 @@ def write_gpt2(path, n_vocab: int = 64, n_embd: int = 64, n_head: int = 4, n_ff:
     return path
 
 
+POOLING_TYPES = {"none": 0, "mean": 1, "cls": 2, "last": 3}  # `<arch>.pooling_type` (llama.cpp's enum)
+
+
+def write_bert(path, arch: str = "bert", n_vocab: int = 64, n_embd: int = 64, n_head: int = 4, n_ff: int = 128,
+               n_layer: int = 2, n_ctx: int = 128, n_token_types: int = 2, pooling: str | None = "cls",
+               qtype=None, seed: int = 0, vocab: Vocab | None = None, drop=()):
+    """An encoder file as llama.cpp's converter writes it: `bert` (bge, MiniLM: learned positions, separate
+    q/k/v, biases on every projection, GELU FFN) or `nomic-bert` (nomic-embed: RoPE NeoX with base 1000, fused
+    qkv, SwiGLU FFN, no projection biases); both with token types, the embedding LayerNorm, post-LayerNorms
+    with biases, `attention.causal` false and `pooling` as pooling_type (bge: cls; MiniLM, nomic: mean;
+    None: no key); `drop` names keys or tensors to leave out."""
+    if arch not in ("bert", "nomic-bert"):
+        raise GGMLError(f"write_bert writes bert and nomic-bert files, not {arch!r}")
+    nomic = arch == "nomic-bert"
+    w = _Writer(path, arch, seed, qtype, drop)
+    w.hparams(arch, context_length=n_ctx, embedding_length=n_embd, block_count=n_layer, feed_forward_length=n_ff,
+              attention__head_count=n_head, attention__layer_norm_epsilon=1e-12, attention__causal=False)
+    if nomic:
+        w.hparams(arch, rope__freq_base=1000.0)
+    if pooling is not None:
+        w.hparams(arch, pooling_type=POOLING_TYPES[pooling])
+    vocab = vocab.resized(n_vocab) if vocab else spm_vocab(n_vocab)
+    count = {"tokenizer.ggml.token_type_count": (n_token_types, GGUFValueType.UINT32, None)}  # not a vocabulary's
+    Vocab({**vocab.keys, **count}).write_to(w)
+    w.matrix("token_embd.weight", n_vocab, n_embd, std=1.0)
+    # F32 as the converters keep them: llama.cpp adds a token_types row as it is (no quantized add)
+    w.add_tensor("token_types.weight", w.rng.normal(0, 0.5, (n_token_types, n_embd)).astype(np.float32))
+    if not nomic:
+        w.add_tensor("position_embd.weight", w.rng.normal(0, 0.5, (n_ctx, n_embd)).astype(np.float32))
+    w.vector("token_embd_norm.weight", n_embd, 1.0)
+    w.vector("token_embd_norm.bias", n_embd)
+    ffn = (("ffn_up", n_ff, n_embd), ("ffn_gate", n_ff, n_embd), ("ffn_down", n_embd, n_ff)) if nomic else \
+        (("ffn_up", n_ff, n_embd), ("ffn_down", n_embd, n_ff))
+    attn = (("attn_qkv", 3 * n_embd, n_embd),) if nomic else \
+        (("attn_q", n_embd, n_embd), ("attn_k", n_embd, n_embd), ("attn_v", n_embd, n_embd))
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        for name, n_out, n_in in attn + (("attn_output", n_embd, n_embd),) + ffn:
+            w.matrix(p + name + ".weight", n_out, n_in)
+            if not nomic:
+                w.vector(p + name + ".bias", n_out)
+        for norm in ("attn_output_norm", "layer_output_norm"):
+            w.vector(p + norm + ".weight", n_embd, 1.0)
+            w.vector(p + norm + ".bias", n_embd)
+    _finish(w)
+    return path
+
+
+def write_nomic_bert(path, **kw):
+    """A nomic-bert file (see write_bert), mean pooling as nomic-embed-text."""
+    kw.setdefault("pooling", "mean")
+    return write_bert(path, "nomic-bert", **kw)
+
+
 # ----- conversion -----------------------------------------------------------------------------------
 def write_f32_copy(src, dst) -> None:
     """dst: src with every tensor dequantized to F32 and its keys kept (the yardstick llama.cpp is measured

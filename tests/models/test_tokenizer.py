@@ -6,38 +6,18 @@ import time
 from pathlib import Path
 
 import pytest
-from gguf import GGUFWriter, TokenType
+from gguf import TokenType
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pyggml.errors import GGUFError, TokenizerError
 from pyggml.models.gguf_file import GGUFFile
 from pyggml.models.tokenizer import BPETokenizer, SPMTokenizer, _bytes_to_unicode, _clean_spaces, load_tokenizer
+from tests.support.vocab_files import write_vocab
 
 DATA = Path(__file__).parent / "data"
 REFS = json.loads((DATA / "gemma3_refs.json").read_text(encoding="utf-8"))
 BPE_REFS = json.loads((DATA / "bpe_refs.json").read_text(encoding="utf-8"))
-
-
-def write_vocab(path, model, tokens, types, scores=None, merges=None, pre=None, **flags):
-    w = GGUFWriter(str(path), "tiny")
-    w.add_tokenizer_model(model)
-    if pre:
-        w.add_tokenizer_pre(pre)
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    if scores is not None:
-        w.add_token_scores(scores)
-    if merges is not None:
-        w.add_token_merges(merges)
-    for name, value in flags.items():
-        getattr(w, f"add_{name}")(value)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    with GGUFFile.open(path) as f:
-        return load_tokenizer(f)
 
 
 # -- Gemma 3 against llama.cpp ---------------------------------------------------------

@@ -227,7 +227,10 @@ def swa_layers(gguf, n_layer: int, n_pattern: int, dense_first: bool = False) ->
 
 class Decoder:
     """What every decoder reads the same way: sizes from `<arch>.*` keys, the embeddings and the output head
-    (output.weight, or the token embeddings when they are tied)."""
+    (output.weight, or the token embeddings when they are tied). Encoders (bert) read the same sizes and set
+    `encoder`: they have no output head and no KV cache, and attend both ways."""
+
+    encoder = False
 
     def __init__(self, gguf, w):
         self.n_layer = hparam_count(gguf, "block_count", limit=MAX_LAYERS)
@@ -247,8 +250,9 @@ class Decoder:
         self.n_embd_k_gqa = self.n_embd_v_gqa = self.head_dim * self.n_head_kv
         self.tok_embd = w.get("token_embd.weight", (self.n_embd, None))
         self.n_vocab = self.tok_embd.ne[1]
-        self.output_norm = w.get("output_norm.weight", (self.n_embd,))
-        self.output = w.optional("output.weight", (self.n_embd, self.n_vocab)) or self.tok_embd
+        if not self.encoder:
+            self.output_norm = w.get("output_norm.weight", (self.n_embd,))
+            self.output = w.optional("output.weight", (self.n_embd, self.n_vocab)) or self.tok_embd
 
     @staticmethod
     def uniform(gguf, key: str, values: list):

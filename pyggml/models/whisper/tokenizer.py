@@ -18,7 +18,8 @@ from __future__ import annotations
 from functools import cached_property
 
 from pyggml.errors import WhisperError
-from pyggml.models.tokenizer import _GPT2_WORDS, _bytes_to_unicode
+from pyggml.models.pre_tokenizer import GPT2_WORDS
+from pyggml.models.tokenizer import _bytes_to_unicode
 from pyggml.models.whisper.hparams import MULTILINGUAL_MIN_VOCAB
 
 # Whisper's languages in token order; the first 99 are in every model, "yue" only in large-v3's vocabulary.
@@ -184,7 +185,7 @@ class WhisperTokenizer:
     def _words(self):
         import regex  # \p{L} and \p{N}; tiktoken's GPT-2 pattern ends with a bare \s+
 
-        return regex.compile(_GPT2_WORDS + r"|\s+")
+        return regex.compile(GPT2_WORDS + r"|\s+")
 
     def encode(self, text: str) -> list[int]:
         """Text tokens of ``text`` (no special tokens), as openai-whisper's tiktoken encoder gives them."""
