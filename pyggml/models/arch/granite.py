@@ -46,6 +46,8 @@ class Granite(Llama):
         return ops.scale(step.ctx, branch, self.residual_scale) if self.residual_scale else branch
 
     def ffn(self, step: Step, layer, cur: Tensor) -> Tensor:
+        if layer.moe is not None:
+            return super().ffn(step, layer, cur)
         ctx = step.ctx
         gated = ops.swiglu_split(ctx, linear(ctx, layer.ffn_gate, cur, layer.ffn_gate_b),
                                  linear(ctx, layer.ffn_up, cur, layer.ffn_up_b))
