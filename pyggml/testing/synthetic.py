@@ -367,6 +367,39 @@ def write_gpt_oss(path, n_vocab: int = 64, n_embd: int = 96, n_head: int = 8, n_
     return path
 
 
+def write_olmo2(path, n_vocab: int = 64, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2, n_ff: int = 96,
+                n_layer: int = 4, n_ctx: int = 128, sliding_window: int = 0, rope_scaling: Mapping | None = None,
+                qtype=None, seed: int = 0, vocab: Vocab | None = None, output_std: float | None = None, drop=()):
+    """An OLMo 2 file (no pre-norms; q/k norms over the whole projection; post-attention and post-FFN norms;
+    rope NEOX base 500000; separate output); with a sliding window an OLMo 3 one: the window on every layer but
+    each 4th, written as the converter writes it (one bool per layer), and `rope_scaling` (OLMo 3: YaRN) for
+    the global layers."""
+    arch, hd = "olmo2", n_embd // n_head
+    w = _Writer(path, arch, seed, qtype, drop)
+    w.hparams(arch, context_length=n_ctx, embedding_length=n_embd, block_count=n_layer, feed_forward_length=n_ff,
+              attention__head_count=n_head, attention__head_count_kv=n_head_kv, attention__layer_norm_rms_epsilon=1e-6,
+              rope__freq_base=500000.0)
+    if sliding_window:
+        w.hparams(arch, attention__sliding_window=sliding_window,
+                  attention__sliding_window_pattern=[(i + 1) % 4 != 0 for i in range(n_layer)])
+    w.rope(arch, rope_scaling, None)
+    (vocab.resized(n_vocab) if vocab else spm_vocab(n_vocab)).write_to(w)
+    w.matrix("token_embd.weight", n_vocab, n_embd, std=1.0)
+    w.vector("output_norm.weight", n_embd, 1.0)
+    w.matrix("output.weight", n_vocab, n_embd, std=3 / np.sqrt(n_embd) if output_std is None else output_std)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        w.attention(p, n_embd, n_embd, n_head_kv * hd)
+        for norm, n in (("attn_q_norm", n_embd), ("attn_k_norm", n_head_kv * hd), ("post_attention_norm", n_embd),
+                        ("post_ffw_norm", n_embd)):
+            w.vector(p + norm + ".weight", n, 1.0)
+        w.matrix(p + "ffn_gate.weight", n_ff, n_embd)
+        w.matrix(p + "ffn_up.weight", n_ff, n_embd)
+        w.matrix(p + "ffn_down.weight", n_embd, n_ff)
+    _finish(w)
+    return path
+
+
 # SmolLM-135M's shapes: a llama model of realistic size for benchmarks (134 M parameters, tied output).
 SMALL_LLAMA = dict(arch="llama", n_vocab=49152, n_embd=576, n_head=9, n_head_kv=3, n_ff=1536, n_layer=30, n_ctx=2048,
                    tied=True)

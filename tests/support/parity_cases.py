@@ -19,7 +19,7 @@ from gguf import GGMLQuantizationType as Q
 
 from pyggml.models.gguf_file import GGUFFile
 from pyggml.testing.agreement import F32_BOUND
-from pyggml.testing.synthetic import llama3_rope_freqs, write_gpt_oss, write_mixtral, write_qwen3moe
+from pyggml.testing.synthetic import llama3_rope_freqs, write_gpt_oss, write_mixtral, write_olmo2, write_qwen3moe
 
 from tests.support.tiny_models import (bpe_vocab, gemma3_vocab, write_gemma3, write_gpt2, write_granite, write_llama,
                                       write_qwen3, write_smollm3)
@@ -161,6 +161,14 @@ CASES += [
     Case("gpt-oss-mxfp4", partial(write_gpt_oss, vocab=bpe_vocab("default"), n_vocab=BPE_N, n_ctx=N_CTX,
                                   qtype=GPT_OSS_MIX, seed=30),
          quantized=True, bos=BPE_BOS, n_vocab=BPE_N, notes="MXFP4 experts, Q8_0 attention and embeddings"),
+    Case("olmo2-f32-spm", partial(write_olmo2, vocab=_spm(256), n_vocab=256, n_ctx=N_CTX, seed=31),
+         bos=GEMMA_BOS, n_vocab=256, notes="no pre-norms, q/k norms over the projection, post-norms, GQA 4/2"),
+    Case("olmo3-f32-swa-yarn", partial(write_olmo2, vocab=_spm(256), n_vocab=256, n_ctx=N_CTX, sliding_window=8,
+                                       rope_scaling={"type": "yarn", "factor": 4.0, "original_context_length": 16},
+                                       seed=32),
+         bos=GEMMA_BOS, n_vocab=256, n_tokens=48, notes="window 8 on 3 layers of 4, YaRN on the global one"),
+    Case("olmo2-q4_k_m", partial(write_olmo2, vocab=_spm(256), n_vocab=256, n_embd=256, n_ff=512, n_ctx=N_CTX,
+                                 qtype=Q4_K_M_LIKE, seed=33), quantized=True, bos=GEMMA_BOS, n_vocab=256),
 ]
 BY_NAME = {c.name: c for c in CASES}
 

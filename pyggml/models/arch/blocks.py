@@ -246,18 +246,19 @@ class Decoder:
         return values[0]
 
     def projections(self, w, il: int) -> dict:
-        """Layer il's attention and gated-FFN matrices by their field names (shapes checked)."""
-        return {**self.attention_projections(w, il), **self.ffn_projections(w, il)}
+        """Layer il's attention and gated-FFN matrices and their pre-norms by their field names (shapes checked)."""
+        e, p = self.n_embd, f"blk.{il}."
+        return dict(attn_norm=w.get(p + "attn_norm.weight", (e,)), **self.attention_projections(w, il),
+                    ffn_norm=w.get(p + "ffn_norm.weight", (e,)), **self.ffn_projections(w, il))
 
     def attention_projections(self, w, il: int) -> dict:
-        """Layer il's attention norm and q, k, v, output matrices."""
+        """Layer il's q, k, v and output matrices."""
         e, q, kv, p = self.n_embd, self.head_dim * self.n_head, self.n_embd_k_gqa, f"blk.{il}."
-        return dict(attn_norm=w.get(p + "attn_norm.weight", (e,)), wq=w.get(p + "attn_q.weight", (e, q)),
-                    wk=w.get(p + "attn_k.weight", (e, kv)), wv=w.get(p + "attn_v.weight", (e, kv)),
-                    wo=w.get(p + "attn_output.weight", (q, e)))
+        return dict(wq=w.get(p + "attn_q.weight", (e, q)), wk=w.get(p + "attn_k.weight", (e, kv)),
+                    wv=w.get(p + "attn_v.weight", (e, kv)), wo=w.get(p + "attn_output.weight", (q, e)))
 
     def ffn_projections(self, w, il: int) -> dict:
-        """Layer il's FFN norm and gate, up, down matrices."""
+        """Layer il's gate, up and down matrices."""
         e, f, p = self.n_embd, self.n_ff_arr[il], f"blk.{il}."
-        return dict(ffn_norm=w.get(p + "ffn_norm.weight", (e,)), ffn_gate=w.get(p + "ffn_gate.weight", (e, f)),
-                    ffn_up=w.get(p + "ffn_up.weight", (e, f)), ffn_down=w.get(p + "ffn_down.weight", (f, e)))
+        return dict(ffn_gate=w.get(p + "ffn_gate.weight", (e, f)), ffn_up=w.get(p + "ffn_up.weight", (e, f)),
+                    ffn_down=w.get(p + "ffn_down.weight", (f, e)))

@@ -57,15 +57,15 @@ class Llama(Decoder):
         self.layers = [self.new_layer(w, i) for i in range(self.n_layer)]
 
     def new_layer(self, w, i: int) -> LlamaLayer:
-        e, q, kv = self.n_embd, self.head_dim * self.n_head, self.n_embd_k_gqa
+        e, q, kv, p = self.n_embd, self.head_dim * self.n_head, self.n_embd_k_gqa, f"blk.{i}."
         if self.n_expert:
-            ffn = dict(ffn_norm=w.get(f"blk.{i}.{self.FFN_NORM}.weight", (e,)), ffn_gate=None, ffn_up=None,
-                       ffn_down=None, moe=self.experts(w, i))
+            ffn = dict(ffn_gate=None, ffn_up=None, ffn_down=None, moe=self.experts(w, i))
         else:
             ffn = dict(**self.ffn_projections(w, i), moe=None)
-        return LlamaLayer(**self.attention_projections(w, i), **ffn, bq=w.optional(f"blk.{i}.attn_q.bias", (q,)),
-                          bk=w.optional(f"blk.{i}.attn_k.bias", (kv,)), bv=w.optional(f"blk.{i}.attn_v.bias", (kv,)),
-                          bo=w.optional(f"blk.{i}.attn_output.bias", (e,)))
+        return LlamaLayer(attn_norm=w.get(p + "attn_norm.weight", (e,)), **self.attention_projections(w, i),
+                          ffn_norm=w.get(p + self.FFN_NORM + ".weight", (e,)), **ffn,
+                          bq=w.optional(p + "attn_q.bias", (q,)), bk=w.optional(p + "attn_k.bias", (kv,)),
+                          bv=w.optional(p + "attn_v.bias", (kv,)), bo=w.optional(p + "attn_output.bias", (e,)))
 
     def experts(self, w, i: int) -> Experts:
         """Layer i's experts (llama, granite: n_ff wide, ffn_gate_exps optional, softmax, weights normalised)."""
