@@ -183,6 +183,12 @@ class _Writer(GGUFWriter):
         for name, n in (("attn_q", n_q), ("attn_k", n_kv), ("attn_v", n_kv)) if biases else ():
             self.vector(p + name + ".bias", n)
 
+    def ffn(self, p: str, n_embd: int, n_ff: int, kind: str = "") -> None:
+        """Layer p's ffn_gate, ffn_up and ffn_down matrices (kind "_shexp": a shared expert's)."""
+        self.matrix(f"{p}ffn_gate{kind}.weight", n_ff, n_embd)
+        self.matrix(f"{p}ffn_up{kind}.weight", n_ff, n_embd)
+        self.matrix(f"{p}ffn_down{kind}.weight", n_embd, n_ff)
+
     def experts(self, p: str, n_embd: int, n_ff: int, n_expert: int, biases: bool = False) -> None:
         """Layer p's router and experts (ffn_gate_inp, ffn_{gate,up,down}_exps), with their biases if asked."""
         self.matrix(p + "ffn_gate_inp.weight", n_expert, n_embd)
@@ -233,14 +239,15 @@ def llama3_rope_freqs(n_rot: int, freq_base: float, factor: float = 8.0, low_fre
     return out.astype(np.float32)
 
 
-LLAMA_LAYOUTS = ("llama", "qwen2", "qwen3", "smollm3", "granite", "qwen3moe")
+LLAMA_LAYOUTS = ("llama", "qwen2", "qwen3", "smollm3", "granite", "qwen3moe", "qwen2moe", "granitemoe")
 
 
 def write_llama(path, arch: str = "llama", n_vocab: int = 64, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2,
                 n_ff: int = 96, n_layer: int = 2, n_ctx: int = 128, qtype=None, tied: bool = False, seed: int = 0,
                 vocab: Vocab | None = None, output_std: float | None = None, drop=(), freq_base: float = 10000.0,
                 rope_scaling: Mapping | None = None, rope_factors: Mapping | None = None, head_dim: int | None = None,
-                keys: Mapping | None = None, n_expert: int = 0, n_expert_used: int = 0, n_ff_exp: int = 0):
+                keys: Mapping | None = None, n_expert: int = 0, n_expert_used: int = 0, n_ff_exp: int = 0,
+                n_ff_shexp: int = 0):
     """A file of the llama layout: llama (rope NORMAL), qwen2 (rope NEOX, q/k/v biases), qwen3 (NEOX, per-head
     q/k norms), smollm3, granite (see write_qwen3, write_granite); `qtype` is one type for every matrix or a
     {name part: type, "*": default} mapping; `vocab` (resized to n_vocab) replaces the synthetic SPM one; the
@@ -249,7 +256,8 @@ def write_llama(path, arch: str = "llama", n_vocab: int = 64, n_embd: int = 64, 
     `rope_scaling` / `rope_factors` as in _Writer.rope (e.g. {"rope_freqs": llama3_rope_freqs(...)});
     `head_dim` (written as attention.key_length) other than n_embd / n_head; `keys`: more `<arch>.` keys;
     n_expert > 0 (with n_expert_used) makes each FFN that many experts (Mixtral), n_ff wide or n_ff_exp wide
-    (written as expert_feed_forward_length, qwen3moe)."""
+    (written as expert_feed_forward_length, qwen3moe); n_ff_shexp > 0 adds a shared expert that wide (qwen2moe's
+    gated by ffn_gate_inp_shexp)."""
     if arch not in LLAMA_LAYOUTS:
         raise GGMLError(f"write_llama writes {', '.join(LLAMA_LAYOUTS)} files, not {arch!r} (llama.cpp has no such "
                         f"architecture with this layout)")
@@ -265,6 +273,8 @@ def write_llama(path, arch: str = "llama", n_vocab: int = 64, n_embd: int = 64, 
         w.hparams(arch, expert_count=n_expert, expert_used_count=n_expert_used)
     if n_ff_exp:
         w.hparams(arch, expert_feed_forward_length=n_ff_exp)
+    if n_ff_shexp:
+        w.hparams(arch, expert_shared_feed_forward_length=n_ff_shexp)
     w.hparams(arch, **(keys or {}))
     w.rope(arch, rope_scaling, rope_factors)
     (vocab.resized(n_vocab) if vocab else spm_vocab(n_vocab)).write_to(w)
@@ -276,7 +286,7 @@ def write_llama(path, arch: str = "llama", n_vocab: int = 64, n_embd: int = 64, 
     for i in range(n_layer):
         p = f"blk.{i}."
         w.vector(p + "attn_norm.weight", n_embd, 1.0)
-        w.attention(p, n_embd, n_head * hd, n_head_kv * hd, biases=arch == "qwen2")
+        w.attention(p, n_embd, n_head * hd, n_head_kv * hd, biases=arch in ("qwen2", "qwen2moe"))
         if arch in ("qwen3", "qwen3moe"):
             w.vector(p + "attn_q_norm.weight", hd, 1.0)
             w.vector(p + "attn_k_norm.weight", hd, 1.0)
@@ -284,9 +294,11 @@ def write_llama(path, arch: str = "llama", n_vocab: int = 64, n_embd: int = 64, 
         if n_expert:
             w.experts(p, n_embd, n_ff_exp or ffs[i], n_expert)
         else:
-            w.matrix(p + "ffn_gate.weight", ffs[i], n_embd)
-            w.matrix(p + "ffn_up.weight", ffs[i], n_embd)
-            w.matrix(p + "ffn_down.weight", n_embd, ffs[i])
+            w.ffn(p, n_embd, ffs[i])
+        if n_ff_shexp:
+            w.ffn(p, n_embd, n_ff_shexp, "_shexp")
+            if arch == "qwen2moe":
+                w.vector(p + "ffn_gate_inp_shexp.weight", n_embd, spread=1 / np.sqrt(n_embd))
     _finish(w)
     return path
 
@@ -318,6 +330,15 @@ def write_qwen3moe(path, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 1, 
                        n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp, **kw)
 
 
+def write_qwen2moe(path, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 4, n_ff: int = 128, n_expert: int = 8,
+                   n_expert_used: int = 4, n_ff_exp: int = 32, n_ff_shexp: int = 128, **kw):
+    """A Qwen2-MoE file (Qwen1.5-MoE-A2.7B's structure scaled down: 60 experts with 4 used there, 8 here;
+    experts narrower than the shared expert; q/k/v biases; no GQA), rope NEOX base 1e6, separate output."""
+    kw.setdefault("freq_base", 1000000.0)
+    return write_llama(path, "qwen2moe", n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff,
+                       n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp, n_ff_shexp=n_ff_shexp, **kw)
+
+
 def write_smollm3(path, n_layer: int = 4, **kw):
     """A SmolLM3 file: the llama layout (tied, GQA 4:1 as SmolLM3-3B), NoPE on every 4th layer."""
     kw.setdefault("tied", True)
@@ -325,11 +346,11 @@ def write_smollm3(path, n_layer: int = 4, **kw):
 
 
 def write_granite(path, embedding_scale: float = 12.0, residual_scale: float = 0.22,
-                  attention_scale: float = 0.0078125, logit_scale: float = 8.0, **kw):
+                  attention_scale: float = 0.0078125, logit_scale: float = 8.0, arch: str = "granite", **kw):
     """A Granite 3.x dense file with its four scales (granite-3.1-2b's: embedding 12, residual 0.22,
-    attention 1/128, logits / 8), tied output."""
+    attention 1/128, logits / 8), tied output; arch "granitemoe" with n_expert (and n_ff_shexp) for the MoE."""
     kw.setdefault("tied", True)
-    return write_llama(path, "granite", keys=dict(embedding_scale=embedding_scale, residual_scale=residual_scale,
+    return write_llama(path, arch, keys=dict(embedding_scale=embedding_scale, residual_scale=residual_scale,
                                                   attention__scale=attention_scale, logit_scale=logit_scale), **kw)
 
 
@@ -393,9 +414,7 @@ def write_olmo2(path, n_vocab: int = 64, n_embd: int = 64, n_head: int = 4, n_he
         for norm, n in (("attn_q_norm", n_embd), ("attn_k_norm", n_head_kv * hd), ("post_attention_norm", n_embd),
                         ("post_ffw_norm", n_embd)):
             w.vector(p + norm + ".weight", n, 1.0)
-        w.matrix(p + "ffn_gate.weight", n_ff, n_embd)
-        w.matrix(p + "ffn_up.weight", n_ff, n_embd)
-        w.matrix(p + "ffn_down.weight", n_embd, n_ff)
+        w.ffn(p, n_embd, n_ff)
     _finish(w)
     return path
 

@@ -1,6 +1,6 @@
-"""The mixture-of-experts FFN (pyggml.models.arch.moe) and the MoE architectures (llama with experts, qwen3moe,
-gpt-oss) against independent float64 NumPy passes (tests/support/numpy_moe.py); their agreement with llama.cpp
-is checked in test_llamacpp_parity.py."""
+"""The mixture-of-experts FFN (pyggml.models.arch.moe) and the MoE architectures (llama and granite with
+experts, granitemoe, qwen2moe, qwen3moe, gpt-oss) against independent float64 NumPy passes
+(tests/support/numpy_moe.py); their agreement with llama.cpp is checked in test_llamacpp_parity.py."""
 
 import numpy as np
 import pytest
@@ -10,7 +10,7 @@ from pyggml.core import GGMLType
 from pyggml.errors import GGUFError
 from pyggml.models import load_model
 from pyggml.models.arch.moe import Experts, moe_ffn
-from pyggml.testing.synthetic import write_gpt_oss, write_mixtral, write_qwen3moe
+from pyggml.testing.synthetic import write_gpt_oss, write_granite, write_mixtral, write_qwen2moe, write_qwen3moe
 
 from tests.support import numpy_reference as ref
 from tests.support.numpy_moe import experts_ffn, moe_logits, route
@@ -69,6 +69,9 @@ WRITERS = {
     "mixtral": write_mixtral,
     "mixtral-q8_0": lambda p: write_mixtral(p, qtype={"ffn_gate_inp": None, "*": Q.Q8_0}, seed=1),
     "qwen3moe": lambda p: write_qwen3moe(p, seed=2),
+    "qwen2moe": lambda p: write_qwen2moe(p, seed=5),
+    "granitemoe-shared": lambda p: write_granite(p, arch="granitemoe", n_expert=8, n_expert_used=2, n_ff=64,
+                                                 n_ff_shexp=96, output_std=1.0, seed=6),
     "gpt-oss": lambda p: write_gpt_oss(p, rope_scaling={"type": "none"}, seed=3),
     "gpt-oss-mxfp4": lambda p: write_gpt_oss(p, rope_scaling={"type": "none"}, seed=4,
                                              qtype={"_exps": Q.MXFP4, "ffn_gate_inp": None, "*": Q.Q8_0}),

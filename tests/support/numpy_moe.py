@@ -1,5 +1,5 @@
-"""Independent float64 NumPy forward passes of the mixture-of-experts decoders: llama with experts (Mixtral),
-qwen3moe and gpt-oss, token by token over the whole sequence.
+"""Independent float64 NumPy forward passes of the mixture-of-experts decoders: llama and granite with experts
+(Mixtral), granitemoe and qwen2moe (shared experts), qwen3moe and gpt-oss, over the whole sequence.
 
 Written from the models' published descriptions and llama.cpp's conventions (router softmax over all experts
 or, for gpt-oss, over the chosen experts' logits; top-k by score; weights normalised to sum 1 where the model
@@ -64,6 +64,12 @@ def experts_ffn(x, w: dict, p: str, n_used: int, gating: str, norm_w: bool, acti
             else:
                 act = silu(gate_w[e] @ x[t] + gate_b[e]) * up if gate_w is not None else silu(up)
             out[t] += weight * (down_w[e] @ act + down_b[e])
+    if p + "ffn_up_shexp.weight" in w:
+        shared = silu(x @ w[p + "ffn_gate_shexp.weight"].T) * (x @ w[p + "ffn_up_shexp.weight"].T)
+        shared = shared @ w[p + "ffn_down_shexp.weight"].T
+        if p + "ffn_gate_inp_shexp.weight" in w:
+            shared *= 1 / (1 + np.exp(-(x @ w[p + "ffn_gate_inp_shexp.weight"])))[:, None]
+        out += shared
     return out
 
 
@@ -83,11 +89,14 @@ def attend_with_sinks(q, k, v, scale, window=None, sinks=None):
 
 
 ROUTING = {"llama": dict(gating="softmax", norm_w=True), "qwen3moe": dict(gating="softmax", norm_w=True),
+           "granite": dict(gating="softmax", norm_w=True), "granitemoe": dict(gating="softmax", norm_w=True),
+           "qwen2moe": dict(gating="softmax", norm_w=False),
            "gpt-oss": dict(gating="softmax_weight", norm_w=False, activation="swiglu_oai")}
 
 
 def moe_logits(meta, w, tokens):
-    """Logits [T, n_vocab] of a llama-with-experts, qwen3moe or gpt-oss file for `tokens` from position 0."""
+    """Logits [T, n_vocab] of a file of one of ROUTING's architectures for `tokens` from position 0 (granite's
+    embedding, attention, residual and logit scales where the file has them)."""
     a = meta["general.architecture"]
     if meta.get(f"{a}.rope.scaling.type", "none") != "none":
         raise ValueError("the NumPy reference rotates without RoPE scaling")
@@ -96,7 +105,9 @@ def moe_logits(meta, w, tokens):
     eps, base = meta[f"{a}.attention.layer_norm_rms_epsilon"], meta[f"{a}.rope.freq_base"]
     n_used, window = meta[f"{a}.expert_used_count"], meta.get(f"{a}.attention.sliding_window")
     n, pos = len(tokens), np.arange(len(tokens), dtype=np.float64)
-    x = w["token_embd.weight"][tokens]
+    residual = meta.get(f"{a}.residual_scale", 1.0)
+    kq_scale = meta.get(f"{a}.attention.scale", 1 / math.sqrt(hd))
+    x = w["token_embd.weight"][tokens] * meta.get(f"{a}.embedding_scale", 1.0)
     for il in range(meta[f"{a}.block_count"]):
         p = f"blk.{il}."
 
@@ -107,11 +118,13 @@ def moe_logits(meta, w, tokens):
         q, k = proj("attn_q", h).reshape(n, n_head, hd), proj("attn_k", h).reshape(n, n_kv, hd)
         if a == "qwen3moe":
             q, k = rms_norm(q, w[p + "attn_q_norm.weight"], eps), rms_norm(k, w[p + "attn_k_norm.weight"], eps)
-        q, k = rope(q, pos, base, neox=a != "llama"), rope(k, pos, base, neox=a != "llama")
+        neox = a in ("qwen2moe", "qwen3moe", "gpt-oss")
+        q, k = rope(q, pos, base, neox), rope(k, pos, base, neox)
         local = a == "gpt-oss" and il % 2 == 0
-        att = attend_with_sinks(q, k, proj("attn_v", h).reshape(n, n_kv, hd), 1 / math.sqrt(hd),
-                                window if local else None, w.get(p + "attn_sinks.weight"))
-        x = x + proj("attn_output", att)
+        att = attend_with_sinks(q, k, proj("attn_v", h).reshape(n, n_kv, hd), kq_scale, window if local else None,
+                                w.get(p + "attn_sinks.weight"))
+        x = x + residual * proj("attn_output", att)
         h = rms_norm(x, w[p + ("post_attention_norm" if a == "gpt-oss" else "ffn_norm") + ".weight"], eps)
-        x = x + experts_ffn(h, w, p, n_used, **ROUTING[a])
-    return rms_norm(x, w["output_norm.weight"], eps) @ w.get("output.weight", w["token_embd.weight"]).T
+        x = x + residual * experts_ffn(h, w, p, n_used, **ROUTING[a])
+    logits = rms_norm(x, w["output_norm.weight"], eps) @ w.get("output.weight", w["token_embd.weight"]).T
+    return logits / meta.get(f"{a}.logit_scale", 1.0)

@@ -19,7 +19,8 @@ from gguf import GGMLQuantizationType as Q
 
 from pyggml.models.gguf_file import GGUFFile
 from pyggml.testing.agreement import F32_BOUND
-from pyggml.testing.synthetic import llama3_rope_freqs, write_gpt_oss, write_mixtral, write_olmo2, write_qwen3moe
+from pyggml.testing.synthetic import (llama3_rope_freqs, write_gpt_oss, write_mixtral, write_olmo2, write_qwen2moe,
+                                      write_qwen3moe)
 
 from tests.support.tiny_models import (bpe_vocab, gemma3_vocab, write_gemma3, write_gpt2, write_granite, write_llama,
                                       write_qwen3, write_smollm3)
@@ -161,6 +162,15 @@ CASES += [
     Case("gpt-oss-mxfp4", partial(write_gpt_oss, vocab=bpe_vocab("default"), n_vocab=BPE_N, n_ctx=N_CTX,
                                   qtype=GPT_OSS_MIX, seed=30),
          quantized=True, bos=BPE_BOS, n_vocab=BPE_N, notes="MXFP4 experts, Q8_0 attention and embeddings"),
+    Case("qwen2moe-f32-bpe", partial(write_qwen2moe, vocab=bpe_vocab("qwen2"), n_vocab=BPE_N, n_ctx=N_CTX, seed=34),
+         bos=BPE_BOS, n_vocab=BPE_N, notes="8 experts of 32, 4 used, a shared expert of 128 gated by a sigmoid"),
+    Case("qwen2moe-q4_0", partial(write_qwen2moe, vocab=bpe_vocab("qwen2"), n_vocab=BPE_N, n_ctx=N_CTX,
+                                  qtype={"ffn_gate_inp": None, "*": Q.Q4_0}, seed=35),
+         quantized=True, bos=BPE_BOS, n_vocab=BPE_N),
+    Case("granitemoe-f32-shared", partial(write_granite, arch="granitemoe", vocab=bpe_vocab("default"), n_vocab=BPE_N,
+                                          n_ff=64, n_expert=8, n_expert_used=2, n_ff_shexp=96, n_ctx=N_CTX,
+                                          output_std=1.0, seed=36),
+         bos=BPE_BOS, n_vocab=BPE_N, notes="granite's scales, 8 experts of 64 with 2 used, a shared expert"),
     Case("olmo2-f32-spm", partial(write_olmo2, vocab=_spm(256), n_vocab=256, n_ctx=N_CTX, seed=31),
          bos=GEMMA_BOS, n_vocab=256, notes="no pre-norms, q/k norms over the projection, post-norms, GQA 4/2"),
     Case("olmo3-f32-swa-yarn", partial(write_olmo2, vocab=_spm(256), n_vocab=256, n_ctx=N_CTX, sliding_window=8,

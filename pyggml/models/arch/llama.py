@@ -3,8 +3,8 @@
 Covers the llama layout (Llama, Mistral, and Mixtral: a file with `expert_count` > 0 has mixture-of-experts
 FFNs, routed by softmax over the experts with the chosen weights normalised) and qwen2's: qwen2 adds biases to
 q, k, v (any present bias is used) and rotates in NeoX mode; llama uses the normal mode. The architectures that
-differ from it in a few places (qwen3, qwen3moe, smollm3, granite, gpt-oss) subclass it and override the hooks:
-`new_layer`, `experts`, `rope_qk`, `attend`, `embed`, `residual` and `logits`.
+differ from it in a few places (qwen3, qwen3moe, qwen2moe, smollm3, granite, granitemoe, gpt-oss) subclass it
+and override the hooks: `new_layer`, `experts`, `rope_qk`, `attend`, `embed`, `residual` and `logits`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from pyggml.models.arch.blocks import (ROPE_NEOX, ROPE_NORMAL, Decoder, Rope, St
 from pyggml.models.arch.moe import Experts, expert_counts, moe_ffn
 
 ROPE_MODES = {"llama": ROPE_NORMAL, "qwen2": ROPE_NEOX, "qwen3": ROPE_NEOX, "smollm3": ROPE_NORMAL,
-              "granite": ROPE_NORMAL, "qwen3moe": ROPE_NEOX, "gpt-oss": ROPE_NEOX}
+              "granite": ROPE_NORMAL, "qwen3moe": ROPE_NEOX, "gpt-oss": ROPE_NEOX, "qwen2moe": ROPE_NEOX,
+              "granitemoe": ROPE_NORMAL}
 
 
 @dataclass

@@ -4,7 +4,9 @@ A router (`ffn_gate_inp`, optionally biased) scores the n_expert FFNs for each t
 (argsort_top_k) run through `mul_mat_id` on the 3-D expert tensors [n_embd, n_ff, n_expert], and their outputs
 are summed, each times its routing weight. The weights are the selected experts' softmax or sigmoid scores, or,
 for "softmax_weight" (gpt-oss), the softmax of the selected logits alone; optionally normalised to sum 1 and
-scaled. The graph follows llama.cpp's op for op, so the numbers (and the experts chosen) agree with it.
+scaled. A shared expert (granitemoe, qwen2moe), a plain SwiGLU FFN that every token goes through, optionally
+gated by sigmoid(ffn_gate_inp_shexp · x), is added to the routed experts' sum. The graph follows llama.cpp's
+op for op, so the numbers (and the experts chosen) agree with it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,26 @@ GATINGS = ("softmax", "sigmoid", "softmax_weight")
 ACTIVATIONS = ("silu", "swiglu_oai")
 MIN_WEIGHT_SUM = 6.103515625e-5  # llama.cpp clamps the sum of the weights to the smallest normal F16
 SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0  # gpt-oss's (llama.cpp's LLM_FFN_SWIGLU_OAI_MOE constants)
+
+
+@dataclass
+class SharedExpert:
+    gate: Tensor
+    up: Tensor
+    down: Tensor
+    gate_inp: Tensor | None = None   # qwen2moe: the output is scaled by sigmoid(gate_inp · x)
+
+    @classmethod
+    def load(cls, w, il: int, n_embd: int, n_ff: int, gated: bool = False) -> SharedExpert:
+        p, e, f = f"blk.{il}.", n_embd, n_ff
+        return cls(gate=w.get(p + "ffn_gate_shexp.weight", (e, f)), up=w.get(p + "ffn_up_shexp.weight", (e, f)),
+                   down=w.get(p + "ffn_down_shexp.weight", (f, e)),
+                   gate_inp=w.get(p + "ffn_gate_inp_shexp.weight", (e,)) if gated else None)
+
+    def ffn(self, ctx: Context, cur: Tensor) -> Tensor:
+        out = ops.mul_mat(ctx, self.down, ops.swiglu_split(ctx, ops.mul_mat(ctx, self.gate, cur),
+                                                           ops.mul_mat(ctx, self.up, cur)))
+        return ops.mul(ctx, out, ops.sigmoid(ctx, ops.mul_mat(ctx, self.gate_inp, cur))) if self.gate_inp else out
 
 
 @dataclass
@@ -44,6 +66,7 @@ class Experts:
     up_b: Tensor | None = None
     gate_b: Tensor | None = None
     down_b: Tensor | None = None
+    shared: SharedExpert | None = None
 
     @classmethod
     def load(cls, w, il: int, n_embd: int, n_ff: int, n_expert: int, n_used: int, gate_required: bool = True,
@@ -80,6 +103,7 @@ def expert_counts(gguf, n_layer: int) -> tuple[int, list[int]]:
 def moe_ffn(ctx: Context, ex: Experts, cur: Tensor) -> Tensor:
     """cur [n_embd, n_tokens] through the n_used experts the router picks for each token -> [n_embd, n_tokens]."""
     n_embd, n_tokens, n_expert, k = cur.ne[0], cur.ne[1], ex.gate_inp.ne[1], ex.n_used
+    x = cur
     logits = linear(ctx, ex.gate_inp, cur, ex.gate_inp_b)                        # [n_expert, n_tokens]
     if ex.gating == "softmax":
         probs = ops.soft_max(ctx, logits)
@@ -114,7 +138,8 @@ def moe_ffn(ctx: Context, ex: Experts, cur: Tensor) -> Tensor:
     total = ops.view_2d(ctx, out, n_embd, n_tokens, out.nb[2], 0)
     for i in range(1, k):
         total = ops.add(ctx, total, ops.view_2d(ctx, out, n_embd, n_tokens, out.nb[2], i * out.nb[1]))
-    return ops.cont(ctx, total) if k == 1 else total
+    total = ops.cont(ctx, total) if k == 1 else total
+    return ops.add(ctx, total, ex.shared.ffn(ctx, x)) if ex.shared is not None else total
 
 
 def _biased(ctx: Context, x: Tensor, bias: Tensor | None, selected: Tensor) -> Tensor:
