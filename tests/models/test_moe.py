@@ -114,8 +114,14 @@ def test_qwen3moe_without_its_experts_is_refused(tmp_path, drop, message):
 
 
 def test_more_experts_used_than_there_are_is_refused(tmp_path):
-    with pytest.raises(GGUFError, match="each layer routes to 1..expert_count experts"):
+    with pytest.raises(GGUFError, match="a layer routes to 1..expert_count experts"):
         load_model(write_mixtral(tmp_path / "m.gguf", n_expert=2, n_expert_used=3))
+
+
+def test_a_per_layer_expert_used_count_must_be_one_value(tmp_path):
+    load_model(write_mixtral(tmp_path / "same.gguf", n_expert_used=[2, 2]))
+    with pytest.raises(GGUFError, match="expert_used_count' differs between layers"):
+        load_model(write_mixtral(tmp_path / "m.gguf", n_expert_used=[2, 1]))
 
 
 @pytest.mark.parametrize("name", ["blk.0.attn_sinks.weight", "blk.1.attn_output.bias", "blk.0.ffn_up_exps.bias",

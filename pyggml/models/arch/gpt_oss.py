@@ -47,7 +47,7 @@ class GptOss(Llama):
         return GptOssLayer(**layer, sinks=w.get(f"blk.{i}.attn_sinks.weight", (self.n_head,)))
 
     def experts(self, w, i: int) -> Experts:
-        return Experts.load(w, i, self.n_embd, self.n_ff_exp, self.n_expert, self.n_expert_used[i], biases=True,
+        return Experts.load(w, i, self.n_embd, self.n_ff_exp, self.n_expert, self.n_expert_used, biases=True,
                             gating="softmax_weight", activation="swiglu_oai")
 
     def rope_qk(self, step: Step, il: int, layer, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:

@@ -70,7 +70,7 @@ class Llama(Decoder):
 
     def experts(self, w, i: int) -> Experts:
         """Layer i's experts (llama, granite: n_ff wide, ffn_gate_exps optional, softmax, weights normalised)."""
-        return Experts.load(w, i, self.n_embd, self.n_ff_arr[i], self.n_expert, self.n_expert_used[i],
+        return Experts.load(w, i, self.n_embd, self.n_ff_arr[i], self.n_expert, self.n_expert_used,
                             gate_required=False, gating="softmax", norm_w=True)
 
     def embed(self, step: Step) -> Tensor:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pyggml.core import Context, Tensor
 from pyggml.core import ops
 from pyggml.errors import GGUFError
-from pyggml.models.arch.blocks import hparam, hparam_per_layer, linear
+from pyggml.models.arch.blocks import Decoder, hparam, hparam_per_layer, linear
 
 GATINGS = ("softmax", "sigmoid", "softmax_weight")
 ACTIVATIONS = ("silu", "swiglu_oai")
@@ -87,15 +87,15 @@ class Experts:
         return experts
 
 
-def expert_counts(gguf, n_layer: int) -> tuple[int, list[int]]:
-    """(`expert_count`, `expert_used_count` per layer) as llama.cpp checks them: both 0 for a dense model, else
-    0 < used <= count in every layer."""
+def expert_counts(gguf, n_layer: int) -> tuple[int, int]:
+    """(`expert_count`, `expert_used_count`) as llama.cpp checks them: both 0 for a dense model, else
+    0 < used <= count. A per-layer `expert_used_count` must hold one value: llama.cpp's MoE graphs select
+    layer 0's count of experts in every layer and sum only the layer's own count, which pyggml does not copy."""
     n_expert = hparam(gguf, "expert_count", 0)
-    n_used = hparam_per_layer(gguf, "expert_used_count", n_layer, 0)
-    valid = all(0 < u <= n_expert for u in n_used) if n_expert else not any(n_used)
-    if not isinstance(n_expert, int) or not valid:
+    n_used = Decoder.uniform(gguf, "expert_used_count", hparam_per_layer(gguf, "expert_used_count", n_layer, 0))
+    if not isinstance(n_expert, int) or not (0 < n_used <= n_expert if n_expert else n_used == 0):
         raise GGUFError(f"{gguf.path}: metadata keys '{gguf.architecture}.expert_count' ({n_expert!r}) and "
-                        f"'{gguf.architecture}.expert_used_count' ({n_used!r}) disagree: each layer routes to "
+                        f"'{gguf.architecture}.expert_used_count' ({n_used!r}) disagree: a layer routes to "
                         f"1..expert_count experts, or both are 0 for a dense model")
     return n_expert, n_used
 

@@ -21,7 +21,7 @@ class Qwen2MoE(Llama):
         self.output = w.get("output.weight", (self.n_embd, self.n_vocab))
 
     def experts(self, w, i: int) -> Experts:
-        experts = Experts.load(w, i, self.n_embd, self.n_ff_exp or self.n_ff // self.n_expert_used[0], self.n_expert,
-                               self.n_expert_used[i], gating="softmax", norm_w=False)
+        experts = Experts.load(w, i, self.n_embd, self.n_ff_exp or self.n_ff // self.n_expert_used, self.n_expert,
+                               self.n_expert_used, gating="softmax", norm_w=False)
         experts.shared = SharedExpert.load(w, i, self.n_embd, self.n_ff_shexp or self.n_ff, gated=True)
         return experts

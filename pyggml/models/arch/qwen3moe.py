@@ -19,6 +19,6 @@ class Qwen3MoE(Qwen3):
         super().__init__(gguf, w)
 
     def experts(self, w, i: int) -> Experts:
-        n_ff = self.n_ff_exp or self.n_ff // self.n_expert_used[0]
-        return Experts.load(w, i, self.n_embd, n_ff, self.n_expert, self.n_expert_used[i], gating="softmax",
+        n_ff = self.n_ff_exp or self.n_ff // self.n_expert_used
+        return Experts.load(w, i, self.n_embd, n_ff, self.n_expert, self.n_expert_used, gating="softmax",
                             norm_w=True)
