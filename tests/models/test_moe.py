@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
+import pyggml as gg
 from pyggml.core import GGMLType
 from pyggml.errors import GGUFError
 from pyggml.models import load_model
@@ -101,6 +102,22 @@ def test_f32_weights_expand_the_experts(tmp_path):
     expected = expanded.decode(tokens, all_logits=True)
     np.testing.assert_allclose(plain.decode(tokens, all_logits=True), expected, rtol=0,
                                atol=1e-5 * np.abs(expected).max())
+
+
+def test_layers_split_across_torch_cpu_and_cpu_match_one_backend(tmp_path):
+    """The torch backend's mul_mat_id, add_id, argsort, SwiGLU-OAI and softmax with sinks in a model: gpt-oss's
+    first two layers on TORCH_CPU, the others on the CPU, give the CPU's logits."""
+    pytest.importorskip("torch")
+    import pyggml.backend.torch  # noqa: F401 - registers TORCH_CPU
+
+    path = WRITERS["gpt-oss-mxfp4"](tmp_path / "m.gguf")
+    tokens = np.random.default_rng(5).integers(3, 60, 12).tolist()
+    expected = load_model(path, n_ctx=16, n_batch=8, kv_type=GGMLType.F32).decode(tokens, all_logits=True)
+    split = load_model(path, backend=[gg.backend.init_by_name("TORCH_CPU"), "CPU"], n_ctx=16, n_batch=8,
+                       kv_type=GGMLType.F32)
+    assert [name for name, _ in split.runner.placement] == ["TORCH_CPU", "CPU"]
+    got = split.decode(tokens, all_logits=True)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-4 * np.abs(expected).max())
 
 
 @pytest.mark.parametrize("drop, message", [
