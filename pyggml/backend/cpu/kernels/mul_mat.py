@@ -25,7 +25,7 @@ from pyggml.backend.cpu.kernels._common import (FLOAT_TYPES, INTERLEAVED, as_f32
                                                 view)
 from pyggml.backend.cpu.kernels._dequant_cache import DEQUANT_CACHE, dequantizable
 from pyggml.core import types as T
-from pyggml.core.tensor import Op, Tensor
+from pyggml.core.tensor import Op, Tensor, host_ndarray
 from pyggml.errors import OutOfBoundsError
 
 
@@ -319,10 +319,15 @@ def _few_rows_at_once(as_: Tensor, work: list, out: np.ndarray) -> None:
 
 
 def _expert_product(as_: Tensor):
-    """(expert, x (n, k)) -> x · expert's matrixᵀ: on the blocks where the compiled kernels read as_, else float32."""
-    if not in_blocks(as_):
+    """(expert, x (n, k)) -> x · expert's matrixᵀ: on the blocks where the compiled kernels read as_, else float32:
+    float32 values held already, or a type without compiled kernels (MXFP4, the IQ types) dequantized one expert
+    at a time (a step uses few of a large model's experts, whose whole stack as float32 would not stay cached)."""
+    if not in_blocks(as_) and (as_.type == T.GGMLType.F32 or expanded_values(as_) is not None):
         experts = src0_f32(as_)[0]              # (n_expert, rows, k)
         return lambda expert, x: x @ experts[expert].T
+    if not in_blocks(as_):
+        raw = host_ndarray(as_)[0]              # (n_expert, rows, row bytes)
+        return lambda expert, x: x @ T.to_float(as_.type, raw[expert]).reshape(as_.ne[1], as_.ne[0]).T
     src, first = memory_of(as_)
 
     def on_blocks(expert: int, x: np.ndarray) -> np.ndarray:
