@@ -165,13 +165,40 @@ class _Writer(GGUFWriter):
         if name not in self.drop:
             super().add_tensor(name, tensor, raw_shape, raw_dtype, tensor_endianess)
 
-    def matrix(self, name: str, n_out: int, n_in: int, std: float | None = None) -> None:
-        """A weight in the file's type for `name` (F32 for types whose blocks do not fit its rows)."""
+    def matrix(self, name: str, n_out: int, n_in: int, std: float | None = None, n_expert: int = 0) -> None:
+        """A weight in the file's type for `name` (F32 for types whose blocks do not fit its rows); with n_expert
+        a 3-D stack of that many matrices (ggml [n_in, n_out, n_expert], the experts of a MoE layer)."""
         qtype = _type_of(self.qtype, name)
         if qtype is not None and n_in % GGML_QUANT_SIZES[qtype][0]:
             qtype = None
-        values, raw_type = random_weight(self.rng, n_out, n_in, qtype, 1 / np.sqrt(n_in) if std is None else std)
-        self.add_tensor(name, values, raw_dtype=raw_type)
+        values, raw_type = random_weight(self.rng, max(n_expert, 1) * n_out, n_in, qtype,
+                                         1 / np.sqrt(n_in) if std is None else std)
+        self.add_tensor(name, values.reshape(n_expert, n_out, -1) if n_expert else values, raw_dtype=raw_type)
+
+    def attention(self, p: str, n_embd: int, n_q: int, n_kv: int, biases: bool = False) -> None:
+        """Layer p's attn_{q,k,v,output} matrices (q n_q wide, k and v n_kv), with q, k, v biases if asked."""
+        for name, n_out, n_in in (("attn_q", n_q, n_embd), ("attn_k", n_kv, n_embd), ("attn_v", n_kv, n_embd),
+                                  ("attn_output", n_embd, n_q)):
+            self.matrix(p + name + ".weight", n_out, n_in)
+        for name, n in (("attn_q", n_q), ("attn_k", n_kv), ("attn_v", n_kv)) if biases else ():
+            self.vector(p + name + ".bias", n)
+
+    def ffn(self, p: str, n_embd: int, n_ff: int, kind: str = "") -> None:
+        """Layer p's ffn_gate, ffn_up and ffn_down matrices (kind "_shexp": a shared expert's)."""
+        self.matrix(f"{p}ffn_gate{kind}.weight", n_ff, n_embd)
+        self.matrix(f"{p}ffn_up{kind}.weight", n_ff, n_embd)
+        self.matrix(f"{p}ffn_down{kind}.weight", n_embd, n_ff)
+
+    def experts(self, p: str, n_embd: int, n_ff: int, n_expert: int, biases: bool = False) -> None:
+        """Layer p's router and experts (ffn_gate_inp, ffn_{gate,up,down}_exps), with their biases if asked."""
+        self.matrix(p + "ffn_gate_inp.weight", n_expert, n_embd)
+        if biases:
+            self.vector(p + "ffn_gate_inp.bias", n_expert)
+        for name, n_out, n_in in (("ffn_gate_exps", n_ff, n_embd), ("ffn_up_exps", n_ff, n_embd),
+                                  ("ffn_down_exps", n_embd, n_ff)):
+            self.matrix(p + name + ".weight", n_out, n_in, n_expert=n_expert)
+            if biases:
+                self.add_tensor(p + name + ".bias", (0.1 * self.rng.normal(size=(n_expert, n_out))).astype(np.float32))
 
     def vector(self, name: str, n: int, centre: float = 0.0, spread: float = 0.1) -> None:
         self.add_tensor(name, (centre + spread * self.rng.normal(size=n)).astype(np.float32))
@@ -212,21 +239,25 @@ def llama3_rope_freqs(n_rot: int, freq_base: float, factor: float = 8.0, low_fre
     return out.astype(np.float32)
 
 
-LLAMA_LAYOUTS = ("llama", "qwen2", "qwen3", "smollm3", "granite")
+LLAMA_LAYOUTS = ("llama", "qwen2", "qwen3", "smollm3", "granite", "qwen3moe", "qwen2moe", "granitemoe")
 
 
 def write_llama(path, arch: str = "llama", n_vocab: int = 64, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2,
                 n_ff: int = 96, n_layer: int = 2, n_ctx: int = 128, qtype=None, tied: bool = False, seed: int = 0,
                 vocab: Vocab | None = None, output_std: float | None = None, drop=(), freq_base: float = 10000.0,
                 rope_scaling: Mapping | None = None, rope_factors: Mapping | None = None, head_dim: int | None = None,
-                keys: Mapping | None = None):
+                keys: Mapping | None = None, n_expert: int = 0, n_expert_used: int = 0, n_ff_exp: int = 0,
+                n_ff_shexp: int = 0):
     """A file of the llama layout: llama (rope NORMAL), qwen2 (rope NEOX, q/k/v biases), qwen3 (NEOX, per-head
     q/k norms), smollm3, granite (see write_qwen3, write_granite); `qtype` is one type for every matrix or a
     {name part: type, "*": default} mapping; `vocab` (resized to n_vocab) replaces the synthetic SPM one; the
     output matrix (the token embeddings when tied) has values of spread output_std (default 3/sqrt(n_embd):
     logits of spread ~3); `drop` names keys or tensors to leave out; n_ff may be a list (one per layer);
     `rope_scaling` / `rope_factors` as in _Writer.rope (e.g. {"rope_freqs": llama3_rope_freqs(...)});
-    `head_dim` (written as attention.key_length) other than n_embd / n_head; `keys`: more `<arch>.` keys."""
+    `head_dim` (written as attention.key_length) other than n_embd / n_head; `keys`: more `<arch>.` keys;
+    n_expert > 0 (with n_expert_used) makes each FFN that many experts (Mixtral), n_ff wide or n_ff_exp wide
+    (written as expert_feed_forward_length, qwen3moe); n_ff_shexp > 0 adds a shared expert that wide (qwen2moe's
+    gated by ffn_gate_inp_shexp)."""
     if arch not in LLAMA_LAYOUTS:
         raise GGMLError(f"write_llama writes {', '.join(LLAMA_LAYOUTS)} files, not {arch!r} (llama.cpp has no such "
                         f"architecture with this layout)")
@@ -238,6 +269,12 @@ def write_llama(path, arch: str = "llama", n_vocab: int = 64, n_embd: int = 64, 
               rope__dimension_count=hd)
     if head_dim:
         w.hparams(arch, attention__key_length=hd, attention__value_length=hd)
+    if n_expert:
+        w.hparams(arch, expert_count=n_expert, expert_used_count=n_expert_used)
+    if n_ff_exp:
+        w.hparams(arch, expert_feed_forward_length=n_ff_exp)
+    if n_ff_shexp:
+        w.hparams(arch, expert_shared_feed_forward_length=n_ff_shexp)
     w.hparams(arch, **(keys or {}))
     w.rope(arch, rope_scaling, rope_factors)
     (vocab.resized(n_vocab) if vocab else spm_vocab(n_vocab)).write_to(w)
@@ -249,20 +286,19 @@ def write_llama(path, arch: str = "llama", n_vocab: int = 64, n_embd: int = 64, 
     for i in range(n_layer):
         p = f"blk.{i}."
         w.vector(p + "attn_norm.weight", n_embd, 1.0)
-        w.matrix(p + "attn_q.weight", n_head * hd, n_embd)
-        w.matrix(p + "attn_k.weight", n_head_kv * hd, n_embd)
-        w.matrix(p + "attn_v.weight", n_head_kv * hd, n_embd)
-        w.matrix(p + "attn_output.weight", n_embd, n_head * hd)
-        if arch == "qwen2":
-            for name, n in (("attn_q", n_head * hd), ("attn_k", n_head_kv * hd), ("attn_v", n_head_kv * hd)):
-                w.vector(p + name + ".bias", n)
-        if arch == "qwen3":
+        w.attention(p, n_embd, n_head * hd, n_head_kv * hd, biases=arch in ("qwen2", "qwen2moe"))
+        if arch in ("qwen3", "qwen3moe"):
             w.vector(p + "attn_q_norm.weight", hd, 1.0)
             w.vector(p + "attn_k_norm.weight", hd, 1.0)
         w.vector(p + "ffn_norm.weight", n_embd, 1.0)
-        w.matrix(p + "ffn_gate.weight", ffs[i], n_embd)
-        w.matrix(p + "ffn_up.weight", ffs[i], n_embd)
-        w.matrix(p + "ffn_down.weight", n_embd, ffs[i])
+        if n_expert:
+            w.experts(p, n_embd, n_ff_exp or ffs[i], n_expert)
+        else:
+            w.ffn(p, n_embd, ffs[i])
+        if n_ff_shexp:
+            w.ffn(p, n_embd, n_ff_shexp, "_shexp")
+            if arch == "qwen2moe":
+                w.vector(p + "ffn_gate_inp_shexp.weight", n_embd, spread=1 / np.sqrt(n_embd))
     _finish(w)
     return path
 
@@ -275,6 +311,34 @@ def write_qwen3(path, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2, hea
     return write_llama(path, "qwen3", n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, **kw)
 
 
+def write_mixtral(path, n_expert: int = 8, n_expert_used: int = 2, **kw):
+    """A Mixtral-style `llama` file: every FFN 8 experts of n_ff, 2 used per token (Mixtral 8x7B's routing),
+    GQA 4:1 as Mixtral's 32/8 heads, rope base 1e6."""
+    kw.setdefault("n_head", 8)
+    kw.setdefault("n_head_kv", 2)
+    kw.setdefault("freq_base", 1000000.0)
+    return write_llama(path, "llama", n_expert=n_expert, n_expert_used=n_expert_used, **kw)
+
+
+def write_qwen3moe(path, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 1, head_dim: int = 32,
+                   n_expert: int = 16, n_expert_used: int = 4, n_ff_exp: int = 32, **kw):
+    """A Qwen3-MoE file (Qwen3-30B-A3B's structure scaled down: head_dim other than n_embd / n_head, GQA 4:1,
+    16 experts with 4 used (its 128 and 8 would leave most experts idle on a short test), experts narrower than
+    the dense feed_forward_length), per-head q/k norms, rope NEOX base 1e6, separate output."""
+    kw.setdefault("freq_base", 1000000.0)
+    return write_llama(path, "qwen3moe", n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim,
+                       n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp, **kw)
+
+
+def write_qwen2moe(path, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 4, n_ff: int = 128, n_expert: int = 8,
+                   n_expert_used: int = 4, n_ff_exp: int = 32, n_ff_shexp: int = 128, **kw):
+    """A Qwen2-MoE file (Qwen1.5-MoE-A2.7B's structure scaled down: 60 experts with 4 used there, 8 here;
+    experts narrower than the shared expert; q/k/v biases; no GQA), rope NEOX base 1e6, separate output."""
+    kw.setdefault("freq_base", 1000000.0)
+    return write_llama(path, "qwen2moe", n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff,
+                       n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp, n_ff_shexp=n_ff_shexp, **kw)
+
+
 def write_smollm3(path, n_layer: int = 4, **kw):
     """A SmolLM3 file: the llama layout (tied, GQA 4:1 as SmolLM3-3B), NoPE on every 4th layer."""
     kw.setdefault("tied", True)
@@ -282,12 +346,77 @@ def write_smollm3(path, n_layer: int = 4, **kw):
 
 
 def write_granite(path, embedding_scale: float = 12.0, residual_scale: float = 0.22,
-                  attention_scale: float = 0.0078125, logit_scale: float = 8.0, **kw):
+                  attention_scale: float = 0.0078125, logit_scale: float = 8.0, arch: str = "granite", **kw):
     """A Granite 3.x dense file with its four scales (granite-3.1-2b's: embedding 12, residual 0.22,
-    attention 1/128, logits / 8), tied output."""
+    attention 1/128, logits / 8), tied output; arch "granitemoe" with n_expert (and n_ff_shexp) for the MoE."""
     kw.setdefault("tied", True)
-    return write_llama(path, "granite", keys=dict(embedding_scale=embedding_scale, residual_scale=residual_scale,
+    return write_llama(path, arch, keys=dict(embedding_scale=embedding_scale, residual_scale=residual_scale,
                                                   attention__scale=attention_scale, logit_scale=logit_scale), **kw)
+
+
+def write_gpt_oss(path, n_vocab: int = 64, n_embd: int = 96, n_head: int = 8, n_head_kv: int = 1, head_dim: int = 32,
+                  n_ff_exp: int = 64, n_layer: int = 4, n_expert: int = 8, n_expert_used: int = 4, n_ctx: int = 128,
+                  sliding_window: int = 8, rope_scaling: Mapping | None = None, qtype=None, seed: int = 0,
+                  vocab: Vocab | None = None, output_std: float | None = None, drop=()):
+    """A gpt-oss file, gpt-oss-20b's structure scaled down: n_embd other than n_head * head_dim, GQA 8:1,
+    q/k/v/output biases, attention sinks, sliding window on even layers, YaRN (by default factor 4 over an
+    original context of 32, for the released 32 over 4096), rope NEOX base 150000, the pre-FFN norm named
+    post_attention_norm, experts with biases and a biased router (4 of 8 used, as 4 of 32), separate output.
+    Its experts are MXFP4 in the released files (qtype {"_exps": MXFP4, ...})."""
+    arch, n_q, n_kv = "gpt-oss", n_head * head_dim, n_head_kv * head_dim
+    w = _Writer(path, arch, seed, qtype, drop)
+    w.hparams(arch, context_length=n_ctx, embedding_length=n_embd, block_count=n_layer, feed_forward_length=n_ff_exp,
+              attention__head_count=n_head, attention__head_count_kv=n_head_kv, attention__key_length=head_dim,
+              attention__value_length=head_dim, attention__layer_norm_rms_epsilon=1e-5,
+              attention__sliding_window=sliding_window, rope__freq_base=150000.0, rope__dimension_count=head_dim,
+              expert_count=n_expert, expert_used_count=n_expert_used, expert_feed_forward_length=n_ff_exp)
+    w.rope(arch, {"type": "yarn", "factor": 4.0, "original_context_length": 32} if rope_scaling is None
+           else rope_scaling, None)
+    (vocab.resized(n_vocab) if vocab else spm_vocab(n_vocab)).write_to(w)
+    w.matrix("token_embd.weight", n_vocab, n_embd, std=1.0)
+    w.vector("output_norm.weight", n_embd, 1.0)
+    w.matrix("output.weight", n_vocab, n_embd, std=3 / np.sqrt(n_embd) if output_std is None else output_std)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        w.vector(p + "attn_norm.weight", n_embd, 1.0)
+        w.attention(p, n_embd, n_q, n_kv, biases=True)
+        w.vector(p + "attn_output.bias", n_embd)
+        w.vector(p + "attn_sinks.weight", n_head, spread=1.0)
+        w.vector(p + "post_attention_norm.weight", n_embd, 1.0)
+        w.experts(p, n_embd, n_ff_exp, n_expert, biases=True)
+    _finish(w)
+    return path
+
+
+def write_olmo2(path, n_vocab: int = 64, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2, n_ff: int = 96,
+                n_layer: int = 4, n_ctx: int = 128, sliding_window: int = 0, rope_scaling: Mapping | None = None,
+                qtype=None, seed: int = 0, vocab: Vocab | None = None, output_std: float | None = None, drop=()):
+    """An OLMo 2 file (no pre-norms; q/k norms over the whole projection; post-attention and post-FFN norms;
+    rope NEOX base 500000; separate output); with a sliding window an OLMo 3 one: the window on every layer but
+    each 4th, written as the converter writes it (one bool per layer), and `rope_scaling` (OLMo 3: YaRN) for
+    the global layers."""
+    arch, hd = "olmo2", n_embd // n_head
+    w = _Writer(path, arch, seed, qtype, drop)
+    w.hparams(arch, context_length=n_ctx, embedding_length=n_embd, block_count=n_layer, feed_forward_length=n_ff,
+              attention__head_count=n_head, attention__head_count_kv=n_head_kv, attention__layer_norm_rms_epsilon=1e-6,
+              rope__freq_base=500000.0)
+    if sliding_window:
+        w.hparams(arch, attention__sliding_window=sliding_window,
+                  attention__sliding_window_pattern=[(i + 1) % 4 != 0 for i in range(n_layer)])
+    w.rope(arch, rope_scaling, None)
+    (vocab.resized(n_vocab) if vocab else spm_vocab(n_vocab)).write_to(w)
+    w.matrix("token_embd.weight", n_vocab, n_embd, std=1.0)
+    w.vector("output_norm.weight", n_embd, 1.0)
+    w.matrix("output.weight", n_vocab, n_embd, std=3 / np.sqrt(n_embd) if output_std is None else output_std)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        w.attention(p, n_embd, n_embd, n_head_kv * hd)
+        for norm, n in (("attn_q_norm", n_embd), ("attn_k_norm", n_head_kv * hd), ("post_attention_norm", n_embd),
+                        ("post_ffw_norm", n_embd)):
+            w.vector(p + norm + ".weight", n, 1.0)
+        w.ffn(p, n_embd, n_ff)
+    _finish(w)
+    return path
 
 
 # SmolLM-135M's shapes: a llama model of realistic size for benchmarks (134 M parameters, tied output).

@@ -19,7 +19,8 @@ from gguf import GGMLQuantizationType as Q
 
 from pyggml.models.gguf_file import GGUFFile
 from pyggml.testing.agreement import F32_BOUND
-from pyggml.testing.synthetic import llama3_rope_freqs
+from pyggml.testing.synthetic import (llama3_rope_freqs, write_gpt_oss, write_mixtral, write_olmo2, write_qwen2moe,
+                                      write_qwen3moe)
 
 from tests.support.tiny_models import (bpe_vocab, gemma3_vocab, write_gemma3, write_gpt2, write_granite, write_llama,
                                       write_qwen3, write_smollm3)
@@ -139,6 +140,52 @@ CASES = [
          notes="rope.scaling.type yarn, factor 4 over an original context of 32"),
     Case("qwen2-q8_0-yarn", partial(write_llama, **QWEN2_YARN, qtype=Q.Q8_0, seed=17), quantized=True, n_vocab=128,
          n_tokens=64, n_ctx=64),
+]
+# Mixture-of-experts models: quantized as llama.cpp's mixes leave them (the router F32; gpt-oss's experts MXFP4)
+MOE_K_MIX = {"ffn_gate_inp": None, "ffn_down_exps": Q.Q6_K, "attn_v": Q.Q6_K, "output": Q.Q6_K, "*": Q.Q4_K}
+GPT_OSS_MIX = {"ffn_gate_inp": None, "_exps": Q.MXFP4, "*": Q.Q8_0}
+CASES += [
+    Case("mixtral-f32-spm", partial(write_mixtral, vocab=_spm(256), n_vocab=256, n_embd=64, n_ff=96, n_ctx=N_CTX,
+                                    seed=25),
+         bos=GEMMA_BOS, n_vocab=256, notes="llama with 8 experts of which 2 are used, GQA 8/2"),
+    Case("mixtral-k-quants", partial(write_mixtral, vocab=_spm(256), n_vocab=256, n_embd=256, n_ff=256,
+                                     n_ctx=N_CTX, qtype=MOE_K_MIX, seed=26),
+         quantized=True, bos=GEMMA_BOS, n_vocab=256, notes="Q4_K experts, Q6_K down experts, F32 router"),
+    Case("qwen3moe-f32-bpe", partial(write_qwen3moe, vocab=bpe_vocab("qwen2"), n_vocab=BPE_N, n_ff=96, n_ctx=N_CTX,
+                                     seed=27),
+         bos=BPE_BOS, n_vocab=BPE_N, notes="16 experts of 32, 4 used, head_dim 32, GQA 4/1, q/k norms"),
+    Case("qwen3moe-q8_0", partial(write_qwen3moe, vocab=bpe_vocab("qwen2"), n_vocab=BPE_N, n_ff=96, n_ctx=N_CTX,
+                                  qtype={"ffn_gate_inp": None, "*": Q.Q8_0}, seed=28),
+         quantized=True, bos=BPE_BOS, n_vocab=BPE_N),
+    Case("qwen3moe-q4_k_m", partial(write_qwen3moe, vocab=bpe_vocab("qwen2"), n_vocab=BPE_N, n_embd=256, head_dim=64,
+                                    n_ff=512, n_ff_exp=256, n_ctx=N_CTX, qtype=MOE_K_MIX, seed=37),
+         quantized=True, bos=BPE_BOS, n_vocab=BPE_N, notes="Q4_K experts, Q6_K down experts, F32 router"),
+    Case("gpt-oss-f32-bpe", partial(write_gpt_oss, vocab=bpe_vocab("default"), n_vocab=BPE_N, n_ctx=N_CTX, seed=29),
+         bos=BPE_BOS, n_vocab=BPE_N, notes="sinks, window 8 on even layers, YaRN 4x over 32, biases, GQA 8/1"),
+    Case("gpt-oss-mxfp4", partial(write_gpt_oss, vocab=bpe_vocab("default"), n_vocab=BPE_N, n_ctx=N_CTX,
+                                  qtype=GPT_OSS_MIX, seed=30),
+         quantized=True, bos=BPE_BOS, n_vocab=BPE_N, notes="MXFP4 experts, Q8_0 attention and embeddings"),
+    Case("qwen2moe-f32-bpe", partial(write_qwen2moe, vocab=bpe_vocab("qwen2"), n_vocab=BPE_N, n_ctx=N_CTX, seed=34),
+         bos=BPE_BOS, n_vocab=BPE_N, notes="8 experts of 32, 4 used, a shared expert of 128 gated by a sigmoid"),
+    Case("qwen2moe-q4_0", partial(write_qwen2moe, vocab=bpe_vocab("qwen2"), n_vocab=BPE_N, n_ctx=N_CTX,
+                                  qtype={"ffn_gate_inp": None, "*": Q.Q4_0}, seed=35),
+         quantized=True, bos=BPE_BOS, n_vocab=BPE_N),
+    Case("granitemoe-f32-shared", partial(write_granite, arch="granitemoe", vocab=bpe_vocab("default"), n_vocab=BPE_N,
+                                          n_ff=64, n_expert=8, n_expert_used=2, n_ff_shexp=96, n_ctx=N_CTX,
+                                          output_std=1.0, seed=36),
+         bos=BPE_BOS, n_vocab=BPE_N, notes="granite's scales, 8 experts of 64 with 2 used, a shared expert"),
+    Case("granitemoe-q8_0", partial(write_granite, arch="granitemoe", vocab=bpe_vocab("default"), n_vocab=BPE_N,
+                                    n_ff=64, n_expert=8, n_expert_used=2, n_ff_shexp=96, n_ctx=N_CTX, output_std=1.0,
+                                    qtype={"ffn_gate_inp": None, "*": Q.Q8_0}, seed=38),
+         quantized=True, bos=BPE_BOS, n_vocab=BPE_N),
+    Case("olmo2-f32-spm", partial(write_olmo2, vocab=_spm(256), n_vocab=256, n_ctx=N_CTX, seed=31),
+         bos=GEMMA_BOS, n_vocab=256, notes="no pre-norms, q/k norms over the projection, post-norms, GQA 4/2"),
+    Case("olmo3-f32-swa-yarn", partial(write_olmo2, vocab=_spm(256), n_vocab=256, n_ctx=N_CTX, sliding_window=8,
+                                       rope_scaling={"type": "yarn", "factor": 4.0, "original_context_length": 16},
+                                       seed=32),
+         bos=GEMMA_BOS, n_vocab=256, n_tokens=48, notes="window 8 on 3 layers of 4, YaRN on the global one"),
+    Case("olmo2-q4_k_m", partial(write_olmo2, vocab=_spm(256), n_vocab=256, n_embd=256, n_ff=512, n_ctx=N_CTX,
+                                 qtype=Q4_K_M_LIKE, seed=33), quantized=True, bos=GEMMA_BOS, n_vocab=256),
 ]
 BY_NAME = {c.name: c for c in CASES}
 

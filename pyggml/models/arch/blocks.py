@@ -144,11 +144,13 @@ class Rope:
 
 
 def attention(step: Step, kv, il: int, q: Tensor, k: Tensor, v: Tensor, kq_scale: float,
-              window: int | None = None) -> Tensor:
+              window: int | None = None, sinks: Tensor | None = None) -> Tensor:
     """Store k, v for this step in the cache and attend q over cells [0, n_kv): softmax(scale·qkᵀ + mask)·v.
 
     q is [head_dim, n_head, n_tokens], k and v [head_dim, n_head_kv, n_tokens]; the result is
     [head_dim·n_head, n_tokens]. Query head h reads KV head h // (n_head / n_head_kv) (mul_mat broadcasting).
+    `sinks` (F32 [n_head], gpt-oss) are logits of one more key per head that joins each softmax's
+    denominator and reads no value.
     """
     ctx = step.ctx
     kv.store(step, il, k, v)
@@ -156,6 +158,8 @@ def attention(step: Step, kv, il: int, q: Tensor, k: Tensor, v: Tensor, kq_scale
     q = ops.permute(ctx, q, 0, 2, 1, 3)                       # [head_dim, n_tokens, n_head]
     kq = ops.mul_mat(ctx, k_all, q)                           # [n_kv, n_tokens, n_head]
     kq = ops.soft_max_ext(ctx, kq, step.mask(window), kq_scale, 0.0)
+    if sinks is not None:
+        ops.soft_max_add_sinks(kq, sinks)
     kqv = ops.mul_mat(ctx, v_all, kq)                         # [head_dim, n_tokens, n_head]
     out = ops.permute(ctx, kqv, 0, 2, 1, 3)                   # [head_dim, n_head, n_tokens]
     return ops.cont_2d(ctx, out, q.ne[0] * q.ne[2], step.n_tokens)
@@ -263,10 +267,19 @@ class Decoder:
         return values[0]
 
     def projections(self, w, il: int) -> dict:
-        """Layer il's attention and gated-FFN matrices by their field names (shapes checked)."""
-        e, q, kv, f, p = self.n_embd, self.head_dim * self.n_head, self.n_embd_k_gqa, self.n_ff_arr[il], f"blk.{il}."
-        return dict(attn_norm=w.get(p + "attn_norm.weight", (e,)), wq=w.get(p + "attn_q.weight", (e, q)),
-                    wk=w.get(p + "attn_k.weight", (e, kv)), wv=w.get(p + "attn_v.weight", (e, kv)),
-                    wo=w.get(p + "attn_output.weight", (q, e)), ffn_norm=w.get(p + "ffn_norm.weight", (e,)),
-                    ffn_gate=w.get(p + "ffn_gate.weight", (e, f)), ffn_up=w.get(p + "ffn_up.weight", (e, f)),
+        """Layer il's attention and gated-FFN matrices and their pre-norms by their field names (shapes checked)."""
+        e, p = self.n_embd, f"blk.{il}."
+        return dict(attn_norm=w.get(p + "attn_norm.weight", (e,)), **self.attention_projections(w, il),
+                    ffn_norm=w.get(p + "ffn_norm.weight", (e,)), **self.ffn_projections(w, il))
+
+    def attention_projections(self, w, il: int) -> dict:
+        """Layer il's q, k, v and output matrices."""
+        e, q, kv, p = self.n_embd, self.head_dim * self.n_head, self.n_embd_k_gqa, f"blk.{il}."
+        return dict(wq=w.get(p + "attn_q.weight", (e, q)), wk=w.get(p + "attn_k.weight", (e, kv)),
+                    wv=w.get(p + "attn_v.weight", (e, kv)), wo=w.get(p + "attn_output.weight", (q, e)))
+
+    def ffn_projections(self, w, il: int) -> dict:
+        """Layer il's gate, up and down matrices."""
+        e, f, p = self.n_embd, self.n_ff_arr[il], f"blk.{il}."
+        return dict(ffn_gate=w.get(p + "ffn_gate.weight", (e, f)), ffn_up=w.get(p + "ffn_up.weight", (e, f)),
                     ffn_down=w.get(p + "ffn_down.weight", (f, e)))

@@ -1,6 +1,8 @@
-"""IBM Granite 3.x dense (llama.cpp's llm_build_granite): the llama layout with four scales from the file:
+"""IBM Granite 3.x (llama.cpp's llm_build_granite): the llama layout with four scales from the file:
 `embedding_scale` on the token embeddings, `attention.scale` as the softmax scale, `residual_scale` on each
-branch before it joins the residual stream, logits divided by `logit_scale` (required); optional FFN biases."""
+branch before it joins the residual stream, logits divided by `logit_scale` (required); optional FFN biases.
+A file with `expert_count` > 0 has experts instead (softmax, weights normalised); `granitemoe` files may add a
+shared expert (`expert_shared_feed_forward_length` wide) to them."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from pyggml.core import Tensor
 from pyggml.core import ops
 from pyggml.models.arch.blocks import Step, hparam, linear
 from pyggml.models.arch.llama import Llama, LlamaLayer
+from pyggml.models.arch.moe import Experts, SharedExpert
 
 
 @dataclass
@@ -46,6 +49,8 @@ class Granite(Llama):
         return ops.scale(step.ctx, branch, self.residual_scale) if self.residual_scale else branch
 
     def ffn(self, step: Step, layer, cur: Tensor) -> Tensor:
+        if layer.moe is not None:
+            return super().ffn(step, layer, cur)
         ctx = step.ctx
         gated = ops.swiglu_split(ctx, linear(ctx, layer.ffn_gate, cur, layer.ffn_gate_b),
                                  linear(ctx, layer.ffn_up, cur, layer.ffn_up_b))
@@ -53,3 +58,15 @@ class Granite(Llama):
 
     def logits(self, step: Step, x: Tensor) -> Tensor:
         return ops.scale(step.ctx, super().logits(step, x), 1.0 / self.logit_scale)
+
+
+class GraniteMoE(Granite):
+    def __init__(self, gguf, w):
+        self.n_ff_shexp = hparam(gguf, "expert_shared_feed_forward_length", 0)
+        super().__init__(gguf, w)
+
+    def experts(self, w, i: int) -> Experts:
+        experts = super().experts(w, i)
+        if self.n_ff_shexp:
+            experts.shared = SharedExpert.load(w, i, self.n_embd, self.n_ff_shexp)
+        return experts

