@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -51,7 +52,8 @@ def check_agreement(case, got: dict, yardstick: dict | None) -> None:
 
 def test_cases_cover_the_architectures_vocabularies_and_types():
     names = " ".join(c.name for c in CASES)
-    for part in ("llama", "qwen2", "gemma3", "gpt2", "spm", "bpe", "tied", "f32", "q4_0", "q4_1", "q8_0", "k-quants"):
+    for part in ("llama", "qwen2", "gemma2", "gemma3", "gpt2", "phi3", "spm", "bpe", "tied", "f32", "q4_0", "q4_1",
+                 "q8_0", "k-quants"):
         assert part in names
     assert len(SUMMARY["cases"]) == len(CASES)
 
@@ -66,6 +68,25 @@ def test_logits_agree_with_committed_llamacpp_logits(tmp_path, refs, case):
     assert tokens.tolist() == case.tokens()
     check_agreement(case, agreement(refs[f"{case.name}/logits"], pyggml_logits(case, path, tokens)),
                     entry.get("yardstick"))
+
+
+# A case's file with one key or tensor changed or left out, and the least mean KLD from the case's committed
+# llama.cpp logits that pyggml then shows: what the case checks moves the logits far beyond its bound.
+CHANGED = [
+    ("llama31-f32-rope-freqs", dict(drop=("rope_freqs.weight",)), 1e-2),   # Llama 3.1's frequency factors
+    ("qwen2-f32-yarn", dict(drop=("qwen2.rope.scaling.type",)), 1e-2),      # YaRN read as linear scaling
+    ("gemma2-f32-spm", dict(attn_softcap=1e4, final_softcap=1e4), 1e-3),   # llama.cpp's default soft-caps
+    ("gemma2-f32-caps-keys", dict(attn_softcap=None), 1e-2),               # the file's attention soft-cap
+    ("gemma2-f32-caps-keys", dict(swa_pattern=None), 1e-2),                # the file's sliding-window layers
+]
+
+
+@pytest.mark.parametrize("name, change, least", CHANGED, ids=[f"{n}-{'-'.join(c)}" for n, c, _ in CHANGED])
+def test_what_a_case_checks_moves_its_logits(tmp_path, refs, name, change, least):
+    case = BY_NAME[name]
+    path = partial(case.write, **change)(tmp_path / "changed.gguf")
+    got = agreement(refs[f"{name}/logits"], pyggml_logits(case, path, refs[f"{name}/tokens"]))
+    assert got["kld_mean"] > least
 
 
 @pytest.mark.peer

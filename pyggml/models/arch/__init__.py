@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 from pyggml.errors import GGUFError
+from pyggml.models.arch.gemma2 import Gemma2
 from pyggml.models.arch.gemma3 import Gemma3
 from pyggml.models.arch.gpt2 import GPT2
 from pyggml.models.arch.granite import Granite
 from pyggml.models.arch.llama import Llama
+from pyggml.models.arch.phi3 import Phi3
 from pyggml.models.arch.qwen3 import Qwen3
 from pyggml.models.arch.smollm3 import SmolLM3
 
 # llama.cpp's names (llm_arch_from_string); Mistral's files are `llama` (llama.cpp has no `mistral` architecture)
 ARCHITECTURES = {"gemma3": Gemma3, "llama": Llama, "qwen2": Llama, "gpt2": GPT2, "qwen3": Qwen3, "smollm3": SmolLM3,
-                 "granite": Granite}
+                 "granite": Granite,
+                 "gemma2": Gemma2, "phi3": Phi3}
 
 
 def architecture_of(gguf):
