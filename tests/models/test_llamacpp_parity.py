@@ -119,3 +119,20 @@ def test_kld_benchmark_measures_all_positions_and_second_halves(tmp_path):
     results = out["results"]["pyggml"]
     assert results["all"]["n"] == 2 * 63 and results["second_half"]["n"] == 2 * 31
     assert results["all"]["ppl_ref"] > 1 and results["all"]["ppl_other"] > 1
+
+
+def test_architecture_table_rows_from_the_committed_logits(tmp_path, refs):
+    """benchmarks/arch_kld_table.py's row of a quantized case: its matrix types, the mean KLD the parity test
+    measures, the committed yardstick and the ratio to it."""
+    from argparse import Namespace
+
+    from benchmarks import arch_kld_table as table
+
+    case = BY_NAME["gemma2-q4_k_m"]
+    row = table.measure(case, write_case(case, tmp_path), Namespace(live=False), refs, SUMMARY)
+    assert (row["arch"], row["positions"], set(row["weights"].split(", "))) == ("gemma2", 32,
+                                                                                 {"Q5_0", "Q8_0", "Q4_K", "Q6_K"})
+    assert row["yardstick"] == SUMMARY["cases"][case.name]["yardstick"]
+    line = table.markdown([row]).splitlines()[-1]
+    ratio = row["pyggml"]["kld_mean"] / row["yardstick"]["kld_mean"]
+    assert line.startswith("| gemma2-q4_k_m |") and f"| {ratio:.3f} |" in line
