@@ -123,7 +123,8 @@ def llama_log_facts(log: str) -> dict:
             if len(contexts) > 1 and re.search(r"n_outputs_max\s*=\s*1\n", contexts[1]) else None,
             "kv_type": setting(r"K \((\w+)\)").upper(), "outputs_reserved": setting(r"n_outputs_max\s*=\s*(\d+)"),
             "flash_attn": setting(r"flash_attn\s*=\s*(\w+)"),
-            "weights_kind": "quantized, repacked (CPU_REPACK)" if "CPU_REPACK model buffer size" in log else "as in the file"}
+            "weights_kind": ("quantized, repacked (CPU_REPACK)" if "CPU_REPACK model buffer size" in log
+                             else "as in the file")}
 
 
 def write_synthetic(qtype: str, directory: str) -> str:
@@ -139,11 +140,12 @@ def write_synthetic(qtype: str, directory: str) -> str:
 
 
 def _side(python: str, side: str, args) -> dict:
-    cmd = [python, "-m", "benchmarks.generate_vs_llamacpp", "--side", side, "--model", args.model, "--ctx", str(args.ctx),
-           "--batch", str(args.batch), "--threads", str(args.threads), "-n", str(args.n),
+    cmd = [python, "-m", "benchmarks.generate_vs_llamacpp", "--side", side, "--model", args.model,
+           "--ctx", str(args.ctx), "--batch", str(args.batch), "--threads", str(args.threads), "-n", str(args.n),
            "--prompt-tokens", str(args.prompt_tokens), "--warmup", str(args.warmup), "--weights", args.weights]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads),
-               MKL_NUM_THREADS=str(args.threads), PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+               MKL_NUM_THREADS=str(args.threads),
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
     if done.returncode != 0:
         raise SystemExit(f"{side} side failed:\n{done.stderr[-4000:]}")

@@ -5,7 +5,6 @@ import sys
 import pytest
 
 from pyggml.cli.main import main
-from pyggml.models.arch import ARCHITECTURES
 
 from tests.support.tiny_models import write_llama
 
@@ -91,4 +90,5 @@ def test_generate_names_the_supported_architectures_for_another(tmp_path, capsys
     w.close()
     assert main(["generate", "x", "--model", str(path)]) == 2
     err = capsys.readouterr().err
+    from pyggml.models.arch import ARCHITECTURES
     assert f"architecture 'mistral' is not supported (supported: {', '.join(sorted(ARCHITECTURES))})" in err
