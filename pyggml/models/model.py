@@ -78,6 +78,7 @@ class Model:
         self.weights = load_weights(gguf, backend, weights=weights, progress=progress,
                                     elsewhere_prefixes=remote_prefixes(placement) if placement else ())
         self.arch = arch_class(gguf, self.weights)
+        self.weights.check_all_asked()
         self.n_ctx, self.n_batch = n_ctx, min(n_batch, n_ctx)
         a = self.arch
         self.kv = KVCache(backend, a.n_layer, a.n_head_kv, a.n_embd_k_gqa, a.n_embd_v_gqa, n_ctx, kv_type)
