@@ -5,7 +5,9 @@ import math
 
 import numpy as np
 import pytest
+from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
+from pyggml.errors import GGUFError
 from pyggml.models import load_model
 
 from tests.support.tiny_models import write_gemma2, write_gemma3, write_phi3
@@ -17,6 +19,36 @@ def test_gemma2_defaults_when_the_file_has_no_keys(tmp_path):
     assert (a.n_swa, a.attn_softcap, a.final_softcap, a.swa) == (4096, 50.0, 30.0, [True, False, True, False])
     assert a.rope_local.freq_base == a.rope_global.freq_base == 10000.0
     assert a.output is a.tok_embd and a.attn_scale == pytest.approx(1 / math.sqrt(32))
+
+
+def with_tensor(src, dst, name: str, values: np.ndarray):
+    """dst: src's keys and tensors and one more F32 tensor."""
+    reader = GGUFReader(str(src))
+    w = GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
+    for key, f in reader.fields.items():
+        if not key.startswith("GGUF.") and key != "general.architecture":
+            w.add_key_value(key, f.contents(), f.types[0], f.types[-1] if f.types[0] == GGUFValueType.ARRAY else None)
+    for t in reader.tensors:
+        w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    w.add_tensor(name, values.astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+def test_gemma2_is_always_tied_and_refuses_an_output_matrix(tmp_path):
+    """llama.cpp's gemma2 creates no output.weight (it refuses a file with one); gemma3 uses one if present."""
+    for arch, write in (("gemma2", write_gemma2), ("gemma3", write_gemma3)):
+        path = with_tensor(write(tmp_path / f"{arch}.gguf"), tmp_path / f"{arch}-untied.gguf", "output.weight",
+                           np.zeros((64, 64)))
+        if arch == "gemma2":
+            with pytest.raises(GGUFError, match="1 tensor.*'gemma2' does not use.*: output.weight"):
+                load_model(path, n_ctx=16)
+        else:
+            a = load_model(path, n_ctx=16).arch
+            assert a.output is not a.tok_embd and a.output.name == "output.weight"
 
 
 def test_gemma2_keys_from_the_file(tmp_path):

@@ -270,7 +270,12 @@ class Decoder:
         self.tok_embd = w.get("token_embd.weight", (self.n_embd, None))
         self.n_vocab = self.tok_embd.ne[1]
         self.output_norm = w.get("output_norm.weight", (self.n_embd,))
-        self.output = w.optional("output.weight", (self.n_embd, self.n_vocab)) or self.tok_embd
+        self.output = self.output_matrix(w)
+
+    def output_matrix(self, w) -> Tensor:
+        """output.weight, or the token embeddings when the file ties them (an architecture that always ties
+        does not look output.weight up, so a file holding one is refused as llama.cpp refuses it)."""
+        return w.optional("output.weight", (self.n_embd, self.n_vocab)) or self.tok_embd
 
     @staticmethod
     def uniform(gguf, key: str, values: list):

@@ -51,15 +51,16 @@ class Gemma2(Decoder):
 
     def read_hparams(self, gguf, w) -> None:
         """The sliding window and its layers, the local layers' RoPE (base `rope.freq_base_swa`, else the global
-        one, at the file's scale), the soft-caps; the output is always the token embeddings (llama.cpp creates
-        no output.weight for gemma2)."""
+        one, at the file's scale), the soft-caps."""
         self.n_swa = hparam(gguf, "attention.sliding_window", SLIDING_WINDOW)
         self.swa = swa_layers(gguf, self.n_layer, SWA_PATTERN)
         self.rope_local = Rope.from_gguf(gguf, w, self.n_rot, ROPE_NEOX,
                                          hparam(gguf, "rope.freq_base_swa", self.rope_global.freq_base))
         self.attn_softcap = hparam(gguf, "attn_logit_softcapping", ATTN_SOFTCAP)
         self.final_softcap = hparam(gguf, "final_logit_softcapping", FINAL_SOFTCAP)
-        self.output = self.tok_embd
+
+    def output_matrix(self, w) -> Tensor:
+        return self.tok_embd  # always tied: llama.cpp's gemma2 creates no output.weight
 
     def new_layer(self, w, i: int) -> Gemma2Layer:
         e = (self.n_embd,)

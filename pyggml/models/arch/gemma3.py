@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pyggml.core import Tensor
-from pyggml.models.arch.blocks import ROPE_NEOX, Rope, Step, hparam, rms_norm, swa_layers
+from pyggml.models.arch.blocks import ROPE_NEOX, Decoder, Rope, Step, hparam, rms_norm, swa_layers
 from pyggml.models.arch.gemma2 import Gemma2, Gemma2Layer
 
 SWA_PATTERN = 6           # by default layer il uses the sliding window unless il % 6 == 5 (llama.cpp's)
@@ -23,6 +23,7 @@ class Gemma3Layer(Gemma2Layer):
 
 class Gemma3(Gemma2):
     N_LAYER_27B = 62
+    output_matrix = Decoder.output_matrix   # output.weight when the file has one
 
     def read_hparams(self, gguf, w) -> None:
         self.n_swa = hparam(gguf, "attention.sliding_window", 0)
