@@ -40,6 +40,7 @@ class Weights:
         self.gguf = gguf
         self.tensors = tensors
         self.buffers = buffers
+        self.asked: set[str] = set()   # the names an architecture looked up (see check_all_asked)
 
     @property
     def nbytes(self) -> int:
@@ -64,12 +65,24 @@ class Weights:
 
     def optional(self, name: str, ne: tuple | None = None) -> Tensor | None:
         """The tensor or None; `ne` (None entries match any size) is checked when the tensor exists."""
+        self.asked.add(name)
         t = self.tensors.get(name)
         if t is not None and ne is not None:
             want = list(ne) + [1] * (4 - len(ne))
             if any(w is not None and w != have for w, have in zip(want, t.ne)):
                 raise GGUFError(f"{self.gguf.path}: tensor '{name}' has shape {t.ne[:len(ne)]}, expected {list(ne)}")
         return t
+
+
+    def check_all_asked(self) -> None:
+        """Refuse a file holding tensors the architecture never looked up, as llama.cpp refuses one holding
+        tensors its architecture does not create ("wrong number of tensors"): a weight the graph would
+        leave out (a bias, frequency factors) must not be ignored silently."""
+        extra = sorted(set(self.tensors) - self.asked)
+        if extra:
+            shown = ", ".join(extra[:6]) + (f" and {len(extra) - 6} more" if len(extra) > 6 else "")
+            raise GGUFError(f"{self.gguf.path}: {len(extra)} tensor(s) that pyggml's '{self.gguf.architecture}' "
+                            f"does not use (llama.cpp refuses such a file too): {shown}")
 
 
 def load_weights(gguf: GGUFFile, backend, weights: str = "quantized", progress: bool | None = None,

@@ -80,6 +80,7 @@ class Model:
         self.weights = load_weights(gguf, backend, weights=weights, progress=progress,
                                     elsewhere_prefixes=remote_prefixes(placement) if placement else ())
         self.arch = arch_class(gguf, self.weights)
+        self.weights.check_all_asked()
         self.n_ctx, self.n_batch = n_ctx, min(n_batch, n_ctx)
         if self.arch.encoder:  # an embedding model (Model.embed): no KV cache, no step graphs to reserve
             if placement:

@@ -2,7 +2,8 @@
 
 The same files serve the tests (small models against NumPy and llama.cpp) and the benchmarks (a
 realistic-size llama model, an F32 copy of a quantized model): one writer per architecture pyggml
-supports (llama / qwen2, gemma3, gpt2) with the keys and tensor names llama.cpp expects.
+supports (llama / qwen2 / qwen3 / smollm3 / granite, gemma2, gemma3, phi3, gpt2) with the keys and tensor
+names llama.cpp expects.
 
 Weights are quantized with `gguf.quants` where it can (F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0); for
 the types it can only read (Q2_K..Q6_K, IQ4_NL, IQ4_XS) the blocks themselves are drawn at random:
@@ -168,12 +169,15 @@ class _Writer(GGUFWriter):
     def matrix(self, name: str, n_out: int, n_in: int, std: float | None = None, n_expert: int = 0) -> None:
         """A weight in the file's type for `name` (F32 for types whose blocks do not fit its rows); with n_expert
         a 3-D stack of that many matrices (ggml [n_in, n_out, n_expert], the experts of a MoE layer)."""
+        values, raw_type = self.draw(name, max(n_expert, 1) * n_out, n_in, std)
+        self.add_tensor(name, values.reshape(n_expert, n_out, -1) if n_expert else values, raw_dtype=raw_type)
+
+    def draw(self, name: str, n_out: int, n_in: int, std: float | None = None) -> tuple:
+        """(array, raw type) of the weight `matrix` writes: rows that may also be written apart."""
         qtype = _type_of(self.qtype, name)
         if qtype is not None and n_in % GGML_QUANT_SIZES[qtype][0]:
             qtype = None
-        values, raw_type = random_weight(self.rng, max(n_expert, 1) * n_out, n_in, qtype,
-                                         1 / np.sqrt(n_in) if std is None else std)
-        self.add_tensor(name, values.reshape(n_expert, n_out, -1) if n_expert else values, raw_dtype=raw_type)
+        return random_weight(self.rng, n_out, n_in, qtype, 1 / np.sqrt(n_in) if std is None else std)
 
     def attention(self, p: str, n_embd: int, n_q: int, n_kv: int, biases: bool = False) -> None:
         """Layer p's attn_{q,k,v,output} matrices (q n_q wide, k and v n_kv), with q, k, v biases if asked."""
@@ -436,23 +440,46 @@ def write_gemma3(path, n_vocab: int = 64, n_embd: int = 64, n_head: int = 3, n_h
     """A Gemma 3 file: q/k norms, pre- and post-norms, tied output, rope NEOX, head_dim independent of
     n_embd / n_head, and (with n_layer >= 6) sliding-window layers next to a global one; `swa_pattern`
     (a period or one bool per layer) and `freq_base_swa` write those keys."""
-    w = _Writer(path, "gemma3", seed, qtype)
-    w.hparams("gemma3", context_length=n_ctx, embedding_length=n_embd, block_count=n_layer, feed_forward_length=n_ff,
+    keys = dict(attention__sliding_window=sliding_window, rope__freq_base=1000000.0,
+                attention__sliding_window_pattern=swa_pattern, rope__freq_base_swa=freq_base_swa)
+    return _write_gemma(path, "gemma3", keys, n_vocab, n_embd, n_head, n_head_kv, head_dim, n_ff, n_layer, n_ctx,
+                        qtype, seed, vocab, embd_std)
+
+
+def write_gemma2(path, n_vocab: int = 64, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2, head_dim: int = 32,
+                 n_ff: int = 128, n_layer: int = 4, n_ctx: int = 128, sliding_window: int | None = 16, qtype=None,
+                 seed: int = 0, vocab: Vocab | None = None, embd_std: float | None = None, swa_pattern=None,
+                 freq_base_swa: float | None = None, attn_softcap: float | None = 50.0,
+                 final_softcap: float | None = 30.0):
+    """A Gemma 2 file (Gemma 2 2B's layout scaled down: GQA 2:1, head_dim independent of n_embd / n_head,
+    tied output, no q/k norms): the soft-caps (None: left out, llama.cpp's defaults 50 and 30 apply), the
+    sliding window (None: left out, 4096 applies) on every other layer unless `swa_pattern` says, and
+    `freq_base_swa` as keys."""
+    keys = dict(attention__sliding_window=sliding_window, attn_logit_softcapping=attn_softcap,
+                final_logit_softcapping=final_softcap, attention__sliding_window_pattern=swa_pattern,
+                rope__freq_base_swa=freq_base_swa)
+    return _write_gemma(path, "gemma2", keys, n_vocab, n_embd, n_head, n_head_kv, head_dim, n_ff, n_layer, n_ctx,
+                        qtype, seed, vocab, embd_std)
+
+
+def _write_gemma(path, arch, keys, n_vocab, n_embd, n_head, n_head_kv, head_dim, n_ff, n_layer, n_ctx, qtype, seed,
+                 vocab, embd_std):
+    """Gemma 2 and 3's layout (Gemma 3 adds per-head q/k norms); `keys` left out where None."""
+    w = _Writer(path, arch, seed, qtype)
+    w.hparams(arch, context_length=n_ctx, embedding_length=n_embd, block_count=n_layer, feed_forward_length=n_ff,
               attention__head_count=n_head, attention__head_count_kv=n_head_kv, attention__key_length=head_dim,
-              attention__value_length=head_dim, attention__layer_norm_rms_epsilon=1e-6,
-              attention__sliding_window=sliding_window, rope__freq_base=1000000.0)
-    if swa_pattern is not None:
-        w.hparams("gemma3", attention__sliding_window_pattern=swa_pattern)
-    if freq_base_swa is not None:
-        w.hparams("gemma3", rope__freq_base_swa=freq_base_swa)
+              attention__value_length=head_dim, attention__layer_norm_rms_epsilon=1e-6)
+    w.hparams(arch, **{k: v for k, v in keys.items() if v is not None})
     (vocab.resized(n_vocab) if vocab else spm_vocab(n_vocab)).write_to(w)
     embd_std = 3 / np.sqrt(n_embd) if embd_std is None else embd_std        # tied output: logits of spread ~3
     w.matrix("token_embd.weight", n_vocab, n_embd, std=embd_std)
     w.vector("output_norm.weight", n_embd, 1.0)
+    qk_norms = [("attn_q_norm", head_dim), ("attn_k_norm", head_dim)] if arch == "gemma3" else []
+    norms = [("attn_norm", n_embd), *qk_norms, ("post_attention_norm", n_embd), ("ffn_norm", n_embd),
+             ("post_ffw_norm", n_embd)]
     for i in range(n_layer):
         p = f"blk.{i}."
-        for norm, n in (("attn_norm", n_embd), ("attn_q_norm", head_dim), ("attn_k_norm", head_dim),
-                        ("post_attention_norm", n_embd), ("ffn_norm", n_embd), ("post_ffw_norm", n_embd)):
+        for norm, n in norms:
             w.vector(p + norm + ".weight", n, 1.0)
         w.matrix(p + "attn_q.weight", n_head * head_dim, n_embd)
         w.matrix(p + "attn_k.weight", n_head_kv * head_dim, n_embd)
@@ -460,6 +487,57 @@ def write_gemma3(path, n_vocab: int = 64, n_embd: int = 64, n_head: int = 3, n_h
         w.matrix(p + "attn_output.weight", n_embd, n_head * head_dim)
         w.matrix(p + "ffn_gate.weight", n_ff, n_embd)
         w.matrix(p + "ffn_up.weight", n_ff, n_embd)
+        w.matrix(p + "ffn_down.weight", n_embd, n_ff)
+    _finish(w)
+    return path
+
+
+def longrope_factors(n_pairs: int, long_max: float = 40.0) -> dict:
+    """LongRoPE's `rope_factors_short` / `rope_factors_long` shaped like Phi-3-mini-128k's: per pair, short
+    factors rising from 1 to about 2, long ones from 1 to long_max, both faster for the low frequencies."""
+    t = np.linspace(0.0, 1.0, n_pairs) ** 2
+    return {"rope_factors_short": 1.0 + t, "rope_factors_long": long_max ** t}
+
+
+def write_phi3(path, n_vocab: int = 64, n_embd: int = 96, n_head: int = 4, n_head_kv: int = 4, n_ff: int = 128,
+               n_layer: int = 2, n_ctx: int = 256, n_ctx_orig: int | None = None, rope_dims: int | None = None,
+               tied: bool = False, fused_qkv: bool = True, qtype=None, seed: int = 0, vocab: Vocab | None = None,
+               output_std: float | None = None, sliding_window: int = 0):
+    """A Phi-3 file as the converter writes one: attn_qkv (or, fused_qkv False, the same rows as attn_q, attn_k,
+    attn_v), ffn_up holding gate and up (2·n_ff rows), RoPE over rope_dims (default head_dim; Phi-4-mini rotates
+    3/4), `sliding_window` (llama.cpp ignores it). With n_ctx_orig below n_ctx: LongRoPE, i.e.
+    rope.scaling.original_context_length, the short and long factors and rope.scaling.attn_factor
+    sqrt(1 + ln(n_ctx / n_ctx_orig) / ln(n_ctx_orig)) as the converter computes it."""
+    hd = n_embd // n_head
+    n_rot, n_kv = rope_dims or hd, n_head_kv * hd
+    w = _Writer(path, "phi3", seed, qtype)
+    w.hparams("phi3", context_length=n_ctx, embedding_length=n_embd, feed_forward_length=n_ff, block_count=n_layer,
+              attention__head_count=n_head, attention__head_count_kv=n_head_kv,
+              attention__layer_norm_rms_epsilon=1e-5, rope__dimension_count=n_rot, rope__freq_base=10000.0,
+              attention__sliding_window=sliding_window)
+    if n_ctx_orig:
+        attn_factor = float(np.sqrt(1 + np.log(n_ctx / n_ctx_orig) / np.log(n_ctx_orig)))
+        w.rope("phi3", {"original_context_length": n_ctx_orig, "attn_factor": attn_factor},
+               longrope_factors(n_rot // 2))
+    (vocab.resized(n_vocab) if vocab else spm_vocab(n_vocab)).write_to(w)
+    output_std = 3 / np.sqrt(n_embd) if output_std is None else output_std
+    w.matrix("token_embd.weight", n_vocab, n_embd, std=output_std if tied else 1.0)
+    w.vector("output_norm.weight", n_embd, 1.0)
+    if not tied:
+        w.matrix("output.weight", n_vocab, n_embd, std=output_std)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        w.vector(p + "attn_norm.weight", n_embd, 1.0)
+        qkv, raw_type = w.draw(p + "attn_qkv.weight", n_embd + 2 * n_kv, n_embd)
+        if fused_qkv:
+            w.add_tensor(p + "attn_qkv.weight", qkv, raw_dtype=raw_type)
+        else:
+            for name, rows in (("attn_q", slice(0, n_embd)), ("attn_k", slice(n_embd, n_embd + n_kv)),
+                               ("attn_v", slice(n_embd + n_kv, None))):
+                w.add_tensor(f"{p}{name}.weight", qkv[rows], raw_dtype=raw_type)
+        w.matrix(p + "attn_output.weight", n_embd, n_embd)
+        w.vector(p + "ffn_norm.weight", n_embd, 1.0)
+        w.matrix(p + "ffn_up.weight", 2 * n_ff, n_embd)
         w.matrix(p + "ffn_down.weight", n_embd, n_ff)
     _finish(w)
     return path

@@ -13,7 +13,7 @@ from pyggml.models import load_model
 from pyggml.models.gguf_file import GGUFFile
 from pyggml.models.gguf_loader import load_weights
 
-from tests.support.tiny_models import write_llama
+from tests.support.tiny_models import write_gemma3, write_llama
 
 Q8_0 = GGMLQuantizationType.Q8_0
 
@@ -90,6 +90,16 @@ def test_unsupported_architecture_is_refused(tmp_path):
     (tmp_path / "mamba.gguf").write_bytes(data)
     with pytest.raises(GGUFError, match=r"architecture 'mamba' is not supported \(supported: .*llama"):
         load_model(tmp_path / "mamba.gguf")
+
+
+def test_tensors_the_architecture_does_not_use_are_refused(tmp_path):
+    """A Gemma 3 file relabelled gemma2: llama.cpp's gemma2 creates no q/k norms and refuses the file ("wrong
+    number of tensors"); pyggml names the tensors it would otherwise leave out of the graph."""
+    data = write_gemma3(tmp_path / "g3.gguf", n_layer=2).read_bytes().replace(b"gemma3", b"gemma2")
+    (tmp_path / "g2.gguf").write_bytes(data)
+    with pytest.raises(GGUFError, match=r"4 tensor\(s\) that pyggml's 'gemma2' does not use .*: "
+                                        r"blk.0.attn_k_norm.weight, blk.0.attn_q_norm.weight"):
+        load_model(tmp_path / "g2.gguf", n_ctx=16)
 
 
 def test_mistral_is_no_architecture_and_is_not_written(tmp_path):

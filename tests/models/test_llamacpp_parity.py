@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -51,7 +52,8 @@ def check_agreement(case, got: dict, yardstick: dict | None) -> None:
 
 def test_cases_cover_the_architectures_vocabularies_and_types():
     names = " ".join(c.name for c in CASES)
-    for part in ("llama", "qwen2", "gemma3", "gpt2", "spm", "bpe", "tied", "f32", "q4_0", "q4_1", "q8_0", "k-quants"):
+    for part in ("llama", "qwen2", "gemma2", "gemma3", "gpt2", "phi3", "spm", "bpe", "tied", "f32", "q4_0", "q4_1",
+                 "q8_0", "k-quants"):
         assert part in names
     assert len(SUMMARY["cases"]) == len(CASES)
 
@@ -66,6 +68,25 @@ def test_logits_agree_with_committed_llamacpp_logits(tmp_path, refs, case):
     assert tokens.tolist() == case.tokens()
     check_agreement(case, agreement(refs[f"{case.name}/logits"], pyggml_logits(case, path, tokens)),
                     entry.get("yardstick"))
+
+
+# A case's file with one key or tensor changed or left out, and the least mean KLD from the case's committed
+# llama.cpp logits that pyggml then shows: what the case checks moves the logits far beyond its bound.
+CHANGED = [
+    ("llama31-f32-rope-freqs", dict(drop=("rope_freqs.weight",)), 1e-2),   # Llama 3.1's frequency factors
+    ("qwen2-f32-yarn", dict(drop=("qwen2.rope.scaling.type",)), 1e-2),      # YaRN read as linear scaling
+    ("gemma2-f32-spm", dict(attn_softcap=1e4, final_softcap=1e4), 1e-3),   # llama.cpp's default soft-caps
+    ("gemma2-f32-caps-keys", dict(attn_softcap=None), 1e-2),               # the file's attention soft-cap
+    ("gemma2-f32-caps-keys", dict(swa_pattern=None), 1e-2),                # the file's sliding-window layers
+]
+
+
+@pytest.mark.parametrize("name, change, least", CHANGED, ids=[f"{n}-{'-'.join(c)}" for n, c, _ in CHANGED])
+def test_what_a_case_checks_moves_its_logits(tmp_path, refs, name, change, least):
+    case = BY_NAME[name]
+    path = partial(case.write, **change)(tmp_path / "changed.gguf")
+    got = agreement(refs[f"{name}/logits"], pyggml_logits(case, path, refs[f"{name}/tokens"]))
+    assert got["kld_mean"] > least
 
 
 @pytest.mark.peer
@@ -98,3 +119,20 @@ def test_kld_benchmark_measures_all_positions_and_second_halves(tmp_path):
     results = out["results"]["pyggml"]
     assert results["all"]["n"] == 2 * 63 and results["second_half"]["n"] == 2 * 31
     assert results["all"]["ppl_ref"] > 1 and results["all"]["ppl_other"] > 1
+
+
+def test_architecture_table_rows_from_the_committed_logits(tmp_path, refs):
+    """benchmarks/arch_kld_table.py's row of a quantized case: its matrix types, the mean KLD the parity test
+    measures, the committed yardstick and the ratio to it."""
+    from argparse import Namespace
+
+    from benchmarks import arch_kld_table as table
+
+    case = BY_NAME["gemma2-q4_k_m"]
+    row = table.measure(case, write_case(case, tmp_path), Namespace(live=False), refs, SUMMARY)
+    assert (row["arch"], row["positions"], set(row["weights"].split(", "))) == ("gemma2", 32,
+                                                                                 {"Q5_0", "Q8_0", "Q4_K", "Q6_K"})
+    assert row["yardstick"] == SUMMARY["cases"][case.name]["yardstick"]
+    line = table.markdown([row]).splitlines()[-1]
+    ratio = row["pyggml"]["kld_mean"] / row["yardstick"]["kld_mean"]
+    assert line.startswith("| gemma2-q4_k_m |") and f"| {ratio:.3f} |" in line

@@ -53,13 +53,17 @@ def test_an_unknown_scaling_type_is_refused(tmp_path):
         rope_of(tmp_path, rope_scaling={"type": "ntk"})
 
 
-def test_llama3_freq_factors_win_and_longrope_chooses_by_context(tmp_path):
+def test_llama3_freq_factors_win_and_longrope_chooses_by_the_padded_context(tmp_path):
     freqs, long, short = object(), object(), object()
     r = rope_of(tmp_path, Tensors(rope_freqs=freqs, rope_factors_long=long, rope_factors_short=short))
     assert r.factors_for(4096) is freqs
     r = rope_of(tmp_path, Tensors(rope_factors_long=long, rope_factors_short=short),
-                rope_scaling={"type": "longrope", "original_context_length": 64})
-    assert (r.factors_for(64), r.factors_for(65)) == (short, long)
+                rope_scaling={"type": "longrope", "original_context_length": 512})
+    assert (r.factors_for(300), r.factors_for(512), r.factors_for(513)) == (short, short, long)
+    # llama.cpp compares its context rounded up to 256 cells: a context of 64 counts as 256 > 200
+    r = rope_of(tmp_path, Tensors(rope_factors_long=long, rope_factors_short=short),
+                rope_scaling={"type": "longrope", "original_context_length": 200})
+    assert r.factors_for(64) is long
 
 
 def test_llama3_rope_freqs_as_the_converter_writes_them():

@@ -22,8 +22,8 @@ from pyggml.testing.agreement import F32_BOUND
 from pyggml.testing.synthetic import (llama3_rope_freqs, write_gpt_oss, write_mixtral, write_olmo2, write_qwen2moe,
                                       write_qwen3moe)
 
-from tests.support.tiny_models import (bpe_vocab, gemma3_vocab, write_gemma3, write_gpt2, write_granite, write_llama,
-                                      write_qwen3, write_smollm3)
+from tests.support.tiny_models import (bpe_vocab, gemma3_vocab, write_gemma2, write_gemma3, write_gpt2, write_granite,
+                                      write_llama, write_phi3, write_qwen3, write_smollm3)
 
 N_TOKENS = 32          # teacher-forced positions per case (BOS first)
 N_BATCH = 12           # pyggml's batch: later batches attend to earlier ones through the KV cache
@@ -66,6 +66,12 @@ Q4_K_M_LIKE = {"token_embd": Q.Q8_0, "attn_v": Q.Q8_0, "ffn_down": Q.Q6_K, "attn
 # (so that pairs 0-1 keep 1, pair 2 is smoothed and the low-frequency rest is divided by 8).
 LLAMA31 = dict(arch="llama", n_vocab=128, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_ctx=1024, freq_base=500000.0,
                rope_factors={"rope_freqs": llama3_rope_freqs(64, 500000.0, n_ctx_orig=256)})
+# Phi-3-mini-128k's LongRoPE scaled down (training context 4 x the original: attn_factor sqrt(1.25)); with an
+# original context of 256 llama.cpp's padded context (256) takes the short factors, with 32 the long ones.
+PHI3_SHORT = dict(n_embd=96, n_head=4, n_head_kv=4, n_ff=160, n_ctx=1024, n_ctx_orig=256)
+PHI3_LONG = dict(n_embd=192, n_head=6, n_head_kv=2, rope_dims=24, n_ff=256, n_ctx=128, n_ctx_orig=32, tied=True)
+GEMMA2_CAPS = dict(n_layer=4, sliding_window=8, swa_pattern=[True, False, False, True], freq_base_swa=20000.0,
+                   attn_softcap=2.0, final_softcap=5.0)
 QWEN2_YARN = dict(arch="qwen2", n_vocab=128, n_embd=128, n_head=4, n_head_kv=2, n_ff=192, n_ctx=128,
                   rope_scaling={"type": "yarn", "factor": 4.0, "original_context_length": 32})
 
@@ -137,7 +143,7 @@ CASES = [
     Case("llama31-q4_k-rope-freqs", partial(write_llama, **LLAMA31, qtype=K_MIX, seed=15), quantized=True,
          n_vocab=128, n_tokens=64, n_ctx=64),
     Case("qwen2-f32-yarn", partial(write_llama, **QWEN2_YARN, seed=16), n_vocab=128, n_tokens=128, n_ctx=128,
-         notes="rope.scaling.type yarn, factor 4 over an original context of 32"),
+         f32_bound=1e-8, notes="rope.scaling.type yarn, factor 4 over an original context of 32"),
     Case("qwen2-q8_0-yarn", partial(write_llama, **QWEN2_YARN, qtype=Q.Q8_0, seed=17), quantized=True, n_vocab=128,
          n_tokens=64, n_ctx=64),
 ]
@@ -186,6 +192,29 @@ CASES += [
          bos=GEMMA_BOS, n_vocab=256, n_tokens=48, notes="window 8 on 3 layers of 4, YaRN on the global one"),
     Case("olmo2-q4_k_m", partial(write_olmo2, vocab=_spm(256), n_vocab=256, n_embd=256, n_ff=512, n_ctx=N_CTX,
                                  qtype=Q4_K_M_LIKE, seed=33), quantized=True, bos=GEMMA_BOS, n_vocab=256),
+]
+CASES += [
+    Case("gemma2-f32-spm", partial(write_gemma2, vocab=_spm(256), n_vocab=256, n_ctx=N_CTX, attn_softcap=None,
+                                   final_softcap=None, embd_std=1.0, seed=25),
+         bos=GEMMA_BOS, n_vocab=256, n_tokens=48,
+         notes="window 16 on even layers; soft-caps left to llama.cpp's defaults 50 and 30 (logits of spread ~10)"),
+    Case("gemma2-f32-caps-keys", partial(write_gemma2, vocab=_spm(256), n_vocab=256, n_ctx=N_CTX, **GEMMA2_CAPS,
+                                         seed=26),
+         bos=GEMMA_BOS, n_vocab=256, n_tokens=48,
+         notes="attention and final soft-caps 2 and 5, sliding_window_pattern as bools, rope.freq_base_swa"),
+    Case("gemma2-q4_k_m", partial(write_gemma2, vocab=_spm(), n_vocab=1024, n_embd=256, head_dim=64, n_ff=512,
+                                  n_ctx=N_CTX, qtype=Q4_K_M_LIKE, embd_std=0.12, seed=27),
+         quantized=True, bos=GEMMA_BOS, n_vocab=1024),
+    Case("phi3-f32-longrope-short", partial(write_phi3, vocab=_spm(256), n_vocab=256, **PHI3_SHORT, sliding_window=2047,
+                                            seed=28),
+         bos=GEMMA_BOS, n_vocab=256, notes="fused attn_qkv and gate+up, LongRoPE short factors, a window to ignore"),
+    Case("phi3-f32-bpe-longrope-long", partial(write_phi3, vocab=bpe_vocab("default"), n_vocab=BPE_N, **PHI3_LONG,
+                                               seed=29),
+         bos=BPE_BOS, n_vocab=BPE_N, n_tokens=48,
+         notes="Phi-4-mini-like: GQA 6/2, 3/4 of each head rotated, tied; LongRoPE long factors"),
+    Case("phi3-k-quants", partial(write_phi3, vocab=_spm(), n_vocab=1024, n_embd=256, n_head=8, n_head_kv=8,
+                                  n_ff=512, n_ctx=1024, n_ctx_orig=256, qtype=K_MIX, seed=30),
+         quantized=True, bos=GEMMA_BOS, n_vocab=1024),
 ]
 BY_NAME = {c.name: c for c in CASES}
 

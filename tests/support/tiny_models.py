@@ -3,13 +3,13 @@ in tests/models/data: byte-level BPE ones per pre-tokenizer and the first tokens
 
 from pathlib import Path
 
-from pyggml.testing.synthetic import (Vocab, write_gemma3, write_gpt2, write_granite, write_llama, write_qwen3,
-                                      write_smollm3)
+from pyggml.testing.synthetic import (Vocab, write_gemma2, write_gemma3, write_gpt2, write_granite, write_llama,
+                                      write_phi3, write_qwen3, write_smollm3)
 
 DATA = Path(__file__).resolve().parents[1] / "models" / "data"
 
-__all__ = ["bpe_vocab", "gemma3_vocab", "write_gemma3", "write_gpt2", "write_granite", "write_llama", "write_qwen3",
-           "write_smollm3"]
+__all__ = ["bpe_vocab", "gemma3_vocab", "write_gemma2", "write_gemma3", "write_gpt2", "write_granite", "write_llama",
+           "write_phi3", "write_qwen3", "write_smollm3"]
 
 
 def bpe_vocab(pre: str = "gpt-2") -> Vocab:

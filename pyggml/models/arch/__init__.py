@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pyggml.errors import GGUFError
 from pyggml.models.arch.bert import Bert
+from pyggml.models.arch.gemma2 import Gemma2
 from pyggml.models.arch.gemma3 import Gemma3
 from pyggml.models.arch.gpt2 import GPT2
 from pyggml.models.arch.gpt_oss import GptOss
@@ -11,6 +12,7 @@ from pyggml.models.arch.granite import Granite, GraniteMoE
 from pyggml.models.arch.llama import Llama
 from pyggml.models.arch.nomic_bert import NomicBert
 from pyggml.models.arch.olmo2 import Olmo2
+from pyggml.models.arch.phi3 import Phi3
 from pyggml.models.arch.qwen2moe import Qwen2MoE
 from pyggml.models.arch.qwen3 import Qwen3
 from pyggml.models.arch.qwen3moe import Qwen3MoE
@@ -18,7 +20,7 @@ from pyggml.models.arch.smollm3 import SmolLM3
 
 # llama.cpp's names (llm_arch_from_string); Mistral's files are `llama` (llama.cpp has no `mistral` architecture)
 ARCHITECTURES = {"gemma3": Gemma3, "llama": Llama, "qwen2": Llama, "gpt2": GPT2, "qwen3": Qwen3, "smollm3": SmolLM3,
-                 "granite": Granite}
+                 "granite": Granite, "gemma2": Gemma2, "phi3": Phi3}
 ARCHITECTURES |= {"qwen3moe": Qwen3MoE, "gpt-oss": GptOss, "olmo2": Olmo2, "qwen2moe": Qwen2MoE,
                   "granitemoe": GraniteMoE}
 ARCHITECTURES |= {"bert": Bert, "nomic-bert": NomicBert}  # encoders: embedding models (Model.embed)

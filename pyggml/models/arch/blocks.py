@@ -78,6 +78,7 @@ def linear(ctx: Context, w: Tensor, x: Tensor, bias: Tensor | None = None) -> Te
 
 
 ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")
+N_CTX_PAD = 256  # llama.cpp rounds the context up to this (llama-context.cpp) before comparing it with n_ctx_orig
 
 
 @dataclass(frozen=True)
@@ -132,10 +133,12 @@ class Rope:
                    long_factors=w.optional("rope_factors_long.weight", pairs))
 
     def factors_for(self, n_ctx: int) -> Tensor | None:
-        """llama.cpp's get_rope_factors: rope_freqs, else LongRoPE's set for the context's length."""
+        """llama.cpp's get_rope_factors: rope_freqs, else LongRoPE's set for the context's length (as llama.cpp
+        pads it: a multiple of N_CTX_PAD)."""
         if self.freq_factors is not None:
             return self.freq_factors
-        return self.long_factors if n_ctx > self.n_ctx_orig else self.short_factors
+        n_ctx_seq = -(-n_ctx // N_CTX_PAD) * N_CTX_PAD
+        return self.long_factors if n_ctx_seq > self.n_ctx_orig else self.short_factors
 
     def apply(self, step: Step, x: Tensor) -> Tensor:
         return ops.rope_ext(step.ctx, x, step.positions, self.factors_for(step.n_ctx), self.n_dims, self.mode,
@@ -144,8 +147,10 @@ class Rope:
 
 
 def attention(step: Step, kv, il: int, q: Tensor, k: Tensor, v: Tensor, kq_scale: float,
-              window: int | None = None, sinks: Tensor | None = None) -> Tensor:
-    """Store k, v for this step in the cache and attend q over cells [0, n_kv): softmax(scale·qkᵀ + mask)·v.
+              window: int | None = None, sinks: Tensor | None = None, softcap: float = 0.0) -> Tensor:
+    """Store k, v for this step in the cache and attend q over cells [0, n_kv): softmax(scale·qkᵀ + mask)·v,
+    qkᵀ capped to softcap·tanh(qkᵀ / softcap) first if softcap is set (Gemma 2's attention logit soft-capping),
+    the softmax's sum taking each head's sink logit too if sinks are given (gpt-oss).
 
     q is [head_dim, n_head, n_tokens], k and v [head_dim, n_head_kv, n_tokens]; the result is
     [head_dim·n_head, n_tokens]. Query head h reads KV head h // (n_head / n_head_kv) (mul_mat broadcasting).
@@ -157,12 +162,30 @@ def attention(step: Step, kv, il: int, q: Tensor, k: Tensor, v: Tensor, kq_scale
     k_all, v_all = kv.views(ctx, il, step.n_kv)
     q = ops.permute(ctx, q, 0, 2, 1, 3)                       # [head_dim, n_tokens, n_head]
     kq = ops.mul_mat(ctx, k_all, q)                           # [n_kv, n_tokens, n_head]
+    if softcap:
+        kq = soft_cap(ctx, kq, softcap)
     kq = ops.soft_max_ext(ctx, kq, step.mask(window), kq_scale, 0.0)
     if sinks is not None:
         ops.soft_max_add_sinks(kq, sinks)
     kqv = ops.mul_mat(ctx, v_all, kq)                         # [head_dim, n_tokens, n_head]
     out = ops.permute(ctx, kqv, 0, 2, 1, 3)                   # [head_dim, n_head, n_tokens]
     return ops.cont_2d(ctx, out, q.ne[0] * q.ne[2], step.n_tokens)
+
+
+def soft_cap(ctx: Context, x: Tensor, cap: float) -> Tensor:
+    """cap·tanh(x / cap), as llama.cpp builds it (scale, tanh, scale)."""
+    return ops.scale(ctx, ops.tanh(ctx, ops.scale(ctx, x, 1.0 / cap)), cap)
+
+
+def split_qkv(ctx: Context, qkv: Tensor, head_dim: int, n_head: int, n_head_kv: int, n_tokens: int) -> list:
+    """q [head_dim, n_head, n_tokens], k and v [head_dim, n_head_kv, n_tokens] from a fused projection whose
+    rows hold q, then k, then v (llama.cpp's build_qkv views them; here they are copied out contiguous)."""
+    out, offset = [], 0
+    for heads in (n_head, n_head_kv, n_head_kv):
+        part = ops.view_2d(ctx, qkv, head_dim * heads, n_tokens, qkv.nb[1], offset * qkv.nb[0])
+        out.append(ops.cont_3d(ctx, part, head_dim, heads, n_tokens))
+        offset += head_dim * heads
+    return out
 
 
 def default_kq_scale(head_dim: int) -> float:
@@ -256,7 +279,12 @@ class Decoder:
         self.n_vocab = self.tok_embd.ne[1]
         if not self.encoder:
             self.output_norm = w.get("output_norm.weight", (self.n_embd,))
-            self.output = w.optional("output.weight", (self.n_embd, self.n_vocab)) or self.tok_embd
+            self.output = self.output_matrix(w)
+
+    def output_matrix(self, w) -> Tensor:
+        """output.weight, or the token embeddings when the file ties them (an architecture that always ties
+        does not look output.weight up, so a file holding one is refused as llama.cpp refuses it)."""
+        return w.optional("output.weight", (self.n_embd, self.n_vocab)) or self.tok_embd
 
     @staticmethod
     def uniform(gguf, key: str, values: list):

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from pyggml.core import Tensor
 from pyggml.core import ops
-from pyggml.models.arch.blocks import Decoder, Step, attention, default_kq_scale, hparam, layer_norm, linear
+from pyggml.models.arch.blocks import (Decoder, Step, attention, default_kq_scale, hparam, layer_norm, linear,
+                                       split_qkv)
 
 
 @dataclass
@@ -48,13 +49,12 @@ class GPT2(Decoder):
         ) for i in range(self.n_layer)]
 
     def build(self, step: Step, kv) -> Tensor:
-        ctx, eps, n, e, hd = step.ctx, self.eps, step.n_tokens, self.n_embd, self.head_dim
+        ctx, eps, n, hd = step.ctx, self.eps, step.n_tokens, self.head_dim
         x = ops.add(ctx, ops.get_rows(ctx, self.tok_embd, step.tokens),
                     ops.get_rows(ctx, self.pos_embd, step.positions))
         for il, layer in enumerate(self.layers):
             qkv = linear(ctx, layer.wqkv, layer_norm(ctx, x, layer.attn_norm, layer.attn_norm_b, eps), layer.bqkv)
-            q, k, v = (ops.cont_3d(ctx, ops.view_2d(ctx, qkv, e, n, qkv.nb[1], i * e * qkv.nb[0]), hd, self.n_head, n)
-                       for i in range(3))
+            q, k, v = split_qkv(ctx, qkv, hd, self.n_head, self.n_head, n)
             cur = linear(ctx, layer.wo, attention(step, kv, il, q, k, v, default_kq_scale(hd)), layer.bo)
             if il == self.n_layer - 1:
                 cur, x = step.select_outputs(cur, x)

@@ -24,6 +24,9 @@ from the model package; the Gemma Terms of Use apply to them). Parts are chosen 
 (default: all; ``spm`` before ``parity``, whose cases use it):
 
     python -m tests.models.data.make_llamacpp_refs parity gemma-kld
+
+``parity=NAME,NAME`` redoes only the named parity cases (new ones, or ones whose file changed) and keeps the
+others' committed logits.
 """
 
 import ctypes
@@ -300,7 +303,8 @@ GEMMA_KLD_TOKENS = 128
 GEMMA_TOP_K = 64
 
 
-def parity_refs(names=()):
+def parity_refs(names: str = ""):
+    """All cases, or (names: a comma-separated list) only the named ones, the others kept as committed."""
     import tempfile
 
     from tests.support.parity_cases import BY_NAME, CASES, sha256, write_case
@@ -310,12 +314,13 @@ def parity_refs(names=()):
     from pyggml.testing.synthetic import write_f32_copy
 
     arrays, summary = {}, {"llama_cpp_python_version": llama_cpp.__version__, "kv_type": "F32", "cases": {}}
-    if names:  # update those cases only
+    todo = [BY_NAME[name] for name in names.split(",")] if names else CASES
+    if names:
         with np.load(PARITY_LOGITS) as f:
             arrays = dict(f)
         summary["cases"] = json.loads(PARITY_SUMMARY.read_text())["cases"]
     with tempfile.TemporaryDirectory() as tmp:
-        for case in [BY_NAME[n] for n in names] or CASES:
+        for case in todo:
             path, tokens = write_case(case, Path(tmp)), case.tokens()
             logits = llamacpp_logits(path, tokens)
             arrays[f"{case.name}/tokens"], arrays[f"{case.name}/logits"] = np.asarray(tokens, np.int32), logits
@@ -326,7 +331,8 @@ def parity_refs(names=()):
                 entry["yardstick"] = agreement(logits, llamacpp_logits(f32, tokens))
             summary["cases"][case.name] = entry
             print(case.name, entry.get("yardstick", ""), file=sys.stderr)
-    summary["cases"] = {c.name: summary["cases"][c.name] for c in CASES}   # in the cases' order
+    summary["cases"] = {c.name: summary["cases"][c.name] for c in CASES}   # in the cases' order, none left over
+    arrays = {k: v for k, v in arrays.items() if k.split("/")[0] in summary["cases"]}
     np.savez_compressed(PARITY_LOGITS, **arrays)
     PARITY_SUMMARY.write_text(json.dumps(summary, indent=1) + "\n")
     print(f"wrote {PARITY_LOGITS} and {PARITY_SUMMARY}", file=sys.stderr)
@@ -404,10 +410,9 @@ PARTS = {"gemma": gemma_refs, "bpe": bpe_refs, "spm": spm_vocab, "parity": parit
 
 
 def main():
-    args = sys.argv[1:]
-    names = [a for a in args if a not in PARTS]  # parity case names
-    for part in [a for a in args if a in PARTS] or list(PARTS):
-        PARTS[part](names) if part == "parity" else PARTS[part]()
+    for part in sys.argv[1:] or list(PARTS):
+        name, _, args = part.partition("=")
+        PARTS[name](*[args] if args else [])
 
 
 if __name__ == "__main__":
