@@ -84,7 +84,8 @@ class Gemma2(Decoder):
             q, k = self.norm_qk(step, layer, q, k)
             q, k = rope.apply(step, q), rope.apply(step, k)
             q = ops.scale(ctx, q, self.attn_scale)
-            cur = attention(step, kv, il, q, k, v, 1.0, self.n_swa if swa else None, self.attn_softcap)
+            cur = attention(step, kv, il, q, k, v, 1.0, self.n_swa if swa else None,
+                            softcap=self.attn_softcap)
             cur = ops.mul_mat(ctx, layer.wo, cur)
             if il == self.n_layer - 1:
                 cur, x = step.select_outputs(cur, x)

@@ -55,4 +55,5 @@ class GptOss(Llama):
         return rope.apply(step, q), rope.apply(step, k)
 
     def attend(self, step: Step, kv, il: int, layer, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        return attention(step, kv, il, q, k, v, self.kq_scale, self.n_swa if self.swa[il] else None, layer.sinks)
+        return attention(step, kv, il, q, k, v, self.kq_scale, self.n_swa if self.swa[il] else None,
+                         sinks=layer.sinks)
