@@ -4,7 +4,7 @@ parsed) and detokenizes the ids back the way llama.cpp does."""
 
 import pytest
 
-from tests.support.llama_cpp_vocabs import VOCABS, WITH_TESTS, VocabSet, read_cases
+from tests.support.llama_cpp_vocabs import VOCABS, WITH_TESTS, VocabSet, corpus_refs, read_cases
 
 
 @pytest.fixture(scope="module")
@@ -26,3 +26,66 @@ def test_tokenizes_like_test_tokenizer_0(vocabs, vocab):
     wrong = [(text, tok.encode(text, add_special=False), ids) for text, ids in cases
              if tok.encode(text, add_special=False) != ids]
     assert not wrong, f"{len(wrong)} of {len(cases)} differ, first: {wrong[0]}"
+
+
+# -- a corpus of our own, against llama-cpp-python's recorded results (tests/models/data/make_vocab_refs.py) --------
+
+
+def corpus_differences(tok, vocab):
+    """Every way pyggml's ids or detokenized bytes differ from llama.cpp's on the corpus."""
+    refs = corpus_refs()
+    wrong = []
+    for text, ref in zip(refs["texts"], refs["vocabs"][vocab]):
+        got = {
+            "ids_plain": tok.encode(text, add_special=False),
+            "ids_special": tok.encode(text, add_special=True, parse_special=True),
+            "detok_plain": tok.decode_bytes(ref["ids_plain"]).hex(),
+            "detok_special": tok.decode_bytes(ref["ids_special"], unparse_special=True).hex(),
+            "detok_special_removed": tok.decode_bytes(ref["ids_special"], True, True).hex(),
+        }
+        wrong += [(text, key, got[key], ref[key]) for key in got if got[key] != ref[key]]
+    return wrong
+
+
+@pytest.mark.parametrize("vocab", VOCABS)
+def test_corpus_matches_llama_cpp(vocabs, vocab):
+    assert len(corpus_refs()["texts"]) >= 50
+    wrong = corpus_differences(vocabs.tokenizer(vocab), vocab)
+    assert not wrong, f"{len(wrong)} differences, first: {wrong[0]}"
+
+
+@pytest.mark.parametrize("vocab", WITH_TESTS)
+def test_test_set_ids_detokenize_like_llama_cpp(vocabs, vocab):
+    tok = vocabs.tokenizer(vocab)
+    expected = corpus_refs()["test_set_detok"][vocab]
+    assert [tok.decode_bytes(ids).hex() for _, ids in read_cases(vocab)] == expected
+
+
+@pytest.mark.parametrize("vocab", VOCABS)
+def test_round_trips_exactly_where_llama_cpp_does(vocabs, vocab):
+    """detokenize(tokenize(x)) == x, the check of llama.cpp's test-tokenizer-random: byte-level BPE vocabularies
+    without space cleaning give back every text; normalizing ones (WordPiece, unigram) and cleaned spaces do not."""
+    tok = vocabs.tokenizer(vocab)
+    refs = corpus_refs()
+    ours = {text for text in refs["texts"] if tok.decode_bytes(tok.encode(text, add_special=False)) == text.encode()}
+    theirs = {text for text, ref in zip(refs["texts"], refs["vocabs"][vocab])
+              if bytes.fromhex(ref["detok_plain"]) == text.encode()}
+    assert ours == theirs
+    if vocab in ("qwen2", "qwen35", "deepseek-llm", "deepseek-coder", "command-r"):
+        assert len(ours) == len(refs["texts"])
+
+
+@pytest.mark.peer
+@pytest.mark.parametrize("vocab", VOCABS)
+def test_live_llama_cpp_python_agrees(vocabs, vocab):
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
+    tok = vocabs.tokenizer(vocab)
+    llm = llama_cpp.Llama(str(vocabs.path(vocab)), vocab_only=True, verbose=False)
+    texts = corpus_refs()["texts"] + [text for text, _ in (read_cases(vocab) if vocab in WITH_TESTS else [])]
+    try:
+        for text in texts:
+            for special in (False, True):
+                assert tok.encode(text, add_special=special, parse_special=special) == \
+                    llm.tokenize(text.encode(), add_bos=special, special=special), (text, special)
+    finally:
+        llm.close()
