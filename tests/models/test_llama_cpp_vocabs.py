@@ -3,6 +3,8 @@ an .inp/.out pair tokenizes those texts to exactly llama.cpp's ids (test-tokeniz
 parsed) and detokenizes the ids back the way llama.cpp does."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.support.llama_cpp_vocabs import VOCABS, WITH_TESTS, VocabSet, corpus_refs, read_cases
 
@@ -89,3 +91,28 @@ def test_live_llama_cpp_python_agrees(vocabs, vocab):
                     llm.tokenize(text.encode(), add_bos=special, special=special), (text, special)
     finally:
         llm.close()
+
+
+LIVE_FUZZED = ("deepseek-llm", "qwen35", "bert-bge", "nomic-bert-moe", "gemma-4")
+FUZZ_ALPHABET = "a É1 \n\r\t'sé中👍<>/"  # characters whose runs the pre-tokenizers split differently
+
+
+@pytest.fixture(scope="module")
+def live(vocabs):
+    """Each fuzzed vocabulary's tokenizer with llama-cpp-python's, loaded once."""
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
+    pairs = {v: (vocabs.tokenizer(v), llama_cpp.Llama(str(vocabs.path(v)), vocab_only=True, verbose=False))
+             for v in LIVE_FUZZED}
+    yield pairs
+    for _, llm in pairs.values():
+        llm.close()
+
+
+@pytest.mark.peer
+@settings(max_examples=40, deadline=None)
+@given(text=st.text(st.characters(blacklist_categories=("Cs",)), max_size=40) | st.text(FUZZ_ALPHABET, max_size=20))
+def test_random_text_agrees_with_live_llama_cpp_python(live, text):
+    for vocab, (tok, llm) in live.items():
+        for special in (False, True):
+            assert tok.encode(text, add_special=special, parse_special=special) == \
+                llm.tokenize(text.encode(), add_bos=special, special=special), (vocab, special)
