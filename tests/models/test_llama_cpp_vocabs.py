@@ -14,15 +14,24 @@ def vocabs(tmp_path_factory):
     return VocabSet(tmp_path_factory.mktemp("llama_cpp_vocabs"))
 
 
-@pytest.mark.parametrize("vocab", VOCABS)
-def test_vocabulary_loads(vocabs, vocab):
-    tok = vocabs.tokenizer(vocab)
+@pytest.fixture(scope="module")
+def vocab(request):
+    """The vocabulary's name; module-scoped, so pytest runs a vocabulary's tests together and holds one at a time."""
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def tok(vocabs, vocab):
+    return vocabs.load(vocab)
+
+
+@pytest.mark.parametrize("vocab", VOCABS, indirect=True)
+def test_vocabulary_loads(tok, vocab):
     assert tok.n_vocab > 1000
 
 
-@pytest.mark.parametrize("vocab", WITH_TESTS)
-def test_tokenizes_like_test_tokenizer_0(vocabs, vocab):
-    tok = vocabs.tokenizer(vocab)
+@pytest.mark.parametrize("vocab", WITH_TESTS, indirect=True)
+def test_tokenizes_like_test_tokenizer_0(tok, vocab):
     cases = read_cases(vocab)
     assert len(cases) >= 40
     wrong = [(text, tok.encode(text, add_special=False), ids) for text, ids in cases
@@ -49,25 +58,23 @@ def corpus_differences(tok, vocab):
     return wrong
 
 
-@pytest.mark.parametrize("vocab", VOCABS)
-def test_corpus_matches_llama_cpp(vocabs, vocab):
+@pytest.mark.parametrize("vocab", VOCABS, indirect=True)
+def test_corpus_matches_llama_cpp(tok, vocab):
     assert len(corpus_refs()["texts"]) >= 50
-    wrong = corpus_differences(vocabs.tokenizer(vocab), vocab)
+    wrong = corpus_differences(tok, vocab)
     assert not wrong, f"{len(wrong)} differences, first: {wrong[0]}"
 
 
-@pytest.mark.parametrize("vocab", WITH_TESTS)
-def test_test_set_ids_detokenize_like_llama_cpp(vocabs, vocab):
-    tok = vocabs.tokenizer(vocab)
+@pytest.mark.parametrize("vocab", WITH_TESTS, indirect=True)
+def test_test_set_ids_detokenize_like_llama_cpp(tok, vocab):
     expected = corpus_refs()["test_set_detok"][vocab]
     assert [tok.decode_bytes(ids).hex() for _, ids in read_cases(vocab)] == expected
 
 
-@pytest.mark.parametrize("vocab", VOCABS)
-def test_round_trips_exactly_where_llama_cpp_does(vocabs, vocab):
+@pytest.mark.parametrize("vocab", VOCABS, indirect=True)
+def test_round_trips_exactly_where_llama_cpp_does(tok, vocab):
     """detokenize(tokenize(x)) == x, the check of llama.cpp's test-tokenizer-random: byte-level BPE vocabularies
     without space cleaning give back every text; normalizing ones (WordPiece, unigram) and cleaned spaces do not."""
-    tok = vocabs.tokenizer(vocab)
     refs = corpus_refs()
     detok = dict(zip(refs["texts"], (bytes.fromhex(ref["detok_plain"]) for ref in refs["vocabs"][vocab])))
     if vocab in WITH_TESTS:  # and the test set's texts, detokenized from llama.cpp's ids
@@ -79,10 +86,9 @@ def test_round_trips_exactly_where_llama_cpp_does(vocabs, vocab):
 
 
 @pytest.mark.peer
-@pytest.mark.parametrize("vocab", VOCABS)
-def test_live_llama_cpp_python_agrees(vocabs, vocab):
+@pytest.mark.parametrize("vocab", VOCABS, indirect=True)
+def test_live_llama_cpp_python_agrees(vocabs, tok, vocab):
     llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
-    tok = vocabs.tokenizer(vocab)
     llm = llama_cpp.Llama(str(vocabs.path(vocab)), vocab_only=True, verbose=False)
     texts = corpus_refs()["texts"] + [text for text, _ in (read_cases(vocab) if vocab in WITH_TESTS else [])]
     try:
@@ -102,7 +108,7 @@ FUZZ_ALPHABET = "a É1 \n\r\t'sé中👍<>/"  # characters whose runs the pre-to
 def live(vocabs):
     """Each fuzzed vocabulary's tokenizer with llama-cpp-python's, loaded once."""
     llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
-    pairs = {v: (vocabs.tokenizer(v), llama_cpp.Llama(str(vocabs.path(v)), vocab_only=True, verbose=False))
+    pairs = {v: (vocabs.load(v), llama_cpp.Llama(str(vocabs.path(v)), vocab_only=True, verbose=False))
              for v in LIVE_FUZZED}
     yield pairs
     for _, llm in pairs.values():
