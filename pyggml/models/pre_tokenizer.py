@@ -87,8 +87,8 @@ class PreTokenizer:
         """The words of text, as codepoint strings."""
         pieces = [text] if text else []
         compiled = _compiled(self.regexes)
-        collapsed = _collapse(text) if any(c for _, c in compiled) else None
-        wide = text.translate(_WIDE_SPACES)
+        collapsed = _collapse(text) if any(on_collapsed for _, on_collapsed in compiled) else None
+        wide = text.translate(_WIDE_SPACES) if not all(on_collapsed for _, on_collapsed in compiled) else None
         for pattern, on_collapsed in compiled:
             subject, offset, split = (collapsed if on_collapsed else wide), 0, []
             for piece in pieces:

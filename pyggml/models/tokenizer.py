@@ -1,15 +1,18 @@
 """Tokenizers built from a GGUF file's vocabulary, matching llama.cpp token for token.
 
-Two vocabulary kinds, as llama.cpp names them:
+The vocabulary kinds, as llama.cpp names them:
 
 - SPM (``tokenizer.ggml.model = "llama"``, e.g. Llama 2, Gemma): spaces become
   ``▁``, adjacent symbols merge by highest token score, and text no token covers
   falls back to ``<0xXX>`` byte tokens.
-- BPE (``"gpt2"``, e.g. GPT-2, Llama 3, Qwen 2): a pre-tokenizer regex splits the
-  text into words, bytes map to printable characters, and pairs merge by rank.
+- BPE (``"gpt2"``, e.g. GPT-2, Llama 3, Qwen 2): a pre-tokenizer (pre_tokenizer.py)
+  splits the text into words, bytes map to printable characters, and pairs merge by
+  rank; ``"gemma4"`` is BPE over raw UTF-8 with SentencePiece's ``▁``.
+- WPM (``"bert"``) and UGM (``"t5"``) build on this module's Tokenizer in
+  wordpiece.py and unigram.py.
 
-Both first cut special tokens (control, user-defined, unknown) out of the text, as
-llama.cpp's ``tokenizer_st_partition`` does, and both detokenize like
+All first cut special tokens (control, user-defined, unknown) out of the text, as
+llama.cpp's ``tokenizer_st_partition`` does, and all detokenize like
 ``llama_detokenize``. The file is laid out as the algorithm runs: vocabulary,
 special-token partition, the SPM and BPE sessions, then pieces and detokenize.
 """
