@@ -190,7 +190,7 @@ def bpe_refs():
             entries.append(entry)
         refs[pre] = entries
         llama_cpp.llama_model_free(model)
-    BPE_OUT.write_text(json.dumps(refs, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    BPE_OUT.write_text(json.dumps(refs, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
     print(f"wrote {BPE_OUT} and {len(BPE_PRE_TOKENIZERS)} vocabularies", file=sys.stderr)
 
 
