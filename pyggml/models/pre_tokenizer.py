@@ -82,6 +82,7 @@ class PreTokenizer:
     byte_encode: bool = True  # GPT-2's byte-to-unicode map; False for SentencePiece-style BPE (raw UTF-8, ▁)
     escape_whitespaces: bool = False
     force_bos: bool = False  # add_bos even where the file says not to (llama.cpp's Gemma 4 workaround)
+    default_bos: bool = True  # False: no BOS token unless the file names one (ChatGLM), instead of BPE's 11
 
     def split(self, text):
         """The words of text, as codepoint strings."""
@@ -115,6 +116,8 @@ def _types():
         (PreTokenizer("llama3", (_LLAMA3,), ignore_merges=True, add_bos=True),
          ["llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", "jina-v5-nano"]),
         (PreTokenizer("dbrx", (_LLAMA3,)), ["dbrx", "smaug-bpe"]),
+        (PreTokenizer("chatglm-bpe", (_LLAMA3,), default_bos=False), ["chatglm-bpe"]),
+        (PreTokenizer("glm4", (_LLAMA3,), ignore_merges=True, default_bos=False), ["glm4", "glm5"]),
         (PreTokenizer("deepseek-llm", _DEEPSEEK_LLM, clean_spaces=False), ["deepseek-llm"]),
         (PreTokenizer("deepseek-coder", _DEEPSEEK_CODER, clean_spaces=False), ["deepseek-coder"]),
         (PreTokenizer("deepseek-v3", _DEEPSEEK_V3, clean_spaces=False),

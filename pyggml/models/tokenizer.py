@@ -470,6 +470,8 @@ class BPETokenizer(Tokenizer):
         if self.pre_tokenizer.add_bos is not None:
             self.add_bos = self.pre_tokenizer.add_bos
         self.force_bos = self.pre_tokenizer.force_bos
+        if not self.pre_tokenizer.default_bos:
+            self.default_bos = None
         super().__init__(gguf)
         self.ranks = {}
         for rank, merge in enumerate(_array(gguf, "tokenizer.ggml.merges", (GGUFValueType.STRING,))):

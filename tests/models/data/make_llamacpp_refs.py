@@ -44,7 +44,7 @@ BPE_OUT = Path(__file__).with_name("bpe_refs.json")
 BPE_VOCABS = Path(__file__).with_name("bpe_vocabs")
 BPE_PRE_TOKENIZERS = ["gpt-2", "llama3", "default", "qwen2", "starcoder",  # one name per llama.cpp pre-tokenizer type
                       "dbrx", "deepseek-llm", "deepseek-coder", "deepseek-v3", "falcon", "trillion", "command-r",
-                      "smollm", "stablelm2", "qwen35", "bloom", "poro-chat", "viking", "tekken", "gpt-4o"]
+                      "smollm", "stablelm2", "qwen35", "bloom", "poro-chat", "viking", "tekken", "gpt-4o", "glm4"]
 BPE_N_MERGES = 400
 N_GENERATE = 32
 TOP_K = 5
