@@ -67,6 +67,31 @@ _DEEPSEEK_V3 = (
     r"""[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"""
     r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
 )
+_KANA_HAN = "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+"
+_SPARK = (r"\p{N}{1,3}", _KANA_HAN,
+          r"""[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+"""
+          r"|[\r\n]|\s+(?!\S)|\s+", r"\p{N}")
+_YOUTU = (
+    "[\uac00-\ud7a3\u3131-\u318e]+|[\uff01\u2026\u201c\u201d\u2018\u2019\u2014\uff1a\uff1b\uff0c\u3001-\u303f"
+    "\ufe30-\ufe4f]+|[\u3105-\u312f]+|" + _KANA_HAN,
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+" + _CONTRACTIONS
+    + r"?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*" + _CONTRACTIONS
+    + r"?|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+)
+_JAIS2 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+          + "".join(rf"|\s{{{n}}}(?!\S)" for n in (512, 256, 128, 64, 32, 16, 8, 4)) + r"|\s{1,2}(?!\S)|\s{1}")
+_SEED_CODER = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+"
+               r"|\s+(?!\S)|\s+")
+_UFAKZEKA = r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+_BAILING = (r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+            r"|\s*[\r\n]|\s+(?!\S)|\s+")
+_EXAONE_MOE = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]?"
+               r"|\s*[\r\n]|\s+(?!\S)|\s+")
+_MINICPM5 = (r"\p{N}{1,3}", _LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}+"))
+_GRANITE_MULTI = _GPT4O.replace(r"(?=[\p{L}])", r"(?=[\p{L}\p{M}])")
+_CHAMELEON = ("<sentinel:[0-9]+>", "(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z", r"([\t\n]|    |  )", r"\p{N}",
+              r"[\p{P}!-/:-@\[-`{-~]", GPT2_WORDS)
+_NEWLINES = r"[^\n]+|[\n]+"
 _BLOOM = " ?[^(\\s|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+"
 
 
@@ -82,13 +107,14 @@ class PreTokenizer:
     byte_encode: bool = True  # GPT-2's byte-to-unicode map; False for SentencePiece-style BPE (raw UTF-8, ▁)
     escape_whitespaces: bool = False
     force_bos: bool = False  # add_bos even where the file says not to (llama.cpp's Gemma 4 workaround)
+    default_bos: bool = True  # False: no BOS token unless the file names one (ChatGLM), instead of BPE's 11
 
     def split(self, text):
         """The words of text, as codepoint strings."""
         pieces = [text] if text else []
         compiled = _compiled(self.regexes)
-        collapsed = _collapse(text) if any(c for _, c in compiled) else None
-        wide = text.translate(_WIDE_SPACES)
+        collapsed = _collapse(text) if any(on_collapsed for _, on_collapsed in compiled) else None
+        wide = text.translate(_WIDE_SPACES) if not all(on_collapsed for _, on_collapsed in compiled) else None
         for pattern, on_collapsed in compiled:
             subject, offset, split = (collapsed if on_collapsed else wide), 0, []
             for piece in pieces:
@@ -115,6 +141,8 @@ def _types():
         (PreTokenizer("llama3", (_LLAMA3,), ignore_merges=True, add_bos=True),
          ["llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", "jina-v5-nano"]),
         (PreTokenizer("dbrx", (_LLAMA3,)), ["dbrx", "smaug-bpe"]),
+        (PreTokenizer("chatglm-bpe", (_LLAMA3,), default_bos=False), ["chatglm-bpe"]),
+        (PreTokenizer("glm4", (_LLAMA3,), ignore_merges=True, default_bos=False), ["glm4", "glm5"]),
         (PreTokenizer("deepseek-llm", _DEEPSEEK_LLM, clean_spaces=False), ["deepseek-llm"]),
         (PreTokenizer("deepseek-coder", _DEEPSEEK_CODER, clean_spaces=False), ["deepseek-coder"]),
         (PreTokenizer("deepseek-v3", _DEEPSEEK_V3, clean_spaces=False),
@@ -136,8 +164,23 @@ def _types():
         (PreTokenizer("tekken", (_TEKKEN,), clean_spaces=False, ignore_merges=True, add_bos=True), ["tekken"]),
         (PreTokenizer("gpt-4o", (_GPT4O,), clean_spaces=False),
          ["gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"]),
-        (PreTokenizer("gemma4", (r"[^\n]+|[\n]+",), force_bos=True, byte_encode=False, escape_whitespaces=True),
+        (PreTokenizer("gemma4", (_NEWLINES,), force_bos=True, byte_encode=False, escape_whitespaces=True),
          ["gemma4", "granite-embed-multi-311m"]),
+        (PreTokenizer("sarvam-moe", (_NEWLINES,), clean_spaces=False, byte_encode=False, escape_whitespaces=True),
+         ["sarvam-moe"]),
+        (PreTokenizer("minicpm5", _MINICPM5, ignore_merges=True), ["minicpm5"]),
+        (PreTokenizer("spark2_5", _SPARK, clean_spaces=False), ["spark2_5"]),
+        (PreTokenizer("youtu", _YOUTU, clean_spaces=False, ignore_merges=True), ["youtu"]),
+        (PreTokenizer("jais-2", (_JAIS2,)), ["jais-2"]),
+        (PreTokenizer("seed-coder", (_SEED_CODER,), clean_spaces=False), ["seed-coder"]),
+        (PreTokenizer("ufakzeka", (_UFAKZEKA,), clean_spaces=False), ["ufakzeka"]),
+        (PreTokenizer("grok-2", (_QWEN2,), clean_spaces=False), ["grok-2"]),
+        (PreTokenizer("bailingmoe", (_BAILING,), clean_spaces=False), ["bailingmoe", "bailingmoe2", "llada-moe"]),
+        (PreTokenizer("laguna", (_NEWLINES, _QWEN2), clean_spaces=False), ["laguna"]),
+        (PreTokenizer("exaone-moe", (_EXAONE_MOE,)), ["exaone-moe"]),
+        (PreTokenizer("granite-embed-multi-97m", (_GRANITE_MULTI,), clean_spaces=False, ignore_merges=True),
+         ["granite-embed-multi-97m"]),
+        (PreTokenizer("chameleon", _CHAMELEON, clean_spaces=False, add_bos=True), ["chameleon"]),
     ]
     return {name: pre for pre, names in types for name in names}
 

@@ -1,15 +1,18 @@
 """Tokenizers built from a GGUF file's vocabulary, matching llama.cpp token for token.
 
-Two vocabulary kinds, as llama.cpp names them:
+The vocabulary kinds, as llama.cpp names them:
 
 - SPM (``tokenizer.ggml.model = "llama"``, e.g. Llama 2, Gemma): spaces become
   ``▁``, adjacent symbols merge by highest token score, and text no token covers
   falls back to ``<0xXX>`` byte tokens.
-- BPE (``"gpt2"``, e.g. GPT-2, Llama 3, Qwen 2): a pre-tokenizer regex splits the
-  text into words, bytes map to printable characters, and pairs merge by rank.
+- BPE (``"gpt2"``, e.g. GPT-2, Llama 3, Qwen 2): a pre-tokenizer (pre_tokenizer.py)
+  splits the text into words, bytes map to printable characters, and pairs merge by
+  rank; ``"gemma4"`` is BPE over raw UTF-8 with SentencePiece's ``▁``.
+- WPM (``"bert"``) and UGM (``"t5"``) build on this module's Tokenizer in
+  wordpiece.py and unigram.py.
 
-Both first cut special tokens (control, user-defined, unknown) out of the text, as
-llama.cpp's ``tokenizer_st_partition`` does, and both detokenize like
+All first cut special tokens (control, user-defined, unknown) out of the text, as
+llama.cpp's ``tokenizer_st_partition`` does, and all detokenize like
 ``llama_detokenize``. The file is laid out as the algorithm runs: vocabulary,
 special-token partition, the SPM and BPE sessions, then pieces and detokenize.
 """
@@ -72,6 +75,25 @@ _EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "
               "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
               "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
               "<｜end▁of▁sentence｜>", "[e~[")
+
+# Fill-in-the-middle tokens: (deprecated key name, texts llama.cpp looks for)
+_FIM_TEXTS = {
+    "fim_pre": ("prefix", ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
+                           "<|code_prefix|>", "<|prefix|>")),
+    "fim_suf": ("suffix", ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
+                           "<|code_suffix|>", "<|suffix|>")),
+    "fim_mid": ("middle", ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
+                           "<|code_middle|>", "<|middle|>")),
+    "fim_pad": (None, ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]")),
+    "fim_rep": (None, ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>")),
+    "fim_sep": (None, ("<|file_sep|>",)),
+}
+_ALWAYS_RENDERED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
+
+
+def _first_present(ids, texts):
+    return next((ids[t] for t in texts if t in ids), None)
+
 
 def _array(gguf, key, element_types, required=True):
     """A metadata array, checked the way llama.cpp checks vocabulary arrays."""
@@ -159,8 +181,7 @@ class Tokenizer:
         for flag, token_id, name in ((self.add_bos, self.bos_id, "bos"), (self.add_eos, self.eos_id, "eos")):
             if flag and token_id is None:
                 raise GGUFError(f"{gguf.path}: tokenizer.ggml.add_{name}_token is true but there is no {name} token")
-        self._find_end_of_generation()
-        self._mark_unused()
+        self._find_special_by_text(gguf)
         special = [i for i, a in enumerate(self.attrs) if a & _SPECIAL]
         self.special_ids = sorted(special, key=lambda i: -len(self.tokens[i]))
         self._strip_rules(gguf)
@@ -174,19 +195,51 @@ class Tokenizer:
             return value
         return default
 
-    def _find_end_of_generation(self):
-        """End-of-turn and end-of-generation tokens, found by text where the file is silent.
+    def _find_special_by_text(self, gguf):
+        """End-of-turn, fill-in-the-middle and end-of-generation tokens, found by text where the file is silent,
+        in llama.cpp's order and with its model-specific exceptions.
 
-        Tokens found by text become control tokens (so they are hidden and parsed only
-        as special), as llama.cpp forces; eos/eot/eom ids from the file keep their type.
+        Tokens found by text become control tokens (so they are hidden and parsed only as special), as
+        llama.cpp forces; ids from the file keep their type.
         """
-        by_text = {self.token_to_id[t] for t in _EOG_TEXTS if t in self.token_to_id}
+        ids = self.token_to_id
+        found = set()
         if self.eot_id is None:
-            self.eot_id = next((self.token_to_id[t] for t in _EOT_TEXTS if t in self.token_to_id), None)
-            by_text |= {self.eot_id} - {None}
+            self.eot_id = _first_present(ids, _EOT_TEXTS)
+            found.add(self.eot_id)
+        if self.eom_id is None:
+            self.eom_id = _first_present(ids, ("<|eom_id|>",))
+            found.add(self.eom_id)
+        self.fim_ids = {}
+        for kind, (deprecated, texts) in _FIM_TEXTS.items():
+            token_id = self._special_id(gguf, f"{kind}_token_id", None)
+            token_id = self._special_id(gguf, f"{deprecated}_token_id", token_id) if deprecated else token_id
+            if token_id is None:
+                token_id = _first_present(ids, texts)
+                found.add(token_id)
+            self.fim_ids[kind] = token_id
+        for i in found - {None}:
+            self.attrs[i] |= _CONTROL
+        self._mark_unused()
+        by_text = {ids[t] for t in _EOG_TEXTS if t in ids}
         for i in by_text:
             self.attrs[i] |= _CONTROL
-        self.eog_ids = by_text | ({self.eos_id, self.eot_id, self.eom_id} - {None})
+        for text in _ALWAYS_RENDERED:  # gpt-oss's channel markers
+            if text in ids:
+                self.attrs[ids[text]] = _USER_DEFINED
+        eog = by_text | {self.fim_ids["fim_pad"], self.fim_ids["fim_rep"], self.fim_ids["fim_sep"], self.eos_id,
+                         self.eot_id, self.eom_id}
+        self.eog_ids = eog - {None}
+        texts = {self.tokens[i]: i for i in self.eog_ids}
+        has_call = "<|call|>" in texts or "<|calls|>" in texts
+        if "<|end|>" in texts and has_call and ("<|return|>" in texts or "<|flush|>" in texts):
+            self._demote(texts["<|end|>"], _USER_DEFINED)  # o200k_harmony and solar-open: <|end|> ends a message only
+        if "</s>" in texts and ("<|tool_response>" in texts or "<|plamo:eos|>" in texts):
+            self._demote(texts["</s>"], _NORMAL)  # gemma4 and plamo: </s> is plain text
+
+    def _demote(self, token_id, attr):
+        self.eog_ids.discard(token_id)
+        self.attrs[token_id] = attr
 
     def _strip_rules(self, gguf):
         """Whitespace stripping around special tokens, which GGUF cannot express: llama.cpp
@@ -417,6 +470,8 @@ class BPETokenizer(Tokenizer):
         if self.pre_tokenizer.add_bos is not None:
             self.add_bos = self.pre_tokenizer.add_bos
         self.force_bos = self.pre_tokenizer.force_bos
+        if not self.pre_tokenizer.default_bos:
+            self.default_bos = None
         super().__init__(gguf)
         self.ranks = {}
         for rank, merge in enumerate(_array(gguf, "tokenizer.ggml.merges", (GGUFValueType.STRING,))):

@@ -305,3 +305,11 @@ def test_vocabulary_problems_are_gguf_errors(tmp_path):
         write_vocab(tmp_path / "wp.gguf", "wordpiece", ["a"], [1], [0.0])
     with pytest.raises(GGUFError, match="tokenizer.ggml.merges' is missing"):
         write_vocab(tmp_path / "nm.gguf", "gpt2", ["a"], [1], pre="gpt-2")
+
+
+def test_bpe_default_bos_is_11_except_for_chatglm(tmp_path):
+    tokens = [*BYTE_CHARS, "he"]
+    kinds = {pre: write_vocab(tmp_path / f"{pre}.gguf", "gpt2", tokens, [TokenType.NORMAL] * len(tokens),
+                              merges=["h e"], pre=pre) for pre in ("gpt-2", "chatglm-bpe", "glm4")}
+    assert (kinds["gpt-2"].bos_id, kinds["chatglm-bpe"].bos_id, kinds["glm4"].bos_id) == (11, None, None)
+    assert kinds["glm4"].encode("he") == [tokens.index("he")]

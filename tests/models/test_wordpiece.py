@@ -55,7 +55,8 @@ def test_cased_vocabulary_keeps_case(tmp_path):
 
 def test_vocabulary_without_sep_token_is_a_gguf_error(tmp_path):
     with pytest.raises(GGUFError, match=r"needs a \[SEP\] token"):
-        write_vocab(tmp_path / "nosep.gguf", "bert", ["[UNK]", "[CLS]", "▁a"], [2, 3, 1], unk_token_id=0, bos_token_id=1)
+        write_vocab(tmp_path / "nosep.gguf", "bert", ["[UNK]", "[CLS]", "▁a"], [2, 3, 1], unk_token_id=0,
+                    bos_token_id=1)
 
 
 def test_detokenize_joins_words_with_spaces_and_cleans_them(bert):

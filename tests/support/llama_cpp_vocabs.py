@@ -1,7 +1,7 @@
 """llama.cpp's tokenizer test set (its models/ggml-vocab-*.gguf with .inp/.out), as tests/models/data keeps it.
 
 The 19 vocabularies travel in one xz archive (similar vocabularies compress together); ``VocabSet`` unpacks it
-once into a temporary directory and loads each vocabulary the first time a test asks for it.
+once into a temporary directory.
 """
 
 import json
@@ -44,11 +44,10 @@ def corpus_refs():
 
 
 class VocabSet:
-    """The unpacked vocabularies under ``directory``; tokenizers load lazily and stay cached."""
+    """The vocabularies, unpacked under ``directory`` when the first one is asked for."""
 
     def __init__(self, directory):
         self.directory = Path(directory)
-        self._tokenizers = {}
 
     def path(self, vocab):
         path = self.directory / file_name(vocab)
@@ -57,8 +56,6 @@ class VocabSet:
                 archive.extractall(self.directory, filter="data")
         return path
 
-    def tokenizer(self, vocab):
-        if vocab not in self._tokenizers:
-            with GGUFFile.open(self.path(vocab)) as f:
-                self._tokenizers[vocab] = load_tokenizer(f)
-        return self._tokenizers[vocab]
+    def load(self, vocab):
+        with GGUFFile.open(self.path(vocab)) as f:
+            return load_tokenizer(f)

