@@ -7,7 +7,7 @@ weights in their block formats there. Optionally (`weights="f32"`, `pyggml gener
 quantized tensors are *expanded*: placed, with their own types, in the device's float32 extra buffer type
 (the CPU's "CPU_F32"), which keeps their float32 values (4 bytes a weight; products run on BLAS). By
 default, the matrices an extra buffer type `takes` go there instead (the CPU's "CPU_INTERLEAVED": Q4_0,
-Q4_1, Q5_0, Q5_1, Q8_0 interleaved for the integer products, same bytes), except
+Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K .. Q6_K and IQ4_XS interleaved for the integer products, same bytes), except
 the token embedding, whose rows GET_ROWS reads from the file: all of a model's layer matrices or none.
 The integer products quantize their activations to Q8_0 as ggml does; a model whose layers mixed them
 with float products (types without an integer kernel here, Q4_K and Q6_K in Gemma 3 270M Q4_K_M) moved

@@ -151,10 +151,10 @@ def test_without_vnni_q4_0_stays_in_the_file(q4_0_file, monkeypatch):
 
 @pytest.mark.skipif(not has_vnni(), reason="matrices are interleaved only where AVX-512 VNNI multiplies them")
 def test_a_model_whose_layers_mix_in_other_quantized_types_keeps_them_all_in_the_file(tmp_path):
-    """Q4_0 layers with one Q2_K matrix among them (no integer product here): nothing is interleaved (integer
-    and float products mixed moved the logits further from llama.cpp's than either alone)."""
-    path = write_llama(tmp_path / "mix.gguf", n_embd=256, qtype={"attn_q": GGMLQuantizationType.Q2_K,
-                                                                 "*": GGMLQuantizationType.Q4_0})
+    """Q4_0 layers whose FFN gate and up have 152 rows (not whole 16-row groups, no integer product here):
+    nothing is interleaved (integer and float products mixed moved the logits further from llama.cpp's than
+    either alone)."""
+    path = write_llama(tmp_path / "mix.gguf", n_embd=256, n_ff=152, qtype=GGMLQuantizationType.Q4_0)
     w = load_weights(GGUFFile.open(path), init_by_name("CPU"))
     assert {t.buffer.buft.name for t in w.tensors.values()} == {"CPU_Mapped"}
 
@@ -176,3 +176,21 @@ def test_a_q4_k_m_mix_is_interleaved_whole(tmp_path, monkeypatch):
     monkeypatch.setattr("pyggml.backend.cpu.interleave.has_vnni", lambda: False)
     w = load_weights(GGUFFile.open(path), init_by_name("CPU"))
     assert {t.buffer.buft.name for t in w.tensors.values()} == {"CPU_Mapped"}
+
+
+@pytest.mark.skipif(not has_vnni(), reason="matrices are interleaved only where AVX-512 VNNI multiplies them")
+def test_the_low_bit_k_quant_and_iq4_mixes_are_interleaved_whole(tmp_path):
+    """Q2_K, Q3_K (the Q2_K and Q3_K_* mixes), IQ4_NL and IQ4_XS have integer products too: a file mixing them
+    with Q4_K .. Q6_K goes wholly to CPU_INTERLEAVED, and decodes."""
+    qtypes = {"attn_q": GGMLQuantizationType.Q2_K, "attn_k": GGMLQuantizationType.Q3_K,
+              "ffn_up": GGMLQuantizationType.IQ4_XS, "ffn_gate": GGMLQuantizationType.IQ4_NL,
+              "ffn_down": GGMLQuantizationType.Q6_K, "attn_output": GGMLQuantizationType.Q5_K,
+              "*": GGMLQuantizationType.Q4_K}
+    path = write_llama(tmp_path / "k_mix.gguf", n_embd=256, n_ff=512, qtype=qtypes)
+    w = load_weights(GGUFFile.open(path), init_by_name("CPU"))
+    layers = {t.type.name: t.buffer.buft.name for name, t in w.tensors.items() if name.startswith("blk.")
+              and name.endswith("attn_q.weight") or "ffn" in name and t.ne[1] > 1}
+    assert set(layers) >= {"Q2_K", "IQ4_XS", "IQ4_NL", "Q6_K"} and set(layers.values()) == {"CPU_INTERLEAVED"}
+    assert w.tensors["blk.0.attn_k.weight"].buffer.buft.name == "CPU_INTERLEAVED"
+    model = load_model(path, n_ctx=64)
+    assert np.isfinite(model.decode(model.tokenize("hello world"))).all()

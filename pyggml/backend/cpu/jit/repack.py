@@ -1,6 +1,6 @@
-"""Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights repacked 16 rows at a time and multiplied in int8 against activations
-quantized to Q8_0, as ggml's CPU repack kernels do (ggml_gemm_q4_0_8x8_q8_0 and its kin), on CPUs with
-AVX-512 VNNI.
+"""Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL weights repacked 16 rows at a time and multiplied in int8 against
+activations quantized to Q8_0 (the K-quants and IQ4_XS against Q8_K, ir/vnni_k_ir.py), as ggml's CPU repack
+kernels do (ggml_gemm_q4_0_8x8_q8_0 and its kin), on CPUs with AVX-512 VNNI.
 
 Layout "16x4": rows go in groups of 16; a group's block b holds the fields before the quants, each for
 the 16 rows in turn (fp16 d; Q4_1's and Q5_1's fp16 m; Q5_0's and Q5_1's 4 bytes of fifth bits), then
@@ -23,12 +23,14 @@ from numba import prange
 from pyggml.backend.cpu.jit import jit, parallel_jit
 from pyggml.backend.cpu.jit.f16 import f16_bits
 from pyggml.backend.cpu.jit.floatbits import f16_to_f32
-from pyggml.backend.cpu.jit.ir.vnni_ir import FORMATS, ROWS, tile_q4_0, tile_q4_1, tile_q5_0, tile_q5_1, tile_q8_0
-from pyggml.backend.cpu.jit.ir.vnni_k_ir import K_FORMATS, Q4_K, Q5_K, tile_q4_K, tile_q5_K, tile_q6_K
+from pyggml.backend.cpu.jit.ir.vnni_ir import (FORMATS, ROWS, tile_iq4_nl, tile_q4_0, tile_q4_1, tile_q5_0, tile_q5_1,
+                                               tile_q8_0)
+from pyggml.backend.cpu.jit.ir.vnni_k_ir import (K_FORMATS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, tile_iq4_xs, tile_q2_K,
+                                                 tile_q3_K, tile_q4_K, tile_q5_K, tile_q6_K)
 from pyggml.core.types import GGMLType
 
 Q4_0, Q4_1, Q5_0, Q5_1 = int(GGMLType.Q4_0), int(GGMLType.Q4_1), int(GGMLType.Q5_0), int(GGMLType.Q5_1)
-Q8_0 = int(GGMLType.Q8_0)
+Q8_0, IQ4_NL = int(GGMLType.Q8_0), int(GGMLType.IQ4_NL)
 
 
 def fields(qtype: int) -> tuple:
@@ -127,8 +129,10 @@ def gemm_16x4_q8_0(qtype: np.intp, w: np.ndarray, first: np.uintp, nb: np.intp, 
             tile_q5_0(w, start, nb, xq, xd, xs, xm, n_tokens, flat, yo, ys)
         elif qtype == Q5_1:
             tile_q5_1(w, start, nb, xq, xd, xs, xm, n_tokens, flat, yo, ys)
-        else:
+        elif qtype == Q8_0:
             tile_q8_0(w, start, nb, xq, xd, xs, xm, n_tokens, flat, yo, ys)
+        else:
+            tile_iq4_nl(w, start, nb, xq, xd, xs, xm, n_tokens, flat, yo, ys)
 
 
 @jit
@@ -189,7 +193,13 @@ def gemm_16x4_q8_K(qtype: np.intp, w: np.ndarray, first: np.uintp, nb: np.intp, 
         start, yo = first + g * group_bytes, g * ROWS
         if qtype == Q4_K:
             tile_q4_K(w, start, nb, xq, xd, xb, n_tokens, flat, yo, ys)
+        elif qtype == Q6_K:
+            tile_q6_K(w, start, nb, xq, xd, xb, n_tokens, flat, yo, ys)
         elif qtype == Q5_K:
             tile_q5_K(w, start, nb, xq, xd, xb, n_tokens, flat, yo, ys)
+        elif qtype == Q3_K:
+            tile_q3_K(w, start, nb, xq, xd, xb, n_tokens, flat, yo, ys)
+        elif qtype == Q2_K:
+            tile_q2_K(w, start, nb, xq, xd, xb, n_tokens, flat, yo, ys)
         else:
-            tile_q6_K(w, start, nb, xq, xd, xb, n_tokens, flat, yo, ys)
+            tile_iq4_xs(w, start, nb, xq, xd, xb, n_tokens, flat, yo, ys)
