@@ -12,6 +12,7 @@ from pyggml.errors import GGMLError, GGUFError
 from pyggml.models import load_model
 from pyggml.models.gguf_file import GGUFFile
 from pyggml.models.gguf_loader import load_weights
+from pyggml.testing.synthetic import q4_k_m_mix
 
 from tests.support.tiny_models import write_llama
 
@@ -176,6 +177,24 @@ def test_a_q4_k_m_mix_is_interleaved_whole(tmp_path, monkeypatch):
     monkeypatch.setattr("pyggml.backend.cpu.interleave.has_vnni", lambda: False)
     w = load_weights(GGUFFile.open(path), init_by_name("CPU"))
     assert {t.buffer.buft.name for t in w.tensors.values()} == {"CPU_Mapped"}
+
+
+@pytest.mark.skipif(not has_vnni(), reason="matrices are interleaved only where AVX-512 VNNI multiplies them")
+def test_a_tied_embedding_goes_with_the_layers_and_its_rows_still_read(tmp_path, monkeypatch):
+    """Llama 3.2 1B's Q4_K_M (tied): the Q6_K token embedding is the output head too, so it is interleaved with
+    the layers (its rows then read back by GET_ROWS); the logits match those with the embedding left in the file
+    (its head then a float product: within the activations' Q8_K rounding)."""
+    path = write_llama(tmp_path / "tied.gguf", n_embd=256, n_ff=512, tied=True, qtype=q4_k_m_mix(tied=True))
+    w = load_weights(GGUFFile.open(path), init_by_name("CPU"))
+    assert (w.tensors["token_embd.weight"].type.name, w.tensors["token_embd.weight"].buffer.buft.name) == \
+        ("Q6_K", "CPU_INTERLEAVED") and w.nbytes == w.file_tensor_bytes
+    ids = load_model(path, n_ctx=64).tokenize("hello world")
+    logits = load_model(path, n_ctx=64).decode(ids)
+    monkeypatch.setattr("pyggml.models.gguf_loader.OUTPUT", "token_embd.weight")  # as if untied: left in the file
+    assert load_weights(GGUFFile.open(path), init_by_name("CPU")).tensors["token_embd.weight"].buffer.buft.name \
+        == "CPU_Mapped"
+    in_file = load_model(path, n_ctx=64).decode(ids)
+    assert np.abs(logits - in_file).max() < 5e-2 * np.abs(in_file).max()
 
 
 @pytest.mark.skipif(not has_vnni(), reason="matrices are interleaved only where AVX-512 VNNI multiplies them")

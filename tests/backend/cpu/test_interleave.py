@@ -290,19 +290,35 @@ def test_mul_mat_on_it_is_within_test_backend_ops_nmse_of_the_file_layout(cpu, s
     assert nmse(host_ndarray(b), host_ndarray(a)) < 5e-4
 
 
-def test_only_mul_mat_reads_it_and_the_backend_gives_blas_one_thread(cpu):
+def test_only_mul_mat_and_get_rows_read_it_and_the_backend_gives_blas_one_thread(cpu):
     _, interleaved = cpu.device.extra_buffer_types()
     w, _ = _placed(_q_rows(16, 64), interleaved, 64)
     ctx = Context()
-    ids = ctx.new_tensor_1d(GGMLType.I32, 2, "ids")
-    host_ndarray(ids)[...] = [0, 3]
-    rows = ops.get_rows(ctx, w, ids)
-    assert not kernels.supports(rows)
-    with pytest.raises(UnsupportedOpError, match="GET_ROWS"):
-        cpu._plan(_graph(rows))
+    copy = ops.cont(ctx, w)
+    assert not kernels.supports(copy)
+    with pytest.raises(UnsupportedOpError, match="CONT"):
+        cpu._plan(_graph(copy))
     x = ctx.new_tensor_2d(GGMLType.F32, 64, 2, "x")
     assert cpu._plan(_graph(ops.mul_mat(ctx, w, x))).blas_on_one_thread
     assert not cpu._plan(_graph(ops.mul_mat(ctx, x, x))).blas_on_one_thread
+
+
+@pytest.mark.parametrize("qtype", TYPES + K_TYPES)
+def test_get_rows_reads_rows_back_out_of_their_groups(cpu, qtype):
+    """A tied token embedding is interleaved with the layers (it is the output head too): GET_ROWS gathers each
+    row's bytes back and decodes them, the same values as from the file's layout."""
+    _, interleaved = cpu.device.extra_buffer_types()
+    raw = _q_rows(48, 512, qtype=qtype)
+    packed, _ = _placed(raw, interleaved, 512, qtype)
+    plain, _ = _placed(raw, cpu.default_buffer_type, 512, qtype)
+    ctx = Context()
+    ids = ctx.new_tensor_1d(GGMLType.I32, 10, "ids")
+    host_ndarray(ids)[...] = [0, 47, 16, 16, 31, 5, 15, 32, 0, 1]
+    got, want = ops.get_rows(ctx, packed, ids), ops.get_rows(ctx, plain, ids)
+    assert kernels.supports(got)
+    kernels.compute(got)
+    kernels.compute(want)
+    np.testing.assert_array_equal(host_ndarray(got), host_ndarray(want))
 
 
 def _graph(t):

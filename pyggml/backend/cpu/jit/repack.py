@@ -17,6 +17,8 @@ Q8_1's s = fp16(d·Σq) (what ggml multiplies Q4_1's and Q5_1's minimum with).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from numba import prange
 
@@ -50,16 +52,34 @@ def repack_16x4(qtype: int, rows: np.ndarray) -> np.ndarray:
     n_rows, row_bytes = rows.shape
     groups, nb = n_rows // ROWS, row_bytes // block_bytes
     blocks = rows.reshape(groups, ROWS, nb, block_bytes)
-    out = np.empty((groups, nb, ROWS * block_bytes), np.uint8)
+    out = np.empty((groups, nb, ROWS * block_bytes), rows.dtype)
     at = 0
     for offset, size in layout:
         piece = 2 if size == 2 else 4
         field = blocks[:, :, :, offset: offset + size].reshape(groups, ROWS, nb, size // piece, piece)
         out[:, :, at: at + ROWS * size] = field.transpose(0, 2, 3, 1, 4).reshape(groups, nb, ROWS * size)
         at += ROWS * size
-    if qtype == Q8_0:
+    if qtype == Q8_0 and rows.dtype == np.uint8:
         out[:, :, ROWS * 2:] ^= 0x80  # int8 -> uint8 + 128
     return out.reshape(n_rows, row_bytes)
+
+
+@functools.cache
+def row_places(qtype: int, row_bytes: int) -> tuple[np.ndarray, np.ndarray]:
+    """(where each byte of row r of a 16-row group lies in the group's 16x4 bytes (16, row_bytes), what to XOR it
+    with to get the file's byte back): the inverse of repack_16x4, for reading single rows (GET_ROWS)."""
+    moved = repack_16x4(qtype, np.arange(ROWS * row_bytes, dtype=np.int64).reshape(ROWS, row_bytes)).reshape(-1)
+    places = np.argsort(moved).reshape(ROWS, row_bytes)
+    flips = repack_16x4(qtype, np.zeros((ROWS, row_bytes), np.uint8)).reshape(-1)[places]
+    return places, flips
+
+
+def unpack_rows(qtype: int, w: np.ndarray, first: int, row_bytes: int, ids: np.ndarray) -> np.ndarray:
+    """The file's bytes (len(ids), row_bytes) of rows ids of the 16x4 matrix at byte `first` of w."""
+    places, flips = row_places(qtype, row_bytes)
+    ids = ids.reshape(-1).astype(np.int64)
+    in_group = ids % ROWS
+    return w[first + (ids - in_group)[:, None] * row_bytes + places[in_group]] ^ flips[in_group]
 
 
 @jit
