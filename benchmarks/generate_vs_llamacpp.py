@@ -103,6 +103,8 @@ def weights_kind(model, weights: str) -> str:
 def run_llama(args) -> dict:
     import llama_cpp
 
+    if args.llama_no_extra_bufts:
+        _no_extra_buffer_types()
     start = time.perf_counter()
     llm = llama_cpp.Llama(model_path=args.model, n_ctx=args.ctx, n_batch=args.batch, n_ubatch=args.batch,
                           n_threads=args.threads, n_threads_batch=args.threads, verbose=True)
@@ -123,6 +125,21 @@ def run_llama(args) -> dict:
     return result
 
 
+def _no_extra_buffer_types() -> None:
+    """Make llama-cpp-python load its models with use_extra_bufts off (llama.cpp's --no-extra-bufts): weights stay
+    in the file's layout (no CPU_REPACK, no AMX), multiplied by ggml's vec_dot on Q8_0/Q8_K activations."""
+    from llama_cpp import llama_cpp as lib
+
+    default = lib.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    lib.llama_model_default_params = params
+
+
 def llama_log_facts(log: str) -> dict:
     """From llama.cpp's log of run_llama: the first context's settings and both contexts' compute buffers."""
     contexts = log.split("constructing llama_context")[1:]
@@ -141,7 +158,7 @@ def llama_log_facts(log: str) -> dict:
             "kv_type": setting(r"K \((\w+)\)").upper(), "outputs_reserved": setting(r"n_outputs_max\s*=\s*(\d+)"),
             "flash_attn": setting(r"flash_attn\s*=\s*(\w+)"),
             "weights_kind": "quantized, repacked (CPU_REPACK)" if "CPU_REPACK model buffer size" in log
-            else "as in the file"}
+            else "quantized, repacked (AMX)" if "AMX model buffer size" in log else "as in the file"}
 
 
 SYNTHETIC = ["q4_0", "q4_1", "q8_0"] + [f"{size}-{q}" for size in ("1b", "8b") for q in ("q4_k_m", "q4_0", "q8_0")]
@@ -213,6 +230,7 @@ def _side(python: str, side: str, args) -> dict:
     cmd = [python, "-m", "benchmarks.generate_vs_llamacpp", "--side", side, "--model", args.model,
            "--ctx", str(args.ctx), "--batch", str(args.batch), "--threads", str(args.threads), "-n", str(args.n),
            "--prompt-tokens", str(args.prompt_tokens), "--warmup", str(args.warmup), "--weights", args.weights]
+    cmd += ["--llama-no-extra-bufts"] if args.llama_no_extra_bufts else []
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads),
                MKL_NUM_THREADS=str(args.threads),
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
@@ -247,6 +265,9 @@ def main() -> None:
     p.add_argument("--synthetic", choices=SYNTHETIC,
                    help="run on a random-weight llama of realistic size in this type, written to a temporary directory "
                         "(see write_synthetic)")
+    p.add_argument("--llama-no-extra-bufts", action="store_true",
+                   help="llama.cpp without its extra buffer types (CPU_REPACK, AMX): for machines where its AMX "
+                        "kernels crash (a general protection fault in libggml-cpu)")
     p.add_argument("--keep", help="with --synthetic: write the file here, and reuse it if it exists")
     p.add_argument("--quick", action="store_true", help="a smoke test: 1 run per side, no warm-up, 64 + 4 tokens")
     p.add_argument("--side", choices=["pyggml", "llama"], help=argparse.SUPPRESS)

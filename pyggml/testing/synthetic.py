@@ -109,6 +109,7 @@ def bpe_vocab(n_vocab: int) -> Vocab:
 
 # ----- weights --------------------------------------------------------------------------------------
 CALIBRATION_BLOCKS = 1 << 16  # blocks of a drawn K-quant matrix its scales are chosen from (all of a small one)
+SLAB_VALUES = 1 << 24         # values of a quantized matrix drawn at a time
 
 
 def random_weight(rng: np.random.Generator, n_out: int, n_in: int, qtype: QType | None, std: float) -> tuple:
@@ -119,7 +120,7 @@ def random_weight(rng: np.random.Generator, n_out: int, n_in: int, qtype: QType 
     if n_in % block:
         raise GGMLError(f"rows of {n_in} values are not whole {qtype.name} blocks of {block}")
     if qtype not in _SCALE_FIELDS:  # a slab of rows at a time: the same values, less memory for large matrices
-        slab = max(1, (1 << 24) // n_in)
+        slab = max(1, SLAB_VALUES // n_in)
         return np.concatenate([quantize(rng.normal(0, std, (min(slab, n_out - r), n_in)).astype(np.float32), qtype)
                                for r in range(0, n_out, slab)]), qtype
     raw = rng.integers(0, 256, (n_out * n_in // block, size), dtype=np.uint8)
