@@ -98,7 +98,8 @@ def main() -> None:
     for _ in range(args.rounds):
         for engine in engines:
             before = machine_state()
-            cmd = [sys.executable, "-m", "benchmarks.transcribe_vs_peers", "--worker", engine, "--model", args.model, "--workdir", str(workdir)]
+            cmd = [sys.executable, "-m", "benchmarks.transcribe_vs_peers", "--worker", engine, "--model", args.model,
+                   "--workdir", str(workdir)]
             out = subprocess.run(cmd + (["--quick"] if args.quick else []), capture_output=True, text=True, env=env,
                                  cwd=REPO)
             if out.returncode != 0:

@@ -29,7 +29,7 @@ def run(args) -> int:
     fmt = args.format or ("ggml" if Path(args.dst).suffix == ".bin" else "gguf")
     start = time.perf_counter()
     model = load_whisper_file(args.src)
-    (write_ggml_bin if fmt == "ggml" else write_gguf)(model, args.dst, type=args.type)
+    (write_ggml_bin if fmt == "ggml" else write_gguf)(model, args.dst, weight_type=args.type)
     size = Path(args.dst).stat().st_size
     print(f"{args.src} ({model.format}, {model.hparams.n_vocab} tokens, {model.hparams.n_audio_layer}+"
           f"{model.hparams.n_text_layer} layers) -> {args.dst} ({fmt}, {args.type}, {size / MIB:.1f} MiB) "

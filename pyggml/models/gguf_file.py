@@ -376,7 +376,8 @@ class GGUFFile:
             name = cur.string(f"tensor #{i} name")
             field = f"tensor '{name}'"
             if len(name.encode("utf-8")) > MAX_NAME_LENGTH:
-                cur.fail(f"tensor #{i} name", f"name is {len(name.encode())} bytes, ggml allows {MAX_NAME_LENGTH}", start)
+                cur.fail(f"tensor #{i} name", f"name is {len(name.encode())} bytes, ggml allows {MAX_NAME_LENGTH}",
+                         start)
             if name in names:
                 cur.fail(f"tensor #{i} name", f"duplicate tensor name '{name}'", start)
             names.add(name)

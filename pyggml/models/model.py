@@ -26,7 +26,7 @@ from pyggml.core import GGMLType
 from pyggml.core import types as T
 from pyggml.errors import GGMLError, GGUFError, ParameterError
 from pyggml.models.arch import architecture_of
-from pyggml.models.arch.blocks import Step, hparam
+from pyggml.models.arch.blocks import MAX_LAYERS, Step, hparam_count
 from pyggml.models.chat import detect_template, format_chat
 from pyggml.models.generate import Sampler, SamplingParams, check_n_predict
 from pyggml.models.gguf_file import GGUFFile
@@ -73,7 +73,8 @@ class Model:
         arch_class = architecture_of(gguf)  # refuse an unknown architecture before reading any weight
         self.tokenizer = load_tokenizer(gguf)
         load_cached()  # the CPU kernels load now, while the weights are still unread (see load_cached)
-        placement = plan_layers(hparam(gguf, "block_count"), backends) if len(backends) > 1 else None
+        n_layer = hparam_count(gguf, "block_count", limit=MAX_LAYERS)
+        placement = plan_layers(n_layer, backends) if len(backends) > 1 else None
         self.weights = load_weights(gguf, backend, weights=weights, progress=progress,
                                     elsewhere_prefixes=remote_prefixes(placement) if placement else ())
         self.arch = arch_class(gguf, self.weights)

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from pyggml.alloc import GraphAllocator
-from pyggml.backend import Backend, BufferType, BufferUsage, DeviceType, init_by_name, tensor_alloc, tensor_get, tensor_set
+from pyggml.backend import (Backend, BufferType, BufferUsage, DeviceType, init_by_name, tensor_alloc, tensor_get,
+                            tensor_set)
 from pyggml.backend.base import Buffer, Status
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import Tensor
@@ -186,7 +187,10 @@ def split_layers(weights, kv, placement) -> Scheduled:
 def backend_list(backend) -> list[Backend]:
     """Backends from a registered name, a comma-separated string of names, a Backend or a list of these;
     with several, a CPU backend (the list's first, else a new one) goes last, as the scheduler needs."""
-    items = backend.split(",") if isinstance(backend, str) else backend if isinstance(backend, (list, tuple)) else [backend]
+    if isinstance(backend, str):
+        items = backend.split(",")
+    else:
+        items = backend if isinstance(backend, (list, tuple)) else [backend]
     backends = [init_by_name(b.strip()) if isinstance(b, str) else b for b in items]
     if backends[-1].device.type != DeviceType.CPU and len(backends) > 1:
         cpus = [b for b in backends if b.device.type == DeviceType.CPU]

@@ -59,7 +59,8 @@ class TokenAttr(IntFlag):
 _ATTR_OF_TYPE = {int(TokenType[a.name]): int(a) for a in (
     TokenAttr.UNKNOWN, TokenAttr.UNUSED, TokenAttr.NORMAL, TokenAttr.CONTROL, TokenAttr.USER_DEFINED, TokenAttr.BYTE)}
 _CONTROL, _UNUSED, _USER_DEFINED = int(TokenAttr.CONTROL), int(TokenAttr.UNUSED), int(TokenAttr.USER_DEFINED)
-_NORMAL, _BYTE, _LSTRIP, _RSTRIP = int(TokenAttr.NORMAL), int(TokenAttr.BYTE), int(TokenAttr.LSTRIP), int(TokenAttr.RSTRIP)
+_NORMAL, _BYTE = int(TokenAttr.NORMAL), int(TokenAttr.BYTE)
+_LSTRIP, _RSTRIP = int(TokenAttr.LSTRIP), int(TokenAttr.RSTRIP)
 _SPECIAL = int(TokenAttr.CONTROL | TokenAttr.USER_DEFINED | TokenAttr.UNKNOWN)
 _HIDDEN_UNLESS_SPECIAL = int(TokenAttr.CONTROL | TokenAttr.UNKNOWN)
 

@@ -17,27 +17,19 @@ from pyggml.backend.base import DeviceType
 from pyggml.errors import BackendError
 
 FAKE_MODULE = '''
-from pyggml.backend.base import Backend, BackendReg, Device, DeviceType, Status
+from tests.support.minimal_backend import MinimalBackend, MinimalDevice, MinimalReg
 
-class FakeBackend(Backend):
+class FakeBackend(MinimalBackend):
     name = "FakeGPU"
-    guid = b"fake-gpu-backend"
 
-    def _graph_compute(self, graph):
-        return Status.SUCCESS
-
-class FakeGpu(Device):
+class FakeGpu(MinimalDevice):
     name = "FakeGPU0"
     description = "a GPU that is not there"
-    type = DeviceType.GPU
-
-    def memory(self):
-        return 1 << 30, 2 << 30
 
     def init_backend(self, params=None):
         return FakeBackend(self)
 
-class FakeReg(BackendReg):
+class FakeReg(MinimalReg):
     name = "FakeGPU"
 
 INITS = 0

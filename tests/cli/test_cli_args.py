@@ -15,6 +15,9 @@ from pyggml.errors import ParameterError
     (["rpc-server", "--port", "-5"], "argument --port/-p: must be an integer >= 0, got -5"),
     (["rpc-server", "--port", "70000"], "argument --port/-p: a TCP port is 0 to 65535, got 70000"),
     (["rpc-server", "--threads", "0"], "argument --threads/-t: must be an integer >= 1, got 0"),
+    (["transcribe", "a.wav", "--beam-size", "0"], "argument --beam-size: must be an integer >= 1, got 0"),
+    (["transcribe", "a.wav", "--threads", "-1"], "argument --threads/-t: must be an integer >= 1, got -1"),
+    (["transcribe", "a.wav", "--audio-ctx-pad", "0"], "argument --audio-ctx-pad: must be an integer >= 1, got 0"),
 ])
 def test_bad_counts_and_ports_are_usage_errors(capsys, argv, fragment):
     with pytest.raises(SystemExit) as e:

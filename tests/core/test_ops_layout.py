@@ -195,3 +195,45 @@ def test_diag(ctx):
     assert (out.op, out.ne) == (Op.DIAG, [5, 5, 3, 1])
     with pytest.raises(ShapeError, match=r"diag: a must be a row vector"):
         ops.diag(ctx, ctx.new_tensor(G.F32, (5, 2)))
+
+
+# ----- set / acc ------------------------------------------------------------------------------
+def test_set_and_acc_params_and_results(ctx, a):
+    b = ctx.new_tensor(G.F32, (3, 2), name="b")
+    out = ops.set_2d(ctx, a, b, a.nb[1], 8)
+    assert (out.op, out.type, out.ne, out.view_src) == (Op.SET, G.F32, a.ne, None)
+    assert list(out.op_params[:5]) == [a.nb[1], a.nb[2], a.nb[3], 8, 0]
+    assert list(ops.set_1d(ctx, a, b, 4).op_params[:5]) == [a.nb[1], a.nb[2], a.nb[3], 4, 0]
+    inplace = ops.acc_inplace(ctx, a, b, 2 * a.nb[1], a.nb[2], a.nb[3], 0)
+    assert (inplace.op, inplace.view_src, inplace.op_params[4]) == (Op.ACC, a, 1)
+    assert inplace.src[:2] == [a, b]
+
+
+def test_set_inplace_writes_into_a():
+    from pyggml.backend import init_by_name
+    from pyggml.core.graph import Graph
+
+    ctx = Context()
+    a, b = ctx.new_tensor(G.I32, (4, 3), name="a"), ctx.new_tensor(G.I32, (2, 2), name="b")
+    host_ndarray(a)[...] = np.arange(12).reshape(3, 4)
+    host_ndarray(b)[...] = -1
+    graph = Graph()
+    graph.build_forward_expand(ops.set_2d_inplace(ctx, a, b, a.nb[1], a.nb[0]))
+    init_by_name("CPU").graph_compute(graph)
+    assert host_ndarray(a)[0, 0].tolist() == [[0, -1, -1, 3], [4, -1, -1, 7], [8, 9, 10, 11]]
+
+
+@pytest.mark.parametrize("make, error, match", [
+    (lambda c, a: ops.set_1d(c, a, c.new_tensor(G.F16, (4,)), 0), GGMLTypeError, "same type"),
+    (lambda c, a: ops.acc(c, c.new_tensor(G.I32, (4,)), c.new_tensor(G.I32, (4,)), 16, 16, 16, 0), GGMLTypeError,
+     "one of F32"),
+    (lambda c, a: ops.set_1d(c, a, c.new_tensor(G.F32, (4,)), a.nbytes - 8), ShapeError, "past a's"),
+    (lambda c, a: ops.set_2d(c, a, c.new_tensor(G.F32, (6, 30)), a.nb[1], 4), ShapeError, "past a's"),
+    (lambda c, a: ops.set_1d(c, a, c.new_tensor(G.F32, (4,)), 2), ShapeError, "multiples of the element size"),
+    (lambda c, a: ops.set(c, a, c.new_tensor(G.F32, (4,)), -4, 0, 0, 0), ShapeError, "must be >= 0"),
+    (lambda c, a: ops.acc(c, ops.transpose(c, a), c.new_tensor(G.F32, (4,)), 16, 16, 16, 0), ShapeError,
+     "contiguous"),
+])
+def test_set_and_acc_refuse_bad_input(ctx, a, make, error, match):
+    with pytest.raises(error, match=match):
+        make(ctx, a)

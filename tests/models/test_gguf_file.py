@@ -42,7 +42,8 @@ def kv_str_array(key, values):
 
 
 def tinfo(name, ne, ttype, offset):
-    return gstr(name) + struct.pack("<I", len(ne)) + struct.pack(f"<{len(ne)}q", *ne) + struct.pack("<IQ", ttype, offset)
+    dims = struct.pack("<I", len(ne)) + struct.pack(f"<{len(ne)}q", *ne)
+    return gstr(name) + dims + struct.pack("<IQ", ttype, offset)
 
 
 def build(kvs, infos, data, version=3, alignment=32, n_tensors=None, n_kv=None):
@@ -193,13 +194,15 @@ def corrupted_variants():
         ("tensor_count_2e60", build(kvs, infos, data, n_tensors=2**60)[0], "tensor_count"),
         ("kv_count_2e60", build(kvs, infos, data, n_kv=2**60)[0], "metadata_kv_count"),
         ("kv_count_too_high", build(kvs, infos, data, n_kv=len(kvs) + 1)[0], "offset"),
-        ("key_length_past_eof", build([gstr("k")[:0] + struct.pack("<Q", 10**6) + b"abc"], [], b"")[0], "string length"),
+        ("key_length_past_eof", build([gstr("k")[:0] + struct.pack("<Q", 10**6) + b"abc"], [], b"")[0],
+         "string length"),
         ("string_value_past_eof", build([kv("k", GGUFValueType.STRING, struct.pack("<Q", 2**62))], [], b"")[0],
          "string length"),
         ("array_count_past_eof", build([kv("k", GGUFValueType.ARRAY, struct.pack("<IQ", GGUFValueType.UINT64, 2**59))],
                                        [], b"")[0], "element count"),
-        ("string_array_count_huge", build([kv("k", GGUFValueType.ARRAY, struct.pack("<IQ", GGUFValueType.STRING, 2**40))],
-                                          [], b"")[0], "element count"),
+        ("string_array_count_huge",
+         build([kv("k", GGUFValueType.ARRAY, struct.pack("<IQ", GGUFValueType.STRING, 2**40))], [], b"")[0],
+         "element count"),
         ("unknown_value_type", build([kv("k", 13, b"\0" * 8)], [], b"")[0], "unknown value type 13"),
         ("unknown_array_element_type", build([kv("k", GGUFValueType.ARRAY, struct.pack("<IQ", 99, 1))], [], b"")[0],
          "unknown value type 99"),
@@ -212,7 +215,8 @@ def corrupted_variants():
         ("duplicate_key", build([kv_u32("k", 1), kv_u32("k", 2)], [], b"")[0], "duplicate key 'k'"),
         ("alignment_not_power_of_two", build(kvs + [kv_u32("general.alignment", 48)], infos, data)[0], "power of two"),
         ("alignment_wrong_type", build(kvs + [kv_str("general.alignment", "32")], infos, data)[0], "UINT32"),
-        ("unknown_tensor_type", build(kvs, [tinfo("a.weight", [8, 8], 4, 0), infos[1]], data)[0], "unknown ggml type 4"),
+        ("unknown_tensor_type", build(kvs, [tinfo("a.weight", [8, 8], 4, 0), infos[1]], data)[0],
+         "unknown ggml type 4"),
         ("tensor_type_huge", build(kvs, [tinfo("a.weight", [8, 8], 2**31, 0), infos[1]], data)[0], "unknown ggml type"),
         ("too_many_dims", build(kvs, [tinfo("a.weight", [1, 1, 1, 1, 64], 0, 0), infos[1]], data)[0], "dimensions"),
         ("negative_ne", build(kvs, [tinfo("a.weight", [-8, -8], 0, 0), infos[1]], data)[0], "expected >= 0"),

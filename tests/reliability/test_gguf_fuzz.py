@@ -138,7 +138,7 @@ def test_hyperparameters_of_the_wrong_type_or_absurd_are_refused(llama_bytes, tm
     gguf.metadata[f"llama.{key}"] = value
     try:
         with limits():
-            Model(gguf, [init_by_name("CPU")], 16, 4, True, GGMLType.F16, None)
+            Model(gguf, [init_by_name("CPU")], 16, 4, "f32", GGMLType.F16, None)
     except GGUFError as e:  # the key itself, or a tensor the value contradicts (its shape, or one too many)
         assert f"llama.{key}" in str(e) or "has shape" in str(e) or "is missing" in str(e)
     finally:

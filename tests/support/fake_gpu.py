@@ -8,11 +8,13 @@ backend cannot touch it and every crossing goes through the scheduler's copies.
 
 from __future__ import annotations
 
-from pyggml.backend import Backend, Buffer, BufferType, Device, DeviceType, Status
+from pyggml.backend import Buffer, BufferType
 from pyggml.backend.base import computed_nodes
 from pyggml.backend.cpu import kernels
 from pyggml.core.host_memory import aligned_bytes
 from pyggml.core.tensor import VIEW_OPS, Op, Tensor
+
+from tests.support.minimal_backend import MinimalBackend, MinimalBufferType, MinimalDevice
 
 
 class FakeBuffer(Buffer):
@@ -40,50 +42,45 @@ class FakeBuffer(Buffer):
         self.host_array[:] = value
 
 
-class FakeBufferType(BufferType):
+class FakeBufferType(MinimalBufferType):
     name = "FAKE"
     alignment = 32
 
     def _alloc_buffer(self, size: int) -> Buffer:
+        self.allocated.append(size)
         return FakeBuffer(self, size)
 
 
-class FakeBackend(Backend):
+class FakeBackend(MinimalBackend):
     name = "FAKE"
     guid = b"fake-gpu-backend"
 
-    def _graph_compute(self, graph) -> Status:
+    def _graph_compute(self, graph):
         for node in computed_nodes(graph):
             kernels.compute(node)
-        return Status.SUCCESS
+        return super()._graph_compute(graph)
 
 
-class FakeDevice(Device):
+class FakeDevice(MinimalDevice):
+    """The minimal device (tests/support/minimal_backend.py) with memory the CPU kernels compute in, the ops
+    it is told to support and to take over (offload_op)."""
+
     name = "FAKE"
     description = "fake GPU for scheduler tests"
-    type = DeviceType.GPU
 
     def __init__(self, ops=(Op.MUL_MAT, Op.UNARY), offload=()):
         super().__init__()
         self.ops, self.offload = set(ops), set(offload)
-        self._buft = FakeBufferType(self)
+        self.buft = FakeBufferType(self)
 
     def memory(self):
         return 1 << 30, 1 << 30
 
-    def init_backend(self, params=None) -> Backend:
+    def init_backend(self, params=None):
         return FakeBackend(self)
-
-    @property
-    def buffer_type(self) -> BufferType:
-        return self._buft
 
     def supports_op(self, t: Tensor) -> bool:
         return t.op == Op.NONE or t.op in VIEW_OPS or t.op in self.ops
 
-    def supports_buft(self, buft: BufferType) -> bool:
-        return buft is self._buft
-
     def offload_op(self, t: Tensor) -> bool:
         return t.op in self.offload
-

@@ -1,4 +1,6 @@
-"""A minimal non-host backend for the backend-layer tests: only the required members are overridden."""
+"""The tests' one fake backend: a non-host device whose classes override only the required members (the
+backend-layer tests check the base classes' defaults with it). fake_gpu.py extends it into an accelerator the
+scheduler tests compute on; test_registry.py installs a subclass of it as a plug-in distribution."""
 
 from pyggml.backend.base import Backend, BackendReg, Buffer, BufferType, Device, DeviceType, Status
 from pyggml.core.tensor import Op

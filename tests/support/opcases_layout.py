@@ -1,4 +1,4 @@
-"""Op graphs for copies, repeats, concat, pad, get_rows, set_rows and diag, with NumPy references."""
+"""Op graphs for copies, repeats, concat, pad, get_rows, set_rows, diag, set and acc, with NumPy references."""
 
 from __future__ import annotations
 
@@ -185,6 +185,30 @@ def diag_case(ne=(6, 1, 3, 2)):
     return OpCase(f"diag_{'x'.join(map(str, ne))}", lambda ctx: ops.diag(ctx, new_input(ctx, G.F32, ne)), 0.0, ref)
 
 
+def strided_write_case(op, type_, ne_a, ne_b, rows, offset):
+    """set / acc of b (ne_b) into a (ne_a) with b's row r at a's row rows[0]*r (rows[1], rows[2]: plane and
+    batch steps in rows of a) from element `offset` on; the reference scatters by computed indices."""
+    def build(ctx):
+        a, b = (filled(ctx, type_, ne, small_ints, name=n) for ne, n in ((ne_a, "a"), (ne_b, "b")))
+        nb1, nb2, nb3 = (k * a.nb[1] for k in rows)
+        return getattr(ops, op)(ctx, a, b, nb1, nb2, nb3, offset * a.nb[0])
+
+    def ref(out):
+        a, b = values(out.src[0]), values(out.src[1])
+        n0, n1, n2, n3 = (list(ne_b) + [1] * 4)[:4]
+        i3, i2, i1, i0 = np.meshgrid(*(np.arange(n) for n in (n3, n2, n1, n0)), indexing="ij")
+        at = offset + i0 + (i1 * rows[0] + i2 * rows[1] + i3 * rows[2]) * ne_a[0]
+        expected = a.reshape(-1).copy()
+        if op == "set":
+            expected[at.reshape(-1)] = b.reshape(-1)
+        else:
+            np.add.at(expected, at.reshape(-1), b.reshape(-1))
+        return expected.reshape(a.shape)
+
+    name = f"{op}_{type_.name}_{'x'.join(map(str, ne_b))}_into_{'x'.join(map(str, ne_a))}_rows{rows}_at{offset}"
+    return OpCase(name, build, 0.0, ref)
+
+
 def repeat_cases(layout):
     return [
         *(repeat_case(t, ne, to, layout) for t in (G.F32, G.F16, G.I32)
@@ -215,6 +239,10 @@ CASES = [
     *(set_rows_case(t, ne_dst=(256, 9, 2, 1)) for t in QUANTIZABLE),
     set_rows_case(G.F32, layout="pad", ids_planes=(1, 2)),
     diag_case(),
+    *(strided_write_case(op, t, (8, 6, 2), ne_b, rows, off)
+      for op, types in (("set", (G.F32, G.I32)), ("acc", (G.F32,))) for t in types
+      for ne_b, rows, off in [((3, 2), (1, 6, 12), 2), ((8, 6, 2), (1, 6, 12), 0), ((4, 2, 2), (2, 6, 6), 1),
+                              ((5,), (1, 6, 12), 40)]),
 ]
 
 # Cases ggml 0.15.3's CPU backend cannot be compared on: inputs whose elements are strided (ggml's kernels

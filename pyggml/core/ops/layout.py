@@ -21,6 +21,8 @@ __all__ = [
     "view_1d", "view_2d", "view_3d", "view_4d", "permute", "transpose",
     "repeat", "repeat_4d", "repeat_back", "concat", "pad", "pad_ext", "pad_circular", "pad_ext_circular",
     "get_rows", "set_rows", "diag",
+    "set", "set_inplace", "set_1d", "set_1d_inplace", "set_2d", "set_2d_inplace",
+    "acc", "acc_inplace",
 ]
 
 
@@ -230,6 +232,69 @@ def set_rows(ctx: Context, a: Tensor, b: Tensor, c: Tensor) -> Tensor:
     t.op = Op.SET_ROWS
     t.src[0], t.src[1], t.src[2] = b, c, a
     return t
+
+
+# ----- strided writes: set, acc ----------------------------------------------------------------
+def _strided_write(ctx: Context, op: Op, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset: int,
+                   inplace: bool, types: tuple) -> Tensor:
+    """ggml_set_impl / ggml_acc_impl: a copy (or, inplace, a view) of a whose region seen with b's shape, the
+    byte strides (element size, nb1, nb2, nb3) and the byte offset gets b written (SET) or added (ACC).
+    op_params [nb1, nb2, nb3, offset, inplace]. The region must lie inside a: checked here, where ggml
+    asserts only when it computes."""
+    name = op.name.lower()
+    check_type(a.type in types and b.type == a.type, name,
+               f"a and b must have the same type, one of {', '.join(t.name for t in types)}", a, b)
+    check_shape(a.is_contiguous and b.is_contiguous_rows, name, "a must be contiguous and b's rows packed", a, b)
+    check_shape(min(nb1, nb2, nb3, offset) >= 0 and offset < 1 << 30, name,
+                f"strides ({nb1}, {nb2}, {nb3}) and offset {offset} must be >= 0 (offset below 2^30)", a, b)
+    size = T.type_size(a.type)
+    check_shape(offset % size == 0 and nb1 % size == 0 and nb2 % size == 0 and nb3 % size == 0, name,
+                f"strides ({nb1}, {nb2}, {nb3}) and offset {offset} must be multiples of the element size {size}",
+                a, b)
+    last = offset + sum((n - 1) * stride for n, stride in zip(b.ne, (size, nb1, nb2, nb3)))
+    check_shape(b.nelements == 0 or last + size <= a.nbytes, name,
+                f"the region written ends at byte {last + size}, past a's {a.nbytes} bytes", a, b)
+    return new_result(ctx, op, a.type, a.ne, (a, b), (nb1, nb2, nb3, offset, int(inplace)),
+                      inplace_of=a if inplace else None)
+
+
+_SET_TYPES = (T.GGMLType.F32, T.GGMLType.I32)
+
+
+def set(ctx: Context, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset: int) -> Tensor:  # noqa: A001
+    """ggml_set: a copy of a with b written over the region at byte `offset` with row strides nb1..nb3."""
+    return _strided_write(ctx, Op.SET, a, b, nb1, nb2, nb3, offset, False, _SET_TYPES)
+
+
+def set_inplace(ctx: Context, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset: int) -> Tensor:
+    return _strided_write(ctx, Op.SET, a, b, nb1, nb2, nb3, offset, True, _SET_TYPES)
+
+
+def set_1d(ctx: Context, a: Tensor, b: Tensor, offset: int) -> Tensor:
+    """b's elements written into a from byte `offset` on, with a's own strides."""
+    return set(ctx, a, b, a.nb[1], a.nb[2], a.nb[3], offset)
+
+
+def set_1d_inplace(ctx: Context, a: Tensor, b: Tensor, offset: int) -> Tensor:
+    return set_inplace(ctx, a, b, a.nb[1], a.nb[2], a.nb[3], offset)
+
+
+def set_2d(ctx: Context, a: Tensor, b: Tensor, nb1: int, offset: int) -> Tensor:
+    """b's rows written into a with row stride nb1 from byte `offset` on."""
+    return set(ctx, a, b, nb1, a.nb[2], a.nb[3], offset)
+
+
+def set_2d_inplace(ctx: Context, a: Tensor, b: Tensor, nb1: int, offset: int) -> Tensor:
+    return set_inplace(ctx, a, b, nb1, a.nb[2], a.nb[3], offset)
+
+
+def acc(ctx: Context, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset: int) -> Tensor:
+    """ggml_acc: a copy of a with b added into the region at byte `offset` with row strides nb1..nb3 (F32)."""
+    return _strided_write(ctx, Op.ACC, a, b, nb1, nb2, nb3, offset, False, (T.GGMLType.F32,))
+
+
+def acc_inplace(ctx: Context, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset: int) -> Tensor:
+    return _strided_write(ctx, Op.ACC, a, b, nb1, nb2, nb3, offset, True, (T.GGMLType.F32,))
 
 
 def diag(ctx: Context, a: Tensor) -> Tensor:

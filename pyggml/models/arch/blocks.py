@@ -177,6 +177,24 @@ def hparam(gguf, key: str, default=_REQUIRED):
     return value
 
 
+MAX_LAYERS = 512  # llama.cpp's LLAMA_MAX_LAYERS
+
+
+def check_count(gguf, key: str, n, limit: int | None = None, what: str = "a positive integer") -> None:
+    """Sizes, layer counts and divisors must be positive integers (a float, 0 or 2**40 would fail far from the
+    file, as a TypeError, a ZeroDivisionError or an allocation of terabytes)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1 or (limit is not None and n > limit):
+        bound = f" at most {limit}" if limit is not None else ""
+        raise GGUFError(f"{gguf.path}: metadata key '{gguf.architecture}.{key}' is {n!r}; expected {what}{bound}")
+
+
+def hparam_count(gguf, key: str, default=_REQUIRED, limit: int | None = None) -> int:
+    """`<architecture>.<key>` that must be a positive integer (at most `limit`)."""
+    value = hparam(gguf, key, default)
+    check_count(gguf, key, value, limit)
+    return value
+
+
 def hparam_per_layer(gguf, key: str, n_layer: int, default=_REQUIRED) -> list:
     """`<architecture>.<key>` for each layer: one number for all, or an array of one per layer (llama.cpp's
     get_key_or_arr)."""
@@ -212,20 +230,19 @@ class Decoder:
     (output.weight, or the token embeddings when they are tied)."""
 
     def __init__(self, gguf, w):
-        self.n_layer = hparam(gguf, "block_count")
-        self.n_embd = hparam(gguf, "embedding_length")
+        self.n_layer = hparam_count(gguf, "block_count", limit=MAX_LAYERS)
+        self.n_embd = hparam_count(gguf, "embedding_length")
         self.n_ff_arr = hparam_per_layer(gguf, "feed_forward_length", self.n_layer)
         self.n_ff = self.n_ff_arr[0]
         self.n_head = self.uniform(gguf, "attention.head_count", hparam_per_layer(gguf, "attention.head_count",
                                                                                  self.n_layer))
         self.n_head_kv = self.uniform(gguf, "attention.head_count_kv", hparam_per_layer(
             gguf, "attention.head_count_kv", self.n_layer, self.n_head))
-        for key, n in (("block_count", self.n_layer), ("embedding_length", self.n_embd),
-                       ("attention.head_count", self.n_head), ("attention.head_count_kv", self.n_head_kv)):
-            if not isinstance(n, int) or n == 0:  # sizes and divisors: a float or 0 would fail far from here
-                raise GGUFError(f"{gguf.path}: metadata key '{gguf.architecture}.{key}' is {n!r}; expected a "
-                                f"positive integer")
+        for key, n in (("attention.head_count", self.n_head), ("attention.head_count_kv", self.n_head_kv)):
+            check_count(gguf, key, n)
         self.head_dim = hparam(gguf, "attention.key_length", self.n_embd // self.n_head)
+        check_count(gguf, "attention.key_length" if f"{gguf.architecture}.attention.key_length" in gguf.metadata
+                    else "attention.head_count", self.head_dim, what="a head size of at least 1")
         self.n_ctx_train = hparam(gguf, "context_length")
         self.n_embd_k_gqa = self.n_embd_v_gqa = self.head_dim * self.n_head_kv
         self.tok_embd = w.get("token_embd.weight", (self.n_embd, None))

@@ -169,7 +169,8 @@ def _whisper_tensors(variables, where):
         for a, b in _NORM.items():
             put(f"{ours}.attn_ln.{b}", f"{ct2}/self_attention/layer_norm/{a}")
             put(f"{ours}.mlp_ln.{b}", f"{ct2}/ffn/layer_norm/{a}")
-        put_rows([f"{ours}.attn.{p}.weight" for p in ("query", "key", "value")], f"{ct2}/self_attention/linear_0/weight")
+        put_rows([f"{ours}.attn.{p}.weight" for p in ("query", "key", "value")],
+                 f"{ct2}/self_attention/linear_0/weight")
         put_rows([f"{ours}.attn.query.bias", None, f"{ours}.attn.value.bias"], f"{ct2}/self_attention/linear_0/bias")
         for x in _LINEAR:
             put(f"{ours}.attn.out.{x}", f"{ct2}/self_attention/linear_1/{x}")

@@ -55,16 +55,16 @@ class Weight:
         return T.to_float(self.type, rows.view(T.numpy_dtype(self.type)).reshape(self.shape))
 
     @classmethod
-    def from_float(cls, type, values: np.ndarray) -> "Weight":
-        """Encode float values (NumPy order) as ``type``."""
+    def from_float(cls, wtype, values: np.ndarray) -> "Weight":
+        """Encode float values (NumPy order) as ``wtype``."""
         values = np.asarray(values, dtype=np.float32)
-        raw = np.ascontiguousarray(T.from_float(type, values))
-        return cls(T.as_type(type), tuple(reversed(values.shape)), raw.view(np.uint8).reshape(-1))
+        raw = np.ascontiguousarray(T.from_float(wtype, values))
+        return cls(T.as_type(wtype), tuple(reversed(values.shape)), raw.view(np.uint8).reshape(-1))
 
-    def converted(self, type) -> "Weight":
-        """This tensor as ``type``: itself when it already is, else re-encoded from its float values."""
-        type = T.as_type(type)
-        return self if type == self.type else Weight.from_float(type, self.to_float32())
+    def converted(self, wtype) -> "Weight":
+        """This tensor as ``wtype``: itself when it already is, else re-encoded from its float values."""
+        wtype = T.as_type(wtype)
+        return self if wtype == self.type else Weight.from_float(wtype, self.to_float32())
 
 
 @dataclass

@@ -95,22 +95,22 @@ def read_ggml_bin(path) -> WhisperFile:
     return WhisperFile(hparams=hp, tensors=tensors, vocab=vocab, mel_filters=filters, format="ggml", path=str(path))
 
 
-def tensors_as(file: WhisperFile, type) -> dict[str, Weight]:
-    """The file's tensors in whisper.cpp's layout for weight type ``type`` (F16 or Q8_0): matrices in ``type``,
+def tensors_as(file: WhisperFile, weight_type) -> dict[str, Weight]:
+    """The file's tensors in whisper.cpp's layout for ``weight_type`` (F16 or Q8_0): matrices in that type,
     conv kernels F16, the rest F32; tensors already of the right type are not copied."""
-    wtype = T.as_type(type)
+    wtype = T.as_type(weight_type)
     if wtype not in WRITE_TYPES:
         raise UnsupportedTypeError(f"Whisper files are written as {', '.join(t.name for t in WRITE_TYPES)}, "
                                    f"not {wtype.name} (whisper.cpp's conv needs F16 kernels)")
     return {n: w.converted(layout_type(n, w.ne, wtype)) for n, w in file.tensors.items()}
 
 
-def write_ggml_bin(file: WhisperFile, path, type=GGMLType.F16) -> None:
-    """Write ``file`` as a whisper.cpp ggml .bin with matrices in ``type`` (F16 or Q8_0)."""
-    tensors = tensors_as(file, type)
+def write_ggml_bin(file: WhisperFile, path, weight_type=GGMLType.F16) -> None:
+    """Write ``file`` as a whisper.cpp ggml .bin with matrices in ``weight_type`` (F16 or Q8_0)."""
+    tensors = tensors_as(file, weight_type)
     hp = file.hparams
-    ftype = FTYPE_OF_TYPE[T.as_type(type)]
-    stored_ftype = ftype + (QNT_VERSION * QNT_VERSION_FACTOR if T.is_quantized(type) else 0)
+    ftype = FTYPE_OF_TYPE[T.as_type(weight_type)]
+    stored_ftype = ftype + (QNT_VERSION * QNT_VERSION_FACTOR if T.is_quantized(weight_type) else 0)
     filters = file.mel_filters if file.mel_filters is not None else mel_filters(hp.n_mels)
     n_tokens = n_text_tokens(hp.n_vocab)
     with open(path, "wb") as f:

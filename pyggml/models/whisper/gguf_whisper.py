@@ -32,12 +32,12 @@ ARCH = "whisper"
 _LISTS = ("suppress_ids", "suppress_ids_begin", "lang_ids")
 
 
-def write_gguf(file: WhisperFile, path, type=GGMLType.F16) -> None:
-    """Write ``file`` as a Whisper GGUF with matrices in ``type`` (F16 or Q8_0), whisper.cpp's layout."""
-    tensors = tensors_as(file, type)
+def write_gguf(file: WhisperFile, path, weight_type=GGMLType.F16) -> None:
+    """Write ``file`` as a Whisper GGUF with matrices in ``weight_type`` (F16 or Q8_0), whisper.cpp's layout."""
+    tensors = tensors_as(file, weight_type)
     hp = file.hparams
     w = GGUFWriter(str(path), ARCH)
-    w.add_file_type(FTYPE_OF_TYPE[T.as_type(type)])
+    w.add_file_type(FTYPE_OF_TYPE[T.as_type(weight_type)])
     for f in fields(hp):
         if f.name != "ftype":
             w.add_uint32(f"{ARCH}.{f.name}", getattr(hp, f.name))

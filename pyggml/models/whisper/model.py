@@ -275,7 +275,8 @@ class WhisperModel:
 
     def _make_kv(self) -> None:
         """The self-attention KV cache for n_seq sequences, each layer's on the backend of its layer."""
-        d, n_layer, n_audio, local = self.n_state, self.hparams.n_text_layer, self.hparams.n_audio_layer, self.backends[-1]
+        d, n_layer, n_audio = self.n_state, self.hparams.n_text_layer, self.hparams.n_audio_layer
+        local = self.backends[-1]
         self.kv = KVCache(local, n_layer, self.n_head, d, d, self.n_seq * self.n_text_ctx)
         self._moved_kv = []
         for il in range(n_layer):

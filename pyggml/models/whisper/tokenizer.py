@@ -67,8 +67,8 @@ def special_tokens(n_vocab: int) -> list[bytes]:
              "startofprev", "nospeech", "notimestamps", *(f"{i * TIMESTAMP_STEP:.2f}" for i in range(N_TIMESTAMPS))]
     specials = [f"<|{n}|>".encode() for n in names]
     if n_text_tokens(n_vocab) + len(specials) != n_vocab:
-        raise WhisperError(f"a vocabulary of {n_vocab} tokens is not a Whisper vocabulary (expected 51864 English-only, "
-                           f"51865 multilingual or 51866 large-v3)")
+        raise WhisperError(f"a vocabulary of {n_vocab} tokens is not a Whisper vocabulary "
+                           f"(expected 51864 English-only, 51865 multilingual or 51866 large-v3)")
     return specials
 
 

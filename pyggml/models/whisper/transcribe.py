@@ -1,12 +1,14 @@
-"""Speech to text: `load_whisper(...)` and `Whisper.transcribe(audio) -> segments`, as whisper.cpp's whisper_full.
+"""Speech to text: `load_whisper(...)` and `Whisper.transcribe(audio) -> segments`, as whisper.cpp's
+whisper_full.
 
 The audio's log-mel is cut into 30 s windows by a seek position: each window is encoded once, then decoded
 (with temperature fallback: when the text compresses too well (a loop, ratio > 2.4) or its average
-log-probability is below -1.0, decoding is retried at the next temperature 0.2, 0.4, ... 1.0, sampling
-with a seeded generator). A window whose no-speech probability is above 0.6 while its log-probability is
-low is silence and yields nothing (so is a window whose no-speech probability is above 0.9). Segments are cut at timestamp pairs; the next window starts at the last
-complete pair's end (or after the window when it ends with a single timestamp), so nothing at a window's
-edge is lost; the text so far is the next window's prompt (`<|startofprev|>`), reset after a hot fallback.
+log-probability is below -1.0, decoding is retried at the next temperature 0.2, 0.4, ... 1.0, sampling with a
+seeded generator). A window whose no-speech probability is above 0.6 while its log-probability is low is
+silence and yields nothing (so is a window whose no-speech probability is above 0.9). Segments are cut at
+timestamp pairs; the next window starts at the last complete pair's end (or after the window when it ends with
+a single timestamp), so nothing at a window's edge is lost; the text so far is the next window's prompt
+(`<|startofprev|>`), reset after a hot fallback.
 """
 
 from __future__ import annotations
@@ -147,7 +149,8 @@ class Whisper:
         multilingual models; beam_size > 1 for beam search; temperatures=(0.0,) turns off the fallback)."""
         opts = Options(**options)
         if not (1 <= opts.beam_size <= MAX_SEQUENCES and 1 <= opts.best_of <= MAX_SEQUENCES):
-            raise WhisperError(f"beam_size ({opts.beam_size}) and best_of ({opts.best_of}) must be 1 to {MAX_SEQUENCES}")
+            raise WhisperError(f"beam_size ({opts.beam_size}) and best_of ({opts.best_of}) "
+                               f"must be 1 to {MAX_SEQUENCES}")
         tok = self.tokenizer
         t = Timings(load_s=self.timings.load_s)
         start = time.perf_counter()

@@ -3,10 +3,13 @@
 Every case of tests/backend/cpu/opcases_*.py whose nodes the torch backend says it supports is
 copied onto TORCH_CPU (graph_copy, so the real buffer path is used) and computed there; its output
 must match the CPU kernels' output within the case's NMSE, with the same infinities and NaNs.
+PYGGML_TORCH_DEVICE names another torch device to run them on (CUDA0 on a machine with a GPU).
 The other cases are not collected (the scheduler runs those ops on the CPU); the ops the models need
 must be among the supported ones.
 """
 
+
+import os
 
 import numpy as np
 import pytest
@@ -41,7 +44,7 @@ REQUIRED_OPS = {Op.MUL_MAT, Op.GET_ROWS, Op.CPY, Op.CONT, Op.DUP, Op.ADD, Op.SUB
 
 @pytest.fixture(scope="module")
 def backend():
-    b = init_by_name("TORCH_CPU")
+    b = init_by_name(os.environ.get("PYGGML_TORCH_DEVICE", "TORCH_CPU"))
     yield b
     b.free()
 

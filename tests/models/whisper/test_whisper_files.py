@@ -33,7 +33,7 @@ def converted(tiny_en, tmp_path_factory):
     for fmt, write in (("bin", write_ggml_bin), ("gguf", write_gguf)):
         for t in ("f16", "q8_0"):
             paths[fmt, t] = d / f"tiny.en-{t}.{fmt}"
-            write(tiny_en, paths[fmt, t], type=t)
+            write(tiny_en, paths[fmt, t], weight_type=t)
     return paths
 
 
@@ -64,7 +64,8 @@ def test_ct2_fused_projections_are_split(tiny_en):
 
     qkv = ct2("encoder/layer_2/self_attention/linear_0/weight")
     for i, p in enumerate(("query", "key", "value")):
-        assert np.array_equal(tiny_en.tensors[f"encoder.blocks.2.attn.{p}.weight"].to_float32(), qkv[i * 384:(i + 1) * 384])
+        ours = tiny_en.tensors[f"encoder.blocks.2.attn.{p}.weight"].to_float32()
+        assert np.array_equal(ours, qkv[i * 384:(i + 1) * 384])
     kv = ct2("decoder/layer_3/attention/linear_1/weight")
     assert np.array_equal(tiny_en.tensors["decoder.blocks.3.cross_attn.value.weight"].to_float32(), kv[384:])
     bias = ct2("decoder/layer_1/self_attention/linear_0/bias")
@@ -119,7 +120,7 @@ def test_q8_0_files(tiny_en, converted):
 
 def test_unsupported_write_type(tiny_en, tmp_path):
     with pytest.raises(UnsupportedTypeError, match="F16, Q8_0"):
-        write_ggml_bin(tiny_en, tmp_path / "x.bin", type="q4_0")
+        write_ggml_bin(tiny_en, tmp_path / "x.bin", weight_type="q4_0")
 
 
 def test_base_split_package_loads():

@@ -13,12 +13,12 @@ def words(text):
     return re.sub(r"[^a-z0-9 ]", "", text.lower()).split()
 
 
-@pytest.mark.parametrize("type", ["f16", "q8_0"])
-def test_whisper_cpp_transcribes_our_file(tiny_en, speech, tmp_path, type, monkeypatch):
+@pytest.mark.parametrize("wtype", ["f16", "q8_0"])
+def test_whisper_cpp_transcribes_our_file(tiny_en, speech, tmp_path, wtype, monkeypatch):
     monkeypatch.setenv("GGML_NO_BACKTRACE", "1")
     model_mod = pytest.importorskip("pywhispercpp.model", reason="pywhispercpp (whisper.cpp) is not installed")
-    path = tmp_path / f"ggml-tiny.en-{type}.bin"
-    write_ggml_bin(tiny_en, path, type=type)
+    path = tmp_path / f"ggml-tiny.en-{wtype}.bin"
+    write_ggml_bin(tiny_en, path, weight_type=wtype)
     model = model_mod.Model(str(path), n_threads=2, print_progress=False, print_realtime=False)
     text = " ".join(s.text for s in model.transcribe(str(speech["en1.wav"]["path"]), language="en"))
     expected = words(speech["en1.wav"]["text"].replace("two", "2"))

@@ -1,5 +1,5 @@
 """Kernels that move data: dup/cpy/cont (with type conversion and quantization), repeat, repeat_back,
-concat, pad, get_rows, set_rows, diag."""
+concat, pad, get_rows, set_rows, diag, and the strided writes set and acc."""
 
 from __future__ import annotations
 
@@ -208,6 +208,24 @@ def set_rows(dst: Tensor) -> None:
         return
     ids = _checked_ids(dst, c, np.tile(ids3, (n3 // ids3.shape[0], n2 // ids3.shape[1], 1)), dst.ne[1])
     view(dst)[np.arange(n3)[:, None, None], np.arange(n2)[None, :, None], ids] = values
+
+
+@kernel(Op.SET, Op.ACC, supports=lambda t: t.src[1].type == t.type
+        and (t.type == G.F32 or (t.op == Op.SET and t.type == G.I32)))
+def set_acc(dst: Tensor) -> None:
+    """op_params [nb1, nb2, nb3, offset, inplace]: dst starts as a copy of a (inplace it is a), then the region
+    of dst seen with b's shape at those byte strides and offset is overwritten with b (SET) or gets b added (ACC)."""
+    a, b = dst.src[0], dst.src[1]
+    nb1, nb2, nb3, offset, inplace = dst.op_params[:5]
+    if not inplace:
+        np.copyto(view(dst), view(a))
+    flat = view(dst).reshape(-1)
+    region = np.lib.stride_tricks.as_strided(flat[offset // flat.itemsize:], tuple(reversed(b.ne)),
+                                             (nb3, nb2, nb1, flat.itemsize))
+    if dst.op == Op.SET:
+        region[...] = view(b)
+    else:
+        region += view(b)
 
 
 @kernel(Op.DIAG, supports=lambda t: t.type == t.src[0].type == G.F32)
