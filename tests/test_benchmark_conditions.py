@@ -62,3 +62,24 @@ def test_the_generate_benchmark_reads_both_llama_contexts_from_the_log():
                      "weights_kind": "quantized, repacked (CPU_REPACK)"}
     older = LLAMA_LOG.replace("n_outputs_max         = 1\n", "")  # a llama.cpp that ignores n_outputs_max
     assert generate.llama_log_facts(older)["compute_buffer_1_output"] is None
+
+
+def test_the_generate_benchmark_counts_the_weights_a_step_reads(tmp_path):
+    """Every matrix a step multiplies (the layers and the output head), not an untied token embedding, which
+    GET_ROWS reads a row of; a tied embedding is the head."""
+    from benchmarks import generate_vs_llamacpp as generate
+    from pyggml.models.gguf_file import GGUFFile
+    from pyggml.testing.synthetic import write_llama
+
+    for tied in (False, True):
+        path = write_llama(tmp_path / f"{tied}.gguf", tied=tied)
+        sizes = {t.name: t.nbytes for t in GGUFFile.open(path).tensors}
+        all_bytes = sum(sizes.values())
+        expected = all_bytes if tied else all_bytes - sizes["token_embd.weight"]
+        assert generate.weight_bytes_per_token(str(path)) == expected
+
+
+def test_the_generate_benchmark_measures_read_bandwidth():
+    from benchmarks import generate_vs_llamacpp as generate
+
+    assert 1e8 < generate.read_bandwidth(1, gib=1 / 64, repeats=2) < 1e13

@@ -7,10 +7,11 @@ weights in their block formats there. Optionally (`weights="f32"`, `pyggml gener
 quantized tensors are *expanded*: placed, with their own types, in the device's float32 extra buffer type
 (the CPU's "CPU_F32"), which keeps their float32 values (4 bytes a weight; products run on BLAS). By
 default, the matrices an extra buffer type `takes` go there instead (the CPU's "CPU_INTERLEAVED": Q4_0,
-Q4_1, Q5_0, Q5_1, Q8_0 interleaved for the integer products, same bytes), except
-the token embedding, whose rows GET_ROWS reads from the file: all of a model's layer matrices or none.
-The integer products quantize their activations to Q8_0 as ggml does; a model whose layers mixed them
-with float products (types without an integer kernel here, Q4_K and Q6_K in Gemma 3 270M Q4_K_M) moved
+Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K .. Q6_K and IQ4_XS interleaved for the integer products, same bytes),
+except an untied token embedding, whose rows GET_ROWS reads from the file (a tied one is the output head
+too, and goes with the layers): all of a model's layer matrices or none. The integer products quantize
+their activations to Q8_0 (Q8_K) as ggml does; a model whose layers mixed them with float products (Gemma 3
+270M Q4_K_M's Q4_K and Q6_K before they had integer kernels here) moved
 further from llama.cpp's logits than with either alone (mean KLD 1.17 times llama.cpp's F32-weights
 yardstick, against 1.00 all float), as llama.cpp quantizes the activations of every product.
 """
@@ -30,7 +31,8 @@ from pyggml.models.gguf_file import GGUFFile
 
 CONVERT_ROWS = 16384  # rows a slab written into a converting buffer type
 WEIGHT_KINDS = ("quantized", "f32")
-INPUT_EMBEDDING = "token_embd.weight"  # read by GET_ROWS: stays in the file's layout
+INPUT_EMBEDDING = "token_embd.weight"  # read by GET_ROWS: stays in the file's layout unless it is the output too
+OUTPUT = "output.weight"
 
 
 class Weights:
@@ -131,8 +133,9 @@ def load_weights(gguf: GGUFFile, backend, weights: str = "quantized", progress: 
 
 
 def _interleaved(gguf: GGUFFile, buft, elsewhere_prefixes: tuple[str, ...]) -> set[str]:
-    """The names of the matrices that go to `buft`: every one it takes but the token embedding, if it takes
-    every quantized layer matrix (see the module docstring), else none."""
+    """The names of the matrices that go to `buft`: every one it takes but an untied token embedding, if it takes
+    every quantized layer matrix (see the module docstring), else none. A tied embedding is the output head as
+    well, the largest product of a step: interleaved, its few rows a step are read back out of the groups."""
     def takes(info) -> bool:
         return buft.takes(int(info.type), info.ne[:info.n_dims] or (1,))
 
@@ -140,7 +143,8 @@ def _interleaved(gguf: GGUFFile, buft, elsewhere_prefixes: tuple[str, ...]) -> s
     layers = [info for info in here if info.name.startswith("blk.") and T.is_quantized(int(info.type))]
     if not layers or not all(takes(info) for info in layers):
         return set()
-    return {info.name for info in here if info.name != INPUT_EMBEDDING and takes(info)}
+    tied = all(info.name != OUTPUT for info in gguf.tensors)
+    return {info.name for info in here if (tied or info.name != INPUT_EMBEDDING) and takes(info)}
 
 
 def _raw(gguf: GGUFFile, info) -> np.ndarray:

@@ -109,6 +109,10 @@ def bpe_vocab(n_vocab: int) -> Vocab:
 
 
 # ----- weights --------------------------------------------------------------------------------------
+CALIBRATION_BLOCKS = 1 << 16  # blocks of a drawn K-quant matrix its scales are chosen from (all of a small one)
+SLAB_VALUES = 1 << 24         # values of a quantized matrix drawn at a time
+
+
 def random_weight(rng: np.random.Generator, n_out: int, n_in: int, qtype: QType | None, std: float) -> tuple:
     """(array, raw type) of an (n_out, n_in) matrix with values of spread `std`, in type qtype (None: F32)."""
     if qtype is None or qtype == QType.F32:
@@ -116,16 +120,19 @@ def random_weight(rng: np.random.Generator, n_out: int, n_in: int, qtype: QType 
     block, size = GGML_QUANT_SIZES[qtype]
     if n_in % block:
         raise GGMLError(f"rows of {n_in} values are not whole {qtype.name} blocks of {block}")
-    if qtype not in _SCALE_FIELDS:
-        return quantize(rng.normal(0, std, (n_out, n_in)).astype(np.float32), qtype), qtype
+    if qtype not in _SCALE_FIELDS:  # a slab of rows at a time: the same values, less memory for large matrices
+        slab = max(1, SLAB_VALUES // n_in)
+        return np.concatenate([quantize(rng.normal(0, std, (min(slab, n_out - r), n_in)).astype(np.float32), qtype)
+                               for r in range(0, n_out, slab)]), qtype
     raw = rng.integers(0, 256, (n_out * n_in // block, size), dtype=np.uint8)
     d_at, dmin_at = _SCALE_FIELDS[qtype]
+    sample = raw[:CALIBRATION_BLOCKS]  # the scales' statistics; a whole 8B embedding would take 10 GB
 
     def values(d: float, dmin: float) -> np.ndarray:
-        _set_f16(raw, d_at, d)
+        _set_f16(sample, d_at, d)
         if dmin_at is not None:
-            _set_f16(raw, dmin_at, dmin)
-        return dequantize(raw, qtype).astype(np.float64)
+            _set_f16(sample, dmin_at, dmin)
+        return dequantize(sample, qtype).astype(np.float64)
 
     scaled, offset = values(1.0, 0.0), (values(0.0, 1.0) if dmin_at is not None else 0.0)
     ratio = -scaled.mean() / offset.mean() if dmin_at is not None else 0.0   # dmin/d that centres the values
@@ -654,3 +661,25 @@ def _finish(w: GGUFWriter) -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+# Real models' shapes for benchmarks on files of the sizes people download (random weights).
+LLAMA_3_2_1B = dict(arch="llama", n_vocab=128256, n_embd=2048, n_head=32, n_head_kv=8, n_ff=8192, n_layer=16,
+                    n_ctx=131072, tied=True, freq_base=500000.0)
+LLAMA_3_1_8B = dict(arch="llama", n_vocab=128256, n_embd=4096, n_head=32, n_head_kv=8, n_ff=14336, n_layer=32,
+                    n_ctx=131072, tied=False, freq_base=500000.0)
+
+
+def q4_k_m_mix(tied: bool) -> dict:
+    """llama.cpp's Q4_K_M mix, simplified as most downloads have it: Q6_K for attn_v, ffn_down and the output
+    (the token embedding when the output is tied to it), Q4_K elsewhere."""
+    return {"attn_v": QType.Q6_K, "ffn_down": QType.Q6_K, "attn_output": QType.Q4_K, "output": QType.Q6_K,
+            "token_embd": QType.Q6_K if tied else QType.Q4_K, "*": QType.Q4_K}
+
+
+def write_llama_shaped(path, shape: Mapping, qtype, vocab: Vocab, seed: int = 0):
+    """A llama of `shape` (LLAMA_3_2_1B, LLAMA_3_1_8B) in qtype (a type or a mix such as q4_k_m_mix), the rope
+    frequency factors of Llama 3.2 (factor 32, tied) or 3.1 (8), and `vocab` padded to the shape's vocabulary."""
+    factor = 32.0 if shape["tied"] else 8.0
+    freqs = llama3_rope_freqs(shape["n_embd"] // shape["n_head"], shape["freq_base"], factor)
+    return write_llama(path, qtype=qtype, vocab=vocab, seed=seed, rope_factors={"rope_freqs": freqs}, **shape)

@@ -12,6 +12,7 @@ from pyggml.errors import GGMLError, GGUFError
 from pyggml.models import load_model
 from pyggml.models.gguf_file import GGUFFile
 from pyggml.models.gguf_loader import load_weights
+from pyggml.testing.synthetic import q4_k_m_mix
 
 from tests.support.tiny_models import write_gemma3, write_llama
 
@@ -161,10 +162,10 @@ def test_without_vnni_q4_0_stays_in_the_file(q4_0_file, monkeypatch):
 
 @pytest.mark.skipif(not has_vnni(), reason="matrices are interleaved only where AVX-512 VNNI multiplies them")
 def test_a_model_whose_layers_mix_in_other_quantized_types_keeps_them_all_in_the_file(tmp_path):
-    """Q4_0 layers with one Q2_K matrix among them (no integer product here): nothing is interleaved (integer
-    and float products mixed moved the logits further from llama.cpp's than either alone)."""
-    path = write_llama(tmp_path / "mix.gguf", n_embd=256, qtype={"attn_q": GGMLQuantizationType.Q2_K,
-                                                                 "*": GGMLQuantizationType.Q4_0})
+    """Q4_0 layers whose FFN gate and up have 152 rows (not whole 16-row groups, no integer product here):
+    nothing is interleaved (integer and float products mixed moved the logits further from llama.cpp's than
+    either alone)."""
+    path = write_llama(tmp_path / "mix.gguf", n_embd=256, n_ff=152, qtype=GGMLQuantizationType.Q4_0)
     w = load_weights(GGUFFile.open(path), init_by_name("CPU"))
     assert {t.buffer.buft.name for t in w.tensors.values()} == {"CPU_Mapped"}
 
@@ -186,3 +187,39 @@ def test_a_q4_k_m_mix_is_interleaved_whole(tmp_path, monkeypatch):
     monkeypatch.setattr("pyggml.backend.cpu.interleave.has_vnni", lambda: False)
     w = load_weights(GGUFFile.open(path), init_by_name("CPU"))
     assert {t.buffer.buft.name for t in w.tensors.values()} == {"CPU_Mapped"}
+
+
+@pytest.mark.skipif(not has_vnni(), reason="matrices are interleaved only where AVX-512 VNNI multiplies them")
+def test_a_tied_embedding_goes_with_the_layers_and_its_rows_still_read(tmp_path, monkeypatch):
+    """Llama 3.2 1B's Q4_K_M (tied): the Q6_K token embedding is the output head too, so it is interleaved with
+    the layers (its rows then read back by GET_ROWS); the logits match those with the embedding left in the file
+    (its head then a float product: within the activations' Q8_K rounding)."""
+    path = write_llama(tmp_path / "tied.gguf", n_embd=256, n_ff=512, tied=True, qtype=q4_k_m_mix(tied=True))
+    w = load_weights(GGUFFile.open(path), init_by_name("CPU"))
+    assert (w.tensors["token_embd.weight"].type.name, w.tensors["token_embd.weight"].buffer.buft.name) == \
+        ("Q6_K", "CPU_INTERLEAVED") and w.nbytes == w.file_tensor_bytes
+    ids = load_model(path, n_ctx=64).tokenize("hello world")
+    logits = load_model(path, n_ctx=64).decode(ids)
+    monkeypatch.setattr("pyggml.models.gguf_loader.OUTPUT", "token_embd.weight")  # as if untied: left in the file
+    assert load_weights(GGUFFile.open(path), init_by_name("CPU")).tensors["token_embd.weight"].buffer.buft.name \
+        == "CPU_Mapped"
+    in_file = load_model(path, n_ctx=64).decode(ids)
+    assert np.abs(logits - in_file).max() < 5e-2 * np.abs(in_file).max()
+
+
+@pytest.mark.skipif(not has_vnni(), reason="matrices are interleaved only where AVX-512 VNNI multiplies them")
+def test_the_low_bit_k_quant_and_iq4_mixes_are_interleaved_whole(tmp_path):
+    """Q2_K, Q3_K (the Q2_K and Q3_K_* mixes), IQ4_NL and IQ4_XS have integer products too: a file mixing them
+    with Q4_K .. Q6_K goes wholly to CPU_INTERLEAVED, and decodes."""
+    qtypes = {"attn_q": GGMLQuantizationType.Q2_K, "attn_k": GGMLQuantizationType.Q3_K,
+              "ffn_up": GGMLQuantizationType.IQ4_XS, "ffn_gate": GGMLQuantizationType.IQ4_NL,
+              "ffn_down": GGMLQuantizationType.Q6_K, "attn_output": GGMLQuantizationType.Q5_K,
+              "*": GGMLQuantizationType.Q4_K}
+    path = write_llama(tmp_path / "k_mix.gguf", n_embd=256, n_ff=512, qtype=qtypes)
+    w = load_weights(GGUFFile.open(path), init_by_name("CPU"))
+    layers = {t.type.name: t.buffer.buft.name for name, t in w.tensors.items() if name.startswith("blk.")
+              and name.endswith("attn_q.weight") or "ffn" in name and t.ne[1] > 1}
+    assert set(layers) >= {"Q2_K", "IQ4_XS", "IQ4_NL", "Q6_K"} and set(layers.values()) == {"CPU_INTERLEAVED"}
+    assert w.tensors["blk.0.attn_k.weight"].buffer.buft.name == "CPU_INTERLEAVED"
+    model = load_model(path, n_ctx=64)
+    assert np.isfinite(model.decode(model.tokenize("hello world"))).all()

@@ -9,7 +9,7 @@ from tests.support.parity_cases import plain
 
 from pyggml.errors import GGMLError
 from pyggml.models.gguf_file import GGUFFile
-from pyggml.testing.synthetic import random_weight, write_f32_copy
+from pyggml.testing.synthetic import q4_k_m_mix, random_weight, write_f32_copy
 
 from tests.support.tiny_models import gemma3_vocab, write_llama
 
@@ -60,3 +60,32 @@ def test_a_real_vocabulary_is_truncated_or_padded_to_n_vocab():
     tokens = vocab.keys["tokenizer.ggml.tokens"][0]
     assert big.n_tokens == 3000 and big.keys["tokenizer.ggml.tokens"][0][:2048] == tokens
     assert set(big.keys["tokenizer.ggml.token_type"][0][2048:]) == {1}
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_q4_k_m_mix_types_each_tensor_as_llama_cpp_does(tmp_path, tied):
+    path = write_llama(tmp_path / "m.gguf", n_embd=256, n_ff=512, tied=tied, qtype=q4_k_m_mix(tied))
+    types = {t.name: Q(int(t.type)).name for t in GGUFFile.open(path).tensors}
+    assert types["blk.0.attn_v.weight"] == types["blk.1.ffn_down.weight"] == "Q6_K"
+    assert types["blk.0.attn_output.weight"] == types["blk.0.ffn_up.weight"] == types["blk.1.attn_q.weight"] == "Q4_K"
+    assert types["token_embd.weight"] == ("Q6_K" if tied else "Q4_K") and types.get("output.weight", "Q6_K") == "Q6_K"
+
+
+def test_large_matrices_are_drawn_in_slabs_as_one_draw_and_k_quants_scaled_from_a_sample(monkeypatch):
+    """A Q4_0 matrix is drawn and quantized a slab of rows at a time: the same bytes as in one draw. A K-quant one
+    is scaled from its first CALIBRATION_BLOCKS blocks: the asked spread still, and nearly the whole one's scale."""
+    from gguf.quants import quantize
+
+    from pyggml.testing import synthetic
+
+    monkeypatch.setattr(synthetic, "SLAB_VALUES", 3 * 512)
+    slabs, _ = random_weight(np.random.default_rng(1), 64, 512, Q.Q4_0, 0.05)
+    whole = quantize(np.random.default_rng(1).normal(0, 0.05, (64, 512)).astype(np.float32), Q.Q4_0)
+    assert np.array_equal(slabs, whole)
+    monkeypatch.setattr(synthetic, "CALIBRATION_BLOCKS", 64)
+    sampled, _ = random_weight(np.random.default_rng(2), 256, 1024, Q.Q4_K, 0.05)
+    monkeypatch.setattr(synthetic, "CALIBRATION_BLOCKS", 1 << 30)
+    all_blocks, _ = random_weight(np.random.default_rng(2), 256, 1024, Q.Q4_K, 0.05)
+    values, reference = dequantize(sampled, Q.Q4_K), dequantize(all_blocks, Q.Q4_K)
+    assert abs(values.mean()) < 0.005 and 0.04 < values.std() < 0.065
+    assert abs(values.std() / reference.std() - 1) < 0.05

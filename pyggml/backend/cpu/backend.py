@@ -186,7 +186,7 @@ class CpuDevice(Device):
 
     def extra_buffer_types(self) -> list[BufferType]:
         """[CPU_F32, CPU_INTERLEAVED]: quantized weights expanded to float32 (pyggml.backend.cpu.f32_expand), and
-        Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 matrices interleaved for the integer products (pyggml.backend.cpu.interleave)."""
+        the matrices of the types with integer products interleaved for them (pyggml.backend.cpu.interleave)."""
         return [self._f32_type, self._interleaved_type]
 
     def supports_buft(self, buft: BufferType) -> bool:

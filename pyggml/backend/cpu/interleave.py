@@ -1,10 +1,11 @@
-"""The CPU device's extra buffer type "CPU_INTERLEAVED": Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K matrices
-interleaved 16 rows at a time, for the integer products of AVX-512 VNNI (pyggml.backend.cpu.jit.repack), as
-ggml's CPU_REPACK buffer type keeps Q4_0 as block_q4_0x8 and Q4_K as block_q4_Kx8 for its integer kernels.
+"""The CPU device's extra buffer type "CPU_INTERLEAVED": Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, the K-quants Q2_K ..
+Q6_K and IQ4_XS matrices interleaved 16 rows at a time, for the integer products of AVX-512 VNNI
+(pyggml.backend.cpu.jit.repack), as ggml's CPU_REPACK buffer type keeps Q4_0 as block_q4_0x8 and Q4_K as
+block_q4_Kx8 for its integer kernels.
 
 The layout moves the file's bytes and adds none (jit/repack.py), so a weight takes its size in the file.
 The loader puts a model's matrices of these types here when the CPU has VNNI (`takes`); the products
-then quantize their activations to Q8_0 (Q8_K for the K-quants) and multiply in int8, prompt and generation
+then quantize their activations to Q8_0 (Q8_K for the K-quants and IQ4_XS) and multiply in int8, prompt and generation
 alike (within test-backend-ops' 5e-4 NMSE, as ggml's own CPU kernels, which quantize activations the same way). Like
 CPU_F32, the buffer is not host memory to the rest of the system: tensor_get and memset refuse, only
 MUL_MAT reads it (`Tensor.extra` is INTERLEAVED), and a token embedding, which GET_ROWS reads, is left
@@ -63,9 +64,10 @@ class InterleavedBuffer(ConvertedBuffer):
 
     def _init_tensor(self, t: Tensor) -> Status:
         if t.view_src is not None or not interleavable(t.type, t.ne):
-            raise BackendError(f"buffer type CPU_INTERLEAVED holds whole Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, "
-                               f"Q5_K or Q6_K matrices of 16-row groups on a CPU with AVX-512 VNNI; {t.name!r} is "
-                               f"{T.type_name(t.type)}{list(t.ne)}{' (a view)' if t.view_src is not None else ''}")
+            names = ", ".join(T.type_name(q) for q in sorted(INTERLEAVED_TYPES))
+            raise BackendError(f"buffer type CPU_INTERLEAVED holds whole matrices of {names} of 16-row groups on a "
+                               f"CPU with AVX-512 VNNI; {t.name!r} is {T.type_name(t.type)}{list(t.ne)}"
+                               f"{' (a view)' if t.view_src is not None else ''}")
         t.extra = INTERLEAVED
         return Status.SUCCESS
 

@@ -1,5 +1,5 @@
-"""Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the K-quants Q4_K, Q5_K, Q6_K interleaved 16 rows at a time (CPU_INTERLEAVED)
-and their integer products against Q8_0 (Q8_K) activations."""
+"""Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL and the K-quants Q2_K .. Q6_K, IQ4_XS interleaved 16 rows at a time
+(CPU_INTERLEAVED) and their integer products against Q8_0 (Q8_K) activations."""
 
 import numpy as np
 import pytest
@@ -21,8 +21,9 @@ from tests.support.blocks import random_rows
 from tests.support.opcheck import nmse
 
 Q = GGMLType.Q4_0
-TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0]
-K_TYPES = [GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K]
+TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.IQ4_NL]
+K_TYPES = [GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ4_XS]
+KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113])  # ggml's
 pytestmark = pytest.mark.skipif(not has_vnni(), reason="the integer products need AVX-512 VNNI")
 
 
@@ -32,7 +33,7 @@ def cpu():
 
 
 def _q_rows(rows: int, cols: int, seed: int = 0, qtype=Q) -> np.ndarray:
-    if qtype in K_TYPES:  # no quantizer for them here: random quants, scales and minimums (finite fp16 d, dmin)
+    if qtype in K_TYPES + [GGMLType.IQ4_NL]:  # no quantizer here: random quants, scales, minimums (finite fp16 d)
         return random_rows(qtype, rows, cols, np.random.default_rng(seed))
     values = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32) + 1  # Q4_1/Q5_1: m != 0
     return np.ascontiguousarray(T.from_float(qtype, values)).view(np.uint8).reshape(rows, -1)
@@ -62,7 +63,8 @@ def _quantized(x: np.ndarray):
 def test_the_layout_moves_each_rows_bytes_to_its_lane(qtype):
     rows = _q_rows(32, 96, qtype=qtype)
     block_bytes, fields = {Q: (18, [2]), GGMLType.Q4_1: (20, [2, 2]), GGMLType.Q5_0: (22, [2, 4]),
-                           GGMLType.Q5_1: (24, [2, 2, 4]), GGMLType.Q8_0: (34, [2])}[qtype]  # d, m, qh: bytes
+                           GGMLType.Q5_1: (24, [2, 2, 4]), GGMLType.Q8_0: (34, [2]),
+                           GGMLType.IQ4_NL: (18, [2])}[qtype]  # d, m, qh: bytes
     packed = repack_16x4(int(qtype), rows).reshape(2, 3, 16 * block_bytes)   # (group, block, bytes)
     blocks = rows.reshape(32, 3, block_bytes)
     for g, b, r in [(0, 0, 0), (1, 2, 15), (0, 1, 7)]:
@@ -169,37 +171,73 @@ def test_activations_are_quantized_as_ggml_quantizes_q8_K():
     assert list(q[2, 1, :4]) == [-127, 0, 2, -2] and d[2, 1] == 1 and d[1, 0] == 0 and not q[1, 0].any()
 
 
-def _integer_reference(qtype, rows: np.ndarray, q: np.ndarray, d: np.ndarray) -> np.ndarray:
-    """ggml's vec_dot_<type>_q8_K in NumPy: per block, integer sums of quants times Q8_K quants times the
-    sub-blocks' integer scales (and minimums times bsums), then float32 d·dx and dmin·dx, summed in float64."""
-    n_rows, nb = rows.shape[0], q.shape[1]
-    blocks = rows.reshape(n_rows, nb, -1)
-    xq = q.astype(np.int64)                                            # (tokens, nb, 256)
-    f16 = lambda at: blocks[:, :, at:at + 2].copy().view(np.float16)[..., 0].astype(np.float32)  # noqa: E731
+def _two_bit_values(blocks: np.ndarray, qs: int) -> np.ndarray:
+    """Q2_K's and Q3_K's 2-bit quants (rows, nb, 256): value 128n + 32j + l is bits 2j of qs byte 32n + l."""
+    q = blocks[:, :, qs:qs + 64].astype(np.int64).reshape(*blocks.shape[:2], 2, 1, 32)
+    return ((q >> (2 * np.arange(4))[:, None]) & 3).reshape(*blocks.shape[:2], 256)
+
+
+def _sub_block_values_and_scales(qtype, blocks: np.ndarray):
+    """ggml's integer view of a K-quant block: (values (rows, nb, 256), integer scales (rows, nb, sub-blocks),
+    integer minimums or None, offset of fp16 d, of fp16 dmin or None), from its dequantize_row_<type>."""
+    n_rows, nb = blocks.shape[:2]
+    b = blocks.astype(np.int64)
     if qtype == GGMLType.Q6_K:
-        ql, qh = blocks[:, :, :128].astype(np.int64), blocks[:, :, 128:192].astype(np.int64)
+        ql, qh = b[:, :, :128], b[:, :, 128:192]
         values = np.empty((n_rows, nb, 256), np.int64)
         for h in range(2):
             low, bits = ql[:, :, 64 * h: 64 * h + 64], qh[:, :, 32 * h: 32 * h + 32]
             for g in range(4):
                 nib = (low[:, :, 32 * (g % 2): 32 * (g % 2) + 32] >> (4 * (g // 2))) & 15
                 values[:, :, 128 * h + 32 * g: 128 * h + 32 * g + 32] = (nib | (((bits >> (2 * g)) & 3) << 4)) - 32
-        scales = blocks[:, :, 192:208].view(np.int8).astype(np.int64)   # (rows, nb, 16)
-        sums = np.einsum("rbsv,tbsv->trbs", values.reshape(n_rows, nb, 16, 16), xq.reshape(-1, nb, 16, 16))
-        return ((sums * scales).sum(-1) * (f16(208)[None] * d[:, None, :])).sum(-1)
-    sc = blocks[:, :, 4:16].astype(np.int64)
+        return values, blocks[:, :, 192:208].view(np.int8).astype(np.int64), None, 208, None
+    if qtype == GGMLType.Q2_K:
+        return _two_bit_values(blocks, 16), b[:, :, :16] & 15, b[:, :, :16] >> 4, 80, 82
+    if qtype == GGMLType.Q3_K:
+        hmask = b[:, :, :32]
+        high = (hmask[:, :, None, :] >> np.arange(8)[:, None]) & 1                     # value 32i + l: bit i of l
+        values = _two_bit_values(blocks, 32) - 4 * (1 - high.reshape(n_rows, nb, 256))
+        aux = blocks[:, :, 96:108].copy().view(np.uint32).astype(np.int64)             # ggml's kmask shuffle
+        a0, a1, tmp = aux[..., 0], aux[..., 1], aux[..., 2]
+        words = [(a0 & 0x0F0F0F0F) | (((tmp >> 0) & 0x03030303) << 4),
+                 (a1 & 0x0F0F0F0F) | (((tmp >> 2) & 0x03030303) << 4),
+                 ((a0 >> 4) & 0x0F0F0F0F) | (((tmp >> 4) & 0x03030303) << 4),
+                 ((a1 >> 4) & 0x0F0F0F0F) | (((tmp >> 6) & 0x03030303) << 4)]
+        scales = np.stack([(w >> (8 * i)) & 0xFF for w in words for i in range(4)], -1) - 32
+        return values, scales, None, 108, None
+    if qtype == GGMLType.IQ4_XS:
+        qs = b[:, :, 8:].reshape(n_rows, nb, 8, 16)
+        values = KVALUES_IQ4NL[np.concatenate([qs & 15, qs >> 4], -1)].reshape(n_rows, nb, 256)
+        low = (b[:, :, 4:8, None] >> np.array([0, 4])) & 15                            # sub-block 2i + k: byte i
+        high = (blocks[:, :, 2:4].copy().view(np.uint16).astype(np.int64) >> (2 * np.arange(8))) & 3
+        return values, (low.reshape(n_rows, nb, 8) | (high << 4)) - 32, None, 0, None
+    sc = b[:, :, 4:16]
     scales = np.concatenate([sc[..., :4] & 63, (sc[..., 8:] & 15) | ((sc[..., :4] >> 6) << 4)], -1)
     mins = np.concatenate([sc[..., 4:8] & 63, (sc[..., 8:] >> 4) | ((sc[..., 4:8] >> 6) << 4)], -1)
-    qs = blocks[:, :, -128:].astype(np.int64).reshape(n_rows, nb, 4, 32)
-    values = np.stack([qs & 15, qs >> 4], 3).reshape(n_rows, nb, 8, 32)   # sub-block 2c: low nibbles, 2c+1: high
+    qs = b[:, :, -128:].reshape(n_rows, nb, 4, 32)
+    values = np.stack([qs & 15, qs >> 4], 3).reshape(n_rows, nb, 256)   # sub-block 2c: low nibbles, 2c+1: high
     if qtype == GGMLType.Q5_K:
-        qh = blocks[:, :, 16:48].astype(np.int64)
-        values = values | (((qh[:, :, None, :] >> np.arange(8)[:, None]) & 1) << 4)
-    sums = np.einsum("rbsv,tbsv->trbs", values, xq.reshape(-1, nb, 8, 32))
-    bsums = xq.reshape(-1, nb, 8, 32).sum(-1)
-    ints = (sums * scales).sum(-1)
-    min_ints = np.einsum("rbs,tbs->trb", mins, bsums)
-    return (ints * (f16(0)[None] * d[:, None, :]) - min_ints * (f16(2)[None] * d[:, None, :])).sum(-1)
+        qh = b[:, :, 16:48]
+        values = values | (((qh[:, :, None, :] >> np.arange(8)[:, None]) & 1) << 4).reshape(n_rows, nb, 256)
+    return values, scales, mins, 0, 2
+
+
+def _integer_reference(qtype, rows: np.ndarray, q: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """ggml's vec_dot_<type>_q8_K in NumPy: per block, integer sums of quants times Q8_K quants times the
+    sub-blocks' integer scales (and minimums times the activations' sums), then float32 d·dx and dmin·dx, summed
+    in float64."""
+    n_rows, nb = rows.shape[0], q.shape[1]
+    blocks = rows.reshape(n_rows, nb, -1)
+    values, scales, mins, d_at, dmin_at = _sub_block_values_and_scales(qtype, blocks)
+    f16 = lambda at: blocks[:, :, at:at + 2].copy().view(np.float16)[..., 0].astype(np.float32)  # noqa: E731
+    subs = scales.shape[-1]
+    xq = q.astype(np.int64).reshape(-1, nb, subs, 256 // subs)
+    sums = np.einsum("rbsv,tbsv->trbs", values.reshape(n_rows, nb, subs, -1), xq)
+    result = (sums * scales).sum(-1) * (f16(d_at)[None] * d[:, None, :])
+    if mins is not None:
+        min_ints = np.einsum("rbs,tbs->trb", mins, xq.sum(-1))
+        result = result - min_ints * (f16(dmin_at)[None] * d[:, None, :])
+    return result.sum(-1)
 
 
 @pytest.mark.parametrize("qtype", K_TYPES)
@@ -252,19 +290,35 @@ def test_mul_mat_on_it_is_within_test_backend_ops_nmse_of_the_file_layout(cpu, s
     assert nmse(host_ndarray(b), host_ndarray(a)) < 5e-4
 
 
-def test_only_mul_mat_reads_it_and_the_backend_gives_blas_one_thread(cpu):
+def test_only_mul_mat_and_get_rows_read_it_and_the_backend_gives_blas_one_thread(cpu):
     _, interleaved = cpu.device.extra_buffer_types()
     w, _ = _placed(_q_rows(16, 64), interleaved, 64)
     ctx = Context()
-    ids = ctx.new_tensor_1d(GGMLType.I32, 2, "ids")
-    host_ndarray(ids)[...] = [0, 3]
-    rows = ops.get_rows(ctx, w, ids)
-    assert not kernels.supports(rows)
-    with pytest.raises(UnsupportedOpError, match="GET_ROWS"):
-        cpu._plan(_graph(rows))
+    copy = ops.cont(ctx, w)
+    assert not kernels.supports(copy)
+    with pytest.raises(UnsupportedOpError, match="CONT"):
+        cpu._plan(_graph(copy))
     x = ctx.new_tensor_2d(GGMLType.F32, 64, 2, "x")
     assert cpu._plan(_graph(ops.mul_mat(ctx, w, x))).blas_on_one_thread
     assert not cpu._plan(_graph(ops.mul_mat(ctx, x, x))).blas_on_one_thread
+
+
+@pytest.mark.parametrize("qtype", TYPES + K_TYPES)
+def test_get_rows_reads_rows_back_out_of_their_groups(cpu, qtype):
+    """A tied token embedding is interleaved with the layers (it is the output head too): GET_ROWS gathers each
+    row's bytes back and decodes them, the same values as from the file's layout."""
+    _, interleaved = cpu.device.extra_buffer_types()
+    raw = _q_rows(48, 512, qtype=qtype)
+    packed, _ = _placed(raw, interleaved, 512, qtype)
+    plain, _ = _placed(raw, cpu.default_buffer_type, 512, qtype)
+    ctx = Context()
+    ids = ctx.new_tensor_1d(GGMLType.I32, 10, "ids")
+    host_ndarray(ids)[...] = [0, 47, 16, 16, 31, 5, 15, 32, 0, 1]
+    got, want = ops.get_rows(ctx, packed, ids), ops.get_rows(ctx, plain, ids)
+    assert kernels.supports(got)
+    kernels.compute(got)
+    kernels.compute(want)
+    np.testing.assert_array_equal(host_ndarray(got), host_ndarray(want))
 
 
 def _graph(t):
@@ -279,8 +333,8 @@ def test_it_refuses_reads_partial_groups_and_tensors_it_cannot_hold(cpu):
         tensor_get(w)
     with pytest.raises(BackendError, match="whole groups of 16 rows"):
         tensor_set(w, raw[:8].reshape(-1), 0, raw[:8].nbytes)
-    for type_, ne in ((GGMLType.Q2_K, (256, 16)), (GGMLType.Q4_K, (256, 8)), (Q, (64, 8)), (Q, (64, 16, 2))):
+    for type_, ne in ((GGMLType.F16, (256, 16)), (GGMLType.Q4_K, (256, 8)), (Q, (64, 8)), (Q, (64, 16, 2))):
         ctx = Context(no_alloc=True)
         ctx.new_tensor(type_, ne, "w")
-        with pytest.raises(BackendError, match="holds whole Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K"):
+        with pytest.raises(BackendError, match="holds whole matrices of Q4_0, Q4_1, Q5_0, .* IQ4_XS"):
             alloc_ctx_tensors_from_buft(ctx, interleaved)

@@ -1,6 +1,6 @@
-"""Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights repacked 16 rows at a time and multiplied in int8 against activations
-quantized to Q8_0, as ggml's CPU repack kernels do (ggml_gemm_q4_0_8x8_q8_0 and its kin), on CPUs with
-AVX-512 VNNI.
+"""Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL weights repacked 16 rows at a time and multiplied in int8 against
+activations quantized to Q8_0 (the K-quants and IQ4_XS against Q8_K, ir/vnni_k_ir.py), as ggml's CPU repack
+kernels do (ggml_gemm_q4_0_8x8_q8_0 and its kin), on CPUs with AVX-512 VNNI.
 
 Layout "16x4": rows go in groups of 16; a group's block b holds the fields before the quants, each for
 the 16 rows in turn (fp16 d; Q4_1's and Q5_1's fp16 m; Q5_0's and Q5_1's 4 bytes of fifth bits), then
@@ -17,18 +17,22 @@ Q8_1's s = fp16(d·Σq) (what ggml multiplies Q4_1's and Q5_1's minimum with).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from numba import prange
 
 from pyggml.backend.cpu.jit import jit, parallel_jit
 from pyggml.backend.cpu.jit.f16 import f16_bits
 from pyggml.backend.cpu.jit.floatbits import f16_to_f32
-from pyggml.backend.cpu.jit.ir.vnni_ir import FORMATS, ROWS, tile_q4_0, tile_q4_1, tile_q5_0, tile_q5_1, tile_q8_0
-from pyggml.backend.cpu.jit.ir.vnni_k_ir import K_FORMATS, Q4_K, Q5_K, tile_q4_K, tile_q5_K, tile_q6_K
+from pyggml.backend.cpu.jit.ir.vnni_ir import (FORMATS, ROWS, tile_iq4_nl, tile_q4_0, tile_q4_1, tile_q5_0, tile_q5_1,
+                                               tile_q8_0)
+from pyggml.backend.cpu.jit.ir.vnni_k_ir import (K_FORMATS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, tile_iq4_xs, tile_q2_K,
+                                                 tile_q3_K, tile_q4_K, tile_q5_K, tile_q6_K)
 from pyggml.core.types import GGMLType
 
 Q4_0, Q4_1, Q5_0, Q5_1 = int(GGMLType.Q4_0), int(GGMLType.Q4_1), int(GGMLType.Q5_0), int(GGMLType.Q5_1)
-Q8_0 = int(GGMLType.Q8_0)
+Q8_0, IQ4_NL = int(GGMLType.Q8_0), int(GGMLType.IQ4_NL)
 
 
 def fields(qtype: int) -> tuple:
@@ -48,16 +52,34 @@ def repack_16x4(qtype: int, rows: np.ndarray) -> np.ndarray:
     n_rows, row_bytes = rows.shape
     groups, nb = n_rows // ROWS, row_bytes // block_bytes
     blocks = rows.reshape(groups, ROWS, nb, block_bytes)
-    out = np.empty((groups, nb, ROWS * block_bytes), np.uint8)
+    out = np.empty((groups, nb, ROWS * block_bytes), rows.dtype)
     at = 0
     for offset, size in layout:
         piece = 2 if size == 2 else 4
         field = blocks[:, :, :, offset: offset + size].reshape(groups, ROWS, nb, size // piece, piece)
         out[:, :, at: at + ROWS * size] = field.transpose(0, 2, 3, 1, 4).reshape(groups, nb, ROWS * size)
         at += ROWS * size
-    if qtype == Q8_0:
+    if qtype == Q8_0 and rows.dtype == np.uint8:
         out[:, :, ROWS * 2:] ^= 0x80  # int8 -> uint8 + 128
     return out.reshape(n_rows, row_bytes)
+
+
+@functools.cache
+def row_places(qtype: int, row_bytes: int) -> tuple[np.ndarray, np.ndarray]:
+    """(where each byte of row r of a 16-row group lies in the group's 16x4 bytes (16, row_bytes), what to XOR it
+    with to get the file's byte back): the inverse of repack_16x4, for reading single rows (GET_ROWS)."""
+    moved = repack_16x4(qtype, np.arange(ROWS * row_bytes, dtype=np.int64).reshape(ROWS, row_bytes)).reshape(-1)
+    places = np.argsort(moved).reshape(ROWS, row_bytes)
+    flips = repack_16x4(qtype, np.zeros((ROWS, row_bytes), np.uint8)).reshape(-1)[places]
+    return places, flips
+
+
+def unpack_rows(qtype: int, w: np.ndarray, first: int, row_bytes: int, ids: np.ndarray) -> np.ndarray:
+    """The file's bytes (len(ids), row_bytes) of rows ids of the 16x4 matrix at byte `first` of w."""
+    places, flips = row_places(qtype, row_bytes)
+    ids = ids.reshape(-1).astype(np.int64)
+    in_group = ids % ROWS
+    return w[first + (ids - in_group)[:, None] * row_bytes + places[in_group]] ^ flips[in_group]
 
 
 @jit
@@ -127,8 +149,10 @@ def gemm_16x4_q8_0(qtype: np.intp, w: np.ndarray, first: np.uintp, nb: np.intp, 
             tile_q5_0(w, start, nb, xq, xd, xs, xm, n_tokens, flat, yo, ys)
         elif qtype == Q5_1:
             tile_q5_1(w, start, nb, xq, xd, xs, xm, n_tokens, flat, yo, ys)
-        else:
+        elif qtype == Q8_0:
             tile_q8_0(w, start, nb, xq, xd, xs, xm, n_tokens, flat, yo, ys)
+        else:
+            tile_iq4_nl(w, start, nb, xq, xd, xs, xm, n_tokens, flat, yo, ys)
 
 
 @jit
@@ -189,7 +213,13 @@ def gemm_16x4_q8_K(qtype: np.intp, w: np.ndarray, first: np.uintp, nb: np.intp, 
         start, yo = first + g * group_bytes, g * ROWS
         if qtype == Q4_K:
             tile_q4_K(w, start, nb, xq, xd, xb, n_tokens, flat, yo, ys)
+        elif qtype == Q6_K:
+            tile_q6_K(w, start, nb, xq, xd, xb, n_tokens, flat, yo, ys)
         elif qtype == Q5_K:
             tile_q5_K(w, start, nb, xq, xd, xb, n_tokens, flat, yo, ys)
+        elif qtype == Q3_K:
+            tile_q3_K(w, start, nb, xq, xd, xb, n_tokens, flat, yo, ys)
+        elif qtype == Q2_K:
+            tile_q2_K(w, start, nb, xq, xd, xb, n_tokens, flat, yo, ys)
         else:
-            tile_q6_K(w, start, nb, xq, xd, xb, n_tokens, flat, yo, ys)
+            tile_iq4_xs(w, start, nb, xq, xd, xb, n_tokens, flat, yo, ys)

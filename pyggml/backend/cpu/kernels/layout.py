@@ -9,9 +9,10 @@ import numpy as np
 
 from pyggml.backend.cpu.jit import rows as jit_rows
 from pyggml.backend.cpu.jit.mul_mat import dequantize_rows
+from pyggml.backend.cpu.jit.repack import unpack_rows
 from pyggml.backend.cpu.kernels import kernel
 from pyggml.backend.cpu.kernels._blocks import blocks_per_row, in_blocks, memory_of
-from pyggml.backend.cpu.kernels._common import FLOAT_TYPES, as_f32, expanded_values, rows_2d, store, view
+from pyggml.backend.cpu.kernels._common import FLOAT_TYPES, INTERLEAVED, as_f32, expanded_values, rows_2d, store, view
 from pyggml.backend.cpu.kernels._dequant_cache import dequantizable
 from pyggml.backend.cpu.kernels.elementwise import as_repeated, can_quantize, split_for_repeat
 from pyggml.core import types as T
@@ -120,12 +121,15 @@ def _get_rows_supported(t: Tensor) -> bool:
     return t.type == G.F32 and (src in FLOAT_TYPES or (T.is_quantized(src) and dequantizable(src)))
 
 
-@kernel(Op.GET_ROWS, supports=_get_rows_supported)
+@kernel(Op.GET_ROWS, supports=_get_rows_supported, reads_interleaved=True)
 def get_rows(dst: Tensor) -> None:
     """dst[i12, i11, i10] = src0 row ids[i12, i11, i10] of plane (i12, i11); quantized rows are dequantized."""
     a, b = dst.src[0], dst.src[1]
     ids = _checked_ids(dst, b, view(b)[0], a.ne[1])
     n12, n11 = ids.shape[:2]
+    if a.extra is INTERLEAVED:
+        _get_rows_interleaved(dst, ids)
+        return
     if in_blocks(a):
         _get_rows_blocks(dst, ids)
         return
@@ -138,6 +142,19 @@ def get_rows(dst: Tensor) -> None:
         view(dst)[...] = picked
     else:
         store(dst, T.to_float(a.type, picked))
+
+
+def _get_rows_interleaved(dst: Tensor, ids: np.ndarray) -> None:
+    """get_rows of a 2-D matrix in CPU_INTERLEAVED (a tied token embedding, also the output head): the rows' bytes
+    gathered back out of their groups, then decoded."""
+    a = dst.src[0]
+    rows = unpack_rows(int(a.type), a.buffer.quant_bytes(a), 0, a.nb[1], ids)
+    src = rows.reshape(-1)
+    src.flags.writeable = False  # the signature the kernel has for mapped weights
+    values = np.empty((rows.shape[0], a.ne[0]), np.float32)
+    dequantize_rows(int(a.type), src, np.arange(rows.shape[0], dtype=np.uint64) * np.uint64(a.nb[1]),
+                    blocks_per_row(a), values)
+    store(dst, values.reshape(ids.shape + (a.ne[0],)))
 
 
 def _get_rows_blocks(dst: Tensor, ids: np.ndarray) -> None:

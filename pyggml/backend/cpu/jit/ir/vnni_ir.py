@@ -1,5 +1,5 @@
-"""Integer tile products of Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights repacked 16 rows at a time, against activations
-quantized to Q8_0, written as LLVM vector IR around AVX-512 VNNI's vpdpbusd (as ggml's repacked kernels).
+"""Integer tile products of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL weights repacked 16 rows at a time, against
+activations quantized to Q8_0, written as LLVM vector IR around AVX-512 VNNI's vpdpbusd (as ggml's repacked kernels).
 
 One vpdpbusd multiplies 64 unsigned bytes by 64 signed bytes and adds each group of four products into
 one of 16 int32 lanes: 64 multiply-adds in one instruction, where a float32 FMA does 16. The repacked
@@ -8,9 +8,10 @@ quants of row r, and the activation side is four consecutive values of one token
 lane (a broadcast). A block (32 values) is then 8 vpdpbusd into an int32 accumulator, one conversion
 to float and one multiply-add with the 16 rows' scales times the token's scale. The weights' bytes are
 the unsigned side: Q4_0's and Q4_1's nibbles (0..15) as they are, Q5_0's and Q5_1's with their fifth
-bit put back (0..31), Q8_0's quants plus 128. So the sum starts at offset·Σq, exactly: Q4_0's value is
-nibble - 8 (Σ(n - 8)q = Σnq - 8Σq), Q5_0's 5 bits - 16, Q8_0's byte - 128; Q4_1 and Q5_1 add their
-minimum as m·s, s being Q8_1's fp16 d·Σq (what ggml multiplies them with).
+bit put back (0..31), Q8_0's quants plus 128, IQ4_NL's code book values plus 128 (a vpshufb lookup). So the sum
+starts at offset·Σq, exactly: Q4_0's value is nibble - 8 (Σ(n - 8)q = Σnq - 8Σq), Q5_0's 5 bits - 16, Q8_0's
+and IQ4_NL's byte - 128; Q4_1 and Q5_1 add their minimum as m·s, s being Q8_1's fp16 d·Σq (what ggml multiplies
+them with).
 
 `tile_<type>` is an intrinsic (w, g, nb, xq, xd, xs, xm, n, y, yo, ys): for the group of 16 rows whose
 blocks start at byte g of w and tokens 0 .. n-1, y[yo + t·ys + r] = Σ over the blocks of row r, the tokens
@@ -40,7 +41,9 @@ VF16 = ir.VectorType(ir.HalfType(), ROWS)
 # (jit/repack.py lays the groups out from these), and the quants' zero point (offset·Σq starts each sum)
 FORMATS = {int(GGMLType.Q4_0): (18, ((0, 2),), -8), int(GGMLType.Q4_1): (20, ((0, 2), (2, 2)), 0),
            int(GGMLType.Q5_0): (22, ((0, 2), (2, 4)), -16), int(GGMLType.Q5_1): (24, ((0, 2), (2, 2), (4, 4)), 0),
-           int(GGMLType.Q8_0): (34, ((0, 2),), -128)}
+           int(GGMLType.Q8_0): (34, ((0, 2),), -128), int(GGMLType.IQ4_NL): (18, ((0, 2),), -128)}
+IQ4_NL = int(GGMLType.IQ4_NL)
+KVALUES_IQ4NL = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # ggml's kvalues_iq4nl
 
 
 def dpbusd(builder, acc, unsigned, signed):
@@ -48,6 +51,14 @@ def dpbusd(builder, acc, unsigned, signed):
     fn = builder.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.512",
                                           fnty=ir.FunctionType(VI32, [VI32, VI8, VI8]))
     return builder.call(fn, [acc, unsigned, signed])
+
+
+def iq4nl_values(builder, nibbles):
+    """IQ4_NL's and IQ4_XS's code book looked up for 64 nibbles (vpshufb on a 16-entry table in each 128-bit lane),
+    as unsigned bytes: the value + 128 (so the sums start at -128·Σq)."""
+    fn = builder.module.declare_intrinsic("llvm.x86.avx512.pshuf.b.512", fnty=ir.FunctionType(VI8, [VI8, VI8]))
+    table = ir.Constant(VI8, [(v + 128) & 0xFF for v in KVALUES_IQ4NL] * 4)
+    return builder.call(fn, [table, nibbles])
 
 
 def load_at(builder, base, offset, vtype, align=1):
@@ -64,6 +75,7 @@ class Layout:
 
     def __init__(self, qtype: int):
         block_bytes, fields, self.offset = FORMATS[qtype]
+        self.code_book = qtype == IQ4_NL
         self.group_block = ROWS * block_bytes
         self.headers = sum(size == 2 for _, size in fields)
         self.high_bits = any(size == 4 for _, size in fields)
@@ -83,6 +95,8 @@ class Layout:
         if self.high_bits:
             bits = load_at(builder, data, builder.add(block, ir.Constant(I64, 2 * ROWS * self.headers)), VI32)
             out = [(builder.or_(v, _fifth_bits(builder, bits, k)), k) for v, k in out]
+        if self.code_book:
+            out = [(iq4nl_values(builder, v), k) for v, k in out]
         return out
 
 
@@ -155,4 +169,4 @@ def _tokens(builder, layout: Layout, data, g_, nb_, t0_, n_tokens: int, yo_, ys_
         builder.store(builder.load(acc), builder.bitcast(builder.gep(data[8], [out]), VF32.as_pointer()), align=4)
 
 
-tile_q4_0, tile_q4_1, tile_q5_0, tile_q5_1, tile_q8_0 = (_tile(t) for t in FORMATS)
+tile_q4_0, tile_q4_1, tile_q5_0, tile_q5_1, tile_q8_0, tile_iq4_nl = (_tile(t) for t in FORMATS)

@@ -1,20 +1,23 @@
-"""Integer tile products of Q4_K, Q5_K and Q6_K weights interleaved 16 rows at a time, against activations
-quantized to Q8_K, written as LLVM vector IR around AVX-512 VNNI's vpdpbusd (as ggml's
+"""Integer tile products of the K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) and IQ4_XS interleaved 16 rows at a time,
+against activations quantized to Q8_K, written as LLVM vector IR around AVX-512 VNNI's vpdpbusd (as ggml's
 ggml_vec_dot_q4_K_q8_K and its kin compute them, and its block_q4_Kx8 repacked kernels).
 
-A K-quant block holds 256 values of a row in sub-blocks (8 of 32 for Q4_K and Q5_K, 16 of 16 for Q6_K), each
-with its own integer scale (6 bits; Q6_K: 8 bits signed) and for Q4_K/Q5_K a 6-bit minimum. As in ggml, every
-sum stays an integer up to the block: per sub-block, vpdpbusd adds the products of the row's unsigned quants
-(Q4_K's nibbles, Q5_K's 5 bits, Q6_K's 6 bits) and the token's int8 values; the sub-block's sum times its scale
-(vpmulld) goes into the block's int32 sum; the minimums' term Σ m_j·(Σ of the token's values in sub-block j)
-comes from Q8_K's sums of 16 values (bsums), and Q6_K's zero point 32 as -32·bsum starts each sub-block's sum.
-The block then adds float(sum)·d·dx (- float(mins)·dmin·dx) to the row's float32 sum, dx being the token's
-Q8_K scale: ggml's arithmetic, in another float order.
+A block holds 256 values of a row in sub-blocks (8 of 32 for Q4_K, Q5_K and IQ4_XS, 16 of 16 for Q2_K, Q3_K and
+Q6_K), each with its own integer scale (Q2_K: 4 bits; Q3_K, IQ4_XS: 6 bits minus 32; Q4_K, Q5_K: 6 bits; Q6_K:
+8 bits signed) and for Q2_K, Q4_K and Q5_K an integer minimum. As in ggml, every sum stays an integer up to the
+block: per sub-block, vpdpbusd adds the products of the row's unsigned quants (Q2_K's 2 bits, Q3_K's 3, Q4_K's
+nibbles, Q5_K's 5 bits, Q6_K's 6, IQ4_XS's code book values + 128, looked up by vpshufb) and the token's int8
+values; the sub-block's sum times its scale (vpmulld) goes into the block's int32 sum; the minimums' term
+Σ m_j·(Σ of the token's values in sub-block j) comes from Q8_K's sums of 16 values (bsums), and a zero point z
+(Q3_K 4, Q6_K 32, IQ4_XS 128) as -z·bsum starts each sub-block's sum. The block then adds float(sum)·d·dx
+(- float(mins)·dmin·dx) to the row's float32 sum, dx being the token's Q8_K scale: ggml's arithmetic, in another
+float order.
 
-Layout (jit/repack.py, same bytes as the file's): per 16-row group and block, each fp16 field for the 16 rows
+Layout (jit/repack.py, same bytes as the file's): per 16-row group and block, each 2-byte field for the 16 rows
 in turn, then the other fields as vectors of 64 bytes (vector j: bytes 4j .. 4j+3 of each row, so an int32 lane
-is one row): Q4_K: d, dmin, scales (3 vectors), qs (32); Q5_K: d, dmin, scales, qh (8), qs (32); Q6_K: d,
-scales (4), ql (32), qh (16).
+is one row), in K_FORMATS' order: Q2_K: d, dmin, scales (4 vectors), qs (16); Q3_K: d, scales (3), hmask (8),
+qs (16); Q4_K: d, dmin, scales (3), qs (32); Q5_K: d, dmin, scales, qh (8), qs (32); Q6_K: d, scales (4), ql
+(32), qh (16); IQ4_XS: d, scales_h, scales_l (1), qs (32).
 
 `tile_<type>` is an intrinsic (w, g, nb, xq, xd, xb, n, y, yo, ys): for the group whose blocks start at byte g
 of w and tokens 0 .. n-1, y[yo + t·ys + r] = Σ over the nb blocks of row r, four tokens at a time, then one.
@@ -30,15 +33,21 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from pyggml.backend.cpu.jit.ir.block_ir import F32, FAST, I32, I64, splat
-from pyggml.backend.cpu.jit.ir.vnni_ir import ROWS, TOKENS, VF16, VF32, VI32, VI8, dpbusd, load_at
+from pyggml.backend.cpu.jit.ir.vnni_ir import ROWS, TOKENS, VF16, VF32, VI32, VI8, dpbusd, iq4nl_values, load_at
 from pyggml.core.types import GGMLType
 
-Q4_K, Q5_K, Q6_K = int(GGMLType.Q4_K), int(GGMLType.Q5_K), int(GGMLType.Q6_K)
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS = (int(t) for t in (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K,
+                                                       GGMLType.Q6_K, GGMLType.IQ4_XS))
 
-# per type: block bytes, its fields in the interleaved order as (offset in the file's block, bytes)
-K_FORMATS = {Q4_K: (144, ((0, 2), (2, 2), (4, 12), (16, 128))),
+# per type: block bytes, its fields in the interleaved order as (offset in the file's block, bytes), fp16 d first
+K_FORMATS = {Q2_K: (84, ((80, 2), (82, 2), (0, 16), (16, 64))),
+             Q3_K: (110, ((108, 2), (96, 12), (0, 32), (32, 64))),
+             Q4_K: (144, ((0, 2), (2, 2), (4, 12), (16, 128))),
              Q5_K: (176, ((0, 2), (2, 2), (4, 12), (16, 32), (48, 128))),
-             Q6_K: (210, ((208, 2), (192, 16), (0, 128), (128, 64)))}
+             Q6_K: (210, ((208, 2), (192, 16), (0, 128), (128, 64))),
+             IQ4_XS: (136, ((0, 2), (2, 2), (4, 4), (8, 128)))}
+DMIN = {Q2_K: 82, Q4_K: 2, Q5_K: 2}          # where the fp16 scale of the minimums is
+ZERO_POINT = {Q3_K: 4, Q6_K: 32, IQ4_XS: 128}  # unsigned quants minus this are the values: -zero·Σq starts a sum
 
 
 def _i32(builder, value: int):
@@ -68,14 +77,22 @@ def _scales_mins_k4(builder, words):
     return scales, mins
 
 
+def _shift_bytes(builder, v, by: int):
+    """Each byte of v shifted left by `by` (right for a negative one)."""
+    return builder.shl(v, _i8(by)) if by > 0 else builder.lshr(v, _i8(-by)) if by < 0 else v
+
+
 class KLayout:
     """Where a type's fields lie in a 16-row group block (from K_FORMATS), and how its sub-blocks' unsigned
     quant vectors are made: `sub_blocks()` gives, per sub-block, [(vector, index of the first of the four
-    values each lane holds)] and its scale vector; minimums or zero point as the type has them."""
+    values each lane holds)] and its scale vector, and the minimums (one per sub-block) where the type has them;
+    `size` values a sub-block, `zero` the quants' zero point."""
 
     def __init__(self, qtype: int):
         block_bytes, fields = K_FORMATS[qtype]
         self.qtype, self.group_block = qtype, ROWS * block_bytes
+        self.d_at, self.dmin_at, self.zero = fields[0][0], DMIN.get(qtype), ZERO_POINT.get(qtype, 0)
+        self.size = 32 if qtype in (Q4_K, Q5_K, IQ4_XS) else 16
         self.at, at = {}, 0
         for offset, size in fields:
             self.at[offset], at = at, at + ROWS * size
@@ -89,9 +106,11 @@ class KLayout:
         return builder.fpext(load_at(builder, data, builder.add(block, ir.Constant(I64, self.at[field])), VF16), VF32)
 
     def sub_blocks(self, builder, data, block):
-        """([(quants [(vector, first value)], scale <16 x i32>)], mins [8 x <16 x i32>] or None)."""
-        if self.qtype == Q6_K:
-            return self._q6_k(builder, data, block), None
+        """([(quants [(vector, first value)], scale <16 x i32>)], mins [<16 x i32> per sub-block] or None)."""
+        return {Q2_K: self._q2_k, Q3_K: self._q3_k, Q6_K: self._q6_k, IQ4_XS: self._iq4_xs}.get(
+            self.qtype, self._q4_k_q5_k)(builder, data, block)
+
+    def _q4_k_q5_k(self, builder, data, block):
         words = [self.vector(builder, data, block, 4, j, VI32) for j in range(3)]
         scales, mins = _scales_mins_k4(builder, words)
         out = []
@@ -102,8 +121,7 @@ class KLayout:
                 nibble = builder.lshr(packed, _i8(4)) if j % 2 else builder.and_(packed, _i8(15))
                 if self.qtype == Q5_K:          # bit j of the row's qh byte l is value 32j + l's fifth bit
                     high = builder.and_(self.vector(builder, data, block, 16, m), _i8(1 << j))
-                    high = builder.shl(high, _i8(4 - j)) if j < 4 else builder.lshr(high, _i8(j - 4))
-                    nibble = builder.or_(nibble, high)
+                    nibble = builder.or_(nibble, _shift_bytes(builder, high, 4 - j))
                 quants.append((nibble, 32 * j + 4 * m))
             out.append((quants, scales[j]))
         return out, mins
@@ -121,12 +139,70 @@ class KLayout:
             for m in range(4 * half, 4 * half + 4):
                 ql = self.vector(builder, data, block, 0, 16 * h + 8 * (g % 2) + m)
                 low = builder.lshr(ql, _i8(4)) if g >= 2 else builder.and_(ql, _i8(15))
-                qh = self.vector(builder, data, block, 128, 8 * h + m)
-                shift = 4 - 2 * g
-                qh = builder.shl(qh, _i8(shift)) if shift > 0 else builder.lshr(qh, _i8(-shift)) if shift else qh
+                qh = _shift_bytes(builder, self.vector(builder, data, block, 128, 8 * h + m), 4 - 2 * g)
                 quants.append((builder.or_(low, builder.and_(qh, _i8(0x30))), 128 * h + 32 * g + 4 * m))
             out.append((quants, scale))
-        return out
+        return out, None
+
+    def _two_bits(self, builder, data, block, k: int):
+        """Q2_K's and Q3_K's sub-block k (16 values): value 128n + 32j + 16h + l takes bits 2j of qs byte 32n + 16h
+        + l (k = 8n + 2j + h): [(2-bit quants, first value)] of its four vectors."""
+        n, j, h = k // 8, (k % 8) // 2, k % 2
+        qs = K_FORMATS[self.qtype][1][-1][0]
+        return [(_bits8(builder, self.vector(builder, data, block, qs, 8 * n + 4 * h + a), 2 * j, 3),
+                 128 * n + 32 * j + 16 * h + 4 * a) for a in range(4)]
+
+    def _q2_k(self, builder, data, block):
+        """Q2_K: 16 sub-blocks of 16, a scale byte each (low 4 bits the scale, high 4 the minimum)."""
+        words = [self.vector(builder, data, block, 0, j, VI32) for j in range(4)]
+        out, mins = [], []
+        for k in range(16):
+            out.append((self._two_bits(builder, data, block, k), _bits(builder, words[k // 4], 8 * (k % 4), 15)))
+            mins.append(_bits(builder, words[k // 4], 8 * (k % 4) + 4, 15))
+        return out, mins
+
+    def _q3_k(self, builder, data, block):
+        """Q3_K: 16 sub-blocks of 16; value k's third bit is bit k // 32 of hmask byte k % 32 (its quant then is the
+        2 low bits + 4·bit, zero point 4); 6-bit scales minus 32, their low 4 bits in byte k % 8 of the 12 scale
+        bytes (high nibble from k = 8), the top 2 at bit 2(k // 4) of byte 8 + k % 4 (ggml's kmask shuffle)."""
+        words = [self.vector(builder, data, block, 96, j, VI32) for j in range(3)]
+        out = []
+        for k in range(16):
+            n, j, h = k // 8, (k % 8) // 2, k % 2
+            bit = 4 * n + j
+            quants = []
+            for a, (low, first) in enumerate(self._two_bits(builder, data, block, k)):
+                high = builder.and_(self.vector(builder, data, block, 0, 4 * h + a), _i8(1 << bit))
+                quants.append((builder.or_(low, _shift_bytes(builder, high, 2 - bit)), first))
+            word, byte = words[(k % 8) // 4], k % 4
+            scale = builder.or_(_bits(builder, word, 8 * byte + 4 * (k // 8), 15),
+                                builder.shl(_bits(builder, words[2], 8 * byte + 2 * (k // 4), 3), _i32(builder, 4)))
+            out.append((quants, builder.sub(scale, _i32(builder, 32))))
+        return out, None
+
+    def _iq4_xs(self, builder, data, block):
+        """IQ4_XS: 8 sub-blocks of 32 (like IQ4_NL's blocks: value l < 16 the low nibble of byte l, l + 16 the high
+        one), the code book looked up as unsigned bytes + 128; 6-bit scales minus 32, their low 4 bits at bit 4k
+        of scales_l, the top 2 at bit 2k of scales_h."""
+        low_bits = self.vector(builder, data, block, 4, 0, VI32)
+        high_bits = builder.zext(load_at(builder, data, builder.add(block, ir.Constant(I64, self.at[2])),
+                                         ir.VectorType(ir.IntType(16), ROWS)), VI32)
+        out = []
+        for k in range(8):
+            quants = []
+            for a in range(4):
+                packed = self.vector(builder, data, block, 8, 4 * k + a)
+                quants += [(iq4nl_values(builder, builder.and_(packed, _i8(15))), 32 * k + 4 * a),
+                           (iq4nl_values(builder, builder.lshr(packed, _i8(4))), 32 * k + 16 + 4 * a)]
+            scale = builder.or_(_bits(builder, low_bits, 4 * k, 15),
+                                builder.shl(_bits(builder, high_bits, 2 * k, 3), _i32(builder, 4)))
+            out.append((quants, builder.sub(scale, _i32(builder, 32))))
+        return out, None
+
+
+def _bits8(builder, v, shift: int, mask: int):
+    """(v >> shift) & mask in each byte."""
+    return builder.and_(builder.lshr(v, _i8(shift)) if shift else v, _i8(mask))
 
 
 def _tile(qtype: int):
@@ -165,30 +241,32 @@ def _tokens(builder, layout: KLayout, data, g_, nb_, t0_, n_tokens: int, yo_, ys
         ats = [builder.add(builder.mul(t, nb_), b) for t in tokens]                # token t's block b
         q0s = [builder.mul(at, ir.Constant(I64, 256)) for at in ats]
         b0s = [builder.mul(at, ir.Constant(I64, 16)) for at in ats]
+
+        def bsum(t: int, j: int):
+            """The token's quants summed over sub-block j (Q8_K's sums of 16)."""
+            pair = [load_at(builder, data[5], builder.add(b0s[t], ir.Constant(I64, i)), I32, 4)
+                    for i in range(layout.size // 16 * j, layout.size // 16 * (j + 1))]
+            return pair[0] if len(pair) == 1 else builder.add(*pair)
+
         subs, mins = layout.sub_blocks(builder, data[0], block)
         totals = [_i32(builder, 0) for _ in tokens]
         for j, (quants, scale) in enumerate(subs):
             for t in range(n_tokens):
-                if layout.qtype == Q6_K:                                           # zero point 32: -32·Σq
-                    bsum = load_at(builder, data[5], builder.add(b0s[t], ir.Constant(I64, j)), I32, 4)
-                    s = splat(builder, builder.mul(bsum, ir.Constant(I32, -32)), VI32)
-                else:
-                    s = _i32(builder, 0)
+                s = (splat(builder, builder.mul(bsum(t, j), ir.Constant(I32, -layout.zero)), VI32) if layout.zero
+                     else _i32(builder, 0))                                       # zero point z: -z·Σq
                 for vector, k in quants:
                     four = load_at(builder, data[3], builder.add(q0s[t], ir.Constant(I64, k)), I32)
                     s = dpbusd(builder, s, vector, builder.bitcast(splat(builder, four, VI32), VI8))
                 totals[t] = builder.add(totals[t], builder.mul(s, scale))
-        d = layout.header(builder, data[0], block, 208 if layout.qtype == Q6_K else 0)
-        dmin = None if mins is None else layout.header(builder, data[0], block, 2)
+        d = layout.header(builder, data[0], block, layout.d_at)
+        dmin = None if mins is None else layout.header(builder, data[0], block, layout.dmin_at)
         for t, acc in enumerate(accs):
             dx = splat(builder, load_at(builder, data[4], ats[t], F32, 4), VF32)
             block_sum = builder.fmul(builder.sitofp(totals[t], VF32), builder.fmul(d, dx, flags=FAST), flags=FAST)
             if mins is not None:
                 term = _i32(builder, 0)
                 for j, m in enumerate(mins):                     # Σ m_j · (the token's values summed in sub-block j)
-                    pair = [load_at(builder, data[5], builder.add(b0s[t], ir.Constant(I64, i)), I32, 4)
-                            for i in (2 * j, 2 * j + 1)]
-                    term = builder.add(term, builder.mul(m, splat(builder, builder.add(*pair), VI32)))
+                    term = builder.add(term, builder.mul(m, splat(builder, bsum(t, j), VI32)))
                 scaled = builder.fmul(builder.sitofp(term, VF32), builder.fmul(dmin, dx, flags=FAST), flags=FAST)
                 block_sum = builder.fsub(block_sum, scaled, flags=FAST)
             builder.store(builder.fadd(builder.load(acc), block_sum, flags=FAST), acc)
@@ -197,4 +275,4 @@ def _tokens(builder, layout: KLayout, data, g_, nb_, t0_, n_tokens: int, yo_, ys
         builder.store(builder.load(acc), builder.bitcast(builder.gep(data[7], [out]), VF32.as_pointer()), align=4)
 
 
-tile_q4_K, tile_q5_K, tile_q6_K = (_tile(t) for t in K_FORMATS)
+tile_q2_K, tile_q3_K, tile_q4_K, tile_q5_K, tile_q6_K, tile_iq4_xs = (_tile(t) for t in K_FORMATS)
