@@ -21,9 +21,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--no-timestamps", action="store_true", help="decode without timestamp tokens")
     p.add_argument("--no-fallback", action="store_true", help="decode at temperature 0 only")
     p.add_argument("--word-timestamps", action="store_true",
-                   help="time every word (cross-attention DTW): printed with txt, in the segments with json")
-    p.add_argument("--output-format", "-f", default="txt", choices=["txt", "srt", "vtt", "json"],
-                   help="what is printed for each file (default txt with segment times)")
+                   help="time every word (cross-attention DTW): printed with console, in the segments with json")
+    p.add_argument("--output-format", "-f", default="console", choices=["console", "txt", "srt", "vtt", "json"],
+                   help="what is printed for each file: console (default) = one line per segment with its times, "
+                        "as whisper.cpp prints; txt = plain text, one line per segment, as whisper.cpp's -otxt")
     p.add_argument("--backend", default="CPU", help="backend name, or several comma-separated (CPU,TORCH_CPU) "
                                                    "to split the layers across them with the scheduler")
     p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: all)")
@@ -57,7 +58,7 @@ def run(args) -> int:
                                 initial_prompt=args.prompt, timestamps=not args.no_timestamps,
                                 temperatures=(0.0,) if args.no_fallback else TEMPERATURES,
                                 word_timestamps=args.word_timestamps)
-        if args.output_format == "txt":
+        if args.output_format == "console":
             for s in segments:
                 print(f"[{_fmt_time(s.start)} --> {_fmt_time(s.end)}] {s.text.strip()}")
                 for word in s.words or []:
