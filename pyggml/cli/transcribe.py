@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import sys
 
+from pyggml.cli.vad import add_vad_options, vad_options
+
 MIB = 1024 * 1024
 
 
@@ -36,6 +38,9 @@ def add_parser(subparsers) -> None:
                         "whisper.cpp's flash attention does (default 256); 1: the audio alone, as faster-whisper")
     p.add_argument("--mel-padding", default="whisper.cpp", choices=["whisper.cpp", "faster-whisper"],
                    help="log-mel padding: 30 s of zero audio (whisper.cpp, default) or zero log-mel frames")
+    p.add_argument("--vad", action="store_true",
+                   help="decode only the speech Silero VAD finds (times mapped back), as whisper.cpp's --vad")
+    add_vad_options(p)
     p.set_defaults(run=run)
 
 
@@ -50,6 +55,8 @@ def run(args) -> int:
 
     w = load_whisper(args.model, backend=args.backend, f32=args.f32, gelu=args.gelu, n_threads=args.threads,
                     audio_ctx_pad=args.audio_ctx_pad)
+    if args.vad:
+        w.vad(args.vad_model)
     print(f"model: {w.file.path or args.model} ({'multilingual' if w.is_multilingual else 'English-only'}), "
           f"load {w.timings.load_s:.2f} s", file=sys.stderr)
     for path in args.audio:
@@ -57,7 +64,8 @@ def run(args) -> int:
                                 task="translate" if args.translate else "transcribe", beam_size=args.beam_size,
                                 initial_prompt=args.prompt, timestamps=not args.no_timestamps,
                                 temperatures=(0.0,) if args.no_fallback else TEMPERATURES,
-                                word_timestamps=args.word_timestamps)
+                                word_timestamps=args.word_timestamps, vad=args.vad,
+                                vad_options=vad_options(args) if args.vad else None)
         if args.output_format == "console":
             for s in segments:
                 print(f"[{_fmt_time(s.start)} --> {_fmt_time(s.end)}] {s.text.strip()}")
@@ -66,8 +74,10 @@ def run(args) -> int:
         else:
             sys.stdout.write(format_segments(segments, args.output_format))
         t, mem = w.timings, w.memory()
+        vad_ms = f"VAD {t.vad_s * 1000:.0f} ms, " if args.vad else ""
         print(f"{path}: {t.audio_s:.2f} s of audio, {t.windows} window(s), {t.decoder_steps} decoder steps\n"
-              f"  mel {t.mel_s * 1000:.0f} ms, encoder {t.encode_s * 1000:.0f} ms, decoder {t.decode_s * 1000:.0f} ms, "
+              f"  {vad_ms}mel {t.mel_s * 1000:.0f} ms, encoder {t.encode_s * 1000:.0f} ms, "
+              f"decoder {t.decode_s * 1000:.0f} ms, "
               f"total {t.total_s:.2f} s, RTF {t.rtf:.3f}\n"
               f"  memory: weights {mem['weights'] / MIB:.1f} MiB, KV {mem['kv'] / MIB:.1f} MiB, compute "
               f"{mem['compute'] / MIB:.1f} MiB (ggml's planner: {mem['compute_ggml'] / MIB:.1f} MiB), "
