@@ -38,6 +38,11 @@ def add_parser(subparsers) -> None:
                         "whisper.cpp's flash attention does (default 256); 1: the audio alone, as faster-whisper")
     p.add_argument("--mel-padding", default="whisper.cpp", choices=["whisper.cpp", "faster-whisper"],
                    help="log-mel padding: 30 s of zero audio (whisper.cpp, default) or zero log-mel frames")
+    p.add_argument("--stream", action="store_true",
+                   help="real-time transcription: AUDIO is a file, '-' (16 kHz mono s16le PCM on stdin) or 'mic' "
+                        "(needs sounddevice); partial text goes to stderr, final segments to stdout")
+    p.add_argument("--realtime", action="store_true", help="with --stream, play a file at real-time pace")
+    p.add_argument("--chunk-ms", type=int, default=100, help="with --stream, audio per feed (default 100 ms)")
     p.add_argument("--vad", action="store_true",
                    help="decode only the speech Silero VAD finds (times mapped back), as whisper.cpp's --vad")
     add_vad_options(p)
@@ -55,8 +60,11 @@ def run(args) -> int:
 
     w = load_whisper(args.model, backend=args.backend, f32=args.f32, gelu=args.gelu, n_threads=args.threads,
                     audio_ctx_pad=args.audio_ctx_pad)
-    if args.vad:
+    if args.vad or args.stream:
         w.vad(args.vad_model)
+    if args.stream:
+        from pyggml.cli.stream import run_stream
+        return run_stream(w, args)
     print(f"model: {w.file.path or args.model} ({'multilingual' if w.is_multilingual else 'English-only'}), "
           f"load {w.timings.load_s:.2f} s", file=sys.stderr)
     for path in args.audio:

@@ -153,6 +153,13 @@ class Whisper:
             self._vad = SileroVAD(weights)
         return self._vad
 
+    def stream(self, options=None, **transcribe_options):
+        """A real-time transcriber: feed it PCM, get partial and final segments (see stream.Stream; `options` is a
+        stream.StreamOptions, the rest are transcribe()'s decoding options)."""
+        from pyggml.models.whisper.stream import Stream
+
+        return Stream(self, options, **transcribe_options)
+
     def transcribe(self, audio, padding: str = "whisper.cpp", vad: bool = False, vad_options=None,
                    **options) -> list[Segment]:
         """Segments of text with their times (seconds) for `audio`: a path (WAV; other formats with
