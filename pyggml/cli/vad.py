@@ -1,4 +1,4 @@
-"""`pyggml vad FILE...`: the speech segments Silero VAD finds (on pyggml's graphs), as whisper.cpp's
+"""`pyggml vad FILE... [--write-ggml PATH]`: the speech segments Silero VAD finds (on pyggml's graphs), as whisper.cpp's
 vad-speech-segments example prints them; also the --vad-* options `pyggml transcribe --vad` shares."""
 
 from __future__ import annotations
@@ -34,9 +34,11 @@ def vad_options(args):
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("vad", help="print the speech segments of audio files (Silero VAD)")
-    p.add_argument("audio", nargs="+", help="audio files (WAV; other formats with soundfile installed)")
+    p.add_argument("audio", nargs="*", help="audio files (WAV; other formats with soundfile installed)")
     add_vad_options(p)
     p.add_argument("--probs", action="store_true", help="also print the speech probability of every 32 ms window")
+    p.add_argument("--write-ggml", metavar="PATH", default=None,
+                   help="write the weights as whisper.cpp's ggml VAD file (whisper-cli --vad -vm PATH runs it)")
     p.set_defaults(run=run)
 
 
@@ -45,8 +47,16 @@ def run(args) -> int:
     from pyggml.models.vad.silero import SileroVAD
     from pyggml.models.whisper.audio import load_audio
 
+    from pyggml.models.vad.files import load_silero, write_ggml_vad
+
     opts = vad_options(args)
-    vad = SileroVAD(args.vad_model)
+    weights = load_silero(args.vad_model)
+    if args.write_ggml:
+        size = write_ggml_vad(weights, args.write_ggml)
+        print(f"wrote {args.write_ggml} ({size} bytes, whisper.cpp's ggml VAD format)", file=sys.stderr)
+    if not args.audio:
+        return 0
+    vad = SileroVAD(weights)
     for path in args.audio:
         audio = load_audio(path)
         probs = vad.probs(audio)

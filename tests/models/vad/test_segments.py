@@ -97,7 +97,7 @@ def test_transcribe_with_vad_decodes_speech_only_and_maps_times():
     assert w.transcribe(np.zeros(16000 * 3, np.float32), vad=True) == []
 
 
-def test_cli_vad_prints_segments(capsys):
+def test_cli_vad_prints_segments(capsys, tmp_path):
     from pyggml.cli.main import main
     from tests.models.vad.test_silero import vad
 
@@ -106,3 +106,5 @@ def test_cli_vad_prints_segments(capsys):
     assert main(["vad", str(speech), "--vad-defaults", "faster-whisper"]) == 0
     out, err = capsys.readouterr()
     assert out.startswith("Speech segment 0: start = 0.00") and "1 speech segment(s)" in err
+    assert main(["vad", "--write-ggml", str(tmp_path / "vad.bin")]) == 0
+    assert (tmp_path / "vad.bin").stat().st_size == 885_098
