@@ -165,26 +165,6 @@ def whisper_cpp_logits(bin_path: Path, samples, tokens: list[int], n_prefix: int
         lib.whisper_free(ctx)
 
 
-def main(workdir: Path) -> None:
-    refs: dict = {"faster-whisper": {}, "whisper.cpp": {}}
-    for model in MODELS:
-        ct2, binf = ct2_dir(model, workdir), ggml_bin(model, workdir)
-        for beam in BEAMS:
-            for name in speech_files(model):
-                lang = language_of(name) if name.startswith("en") else None
-                fw = faster_whisper_text(ct2, SPEECH / name, beam, lang)
-                wc = whisper_cpp_text(binf, SPEECH / name, beam, lang)
-                refs["faster-whisper"].setdefault(model, {}).setdefault(str(beam), {})[name] = fw
-                refs["whisper.cpp"].setdefault(model, {}).setdefault(str(beam), {})[name] = wc
-                print(model, beam, name, "\n  fw:", fw, "\n  wc:", wc, flush=True)
-    REFERENCES.parent.mkdir(exist_ok=True)
-    REFERENCES.write_text(json.dumps(refs, indent=1, ensure_ascii=False) + "\n")
-
-
-if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp(prefix="whisper-peers-")))
-
-
 def whisper_cpp_vad(vad_bin: Path, samples, threshold: float = 0.5, min_speech_ms: int = 250,
                     min_silence_ms: int = 100, speech_pad_ms: int = 30):
     """whisper.cpp's Silero VAD on a ggml VAD file through libwhisper's C API (pywhispercpp 1.5.1's binding of
@@ -233,3 +213,24 @@ def whisper_cpp_vad(vad_bin: Path, samples, threshold: float = 0.5, min_speech_m
         return probs, out
     finally:
         lib.whisper_vad_free(ctx)
+
+
+def main(workdir: Path) -> None:
+    refs: dict = {"faster-whisper": {}, "whisper.cpp": {}}
+    for model in MODELS:
+        ct2, binf = ct2_dir(model, workdir), ggml_bin(model, workdir)
+        for beam in BEAMS:
+            for name in speech_files(model):
+                lang = language_of(name) if name.startswith("en") else None
+                fw = faster_whisper_text(ct2, SPEECH / name, beam, lang)
+                wc = whisper_cpp_text(binf, SPEECH / name, beam, lang)
+                refs["faster-whisper"].setdefault(model, {}).setdefault(str(beam), {})[name] = fw
+                refs["whisper.cpp"].setdefault(model, {}).setdefault(str(beam), {})[name] = wc
+                print(model, beam, name, "\n  fw:", fw, "\n  wc:", wc, flush=True)
+    REFERENCES.parent.mkdir(exist_ok=True)
+    REFERENCES.write_text(json.dumps(refs, indent=1, ensure_ascii=False) + "\n")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp(prefix="whisper-peers-")))
+
