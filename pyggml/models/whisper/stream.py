@@ -5,18 +5,19 @@ Policy: utterance slices cut by voice activity, as whisper.rn's RealtimeTranscri
 statefully over every 32 ms window, not its ring buffer re-scored each half second). Silero's rules run online: a
 window at or above `threshold` opens an utterance (`speech_pad_ms` before it); while it is open, every
 `partial_every_s` of new audio its audio so far is transcribed again and returned as partial text (`final=False`,
-free to change); when the probability stays below the negative threshold for `min_silence_ms`, or the utterance
-reaches `max_utterance_s`, it is transcribed once more (from its start to where the silence began, padded as
-whisper.cpp pads its VAD segments, so the slice is the one an offline run with VAD decodes) and that text is final:
-it is never rewritten, and it joins the prompt of the next utterances (the previous text as prompt, as
-whisper.cpp's condition on previous text). Utterances with less than `min_speech_ms` of speech are dropped
-undecoded, and nothing is decoded while no utterance is open, so silence yields no text.
+free to change; not while the audio has turned silent, when the final is due and a partial would delay it); when
+the probability stays below the negative threshold for `min_silence_ms`, or the utterance reaches
+`max_utterance_s`, it is transcribed once more (from its start to where the silence began, padded as whisper.cpp
+pads its VAD segments, so the slice is the one an offline run with VAD decodes) and that text is final: it is never
+rewritten, and it joins the prompt of the next utterances (the previous text as prompt, as whisper.cpp's condition
+on previous text). Utterances with less than `min_speech_ms` of speech are dropped undecoded, and nothing is
+decoded while no utterance is open, so silence yields no text.
 
 Why this and not LocalAgreement-2 (ufal's whisper_streaming: commit the longest common prefix of the last two
-hypotheses): a final here is one decode of the whole utterance, the same audio an offline run with VAD
-decodes, so the final text is the offline text and the latency after an utterance ends is the silence that
-ends it plus one decode (under a second for tiny.en on 2 cores); LocalAgreement commits word by word sooner
-inside long speech, but needs word timestamps and its committed prefix depends on where chunks fall.
+hypotheses): a final here is one decode of the whole utterance, cut where an offline run with VAD cuts it (that
+run decodes several utterances per 30 s window, so a weak model's near-ties may still fall another way), and the
+latency after an utterance ends is the silence that ends it plus one decode; LocalAgreement commits word by word
+sooner inside long speech, but needs word timestamps and its committed prefix depends on where chunks fall.
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ class Stream:
             too_long = at + WINDOW - self.start >= self.opts.max_utterance_s * SAMPLE_RATE
             if silent or too_long:
                 out += self._close(min(self.silence_from + pad, at + WINDOW) if silent else at + WINDOW)
-        if (self.start is not None and self.opts.partial_every_s
+        if (self.start is not None and self.opts.partial_every_s and self.silence_from is None
                 and self.position - self.last_partial >= self.opts.partial_every_s * SAMPLE_RATE):
             self.last_partial = self.position
             out += self._decode(self.start, self.position, final=False)
