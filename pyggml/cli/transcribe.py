@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 from pyggml.cli.args import positive_int
+from pyggml.cli.vad import add_vad_options, vad_options
 
 MIB = 1024 * 1024
 
@@ -23,9 +24,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--no-timestamps", action="store_true", help="decode without timestamp tokens")
     p.add_argument("--no-fallback", action="store_true", help="decode at temperature 0 only")
     p.add_argument("--word-timestamps", action="store_true",
-                   help="time every word (cross-attention DTW): printed with txt, in the segments with json")
-    p.add_argument("--output-format", "-f", default="txt", choices=["txt", "srt", "vtt", "json"],
-                   help="what is printed for each file (default txt with segment times)")
+                   help="time every word (cross-attention DTW): printed with console, in the segments with json")
+    p.add_argument("--output-format", "-f", default="console", choices=["console", "txt", "srt", "vtt", "json"],
+                   help="what is printed for each file: console (default) = one line per segment with its times, "
+                        "as whisper.cpp prints; txt = plain text, one line per segment, as whisper.cpp's -otxt")
     p.add_argument("--backend", default="CPU", help="backend name, or several comma-separated (CPU,TORCH_CPU) "
                                                    "to split the layers across them with the scheduler")
     p.add_argument("--threads", "-t", type=positive_int, default=None, help="CPU threads (default: all)")
@@ -37,6 +39,14 @@ def add_parser(subparsers) -> None:
                         "whisper.cpp's flash attention does (default 256); 1: the audio alone, as faster-whisper")
     p.add_argument("--mel-padding", default="whisper.cpp", choices=["whisper.cpp", "faster-whisper"],
                    help="log-mel padding: 30 s of zero audio (whisper.cpp, default) or zero log-mel frames")
+    p.add_argument("--stream", action="store_true",
+                   help="real-time transcription: AUDIO is a file, '-' (16 kHz mono s16le PCM on stdin) or 'mic' "
+                        "(needs sounddevice); partial text goes to stderr, final segments to stdout")
+    p.add_argument("--realtime", action="store_true", help="with --stream, play a file at real-time pace")
+    p.add_argument("--chunk-ms", type=int, default=100, help="with --stream, audio per feed (default 100 ms)")
+    p.add_argument("--vad", action="store_true",
+                   help="decode only the speech Silero VAD finds (times mapped back), as whisper.cpp's --vad")
+    add_vad_options(p)
     p.set_defaults(run=run)
 
 
@@ -51,6 +61,11 @@ def run(args) -> int:
 
     w = load_whisper(args.model, backend=args.backend, f32=args.f32, gelu=args.gelu, n_threads=args.threads,
                     audio_ctx_pad=args.audio_ctx_pad)
+    if args.vad or args.stream:
+        w.vad(args.vad_model)
+    if args.stream:
+        from pyggml.cli.stream import run_stream
+        return run_stream(w, args)
     print(f"model: {w.file.path or args.model} ({'multilingual' if w.is_multilingual else 'English-only'}), "
           f"load {w.timings.load_s:.2f} s", file=sys.stderr)
     for path in args.audio:
@@ -58,8 +73,9 @@ def run(args) -> int:
                                 task="translate" if args.translate else "transcribe", beam_size=args.beam_size,
                                 initial_prompt=args.prompt, timestamps=not args.no_timestamps,
                                 temperatures=(0.0,) if args.no_fallback else TEMPERATURES,
-                                word_timestamps=args.word_timestamps)
-        if args.output_format == "txt":
+                                word_timestamps=args.word_timestamps, vad=args.vad,
+                                vad_options=vad_options(args) if args.vad else None)
+        if args.output_format == "console":
             for s in segments:
                 print(f"[{_fmt_time(s.start)} --> {_fmt_time(s.end)}] {s.text.strip()}")
                 for word in s.words or []:
@@ -67,8 +83,10 @@ def run(args) -> int:
         else:
             sys.stdout.write(format_segments(segments, args.output_format))
         t, mem = w.timings, w.memory()
+        vad_ms = f"VAD {t.vad_s * 1000:.0f} ms, " if args.vad else ""
         print(f"{path}: {t.audio_s:.2f} s of audio, {t.windows} window(s), {t.decoder_steps} decoder steps\n"
-              f"  mel {t.mel_s * 1000:.0f} ms, encoder {t.encode_s * 1000:.0f} ms, decoder {t.decode_s * 1000:.0f} ms, "
+              f"  {vad_ms}mel {t.mel_s * 1000:.0f} ms, encoder {t.encode_s * 1000:.0f} ms, "
+              f"decoder {t.decode_s * 1000:.0f} ms, "
               f"total {t.total_s:.2f} s, RTF {t.rtf:.3f}\n"
               f"  memory: weights {mem['weights'] / MIB:.1f} MiB, KV {mem['kv'] / MIB:.1f} MiB, compute "
               f"{mem['compute'] / MIB:.1f} MiB (ggml's planner: {mem['compute_ggml'] / MIB:.1f} MiB), "

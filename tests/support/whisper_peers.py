@@ -165,6 +165,56 @@ def whisper_cpp_logits(bin_path: Path, samples, tokens: list[int], n_prefix: int
         lib.whisper_free(ctx)
 
 
+def whisper_cpp_vad(vad_bin: Path, samples, threshold: float = 0.5, min_speech_ms: int = 250,
+                    min_silence_ms: int = 100, speech_pad_ms: int = 30):
+    """whisper.cpp's Silero VAD on a ggml VAD file through libwhisper's C API (pywhispercpp 1.5.1's binding of
+    the VAD context is broken): (its probability per window, its segments [(t0, t1)] in seconds)."""
+    import ctypes
+
+    import numpy as np
+
+    class ContextParams(ctypes.Structure):
+        _fields_ = [("n_threads", ctypes.c_int), ("use_gpu", ctypes.c_bool), ("gpu_device", ctypes.c_int)]
+
+    class VadParams(ctypes.Structure):
+        _fields_ = [("threshold", ctypes.c_float), ("min_speech_duration_ms", ctypes.c_int),
+                    ("min_silence_duration_ms", ctypes.c_int), ("max_speech_duration_s", ctypes.c_float),
+                    ("speech_pad_ms", ctypes.c_int), ("samples_overlap", ctypes.c_float)]
+
+    lib = _libwhisper()
+    lib.whisper_vad_default_context_params.restype = ContextParams
+    lib.whisper_vad_init_from_file_with_params.restype = ctypes.c_void_p
+    lib.whisper_vad_init_from_file_with_params.argtypes = [ctypes.c_char_p, ContextParams]
+    lib.whisper_vad_detect_speech.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_float), ctypes.c_int]
+    lib.whisper_vad_detect_speech.restype = ctypes.c_bool
+    lib.whisper_vad_n_probs.argtypes = lib.whisper_vad_probs.argtypes = [ctypes.c_void_p]
+    lib.whisper_vad_probs.restype = ctypes.POINTER(ctypes.c_float)
+    lib.whisper_vad_segments_from_probs.argtypes = [ctypes.c_void_p, VadParams]
+    lib.whisper_vad_segments_from_probs.restype = ctypes.c_void_p
+    lib.whisper_vad_segments_n_segments.argtypes = [ctypes.c_void_p]
+    for name in ("whisper_vad_segments_get_segment_t0", "whisper_vad_segments_get_segment_t1"):
+        getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_int]
+        getattr(lib, name).restype = ctypes.c_float
+    lib.whisper_vad_free.argtypes = lib.whisper_vad_free_segments.argtypes = [ctypes.c_void_p]
+    cparams = lib.whisper_vad_default_context_params()
+    cparams.n_threads, cparams.use_gpu = 2, False
+    ctx = lib.whisper_vad_init_from_file_with_params(str(vad_bin).encode(), cparams)
+    if not ctx:
+        raise RuntimeError(f"whisper.cpp could not load the VAD file {vad_bin}")
+    try:
+        x = np.ascontiguousarray(samples, np.float32)
+        assert lib.whisper_vad_detect_speech(ctx, x.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), x.size)
+        probs = np.ctypeslib.as_array(lib.whisper_vad_probs(ctx), (lib.whisper_vad_n_probs(ctx),)).copy()
+        params = VadParams(threshold, min_speech_ms, min_silence_ms, 3.4e38, speech_pad_ms, 0.1)
+        segs = lib.whisper_vad_segments_from_probs(ctx, params)
+        t0, t1 = lib.whisper_vad_segments_get_segment_t0, lib.whisper_vad_segments_get_segment_t1
+        out = [(t0(segs, i) / 100, t1(segs, i) / 100) for i in range(lib.whisper_vad_segments_n_segments(segs))]
+        lib.whisper_vad_free_segments(segs)
+        return probs, out
+    finally:
+        lib.whisper_vad_free(ctx)
+
+
 def main(workdir: Path) -> None:
     refs: dict = {"faster-whisper": {}, "whisper.cpp": {}}
     for model in MODELS:
@@ -183,3 +233,4 @@ def main(workdir: Path) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp(prefix="whisper-peers-")))
+

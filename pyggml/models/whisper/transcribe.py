@@ -52,6 +52,7 @@ class Timings:
     """Seconds per stage of the last transcription, and the audio's length."""
 
     load_s: float = 0.0
+    vad_s: float = 0.0
     mel_s: float = 0.0
     encode_s: float = 0.0
     decode_s: float = 0.0
@@ -61,7 +62,7 @@ class Timings:
 
     @property
     def total_s(self) -> float:
-        return self.mel_s + self.encode_s + self.decode_s
+        return self.vad_s + self.mel_s + self.encode_s + self.decode_s
 
     @property
     def rtf(self) -> float:
@@ -101,6 +102,7 @@ class Whisper:
         self.model = WhisperModel(wf, backends, f32=f32, gelu=gelu, planner=planner, flash_attn=flash_attn,
                                   placement=placement, audio_ctx_pad=audio_ctx_pad)
         self.timings = Timings(load_s=time.perf_counter() - start)
+        self._vad = None
 
     @property
     def is_multilingual(self) -> bool:
@@ -143,10 +145,54 @@ class Whisper:
         return next(iter(ranked)), ranked
 
     # ----- transcription ---------------------------------------------------------------------------
-    def transcribe(self, audio, padding: str = "whisper.cpp", **options) -> list[Segment]:
+    # ----- voice activity detection ----------------------------------------------------------------
+    def vad(self, weights=None):
+        """The Silero VAD this model uses with vad=True (made on first use; `weights` as load_silero takes:
+        None for faster-whisper's bundled ONNX, a .onnx, a whisper.cpp ggml VAD file)."""
+        from pyggml.models.vad.silero import SileroVAD
+
+        if self._vad is None or weights is not None:
+            self._vad = SileroVAD(weights)
+        return self._vad
+
+    def stream(self, options=None, **transcribe_options):
+        """A real-time transcriber: feed it PCM, get partial and final segments (see stream.Stream; `options` is a
+        stream.StreamOptions, the rest are transcribe()'s decoding options)."""
+        from pyggml.models.whisper.stream import Stream
+
+        return Stream(self, options, **transcribe_options)
+
+    def transcribe(self, audio, padding: str = "whisper.cpp", vad: bool = False, vad_options=None,
+                   **options) -> list[Segment]:
         """Segments of text with their times (seconds) for `audio`: a path (WAV; other formats with
         soundfile) or 16 kHz mono float samples. Options: see `Options` (language=None detects it on
-        multilingual models; beam_size > 1 for beam search; temperatures=(0.0,) turns off the fallback)."""
+        multilingual models; beam_size > 1 for beam search; temperatures=(0.0,) turns off the fallback).
+
+        vad=True decodes only the speech Silero VAD finds, as whisper.cpp's --vad: the segments laid end to
+        end with 0.1 s of silence between them; the times are mapped back to the original audio.
+        `vad_options` is a pyggml.models.vad.segments.VadOptions (default: whisper.cpp's)."""
+        if not vad:
+            return self._transcribe(audio, padding, options)
+        from pyggml.models.vad.segments import SpeechAudio, VadOptions, speech_segments
+
+        vopts = (vad_options or VadOptions.whisper_cpp()).check()
+        samples = _samples(audio)
+        start = time.perf_counter()
+        speech = SpeechAudio(samples, speech_segments(self.vad().probs(samples), samples.size, vopts),
+                             vopts.samples_overlap)
+        vad_s = time.perf_counter() - start
+        if speech.audio.size >= HOP:
+            segments = self._transcribe(speech.audio, padding, options)
+        else:                                   # no speech: nothing to decode
+            segments, self.timings = [], Timings(load_s=self.timings.load_s)
+        self.timings.vad_s, self.timings.audio_s = vad_s, samples.size / SAMPLE_RATE
+        for s in segments:
+            s.start, s.end = speech.original_time(s.start), speech.original_time(s.end)
+            for word in s.words or []:
+                word.start, word.end = speech.original_time(word.start), speech.original_time(word.end)
+        return segments
+
+    def _transcribe(self, audio, padding: str, options: dict) -> list[Segment]:
         opts = Options(**options)
         if not (1 <= opts.beam_size <= MAX_SEQUENCES and 1 <= opts.best_of <= MAX_SEQUENCES):
             raise WhisperError(f"beam_size ({opts.beam_size}) and best_of ({opts.best_of}) "

@@ -234,6 +234,22 @@ def test_cli_transcribes_with_timings_and_memory(capsys):
                      err)
 
 
+def test_cli_txt_is_plain_text(capsys):
+    """--output-format txt prints plain text, one line per segment, as whisper.cpp's -otxt (no times); the
+    default console lines carry the times."""
+    from pyggml.cli.main import main
+
+    whisper("tiny.en")
+    wav = str(SPEECH / "en1.wav")
+    assert main(["transcribe", wav, "--output-format", "txt", "--no-fallback"]) == 0
+    plain = capsys.readouterr()[0].splitlines()
+    assert main(["transcribe", wav, "--no-fallback"]) == 0
+    console = capsys.readouterr()[0].splitlines()
+    assert plain and len(plain) == len(console)
+    assert not any(line.startswith("[") for line in plain)
+    assert [line.split("] ", 1)[1] for line in console] == plain
+
+
 def test_cli_computes_as_faster_whisper_when_asked(capsys):
     """--mel-padding faster-whisper --audio-ctx-pad 1: faster-whisper's text (tiny.en, en2, greedy)."""
     from pyggml.cli.main import main

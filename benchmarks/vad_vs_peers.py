@@ -1,0 +1,205 @@
+"""Long audio with pauses: pyggml with and without Silero VAD against whisper.cpp (--vad, through pywhispercpp, with
+the ggml VAD file pyggml writes) and faster-whisper (vad_filter=True); and pyggml's streaming at real time.
+
+The audio: the 60 sentences of benchmarks/data/vad_sentences.txt spoken twice by espeak-ng (voices and speeds
+varied), with 1-5 s of silence, faint white noise or louder brown noise between them (seeded), about 11 minutes
+of which over 40 % is pause. Every engine: tiny.en, 2 threads, greedy without fallback, English, in a process
+of its own; RTF = transcription wall time / audio seconds; WER against the sentences in order.
+
+Streaming: the first --stream-s seconds played at real-time pace into Whisper.stream(); latency = wall time
+when an utterance's final text arrives - the moment its speech ended in the played audio (p50, p95); the final
+text's WER against the offline run with VAD on the same audio; partial revisions per second; segments whose
+times lie wholly inside a pause (text during silence).
+
+    python -m benchmarks.vad_vs_peers [--engines ...] [--stream-s 120] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+SENTENCES = REPO / "benchmarks" / "data" / "vad_sentences.txt"
+SR = 16000
+THREADS = 2
+ENGINES = ("pyggml", "pyggml-vad", "whisper.cpp", "whisper.cpp-vad", "faster-whisper", "faster-whisper-vad")
+VOICES = ("en-us", "en-gb", "en-us+m3", "en-gb+f2")
+SPEEDS = (135, 150, 165, 175)
+
+
+def say(text: str, voice: str, speed: int, out: Path) -> np.ndarray:
+    from pyggml.models.whisper.audio import load_audio
+
+    subprocess.run(["espeak-ng", "-v", voice, "-s", str(speed), "-w", str(out), text], check=True)
+    return load_audio(out)
+
+
+def long_audio(workdir: Path) -> tuple[np.ndarray, list[str], list[tuple[float, float]]]:
+    """(audio, sentence texts in order, (start, end) seconds of each sentence's speech); cached in workdir."""
+    texts = [t.strip() for t in SENTENCES.read_text().splitlines() if t.strip()] * 2
+    cache = workdir / "long_audio.npz"
+    if cache.exists():
+        d = np.load(cache)
+        return d["audio"], texts, [tuple(x) for x in d["spans"]]
+    rng = np.random.default_rng(2024)
+    parts, spans, pos = [np.zeros(SR, np.float32)], [], SR
+    for i, text in enumerate(texts):
+        speech = say(text, VOICES[i % len(VOICES)], SPEEDS[(i // 2) % len(SPEEDS)], workdir / "s.wav")
+        parts.append(speech)
+        spans.append((pos / SR, (pos + speech.size) / SR))
+        pos += speech.size
+        n = int(rng.uniform(1.0, 5.0) * SR)
+        kind = i % 3
+        gap = (np.zeros(n) if kind == 0 else 0.003 * rng.standard_normal(n) if kind == 1
+               else 0.02 * np.cumsum(rng.standard_normal(n)) / np.sqrt(np.arange(1, n + 1)).clip(30))
+        parts.append(gap.astype(np.float32))
+        pos += n
+    audio = np.concatenate(parts).astype(np.float32)
+    np.savez(cache, audio=audio, spans=np.array(spans))
+    return audio, texts, spans
+
+
+def worker(engine: str, workdir: Path) -> dict:
+    from tests.support import whisper_peers as peers
+
+    audio, _, _ = long_audio(workdir)
+    wav = workdir / "long_audio.wav"
+    if not wav.exists():
+        import wave
+        with wave.open(str(wav), "wb") as f:
+            f.setnchannels(1)
+            f.setsampwidth(2)
+            f.setframerate(SR)
+            f.writeframes((np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes())
+    vad = engine.endswith("-vad")
+    start = time.perf_counter()
+    if engine.startswith("pyggml"):
+        from pyggml.models.whisper.transcribe import load_whisper
+        w = load_whisper("tiny.en", n_threads=THREADS)
+        if vad:
+            w.vad()
+        load_s = time.perf_counter() - start
+        start = time.perf_counter()
+        text = " ".join(s.text.strip() for s in w.transcribe(audio, vad=vad, temperatures=(0.0,)))
+    elif engine.startswith("faster-whisper"):
+        from faster_whisper import WhisperModel
+        fw = WhisperModel(str(peers.ct2_dir("tiny.en", workdir)), device="cpu", compute_type="float32",
+                          cpu_threads=THREADS)
+        load_s = time.perf_counter() - start
+        start = time.perf_counter()
+        segments, _ = fw.transcribe(audio, language="en", beam_size=1, temperature=0.0, vad_filter=vad)
+        text = peers.join_segments(s.text for s in segments)
+    else:
+        from pywhispercpp.model import Model
+
+        from pyggml.models.vad.files import load_silero, write_ggml_vad
+        vad_file = workdir / "ggml-silero-v6.bin"
+        write_ggml_vad(load_silero(), vad_file)
+        params = dict(vad=True, vad_model_path=str(vad_file)) if vad else {}
+        wc = Model(str(peers.ggml_bin("tiny.en", workdir)), n_threads=THREADS, print_progress=False,
+                   print_realtime=False, temperature_inc=0.0, language="en", **params)
+        load_s = time.perf_counter() - start
+        start = time.perf_counter()
+        text = peers.join_segments(s.text for s in wc.transcribe(str(wav)))
+    return {"engine": engine, "load_s": load_s, "wall_s": time.perf_counter() - start, "text": text}
+
+
+def stream_worker(workdir: Path, seconds: float) -> dict:
+    """Play the first `seconds` at real-time pace into Whisper.stream(); latencies against the true speech ends."""
+    from pyggml.models.whisper.transcribe import load_whisper
+
+    audio, _, spans = long_audio(workdir)
+    audio = audio[:int(seconds * SR)]
+    spans = [s for s in spans if s[1] <= seconds]
+    w = load_whisper("tiny.en", n_threads=THREADS)
+    w.vad()
+    offline = " ".join(s.text.strip() for s in w.transcribe(audio, vad=True, temperatures=(0.0,)))
+    stream = w.stream()
+    chunk, pos, events = SR // 10, 0, []
+    t0 = time.perf_counter()
+    while pos < audio.size:
+        due = int((time.perf_counter() - t0) * SR)
+        if due < pos + chunk:
+            time.sleep((pos + chunk - due) / SR)
+            due = pos + chunk
+        end = min(audio.size, due)
+        for e in stream.feed(audio[pos:end]):
+            events.append((time.perf_counter() - t0, e))
+        pos = end
+    events += [(time.perf_counter() - t0, e) for e in stream.finish()]
+    latencies = []
+    for a, b in spans:   # the first final whose segment reaches into this sentence
+        arrivals = [t for t, e in events if e.final and e.end > a and e.start < b]
+        if arrivals:
+            latencies.append(min(arrivals) - b)
+    in_pause = sum(1 for _, e in events if not any(e.start < b and e.end > a for a, b in spans))
+    return {"audio_s": audio.size / SR, "offline_text": offline, "final_text": stream.final_text,
+            "latencies": latencies, "partials": stream.partials, "in_pause": in_pause,
+            "sentences": len(spans), "decode_s": stream.decode_seconds}
+
+
+def main() -> None:
+    from tests.support.whisper_peers import wer
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--engines", default=",".join(ENGINES), help="comma-separated subset of " + ", ".join(ENGINES))
+    ap.add_argument("--stream-s", type=float, default=120.0, help="seconds streamed at real time (0: none)")
+    ap.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "pyggml-vad-bench"))
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--json", help="also write the results to this file")
+    args = ap.parse_args()
+    workdir = Path(args.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    if args.worker:
+        r = stream_worker(workdir, args.stream_s) if args.worker == "stream" else worker(args.worker, workdir)
+        print(json.dumps(r))
+        return
+    audio, texts, spans = long_audio(workdir)
+    speech_s = sum(b - a for a, b in spans)
+    audio_s = audio.size / SR
+    reference = " ".join(texts)
+    print(f"{audio_s:.1f} s of audio, {len(texts)} sentences, {100 * (1 - speech_s / audio_s):.0f} % pauses; "
+          f"tiny.en, {THREADS} threads, greedy")
+    env = dict(os.environ, OMP_NUM_THREADS=str(THREADS), GGML_NO_BACKTRACE="1",
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    results = {}
+    jobs = [e for e in args.engines.split(",") if e] + (["stream"] if args.stream_s > 0 else [])
+    for job in jobs:
+        before = os.getloadavg()[0]
+        cmd = [sys.executable, "-m", "benchmarks.vad_vs_peers", "--worker", job, "--workdir", str(workdir),
+               "--stream-s", str(args.stream_s)]
+        out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+        if out.returncode != 0:
+            print(f"{job}: failed\n{out.stderr[-2000:]}", file=sys.stderr)
+            continue
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        r["loadavg"] = [round(before, 2), round(os.getloadavg()[0], 2)]
+        results[job] = r
+        if job == "stream":
+            lat = np.array(r["latencies"] or [np.nan])
+            ref = " ".join(t for t, (a, b) in zip(texts, spans) if b <= r["audio_s"])
+            print(f"stream ({r['audio_s']:.0f} s at real time): final-text latency p50 {np.percentile(lat, 50):.2f} s, "
+                  f"p95 {np.percentile(lat, 95):.2f} s over {len(r['latencies'])}/{r['sentences']} sentences; "
+                  f"WER final {wer(ref, r['final_text']):.3f} vs offline {wer(ref, r['offline_text']):.3f} "
+                  f"(final vs offline text {wer(r['offline_text'], r['final_text']):.3f}); "
+                  f"{r['partials'] / r['audio_s']:.2f} partial revisions/s; {r['in_pause']} segments in pauses; "
+                  f"load avg {r['loadavg'][0]}/{r['loadavg'][1]}")
+        else:
+            r["rtf"], r["wer"] = r["wall_s"] / audio_s, wer(reference, r["text"])
+            print(f"{job:<20} load {r['load_s']:6.2f} s  wall {r['wall_s']:7.2f} s  RTF {r['rtf']:.4f}  "
+                  f"WER {r['wer']:.3f}  load avg {r['loadavg'][0]}/{r['loadavg'][1]}", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

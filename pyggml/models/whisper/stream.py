@@ -1,0 +1,178 @@
+"""Real-time transcription of a live stream: `Whisper.stream()` -> `Stream`; feed 16 kHz PCM, get partial and
+final segments.
+
+Policy: utterance slices cut by voice activity, as whisper.rn's RealtimeTranscriber slices audio (with Silero run
+statefully over every 32 ms window, not its ring buffer re-scored each half second). Silero's rules run online: a
+window at or above `threshold` opens an utterance (`speech_pad_ms` before it); while it is open, every
+`partial_every_s` of new audio its audio so far is transcribed again and returned as partial text (`final=False`,
+free to change; not while the audio has turned silent, when the final is due and a partial would delay it); when
+the probability stays below the negative threshold for `min_silence_ms`, or the utterance reaches
+`max_utterance_s`, it is transcribed once more (from its start to where the silence began, padded as whisper.cpp
+pads its VAD segments, so the slice is the one an offline run with VAD decodes) and that text is final: it is never
+rewritten, and it joins the prompt of the next utterances (the previous text as prompt, as whisper.cpp's condition
+on previous text). Utterances with less than `min_speech_ms` of speech are dropped undecoded, and nothing is
+decoded while no utterance is open, so silence yields no text.
+
+Why this and not LocalAgreement-2 (ufal's whisper_streaming: commit the longest common prefix of the last two
+hypotheses): a final here is one decode of the whole utterance, cut where an offline run with VAD cuts it (that
+run decodes several utterances per 30 s window, so a weak model's near-ties may still fall another way), and the
+latency after an utterance ends is the silence that ends it plus one decode; LocalAgreement commits word by word
+sooner inside long speech, but needs word timestamps and its committed prefix depends on where chunks fall.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from pyggml.errors import AudioError, WhisperError
+
+SAMPLE_RATE = 16000
+WINDOW = 512
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    threshold: float = 0.5
+    neg_threshold: float | None = None      # None: max(threshold - 0.15, 0.01), as Silero
+    min_silence_ms: int = 500               # silence that ends an utterance
+    min_speech_ms: int = 250                # shorter utterances are dropped undecoded
+    speech_pad_ms: int = 30                 # audio kept before and after the speech (whisper.cpp's VAD padding)
+    partial_every_s: float = 1.0            # new audio between partial transcriptions (0: no partials)
+    max_utterance_s: float = 25.0           # an utterance this long is cut (kept under Whisper's 30 s window)
+    prompt_chars: int = 200                 # how much of the final text so far prompts the next utterance
+
+    def check(self) -> StreamOptions:
+        if not 0.0 < self.threshold < 1.0:
+            raise WhisperError(f"stream threshold must be between 0 and 1, got {self.threshold}")
+        if min(self.min_silence_ms, self.min_speech_ms, self.speech_pad_ms, self.partial_every_s,
+               self.prompt_chars) < 0:
+            raise WhisperError("stream durations and prompt_chars must be >= 0")
+        if not 1.0 <= self.max_utterance_s <= 29.0:
+            raise WhisperError(f"max_utterance_s must be 1 to 29 s (one Whisper window), got {self.max_utterance_s}")
+        return self
+
+    @property
+    def negative(self) -> float:
+        return self.neg_threshold if self.neg_threshold is not None else max(self.threshold - 0.15, 0.01)
+
+
+@dataclass
+class StreamSegment:
+    start: float            # seconds from the start of the stream
+    end: float
+    text: str
+    final: bool
+    emitted_at: float       # stream position (seconds of audio fed) when it was returned
+    utterance: int          # index of the utterance it belongs to
+
+
+class Stream:
+    """Feed PCM with `feed(samples)`; each call returns the segments it produced (partials and finals, in
+    order); `finish()` ends the stream (the open utterance becomes final). `final_text` is everything final."""
+
+    def __init__(self, whisper, options: StreamOptions | None = None, **transcribe_options):
+        from pyggml.models.vad.silero import SileroVAD
+
+        self.whisper = whisper
+        self.opts = (options or StreamOptions()).check()
+        self.decode_options = {"temperatures": (0.0,), **transcribe_options}
+        self.vad = SileroVAD(whisper.vad().weights)
+        self.audio = np.zeros(0, np.float32)    # everything fed (kept for the open utterance's slices)
+        self.base = 0                           # stream sample of self.audio[0]
+        self.n_windows = 0                      # VAD windows scored so far
+        self.start: int | None = None           # open utterance: its first sample (padded)
+        self.speech_samples = 0
+        self.silence_from: int | None = None
+        self.last_partial = 0
+        self.utterances = 0
+        self.finals: list[StreamSegment] = []
+        self.partials = 0
+        self.decode_seconds = 0.0
+
+    @property
+    def position(self) -> int:
+        return self.base + self.audio.size
+
+    @property
+    def final_text(self) -> str:
+        return " ".join(s.text.strip() for s in self.finals if s.text.strip())
+
+    def feed(self, samples) -> list[StreamSegment]:
+        samples = np.asarray(samples)
+        if samples.dtype == np.int16:
+            samples = samples.astype(np.float32) / 32768.0
+        samples = samples.astype(np.float32).reshape(-1)
+        if samples.size and not np.isfinite(samples).all():
+            raise AudioError("stream audio has NaN or infinite samples")
+        self.audio = np.concatenate([self.audio, samples])
+        out: list[StreamSegment] = []
+        pad = SAMPLE_RATE * self.opts.speech_pad_ms // 1000
+        for p in self.vad.process(samples):
+            at = self.n_windows * WINDOW
+            self.n_windows += 1
+            if self.start is None:
+                if p >= self.opts.threshold:
+                    self.start = max(at - pad, self.base, 0)
+                    self.speech_samples, self.silence_from = WINDOW, None
+                    self.last_partial = at
+                continue
+            if p >= self.opts.threshold:
+                self.silence_from = None
+                self.speech_samples += WINDOW
+            elif p < self.opts.negative and self.silence_from is None:
+                self.silence_from = at
+            silent = self.silence_from is not None and at + WINDOW - self.silence_from >= \
+                SAMPLE_RATE * self.opts.min_silence_ms // 1000
+            too_long = at + WINDOW - self.start >= self.opts.max_utterance_s * SAMPLE_RATE
+            if silent or too_long:
+                out += self._close(min(self.silence_from + pad, at + WINDOW) if silent else at + WINDOW)
+        if (self.start is not None and self.opts.partial_every_s and self.silence_from is None
+                and self.position - self.last_partial >= self.opts.partial_every_s * SAMPLE_RATE):
+            self.last_partial = self.position
+            out += self._decode(self.start, self.position, final=False)
+        self._trim()
+        return out
+
+    def finish(self) -> list[StreamSegment]:
+        """End of the stream: an open utterance becomes final."""
+        return self._close(self.position) if self.start is not None else []
+
+    def _close(self, end: int) -> list[StreamSegment]:
+        start, self.start = self.start, None
+        self.silence_from = None
+        if self.speech_samples < SAMPLE_RATE * self.opts.min_speech_ms // 1000:
+            return []
+        segments = self._decode(start, end, final=True)
+        self.finals += segments
+        self.utterances += 1
+        return segments
+
+    def _decode(self, start: int, end: int, final: bool) -> list[StreamSegment]:
+        audio = self.audio[start - self.base:end - self.base]
+        if audio.size < SAMPLE_RATE // 10:
+            return []
+        prompt = self.final_text[-self.opts.prompt_chars:] if self.opts.prompt_chars else ""
+        options = dict(self.decode_options)
+        if prompt:
+            options["initial_prompt"] = prompt
+        t0 = time.perf_counter()
+        segments = self.whisper.transcribe(audio, **options)
+        self.decode_seconds += time.perf_counter() - t0
+        offset = start / SAMPLE_RATE
+        if not final:
+            self.partials += 1
+            text = " ".join(s.text.strip() for s in segments if s.text.strip())
+            return [StreamSegment(offset, end / SAMPLE_RATE, text, False, self.position / SAMPLE_RATE,
+                                  self.utterances)] if text else []
+        return [StreamSegment(round(offset + s.start, 3), round(min(offset + s.end, end / SAMPLE_RATE), 3), s.text,
+                              True, self.position / SAMPLE_RATE, self.utterances) for s in segments]
+
+    def _trim(self) -> None:
+        """Drop audio no utterance can reach any more (all but the padding before the next one)."""
+        keep_from = self.start if self.start is not None else self.position - SAMPLE_RATE
+        if keep_from - self.base > 10 * SAMPLE_RATE:
+            self.audio = self.audio[keep_from - self.base:]
+            self.base = keep_from

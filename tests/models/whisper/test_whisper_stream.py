@@ -1,0 +1,88 @@
+"""Real-time transcription with a scripted stream: partial then final text, finals never rewritten and equal to
+the offline run with VAD, nothing during silence, the final soon after the utterance ends; the CLI on stdin."""
+
+from __future__ import annotations
+
+import io
+import sys
+
+import numpy as np
+import pytest
+
+from pyggml.errors import WhisperError
+from tests.models.whisper.test_whisper_transcribe import SPEECH, whisper
+from tests.support.whisper_peers import wer
+
+SR = 16000
+
+
+def model_with_vad():
+    w = whisper("tiny.en")
+    try:
+        w.vad()
+    except Exception as e:  # noqa: BLE001 - no Silero weights installed
+        pytest.skip(f"no Silero VAD weights: {e}")
+    return w
+
+
+def scripted():
+    """1 s of silence, en1 (7.4 s), 1.5 s of faint noise: (audio, speech start, speech end) in seconds."""
+    from pyggml.models.whisper.audio import load_audio
+
+    speech = load_audio(SPEECH / "en1.wav")
+    noise = 0.002 * np.random.default_rng(5).standard_normal(int(1.5 * SR))
+    audio = np.concatenate([np.zeros(SR), speech, noise]).astype(np.float32)
+    return audio, 1.0, 1.0 + speech.size / SR
+
+
+def test_scripted_stream_partials_then_final():
+    from pyggml.models.whisper.stream import StreamOptions
+
+    w = model_with_vad()
+    audio, t0, t1 = scripted()
+    stream = w.stream(StreamOptions(partial_every_s=3.0))
+    events = []
+    for i in range(0, audio.size, SR // 4):        # 250 ms chunks
+        events += stream.feed(audio[i:i + SR // 4])
+    events += stream.finish()
+    partials = [e for e in events if not e.final]
+    finals = [e for e in events if e.final]
+    assert partials and finals and stream.partials == len(partials)
+    assert all(e.emitted_at > t0 for e in events)                  # nothing during the leading silence
+    assert all(not e.final for e in events[:len(partials)])        # partials first, then the final
+    assert all(e.start >= t0 - 0.3 and e.end <= t1 + 0.5 for e in finals)
+    assert stream.finals == finals                                  # committed once, never rewritten
+    assert max(e.emitted_at for e in finals) - t1 <= 1.0            # the final within 1 s of stream time
+    offline = " ".join(s.text for s in w.transcribe(audio, vad=True, temperatures=(0.0,)))
+    assert wer(offline, stream.final_text) <= 0.02
+    assert "weather station" in stream.final_text.lower()
+
+
+def test_silence_and_noise_yield_nothing():
+    w = model_with_vad()
+    stream = w.stream()
+    noise = 0.003 * np.random.default_rng(1).standard_normal(4 * SR).astype(np.float32)
+    assert [stream.feed(c) for c in np.split(np.concatenate([np.zeros(2 * SR, np.float32), noise]), 12)] == [[]] * 12
+    assert stream.finish() == [] and stream.decode_seconds == 0.0
+
+
+def test_stream_options_are_checked():
+    from pyggml.models.whisper.stream import StreamOptions
+
+    with pytest.raises(WhisperError, match="max_utterance_s"):
+        StreamOptions(max_utterance_s=40).check()
+    with pytest.raises(WhisperError, match="threshold"):
+        StreamOptions(threshold=0).check()
+
+
+def test_cli_streams_pcm_from_stdin(monkeypatch, capsys):
+    from pyggml.cli.main import main
+
+    model_with_vad()
+    audio, _, _ = scripted()
+    pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(pcm)))
+    assert main(["transcribe", "--stream", "-", "--threads", "2"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("[00:0") and "weather station" in out.lower()
+    assert "1 utterance(s)" in err and "p95" in err
