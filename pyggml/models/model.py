@@ -27,7 +27,7 @@ from pyggml.core import types as T
 from pyggml.errors import GGMLError, GGUFError, ParameterError
 from pyggml.models.arch import architecture_of
 from pyggml.models.arch.blocks import Step, hparam
-from pyggml.models.chat import detect_template, format_chat
+from pyggml.models.chat_template import ChatTemplate
 from pyggml.models.generate import Sampler, SamplingParams, check_n_predict
 from pyggml.models.gguf_file import GGUFFile
 from pyggml.models.gguf_loader import load_weights
@@ -87,6 +87,7 @@ class Model:
         self.reserved_plan = self.runner.plan
         self.n_past = 0
         self.timings = Timings()
+        self._chat_templates: dict[str, ChatTemplate] = {}
 
     # ----- text ------------------------------------------------------------------------------------
     @property
@@ -103,12 +104,18 @@ class Model:
     def detokenize(self, ids) -> str:
         return self.tokenizer.decode(list(ids))
 
-    def chat_prompt(self, messages: list[dict] | str) -> str:
-        """Messages (or one user message) in the chat format of the file's template."""
-        if isinstance(messages, str):
-            messages = [{"role": "user", "content": messages}]
-        family = detect_template(self.gguf.get("tokenizer.chat_template"), self.architecture)
-        return format_chat(messages, family)
+    def chat_template(self, name: str | None = None) -> ChatTemplate:
+        """The file's chat template (`name`: a variant such as "tool_use"), or the architecture's format."""
+        key = name or ""
+        if key not in self._chat_templates:
+            self._chat_templates[key] = ChatTemplate.from_gguf(self.gguf, self.tokenizer, name)
+        return self._chat_templates[key]
+
+    def chat_prompt(self, messages: list[dict] | str, **kwargs) -> str:
+        """Messages (or one user message) rendered by the file's chat template, without the BOS the tokenizer
+        adds itself; keywords (tools, add_generation_prompt, template kwargs) go to the template."""
+        template = self.chat_template("tool_use" if kwargs.get("tools") else None)
+        return template.strip_bos(template.render(messages, **kwargs), self.tokenizer.add_bos)
 
     # ----- forward steps ---------------------------------------------------------------------------
     @property

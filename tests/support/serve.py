@@ -1,0 +1,59 @@
+"""A `pyggml serve` application on 127.0.0.1 at a free port, in a thread of the test process, stopped on exit;
+and the tiny random-weight model the server tests load (Gemma 3's first tokens, the file's own Jinja template)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+
+from gguf import GGUFValueType
+
+from tests.support.tiny_models import gemma3_vocab, write_llama
+
+DATA = Path(__file__).resolve().parents[1] / "serve" / "data"
+
+
+def write_chat_model(path, template: str | None = "gemma3.jinja", n_ctx: int = 256, seed: int = 0):
+    """A 2-layer llama with Gemma 3's first 2048 tokens and (unless None) a chat template from tests/serve/data."""
+    vocab = gemma3_vocab()
+    if template is not None:
+        vocab.keys["tokenizer.chat_template"] = ((DATA / template).read_text(), GGUFValueType.STRING, None)
+    return write_llama(path, vocab=vocab, n_vocab=vocab.n_tokens, n_embd=64, n_ctx=n_ctx, seed=seed)
+
+
+class ServerThread:
+    """uvicorn serving `app` on a socket bound here (127.0.0.1, a free port) until the with-block ends."""
+
+    def __init__(self, app, ready_timeout: float = 120.0):
+        import uvicorn
+
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.ready_timeout = ready_timeout
+
+    def __enter__(self) -> "ServerThread":
+        import httpx
+
+        self.thread.start()
+        deadline = time.monotonic() + self.ready_timeout
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.base_url + "/health", timeout=5).status_code != 503:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        self.__exit__()
+        raise TimeoutError(f"the test server did not come up in {self.ready_timeout} s")
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+        self.sock.close()
