@@ -10,7 +10,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from pyggml.errors import ParameterError
+from pyggml.errors import GGUFError, ParameterError
 from pyggml.serve.params import GenerationParams, read_generation
 from pyggml.serve.protocol import APIError, Fields, error_body
 from pyggml.serve.state import ServerState, run_blocking
@@ -54,7 +54,7 @@ async def read_chat(state: ServerState, body) -> Job:
                       (tf["function"] for tf in f.get("tools", list, []))] if tools.active else None
     try:
         text = await run_blocking(lambda: model.chat_prompt(messages, tools=template_tools, **kwargs))
-    except ParameterError as e:
+    except (ParameterError, GGUFError) as e:  # the template refused the messages, or the file has no chat format
         raise APIError(str(e), param="messages") from None
     ids = await run_blocking(lambda: model.tokenize(text, add_special=True, parse_special=True))
     job = Job(True, [ids], gen, tools if tools.active else None)

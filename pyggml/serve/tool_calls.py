@@ -105,11 +105,14 @@ def parse_tool_calls(text: str, spec: ToolSpec) -> tuple[str, list[ToolCall]]:
     """(content, calls) of a finished output; calls of unknown functions or broken JSON leave it all content."""
     for parse in (_hermes, _mistral_args, _json_calls):
         found = parse(text)
-        if found is not None:
-            content, raw = found
-            calls = [_call(c) for c in raw]
-            if calls and all(c is not None and c.name in spec.functions for c in calls):
-                return content, calls
+        if found is None:
+            continue
+        content, raw = found
+        if not raw:  # the generic format's {"response": ...}: an answer without a call
+            return content, []
+        calls = [_call(c) for c in raw]
+        if all(c is not None and c.name in spec.functions for c in calls):
+            return content, calls
     return text, []
 
 

@@ -12,14 +12,14 @@ from gguf import GGUFValueType
 
 from tests.support.tiny_models import gemma3_vocab, write_llama
 
-DATA = Path(__file__).resolve().parents[1] / "serve" / "data"
+TEMPLATES = Path(__file__).resolve().parents[1] / "models" / "data" / "chat_templates"
 
 
 def write_chat_model(path, template: str | None = "gemma3.jinja", n_ctx: int = 256, seed: int = 0):
-    """A 2-layer llama with Gemma 3's first 2048 tokens and (unless None) a chat template from tests/serve/data."""
+    """A 2-layer llama with Gemma 3's first 2048 tokens and (unless None) a chat template from tests/models/data/chat_templates."""
     vocab = gemma3_vocab()
     if template is not None:
-        vocab.keys["tokenizer.chat_template"] = ((DATA / template).read_text(), GGUFValueType.STRING, None)
+        vocab.keys["tokenizer.chat_template"] = ((TEMPLATES / template).read_text(), GGUFValueType.STRING, None)
     return write_llama(path, vocab=vocab, n_vocab=vocab.n_tokens, n_embd=64, n_ctx=n_ctx, seed=seed)
 
 
