@@ -138,9 +138,13 @@ class Rope:
         return self.long_factors if n_ctx > self.n_ctx_orig else self.short_factors
 
     def apply(self, step: Step, x: Tensor) -> Tensor:
-        return ops.rope_ext(step.ctx, x, step.positions, self.factors_for(step.n_ctx), self.n_dims, self.mode,
-                            self.n_ctx_orig, self.freq_base, self.freq_scale, self.ext_factor, self.attn_factor,
-                            self.beta_fast, self.beta_slow)
+        return self.rotate(step.ctx, x, step.positions, step.n_ctx)
+
+    def rotate(self, ctx: Context, x: Tensor, positions: Tensor, n_ctx: int) -> Tensor:
+        """x rotated by `positions` (also by position deltas: the KV cache's shift of cached keys)."""
+        return ops.rope_ext(ctx, x, positions, self.factors_for(n_ctx), self.n_dims, self.mode, self.n_ctx_orig,
+                            self.freq_base, self.freq_scale, self.ext_factor, self.attn_factor, self.beta_fast,
+                            self.beta_slow)
 
 
 def attention(step: Step, kv, il: int, q: Tensor, k: Tensor, v: Tensor, kq_scale: float,
@@ -232,6 +236,12 @@ class Decoder:
         self.n_vocab = self.tok_embd.ne[1]
         self.output_norm = w.get("output_norm.weight", (self.n_embd,))
         self.output = w.optional("output.weight", (self.n_embd, self.n_vocab)) or self.tok_embd
+
+    shiftable = True  # cached keys can move to new positions by a RoPE rotation (seq_add, seq_div)
+
+    def layer_rope(self, il: int) -> Rope | None:
+        """The RoPE applied to layer il's keys (None: none, its cached keys do not depend on position)."""
+        return None
 
     @staticmethod
     def uniform(gguf, key: str, values: list):

@@ -51,6 +51,9 @@ class Llama(Decoder):
                           bk=w.optional(f"blk.{i}.attn_k.bias", (kv,)), bv=w.optional(f"blk.{i}.attn_v.bias", (kv,)),
                           bo=w.optional(f"blk.{i}.attn_output.bias", (e,)))
 
+    def layer_rope(self, il: int) -> Rope:
+        return self.rope
+
     def embed(self, step: Step) -> Tensor:
         return ops.get_rows(step.ctx, self.tok_embd, step.tokens)
 
