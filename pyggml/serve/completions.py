@@ -219,7 +219,7 @@ class ChoiceOutput:
     def add(self, token) -> str:
         """The text that may be sent now."""
         self.text += token.text
-        if self.job.gen.logprobs:
+        if self.job.gen.logprobs and not (self.tokenizer.is_eog(token.id) and not self.job.gen.ignore_eos):
             entry = {"token": self._piece(token.id), "logprob": token.logprob,
                      "bytes": list(self._piece(token.id).encode()), "id": token.id,
                      "top_logprobs": [{"token": self._piece(t), "logprob": lp, "bytes": list(self._piece(t).encode())}

@@ -40,11 +40,13 @@ def _engine_metrics(s):
                             value=prompt_tps)
     yield GaugeMetricFamily("llamacpp:predicted_tokens_seconds", "average generation throughput in tokens/s",
                             value=gen_tps)
-    yield GaugeMetricFamily("llamacpp:requests_processing", "busy slots", value=s.busy_slots)
+    yield GaugeMetricFamily("llamacpp:requests_processing", "busy slots", value=s.slots_busy)
     yield GaugeMetricFamily("llamacpp:requests_deferred", "requests queued for a slot", value=s.queued)
-    yield GaugeMetricFamily("llamacpp:kv_cache_tokens", "KV cells in use", value=s.kv_used)
+    yield GaugeMetricFamily("llamacpp:kv_cache_tokens", "KV cells in use", value=s.kv_cells_used)
     yield GaugeMetricFamily("llamacpp:kv_cache_usage_ratio", "KV cells in use / all cells",
-                            value=s.kv_used / s.kv_total if s.kv_total else 0.0)
+                            value=s.kv_cells_used / s.kv_cells_total if s.kv_cells_total else 0.0)
+    yield CounterMetricFamily("pyggml:prompt_tokens_cached", "prompt tokens reused from the cache",
+                              value=s.cached_tokens)
 
 
 def render(state: ServerState) -> bytes:

@@ -39,8 +39,9 @@ def read_generation(f: Fields, n_vocab: int, chat: bool) -> GenerationParams:
         "logit_bias": read_logit_bias(f, n_vocab),
         "seed": f.get("seed", int, None, low=0),
     }
-    if sampling["repeat_penalty"] == 0.0:
-        raise APIError("'repeat_penalty' must be > 0 (1.0 disables it)", param="repeat_penalty")
+    for name in ("repeat_penalty", "typical_p"):
+        if sampling[name] == 0.0:
+            raise APIError(f"'{name}' must be > 0 (1.0 disables it)", param=name)
     max_name = "max_completion_tokens" if chat and f.has("max_completion_tokens") else "max_tokens"
     max_tokens = f.get(max_name, int, None, low=1)
     if f.has("n_predict") and max_tokens is None:  # llama.cpp's own name
