@@ -171,7 +171,7 @@ async def _generate(state: ServerState, job, request: Request):
         return StreamingResponse(completions.stream(state, job, model_id), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     try:
-        return await completions.complete(state, job, model_id, _disconnect(request))
+        return await completions.complete(state, job, model_id, lambda: _disconnect(request))
     except TimeoutError:
         raise APIError(f"the request ran past its {state.limits.timeout_s:g} s limit", status=504,
                        kind="timeout_error") from None
@@ -188,8 +188,10 @@ async def _audio(state: ServerState, request: Request, task: str):
         form = await request.form(max_part_size=audio.MAX_UPLOAD)
     except Exception as e:  # a body that is no multipart form (or a broken one)
         raise APIError(f"the request must be multipart/form-data with a 'file': {e}") from None
-    async with form:
+    try:
         body, media = await audio.transcribe(state, form, task)
+    finally:
+        await form.close()
     if isinstance(body, dict):
         return JSONResponse(body)
     return PlainTextResponse(body, media_type=media)

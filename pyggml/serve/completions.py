@@ -214,6 +214,7 @@ class ChoiceOutput:
         self.index, self.job, self.tokenizer = index, job, tokenizer
         self.text, self.sent, self.pending_logprobs = "", 0, []
         self.logprobs: list[dict] = []
+        self.calls: list = []
         self.done = None
 
     def add(self, token) -> str:
@@ -239,13 +240,12 @@ class ChoiceOutput:
         self.done = done
         if done.finish_reason == "error":
             raise APIError(f"generation failed: {done.error}", status=500, kind="server_error")
-        calls = []
         if self.job.tools:
-            content, calls = parse_tool_calls(self.text, self.job.tools)
-            if calls:
+            content, self.calls = parse_tool_calls(self.text, self.job.tools)
+            if self.calls:
                 self.text = content
-                return content[self.sent:], calls
-        return self.text[self.sent:], calls
+                return content[self.sent:], self.calls
+        return self.text[self.sent:], []
 
     @property
     def finish_reason(self) -> str:
@@ -281,10 +281,10 @@ def _chat_logprobs(entries: list[dict]):
 
 # ----- whole responses ----------------------------------------------------------------------------
 async def complete(state: ServerState, job: Job, model_id: str, disconnected) -> dict:
-    """The whole response; `disconnected` is an awaitable that ends when the client goes away."""
+    """The whole response; `disconnected()` gives an awaitable that ends when the client goes away."""
     async with Run(state, job) as run:
         outputs = [ChoiceOutput(i, job, state.require().model.tokenizer) for i in range(job.sequences)]
-        watcher = asyncio.ensure_future(disconnected)
+        watcher = asyncio.ensure_future(disconnected())
         try:
             async for i, event in _until(run.events(), watcher):
                 if _is_done(event):
@@ -319,7 +319,7 @@ def _response(job: Job, model_id: str, outputs: list[ChoiceOutput]) -> dict:
     choices = []
     for o in outputs:
         if job.chat:
-            _, calls = parse_tool_calls(o.text, job.tools) if job.tools else (o.text, [])
+            calls = o.calls
             message = {"role": "assistant", "content": o.text if (o.text or not calls) else None}
             if calls:
                 message["tool_calls"] = [c.as_openai() for c in calls]

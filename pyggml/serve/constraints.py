@@ -5,7 +5,6 @@ before each sampling and the tokens outside it are set to -inf."""
 
 from __future__ import annotations
 
-import json
 import threading
 
 import numpy as np
