@@ -38,17 +38,16 @@ def create_app(state: ServerState, api_key: str | None = None, cors_origins: lis
         app.add_middleware(CORSMiddleware, allow_origins=cors_origins, allow_methods=["*"], allow_headers=["*"],
                            allow_credentials=cors_origins != ["*"])
 
-    @app.middleware("http")
-    async def check_key(request: Request, call_next):
-        if api_key is not None and request.method != "OPTIONS" and request.url.path not in PUBLIC_PATHS:
-            given = request.headers.get("authorization", "")
-            if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                return _error(APIError("Invalid API key", status=401, kind="authentication_error"))
-        return await call_next(request)
+    if api_key is not None:
+        app.add_middleware(KeyCheck, api_key=api_key)
 
     @app.exception_handler(APIError)
     async def api_error(request, e: APIError):
         return _error(e)
+
+    @app.exception_handler(completions.ClientGone)
+    async def client_gone(request, e):
+        return Response(status_code=499)  # nginx's "client closed request": nobody reads it
 
     @app.exception_handler(HTTPException)
     async def http_error(request, e: HTTPException):
@@ -142,6 +141,22 @@ def create_app(state: ServerState, api_key: str | None = None, cors_origins: lis
         return await _audio(state, request, "translate")
 
     return app
+
+
+class KeyCheck:
+    """`Authorization: Bearer KEY` on every path but /health (plain ASGI: a BaseHTTPMiddleware would stand
+    between the routes and the client's disconnect)."""
+
+    def __init__(self, app, api_key: str):
+        self.app, self.expected = app, f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["method"] != "OPTIONS" and scope["path"] not in PUBLIC_PATHS:
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not secrets.compare_digest(given, self.expected):
+                response = _error(APIError("Invalid API key", status=401, kind="authentication_error"))
+                return await response(scope, receive, send)
+        await self.app(scope, receive, send)
 
 
 def _error(e: APIError) -> JSONResponse:

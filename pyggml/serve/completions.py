@@ -171,7 +171,7 @@ class Run:
 
     async def __aexit__(self, kind, exc, tb) -> None:
         self._cancel()
-        if kind is asyncio.CancelledError or kind is GeneratorExit:
+        if kind in (asyncio.CancelledError, GeneratorExit, ClientGone):
             self.outcome = "cancelled"
         elif kind is TimeoutError:
             self.outcome = "timeout"
@@ -280,39 +280,35 @@ def _chat_logprobs(entries: list[dict]):
 
 
 # ----- whole responses ----------------------------------------------------------------------------
+class ClientGone(Exception):
+    """The client closed its connection before the response was ready."""
+
+
 async def complete(state: ServerState, job: Job, model_id: str, disconnected) -> dict:
-    """The whole response; `disconnected()` gives an awaitable that ends when the client goes away."""
+    """The whole response; `disconnected()` gives an awaitable that ends when the client goes away (then its
+    sequences are cancelled and ClientGone is raised)."""
     async with Run(state, job) as run:
         outputs = [ChoiceOutput(i, job, state.require().model.tokenizer) for i in range(job.sequences)]
-        watcher = asyncio.ensure_future(disconnected())
-        try:
-            async for i, event in _until(run.events(), watcher):
+
+        async def collect():
+            async for i, event in run.events():
                 if _is_done(event):
                     outputs[i].finish(event)
                 else:
                     outputs[i].add(event)
+
+        work, watcher = asyncio.ensure_future(collect()), asyncio.ensure_future(disconnected())
+        try:
+            await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if not work.done():
+                raise ClientGone()
+            work.result()  # its TimeoutError or APIError
         finally:
-            watcher.cancel()
+            for task in (work, watcher):
+                task.cancel()
+            await asyncio.gather(work, watcher, return_exceptions=True)
         run.outcome = "completed"
     return _response(job, model_id, outputs)
-
-
-async def _until(events, watcher):
-    """The events, stopped (CancelledError) when the client disconnects."""
-    it = events.__aiter__()
-    try:
-        while True:
-            nxt = asyncio.ensure_future(it.__anext__())
-            await asyncio.wait({nxt, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            if not nxt.done():
-                nxt.cancel()
-                raise asyncio.CancelledError("client disconnected")
-            try:
-                yield nxt.result()
-            except StopAsyncIteration:
-                return
-    finally:
-        await it.aclose()
 
 
 def _response(job: Job, model_id: str, outputs: list[ChoiceOutput]) -> dict:

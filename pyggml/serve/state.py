@@ -110,6 +110,9 @@ class ServerState:
     def admit(self, sequences: int = 1) -> None:
         """Count a request in, or refuse it with 429 when the slots and the queue are full."""
         capacity = self.limits.parallel + self.limits.max_queue
+        if sequences > capacity:
+            raise APIError(f"the request needs {sequences} sequences; this server takes at most {capacity} at once",
+                           param="n")
         if self.in_flight + sequences > capacity:
             self.outcomes["rejected"] += 1
             raise APIError(f"the server is busy ({self.in_flight} sequences in flight, capacity {capacity}); retry "

@@ -24,9 +24,10 @@ def write_chat_model(path, template: str | None = "gemma3.jinja", n_ctx: int = 2
 
 
 class ServerThread:
-    """uvicorn serving `app` on a socket bound here (127.0.0.1, a free port) until the with-block ends."""
+    """uvicorn serving `app` on a socket bound here (127.0.0.1, a free port) until the with-block ends; entering
+    waits until /health answers (and, with wait_ready, until it is no longer 503)."""
 
-    def __init__(self, app, ready_timeout: float = 120.0):
+    def __init__(self, app, ready_timeout: float = 120.0, wait_ready: bool = True):
         import uvicorn
 
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -36,7 +37,7 @@ class ServerThread:
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-        self.ready_timeout = ready_timeout
+        self.ready_timeout, self.wait_ready = ready_timeout, wait_ready
 
     def __enter__(self) -> "ServerThread":
         import httpx
@@ -45,7 +46,7 @@ class ServerThread:
         deadline = time.monotonic() + self.ready_timeout
         while time.monotonic() < deadline:
             try:
-                if httpx.get(self.base_url + "/health", timeout=5).status_code != 503:
+                if httpx.get(self.base_url + "/health", timeout=5).status_code != 503 or not self.wait_ready:
                     return self
             except httpx.TransportError:
                 pass
