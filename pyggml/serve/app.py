@@ -183,7 +183,7 @@ async def _json(request: Request):
 async def _generate(state: ServerState, job, request: Request):
     model_id = state.require().model_id
     if job.gen.stream:
-        return StreamingResponse(completions.stream(state, job, model_id), media_type="text/event-stream",
+        return StreamingResponse(await completions.start_stream(state, job, model_id), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     try:
         return await completions.complete(state, job, model_id, lambda: _disconnect(request))

@@ -341,8 +341,16 @@ def sse(data) -> bytes:
     return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
 
-async def stream(state: ServerState, job: Job, model_id: str):
-    """SSE chunks; a client that goes away cancels the generator (and so its sequences) where it waits."""
+async def start_stream(state: ServerState, job: Job, model_id: str):
+    """The SSE chunks of an admitted request: admission happens here, before the response starts, so a refusal
+    (429, 400) is still an HTTP status. A client that goes away closes the generator, which cancels its
+    sequences where it waits (a response that never started is closed when it is collected)."""
+    chunks = _stream(state, job, model_id)
+    await chunks.__anext__()  # b"": admitted and submitted
+    return chunks
+
+
+async def _stream(state: ServerState, job: Job, model_id: str):
     cid, created = _new_id(job), int(time.time())
     head = {"id": cid, "object": "chat.completion.chunk" if job.chat else "text_completion", "created": created,
             "model": model_id, "system_fingerprint": None}
@@ -355,8 +363,11 @@ async def stream(state: ServerState, job: Job, model_id: str):
             choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
         return sse({**head, "choices": [choice], **usage_field})
 
+    admitted = False
     try:
         async with Run(state, job) as run:
+            admitted = True
+            yield b""
             outputs = [ChoiceOutput(i, job, state.require().model.tokenizer) for i in range(job.sequences)]
             if job.chat:
                 for o in outputs:
@@ -376,6 +387,8 @@ async def stream(state: ServerState, job: Job, model_id: str):
         if job.gen.include_usage:
             yield sse({**head, "choices": [], "usage": _usage(job, outputs)})
     except APIError as e:
+        if not admitted:
+            raise
         yield sse(e.body())
     except TimeoutError:
         yield sse(error_body(f"the request ran past its {state.limits.timeout_s:g} s limit", "timeout_error",

@@ -16,7 +16,8 @@ TEMPLATES = Path(__file__).resolve().parents[1] / "models" / "data" / "chat_temp
 
 
 def write_chat_model(path, template: str | None = "gemma3.jinja", n_ctx: int = 256, seed: int = 0):
-    """A 2-layer llama with Gemma 3's first 2048 tokens and (unless None) a chat template from tests/models/data/chat_templates."""
+    """A 2-layer llama with Gemma 3's first 2048 tokens and (unless None) a chat template named from
+    tests/models/data/chat_templates."""
     vocab = gemma3_vocab()
     if template is not None:
         vocab.keys["tokenizer.chat_template"] = ((TEMPLATES / template).read_text(), GGUFValueType.STRING, None)
