@@ -19,7 +19,7 @@ from tests.support.serve import ServerThread
 
 CLIENTS, SECONDS, PER_CLIENT = 64, 5.0, 4  # each client sends up to PER_CLIENT requests within SECONDS
 WARM_UP = 8  # concurrent requests first, so that the batch shapes' kernels and graphs exist before RSS is read
-RSS_GROWTH_LIMIT = 64 * 1024 * 1024
+RSS_GROWTH_LIMIT = 96 * 1024 * 1024  # graphs of new batch shapes and allocator pools, not per-request state
 
 
 def _rss() -> int:
