@@ -51,6 +51,13 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def bind_warning(host: str, api_key: str | None) -> str | None:
+    if is_loopback(host) or api_key:
+        return None
+    return (f"pyggml serve: warning: listening on {host} without --api-key: anyone who reaches this address can use "
+            f"the model")
+
+
 def loader(args):
     """The start-up work, run in the server's loading thread: the model, its engine, the Whisper models."""
     from pathlib import Path
@@ -92,9 +99,9 @@ def run(args) -> int:
     from pyggml.serve.state import Limits, ServerState
 
     check_args(args)
-    if not is_loopback(args.host) and not args.api_key:
-        print(f"pyggml serve: warning: listening on {args.host} without --api-key: anyone who reaches this address "
-              f"can use the model", file=sys.stderr)
+    warning = bind_warning(args.host, args.api_key)
+    if warning:
+        print(warning, file=sys.stderr)
     state = ServerState(loader(args), Limits(parallel=args.parallel, max_queue=args.max_queue,
                                              timeout_s=args.timeout))
     app = create_app(state, api_key=args.api_key, cors_origins=args.cors_origin)

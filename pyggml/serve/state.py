@@ -82,28 +82,25 @@ class ServerState:
         if self.loaded is None:
             raise APIError("Loading model", status=503, kind="unavailable_error")
         if what == "model" and self.loaded.engine is None:
-            raise APIError("this server has no language model loaded", status=404, param="model",
-                           kind="not_found_error")
+            raise APIError("this server has no language model loaded", param="model")
         return self.loaded
 
     def check_model_name(self, name: str | None) -> None:
         """A request's `model` may be left out or name the loaded model (its id or file name)."""
         loaded = self.require()
         if name is not None and name not in (loaded.model_id, Path(loaded.model_id).name, Path(loaded.model_id).stem):
-            raise APIError(f"model '{name}' is not loaded; this server serves '{loaded.model_id}'", status=404,
-                           param="model", kind="not_found_error")
+            raise APIError(f"model '{name}' is not loaded; this server serves '{loaded.model_id}'", param="model")
 
     def whisper_model(self, name: str | None):
         loaded = self.require("whisper")
         if not loaded.whisper:
             raise APIError("this server has no Whisper model loaded (pyggml serve --whisper-model NAME)",
-                           status=404, param="model", kind="not_found_error")
+                           param="model")
         if name in (None, "", WHISPER_DEFAULT_ALIAS):
             name = loaded.whisper_default
         if name not in loaded.whisper:
             raise APIError(f"Whisper model '{name}' is not loaded; loaded: {', '.join(loaded.whisper)} "
-                           f"('{WHISPER_DEFAULT_ALIAS}' means {loaded.whisper_default})", status=404, param="model",
-                           kind="not_found_error")
+                           f"('{WHISPER_DEFAULT_ALIAS}' means {loaded.whisper_default})", param="model")
         return loaded.whisper[name]
 
     # ----- admission ------------------------------------------------------------------------------

@@ -60,7 +60,7 @@ def test_audio_errors(audio_server):
     url = audio_server.base_url + "/v1/audio"
     wav = (SPEECH / "en1.wav").read_bytes()
     cases = [
-        (f"{url}/transcriptions", {"files": {"file": ("a.wav", wav)}, "data": {"model": "large-v3"}}, 404, "model"),
+        (f"{url}/transcriptions", {"files": {"file": ("a.wav", wav)}, "data": {"model": "large-v3"}}, 400, "model"),
         (f"{url}/transcriptions", {"data": {"model": "whisper-1"}}, 400, "file"),
         (f"{url}/transcriptions", {"files": {"file": ("a.wav", b"not audio at all")}}, 400, "file"),
         (f"{url}/transcriptions", {"files": {"file": ("a.wav", wav)}, "data": {"response_format": "xml"}}, 400,

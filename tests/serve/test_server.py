@@ -210,7 +210,7 @@ def test_embeddings(client, direct):
     ("/v1/chat/completions", {"messages": CHAT, "grammar": "root ::= ("}, 400, "grammar"),
     ("/v1/chat/completions", {"messages": CHAT, "grammar": "root ::= \"a\"", "response_format": {
         "type": "json_object"}}, 400, "grammar"),
-    ("/v1/chat/completions", {"messages": CHAT, "model": "gpt-4"}, 404, "model"),
+    ("/v1/chat/completions", {"messages": CHAT, "model": "gpt-4"}, 400, "model"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "word " * 400}]}, 400, "messages"),
     ("/v1/completions", {"prompt": 3}, 400, "prompt"),
     ("/v1/completions", {"prompt": [1, 99999]}, 400, "prompt"),
@@ -236,7 +236,7 @@ def test_unknown_paths_and_methods_are_json_errors(server):
     assert httpx.get(server.base_url + "/v1/chat/completions").status_code == 405
 
 
-def test_no_whisper_model_is_a_404(server):
+def test_no_whisper_model_is_a_400(server):
     r = httpx.post(server.base_url + "/v1/audio/transcriptions", files={"file": ("a.wav", b"RIFF")},
                    data={"model": "whisper-1"})
-    assert r.status_code == 404 and r.json()["error"]["param"] == "model"
+    assert r.status_code == 400 and r.json()["error"]["param"] == "model"
