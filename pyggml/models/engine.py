@@ -278,6 +278,7 @@ class Engine:
             try:
                 self._drop_cancelled()
                 self._admit()
+                self._update_stats()
                 if self._busy():
                     self._step()
             except Exception as e:  # a bug or a failing callback ends the requests in flight, not the engine
