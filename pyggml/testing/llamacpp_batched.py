@@ -31,9 +31,11 @@ def _quiet(level, text, user_data):
 
 
 class LlamaCppSequences:
-    def __init__(self, path, n_ctx: int, n_batch: int, n_seq_max: int, n_threads: int = 2, kv_type: str = "F16"):
+    def __init__(self, path, n_ctx: int, n_batch: int, n_seq_max: int, n_threads: int = 2, kv_type: str = "F16",
+                 quiet: bool = True):
         lib = self.lib = _bindings()
-        lib.llama_log_set(_quiet, None)
+        if quiet:
+            lib.llama_log_set(_quiet, None)
         lib.llama_backend_init()
         mparams = lib.llama_model_default_params()
         mparams.use_extra_bufts = False
