@@ -110,7 +110,7 @@ def test_a_request_waits_for_cells_and_the_wait_shows(model_path):
         first = engine.submit(Request(list(range(3, 33)), max_tokens=20,
                                       logits_processor=lambda ids, row: release.wait(10)))
         second = engine.submit(Request(list(range(4, 34)), max_tokens=20))
-        for _ in range(n_requests):
+        for _ in range(500):
             stats = engine.stats()
             if stats.waiting_for_cells:
                 break
