@@ -52,9 +52,9 @@ def prompt_and_steps(npl: int, npp: int, ntg: int, n_vocab: int):
 def measure(decode, clear, args, n_vocab: int) -> list[dict]:
     """llama-batched-bench's loop over npl with `decode(list of (token, pos, seq_ids, logits))`."""
     # warm-up (llama-batched-bench decodes 16 tokens first): a prompt's and a step's kernels, on both sides
-    other = min(1, max(args.npl) - 1)  # a second sequence where there is one
-    decode([(1 + i, i, (0,), i == 15) for i in range(16)] + [(1, 0 if other else 16, (other,), True)])
-    decode([(2, 17 if not other else 16, (0,), True)])
+    n = min(16, args.batch)
+    decode([(1 + i, i, (0,), i == n - 1) for i in range(n)])
+    decode([(2, n, (0,), True)])
     clear()
     rows = []
     for npl in args.npl:
