@@ -278,6 +278,7 @@ class Engine:
             try:
                 self._drop_cancelled()
                 self._admit()
+                self._update_stats()
                 if self._busy():
                     self._step()
             except Exception as e:  # a bug or a failing callback ends the requests in flight, not the engine
@@ -346,22 +347,23 @@ class Engine:
             return True
         best = max(self.slots, key=lambda s: (common_prefix(prompt, s.cached), s.handle is None))
         reuse = min(common_prefix(prompt, best.cached), len(prompt) - 1)  # the last prompt token gives logits
-        target = best if best.handle is None else min(idle, key=lambda s: (bool(s.cached), s.last_used))
+        in_place = reuse > 0 and best.handle is None  # an idle slot holding the prefix serves it itself
+        target = best if in_place else min(idle, key=lambda s: (bool(s.cached), s.last_used))
         outstanding = sum(s.cells_left for s in self._busy())
-        evictable = sorted((s for s in idle if s is not target and s is not best and s.cached),
+        evictable = sorted((s for s in idle if s is not target and not (reuse and s is best) and s.cached),
                            key=lambda s: s.last_used)
         while True:
             need = len(prompt) - reuse + max_new - 1
-            freed = self._exclusive_cells(target.seq_id, reuse if target is best else 0)
+            freed = self._exclusive_cells(target.seq_id, reuse if in_place else 0)
             if cells.size - cells.used + freed - outstanding >= need:
                 break
             if evictable:
                 self._forget(evictable.pop(0))
-            elif reuse and best is target:
+            elif reuse and in_place:
                 reuse = 0
             else:
                 return False
-        if target is best:
+        if in_place:
             self.model.seq_rm(target.seq_id, reuse, -1)
         else:
             self.model.seq_rm(target.seq_id)

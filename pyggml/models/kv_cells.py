@@ -157,8 +157,6 @@ class KVCells:
         self.shift[hit] += new - self.pos[hit]
         self.pos[hit] = new
 
-    def take_shift(self) -> np.ndarray:
-        """The pending per-cell position deltas (zero for the others), which are then cleared."""
-        shift = self.shift.copy()
+    def clear_shift(self) -> None:
+        """The pending per-cell position deltas are applied to the cached keys: forget them."""
         self.shift[:] = 0
-        return shift

@@ -23,9 +23,8 @@ from typing import Callable, Iterator
 import numpy as np
 
 from pyggml.backend import Backend, tensor_get, tensor_set
-from pyggml.core import Context, Graph, ops
 from pyggml.backend.cpu.jit.runtime.compile_cache import load_cached
-from pyggml.core import GGMLType
+from pyggml.core import Context, GGMLType, Graph, ops
 from pyggml.core import types as T
 from pyggml.errors import AllocationError, GGMLError, GGUFError, ParameterError
 from pyggml.models.arch import architecture_of
@@ -185,7 +184,6 @@ class Model:
         in F32, roped by the per-cell delta with that layer's RoPE, copied back in the cache's type."""
         if not self.cells.has_shift:
             return
-        shift = self.cells.take_shift()
         ctx, graph, kv = Context(no_alloc=True), Graph(4 * len(self.kv.k) + 8), self.kv
         deltas = ctx.new_tensor_1d(GGMLType.I32, kv.size, "k_shift").set_input()
         hd = kv.n_embd_k // kv.n_head_kv
@@ -197,9 +195,10 @@ class Model:
                 graph.build_forward_expand(ops.cpy(ctx, rotated, k))
         if graph.n_nodes:
             self.runner.alloc_graph(graph)
-            tensor_set(deltas, shift.astype(np.int32))
+            tensor_set(deltas, self.cells.shift.astype(np.int32))
             self.runner.compute(graph)
             self.runner.forget(graph)
+        self.cells.clear_shift()  # only once the keys are rotated: a failed step leaves the shift pending
 
     def _build(self, n_tokens: int, n_outputs: int, n_kv: int):
         step = Step.new(n_tokens, n_outputs, n_kv, n_ctx=self.n_ctx)
