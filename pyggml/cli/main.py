@@ -8,7 +8,8 @@ import sys
 
 from pyggml.errors import GGMLError
 
-COMMANDS = ["convert", "demo", "devices", "generate", "plan", "rpc_server", "serve", "transcribe"]  # module names under pyggml.cli; each engineer adds theirs
+# module names under pyggml.cli; each engineer adds theirs
+COMMANDS = ["convert", "demo", "devices", "generate", "plan", "rpc_server", "serve", "transcribe"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,7 +3,6 @@ on the batching engine. Loopback by default; another address without --api-key g
 
 from __future__ import annotations
 
-import ipaddress
 import sys
 
 DEFAULT_WHISPER = "tiny.en"
@@ -42,16 +41,9 @@ def check_args(args) -> None:
         raise ParameterError("--max-queue must be >= 0 and --timeout > 0")
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def bind_warning(host: str, api_key: str | None) -> str | None:
+    from pyggml.backend.rpc.limits import is_loopback
+
     if is_loopback(host) or api_key:
         return None
     return (f"pyggml serve: warning: listening on {host} without --api-key: anyone who reaches this address can use "

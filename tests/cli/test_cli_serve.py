@@ -27,8 +27,9 @@ def _free_port() -> int:
 def test_serve_process_answers_and_stops(tmp_path):
     path = write_chat_model(tmp_path / "tiny.gguf")
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "pyggml.cli.main", "serve", "--model", str(path), "--port", str(port),
-                             "--ctx", "256", "--parallel", "2", "--whisper-model", "none", "--alias", "tiny"],
+    proc = subprocess.Popen([sys.executable, "-m", "pyggml.cli.main", "serve", "--model", str(path),
+                             "--port", str(port), "--ctx", "256", "--parallel", "2", "--whisper-model", "none",
+                             "--alias", "tiny"],
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
     try:
         deadline = time.monotonic() + 120

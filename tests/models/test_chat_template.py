@@ -78,4 +78,6 @@ class _WithVariant:
         self.gguf, self.architecture = gguf, gguf.architecture
 
     def get(self, key, default=None):
-        return "TOOLS {{ tools | length }}" if key == "tokenizer.chat_template.tool_use" else self.gguf.get(key, default)
+        if key == "tokenizer.chat_template.tool_use":
+            return "TOOLS {{ tools | length }}"
+        return self.gguf.get(key, default)

@@ -64,7 +64,8 @@ async def _client(base_url: str, seed: int, deadline: float, tally: dict):
 async def _warm_up(base_url: str):
     async with httpx.AsyncClient(base_url=base_url, timeout=120) as http:
         rs = await asyncio.gather(*[http.post("/v1/chat/completions", json={
-            "messages": [{"role": "user", "content": "warm up " * (i + 1)}], "max_tokens": 16}) for i in range(WARM_UP)])
+            "messages": [{"role": "user", "content": "warm up " * (i + 1)}], "max_tokens": 16})
+            for i in range(WARM_UP)])
     assert all(r.status_code == 200 for r in rs)
 
 
