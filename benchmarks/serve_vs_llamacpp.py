@@ -99,7 +99,7 @@ def random_prompts(model_path: str, count: int, length: int, rng: random.Random)
 
 
 async def one_request(http, side: str, prompt: str, args, eog: list[int]) -> dict:
-    body = {"model": "bench", "prompt": prompt, "max_tokens": args.output_len, "temperature": 0.0, "stream": True}
+    body = {"prompt": prompt, "max_tokens": args.output_len, "temperature": 0.0, "stream": True}
     if side == "pyggml":
         body["ignore_eos"] = True
     else:
