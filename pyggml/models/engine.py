@@ -478,7 +478,6 @@ class Engine:
         else:
             held = max((k for s in stops for k in range(1, len(s)) if full.endswith(s[:k])), default=0)
             end, stopped = len(full.rstrip("\ufffd")) - held, False
-            end = min(end, len(full) - held)
         text = full[slot.sent:end] if end > slot.sent else ""
         slot.sent = max(slot.sent, end)
         return text, stopped
