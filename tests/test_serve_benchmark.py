@@ -8,8 +8,7 @@ from types import SimpleNamespace
 from benchmarks.serve_vs_llamacpp import level, random_prompts
 from pyggml.serve.app import create_app
 from pyggml.serve.state import Limits
-from tests.serve.conftest import make_state
-from tests.support.serve import ServerThread, write_chat_model
+from tests.support.serve import ServerThread, make_state, write_chat_model
 
 
 def test_client_measures_a_level(tmp_path):

@@ -2,21 +2,8 @@
 
 import pytest
 
-from pyggml.models import load_model
-from pyggml.models.engine import Engine
 from pyggml.serve.app import create_app
-from pyggml.serve.state import Limits, Loaded, ServerState
-from tests.support.serve import ServerThread, write_chat_model
-
-
-def make_state(path, limits: Limits = Limits(), n_ctx: int = 256, whisper=None) -> ServerState:
-    def load():
-        model = load_model(path, n_ctx=n_ctx)
-        loaded = Loaded(model=model, engine=Engine(model, n_slots=limits.parallel), model_id="tiny")
-        if whisper is not None:
-            loaded.whisper, loaded.whisper_default = {"tiny.en": whisper}, "tiny.en"
-        return loaded
-    return ServerState(load, limits)
+from tests.support.serve import ServerThread, make_state, write_chat_model
 
 
 @pytest.fixture(scope="module")

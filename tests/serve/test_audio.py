@@ -9,8 +9,7 @@ import openai
 import pytest
 
 from pyggml.serve.app import create_app
-from tests.serve.conftest import make_state
-from tests.support.serve import ServerThread
+from tests.support.serve import ServerThread, make_state
 
 SPEECH = Path(__file__).resolve().parents[1] / "data" / "speech"
 

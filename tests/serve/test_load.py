@@ -14,8 +14,7 @@ import pytest
 
 from pyggml.serve.app import create_app
 from pyggml.serve.state import Limits
-from tests.serve.conftest import make_state
-from tests.support.serve import ServerThread
+from tests.support.serve import ServerThread, make_state
 
 CLIENTS, SECONDS, PER_CLIENT = 64, 5.0, 4  # each client sends up to PER_CLIENT requests within SECONDS
 WARM_UP = 8  # concurrent requests first, so that the batch shapes' kernels and graphs exist before RSS is read

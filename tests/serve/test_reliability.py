@@ -11,8 +11,7 @@ import pytest
 
 from pyggml.serve.app import create_app
 from pyggml.serve.state import Limits, ServerState
-from tests.serve.conftest import make_state
-from tests.support.serve import ServerThread
+from tests.support.serve import ServerThread, make_state
 
 SHORT = {"messages": [{"role": "user", "content": "Tell a story."}], "max_tokens": 8}
 

@@ -1,5 +1,6 @@
 """A `pyggml serve` application on 127.0.0.1 at a free port, in a thread of the test process, stopped on exit;
-and the tiny random-weight model the server tests load (Gemma 3's first tokens, the file's own Jinja template)."""
+the tiny random-weight model the server tests load (Gemma 3's first tokens, the file's own Jinja template) and
+the server state that loads it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 from gguf import GGUFValueType
 
+from pyggml.serve.state import Limits, Loaded, ServerState
 from tests.support.tiny_models import gemma3_vocab, write_llama
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "models" / "data" / "chat_templates"
@@ -59,3 +61,17 @@ class ServerThread:
         self.server.should_exit = True
         self.thread.join(30)
         self.sock.close()
+
+
+def make_state(path, limits: Limits = Limits(), n_ctx: int = 256, whisper=None) -> ServerState:
+    """A server's state that loads the file with the real engine (and serves `whisper` as tiny.en)."""
+    from pyggml.models import load_model
+    from pyggml.models.engine import Engine
+
+    def load():
+        model = load_model(path, n_ctx=n_ctx)
+        loaded = Loaded(model=model, engine=Engine(model, n_slots=limits.parallel), model_id="tiny")
+        if whisper is not None:
+            loaded.whisper, loaded.whisper_default = {"tiny.en": whisper}, "tiny.en"
+        return loaded
+    return ServerState(load, limits)
