@@ -11,6 +11,8 @@ import uuid
 from dataclasses import dataclass, field
 
 from pyggml.errors import GGUFError, ParameterError
+from pyggml.models.engine import Done, Request
+from pyggml.models.generate import SamplingParams
 from pyggml.serve.params import GenerationParams, read_generation
 from pyggml.serve.protocol import APIError, Fields, error_body
 from pyggml.serve.state import ServerState, run_blocking
@@ -128,9 +130,6 @@ def _check_length(state: ServerState, job: Job, param: str) -> None:
 
 # ----- running sequences --------------------------------------------------------------------------
 def _requests(state: ServerState, job: Job) -> list:
-    from pyggml.models.engine import Request
-    from pyggml.models.generate import SamplingParams
-
     loaded = state.require()
     sampling = dict(job.gen.sampling)
     if sampling["repeat_last_n"] == -1:
@@ -154,11 +153,13 @@ class Run:
     def __init__(self, state: ServerState, job: Job):
         self.state, self.job = state, job
         self.handles: list = []
+        self.admitted = 0
         self.outcome = "error"
 
     async def __aenter__(self) -> "Run":
         requests = await run_blocking(_requests, self.state, self.job)  # llguidance compiles off the loop
         self.state.admit(len(requests))
+        self.admitted = len(requests)
         try:
             engine = self.state.require().engine
             for r in requests:
@@ -175,7 +176,7 @@ class Run:
             self.outcome = "cancelled"
         elif kind is TimeoutError:
             self.outcome = "timeout"
-        self.state.release(len(self.handles) or self.job.sequences, self.outcome)
+        self.state.release(self.admitted, self.outcome)
 
     def _cancel(self) -> None:
         for h in self.handles:
@@ -204,7 +205,7 @@ class Run:
 
 
 def _is_done(event) -> bool:
-    return hasattr(event, "finish_reason")
+    return isinstance(event, Done)
 
 
 class ChoiceOutput:
