@@ -61,8 +61,9 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads),
                    NUMBA_NUM_THREADS=str(args.threads), PYTHONPATH=str(REPO))
+        self.log = tempfile.TemporaryFile("w+")  # not a pipe: llama.cpp's load log would fill it and block
         self.proc = subprocess.Popen(server_command(side, args, self.port), env=env, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, text=True)
+                                     stderr=self.log, text=True)
 
     def __enter__(self) -> "Server":
         import httpx
@@ -70,7 +71,8 @@ class Server:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.side} server exited: {self.proc.stderr.read()[-2000:]}")
+                self.log.seek(0)
+                raise RuntimeError(f"{self.side} server exited: {self.log.read()[-2000:]}")
             try:
                 if httpx.get(self.url + "/v1/models", timeout=5).status_code == 200:
                     return self
@@ -86,6 +88,7 @@ class Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        self.log.close()
 
 
 def random_prompts(model_path: str, count: int, length: int, rng: random.Random) -> tuple[list[str], list[int]]:
