@@ -196,7 +196,10 @@ class Run:
         try:
             left = len(self.handles)
             while left:
-                i, event = await asyncio.wait_for(queue.get(), max(0.0, deadline - loop.time()))
+                try:  # events that are already there need no timer (wait_for costs a task per call)
+                    i, event = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    i, event = await asyncio.wait_for(queue.get(), max(0.0, deadline - loop.time()))
                 left -= _is_done(event)
                 yield i, event
         finally:
