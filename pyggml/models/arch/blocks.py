@@ -141,9 +141,13 @@ class Rope:
         return self.long_factors if n_ctx_seq > self.n_ctx_orig else self.short_factors
 
     def apply(self, step: Step, x: Tensor) -> Tensor:
-        return ops.rope_ext(step.ctx, x, step.positions, self.factors_for(step.n_ctx), self.n_dims, self.mode,
-                            self.n_ctx_orig, self.freq_base, self.freq_scale, self.ext_factor, self.attn_factor,
-                            self.beta_fast, self.beta_slow)
+        return self.rotate(step.ctx, x, step.positions, step.n_ctx)
+
+    def rotate(self, ctx: Context, x: Tensor, positions: Tensor, n_ctx: int) -> Tensor:
+        """x rotated by `positions` (also by position deltas: the KV cache's shift of cached keys)."""
+        return ops.rope_ext(ctx, x, positions, self.factors_for(n_ctx), self.n_dims, self.mode, self.n_ctx_orig,
+                            self.freq_base, self.freq_scale, self.ext_factor, self.attn_factor, self.beta_fast,
+                            self.beta_slow)
 
 
 def attention(step: Step, kv, il: int, q: Tensor, k: Tensor, v: Tensor, kq_scale: float,
@@ -285,6 +289,17 @@ class Decoder:
         """output.weight, or the token embeddings when the file ties them (an architecture that always ties
         does not look output.weight up, so a file holding one is refused as llama.cpp refuses it)."""
         return w.optional("output.weight", (self.n_embd, self.n_vocab)) or self.tok_embd
+
+    @property
+    def shiftable(self) -> bool:
+        """Whether cached keys can move to new positions by a RoPE rotation (seq_add, seq_div): only where the
+        architecture says which RoPE each layer's keys took (overrides layer_rope); the others refuse a shift
+        rather than leave keys at their old positions."""
+        return type(self).layer_rope is not Decoder.layer_rope
+
+    def layer_rope(self, il: int) -> Rope | None:
+        """The RoPE applied to layer il's keys (None: none, its cached keys do not depend on position)."""
+        return None
 
     @staticmethod
     def uniform(gguf, key: str, values: list):

@@ -71,12 +71,14 @@ class Gemma2(Decoder):
         """q and k before RoPE (Gemma 3 normalizes each head)."""
         return q, k
 
+    def layer_rope(self, il: int) -> Rope:
+        return self.rope_local if self.swa[il] else self.rope_global
+
     def build(self, step: Step, kv) -> Tensor:
         ctx, eps, n = step.ctx, self.eps, step.n_tokens
         x = ops.scale(ctx, ops.get_rows(ctx, self.tok_embd, step.tokens), math.sqrt(self.n_embd))
         for il, layer in enumerate(self.layers):
-            swa = self.swa[il]
-            rope = self.rope_local if swa else self.rope_global
+            swa, rope = self.swa[il], self.layer_rope(il)
             cur = rms_norm(ctx, x, layer.attn_norm, eps)
             q = ops.reshape_3d(ctx, ops.mul_mat(ctx, layer.wq, cur), self.head_dim, self.n_head, n)
             k = ops.reshape_3d(ctx, ops.mul_mat(ctx, layer.wk, cur), self.head_dim, self.n_head_kv, n)

@@ -27,6 +27,8 @@ class GPT2Layer:
 
 
 class GPT2(Decoder):
+    shiftable = False  # learned absolute positions are added to the input: cached keys cannot be moved
+
     def __init__(self, gguf, w):
         super().__init__(gguf, w)
         self.eps = hparam(gguf, "attention.layer_norm_epsilon")

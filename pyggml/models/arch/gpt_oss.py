@@ -50,8 +50,11 @@ class GptOss(Llama):
         return Experts.load(w, i, self.n_embd, self.n_ff_exp, self.n_expert, self.n_expert_used, biases=True,
                             gating="softmax_weight", activation="swiglu_oai")
 
+    def layer_rope(self, il: int) -> Rope:
+        return self.rope_swa if self.swa[il] else self.rope
+
     def rope_qk(self, step: Step, il: int, layer, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-        rope = self.rope_swa if self.swa[il] else self.rope
+        rope = self.layer_rope(il)
         return rope.apply(step, q), rope.apply(step, k)
 
     def attend(self, step: Step, kv, il: int, layer, q: Tensor, k: Tensor, v: Tensor) -> Tensor:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from pyggml.core import Tensor
 from pyggml.core import ops
-from pyggml.models.arch.blocks import Step, hparam, linear
+from pyggml.models.arch.blocks import Rope, Step, hparam, linear
 from pyggml.models.arch.llama import Llama, LlamaLayer
 from pyggml.models.arch.moe import Experts, SharedExpert
 
@@ -44,6 +44,9 @@ class Granite(Llama):
 
     def rope_qk(self, step: Step, il: int, layer, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         return super().rope_qk(step, il, layer, q, k) if self.has_rope else (q, k)
+
+    def layer_rope(self, il: int) -> Rope | None:
+        return self.rope if self.has_rope else None
 
     def residual(self, step: Step, branch: Tensor) -> Tensor:
         return ops.scale(step.ctx, branch, self.residual_scale) if self.residual_scale else branch

@@ -73,6 +73,9 @@ class Llama(Decoder):
         return Experts.load(w, i, self.n_embd, self.n_ff_arr[i], self.n_expert, self.n_expert_used,
                             gate_required=False, gating="softmax", norm_w=True)
 
+    def layer_rope(self, il: int) -> Rope:
+        return self.rope
+
     def embed(self, step: Step) -> Tensor:
         return ops.get_rows(step.ctx, self.tok_embd, step.tokens)
 

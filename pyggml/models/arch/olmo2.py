@@ -53,11 +53,14 @@ class Olmo2(Decoder):
             post_attn_norm=w.get(f"blk.{i}.post_attention_norm.weight", (e,)),
             post_ffn_norm=w.get(f"blk.{i}.post_ffw_norm.weight", (e,))) for i in range(self.n_layer)]
 
+    def layer_rope(self, il: int) -> Rope:
+        return self.rope_local if self.swa[il] else self.rope
+
     def build(self, step: Step, kv) -> Tensor:
         ctx, eps, n, hd = step.ctx, self.eps, step.n_tokens, self.head_dim
         x = ops.get_rows(ctx, self.tok_embd, step.tokens)
         for il, layer in enumerate(self.layers):
-            rope = self.rope_local if self.swa[il] else self.rope
+            rope = self.layer_rope(il)
             q = rms_norm(ctx, ops.mul_mat(ctx, layer.wq, x), layer.q_norm, eps)
             k = rms_norm(ctx, ops.mul_mat(ctx, layer.wk, x), layer.k_norm, eps)
             q = rope.apply(step, ops.reshape_3d(ctx, q, hd, self.n_head, n))

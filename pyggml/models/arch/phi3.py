@@ -68,6 +68,9 @@ class Phi3(Decoder):
             qkv = ops.add(ctx, qkv, ops.concat(ctx, ops.concat(ctx, layer.bq, layer.bk, 0), layer.bv, 0))
         return tuple(split_qkv(ctx, qkv, hd, self.n_head, self.n_head_kv, n))
 
+    def layer_rope(self, il: int) -> Rope:
+        return self.rope
+
     def build(self, step: Step, kv) -> Tensor:
         ctx, eps = step.ctx, self.eps
         x = ops.get_rows(ctx, self.tok_embd, step.tokens)

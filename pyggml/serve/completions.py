@@ -1,0 +1,414 @@
+"""/v1/chat/completions and /v1/completions: a checked request becomes one engine sequence per prompt and
+choice (each with its own constraint), whose events are gathered into OpenAI's response or streamed as
+OpenAI's chunks over SSE. Every admitted request is released exactly once, whatever ends it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from pyggml.errors import GGUFError, ParameterError
+from pyggml.models.engine import Done, Request
+from pyggml.models.generate import SamplingParams
+from pyggml.serve.params import GenerationParams, read_generation
+from pyggml.serve.protocol import APIError, Fields, error_body
+from pyggml.serve.state import ServerState, run_blocking
+from pyggml.serve.tool_calls import ToolSpec, parse_tool_calls, read_tools, tool_call_start
+
+
+@dataclass
+class Job:
+    """A checked request: the token prompts, the generation fields, tools and the constraint to compile."""
+
+    chat: bool
+    prompts: list[list[int]]
+    gen: GenerationParams
+    tools: ToolSpec | None = None
+    constraint: tuple[str, str, str] | None = None   # (llguidance kind, grammar text, request field)
+    echo: list[str] = field(default_factory=list)    # /v1/completions echo: the prompts' text
+
+    @property
+    def sequences(self) -> int:
+        return len(self.prompts) * self.gen.n
+
+
+# ----- reading requests ---------------------------------------------------------------------------
+async def read_chat(state: ServerState, body) -> Job:
+    f = Fields(body)
+    state.check_model_name(f.get("model", str))
+    model = state.require().model
+    messages = f.get("messages", list, required=True)
+    if not messages:
+        raise APIError("'messages' must not be empty", param="messages")
+    for i, m in enumerate(messages):
+        mf = Fields(m, f"messages[{i}]")
+        mf.get("role", str, required=True, choices=("system", "developer", "user", "assistant", "tool", "function"))
+        if not (isinstance(m.get("content"), (str, list)) or (m.get("content") is None and m["role"] == "assistant")):
+            raise APIError(f"'messages[{i}].content' must be a string or an array of parts",
+                           param=f"messages[{i}].content")
+    gen = read_generation(f, model.n_vocab, chat=True)
+    tools = read_tools(f)
+    kwargs = f.get("chat_template_kwargs", dict, {})
+    template_tools = [{"type": "function", "function": t} for t in
+                      (tf["function"] for tf in f.get("tools", list, []))] if tools.active else None
+    try:
+        text = await run_blocking(lambda: model.chat_prompt(messages, tools=template_tools, **kwargs))
+    except (ParameterError, GGUFError) as e:  # the template refused the messages, or the file has no chat format
+        raise APIError(str(e), param="messages") from None
+    ids = await run_blocking(lambda: model.tokenize(text, add_special=True, parse_special=True))
+    job = Job(True, [ids], gen, tools if tools.active else None)
+    job.constraint = _constraint(f, tools)
+    _check_length(state, job, "messages")
+    return job
+
+
+async def read_completion(state: ServerState, body) -> Job:
+    f = Fields(body)
+    state.check_model_name(f.get("model", str))
+    model = state.require().model
+    prompt = f.get("prompt", (str, list), required=True)
+    if isinstance(prompt, str) or all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        prompt = [prompt]
+    prompts = []
+    for i, p in enumerate(prompt):
+        if isinstance(p, str):
+            prompts.append(await run_blocking(lambda p=p: model.tokenize(p, add_special=True, parse_special=True)))
+        elif isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+            if not all(0 <= t < model.n_vocab for t in p):
+                raise APIError(f"'prompt[{i}]' holds token ids outside the vocabulary of {model.n_vocab}",
+                               param="prompt")
+            prompts.append(list(p))
+        else:
+            raise APIError("'prompt' must be a string, an array of strings, or an array of token ids", param="prompt")
+    if not prompts or not all(prompts):
+        raise APIError("'prompt' is empty", param="prompt")
+    gen = read_generation(f, model.n_vocab, chat=False)
+    job = Job(False, prompts, gen, constraint=_constraint(f, None))
+    if f.get("echo", bool, False):
+        job.echo = [model.detokenize(p) for p in prompts]
+    if f.get("suffix", str) is not None:
+        raise APIError("'suffix' (fill-in-the-middle) is not supported", param="suffix")
+    _check_length(state, job, "prompt")
+    return job
+
+
+def _constraint(f: Fields, tools: ToolSpec | None):
+    """The one constraint of a request: tool forcing, response_format or grammar (several at once: 400)."""
+    found = []
+    if tools is not None and tools.forcing_schema() is not None:
+        found.append(("json_schema", json.dumps(tools.forcing_schema()), "tool_choice"))
+    rf = f.obj("response_format")
+    if rf is not None:
+        kind = rf.get("type", str, required=True, choices=("text", "json_object", "json_schema"))
+        if kind == "json_object":
+            found.append(("json_schema", json.dumps(rf.get("schema", dict, {"type": "object"})), "response_format"))
+        elif kind == "json_schema":
+            js = rf.obj("json_schema")
+            schema = js.get("schema", dict, required=True) if js else rf.get("schema", dict, required=True)
+            found.append(("json_schema", json.dumps(schema), "response_format.json_schema.schema"))
+    if f.has("json_schema"):  # llama.cpp's own field
+        found.append(("json_schema", json.dumps(f.get("json_schema", dict)), "json_schema"))
+    if f.has("grammar"):
+        found.append(("gbnf", f.get("grammar", str), "grammar"))
+    if len(found) > 1:
+        raise APIError(f"only one constraint per request: got {', '.join(p for _, _, p in found)}", param=found[1][2])
+    return found[0] if found else None
+
+
+def _check_length(state: ServerState, job: Job, param: str) -> None:
+    n_ctx = state.require().model.n_ctx
+    for ids in job.prompts:
+        if len(ids) >= n_ctx:
+            raise APIError(f"the prompt has {len(ids)} tokens; the context holds {n_ctx}", param=param)
+        if job.gen.max_tokens > 0 and len(ids) + job.gen.max_tokens > n_ctx:
+            raise APIError(f"the prompt's {len(ids)} tokens plus max_tokens {job.gen.max_tokens} exceed the "
+                           f"context of {n_ctx}", param="max_tokens")
+
+
+# ----- running sequences --------------------------------------------------------------------------
+def _requests(state: ServerState, job: Job) -> list:
+    loaded = state.require()
+    sampling = dict(job.gen.sampling)
+    if sampling["repeat_last_n"] == -1:
+        sampling["repeat_last_n"] = loaded.model.n_ctx
+    out = []
+    for ids in job.prompts:
+        for i in range(job.gen.n):
+            seed = sampling["seed"] + i if sampling["seed"] is not None else None
+            constraint = state.constraints.compile(*job.constraint) if job.constraint else None
+            params = SamplingParams(**{**sampling, "seed": seed})
+            out.append(Request(prompt=ids, max_tokens=job.gen.max_tokens, sampling=params,
+                               stop=job.gen.stop, ignore_eos=job.gen.ignore_eos, n_probs=job.gen.top_logprobs,
+                               logits_processor=constraint.logits_processor if constraint else None,
+                               on_token=constraint.on_token if constraint else None))
+    return out
+
+
+class Run:
+    """The sequences of one admitted request: submitted together, their events merged, cancelled together."""
+
+    def __init__(self, state: ServerState, job: Job):
+        self.state, self.job = state, job
+        self.handles: list = []
+        self.admitted = 0
+        self.outcome = "error"
+
+    async def __aenter__(self) -> "Run":
+        requests = await run_blocking(_requests, self.state, self.job)  # llguidance compiles off the loop
+        self.state.admit(len(requests))
+        self.admitted = len(requests)
+        try:
+            engine = self.state.require().engine
+            for r in requests:
+                self.handles.append(engine.submit(r))
+        except ParameterError as e:
+            self._cancel()
+            self.state.release(len(requests), "refused")
+            raise APIError(str(e)) from None
+        return self
+
+    async def __aexit__(self, kind, exc, tb) -> None:
+        self._cancel()
+        if kind in (asyncio.CancelledError, GeneratorExit, ClientGone):
+            self.outcome = "cancelled"
+        elif kind is TimeoutError:
+            self.outcome = "timeout"
+        self.state.release(self.admitted, self.outcome)
+
+    def _cancel(self) -> None:
+        for h in self.handles:
+            h.cancel()
+
+    async def events(self):
+        """(sequence index, event) in arrival order until every sequence is done; TimeoutError past the limit."""
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i, handle):
+            async for event in handle:
+                queue.put_nowait((i, event))
+
+        tasks = [asyncio.create_task(pump(i, h)) for i, h in enumerate(self.handles)]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.state.limits.timeout_s
+        try:
+            left = len(self.handles)
+            while left:
+                try:  # events that are already there need no timer (wait_for costs a task per call)
+                    i, event = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    i, event = await asyncio.wait_for(queue.get(), max(0.0, deadline - loop.time()))
+                left -= _is_done(event)
+                yield i, event
+        finally:
+            for t in tasks:
+                t.cancel()
+
+
+def _is_done(event) -> bool:
+    return isinstance(event, Done)
+
+
+class ChoiceOutput:
+    """One choice's text, log-probabilities and (with tools) the part held back while it may be a tool call."""
+
+    def __init__(self, index: int, job: Job, tokenizer):
+        self.index, self.job, self.tokenizer = index, job, tokenizer
+        self.text, self.sent, self.pending_logprobs = "", 0, []
+        self.logprobs: list[dict] = []
+        self.calls: list = []
+        self.done = None
+
+    def add(self, token) -> str:
+        """The text that may be sent now."""
+        self.text += token.text
+        if self.job.gen.logprobs and not (self.tokenizer.is_eog(token.id) and not self.job.gen.ignore_eos):
+            entry = {"token": self._piece(token.id), "logprob": token.logprob,
+                     "bytes": list(self._piece(token.id).encode()), "id": token.id,
+                     "top_logprobs": [{"token": self._piece(t), "logprob": lp, "bytes": list(self._piece(t).encode())}
+                                      for t, lp in token.top]}
+            self.logprobs.append(entry)
+            self.pending_logprobs.append(entry)
+        limit = tool_call_start(self.text) if self.job.tools else len(self.text)
+        limit = max(limit, self.sent)
+        out, self.sent = self.text[self.sent:limit], limit
+        return out
+
+    def _piece(self, token_id: int) -> str:
+        return self.tokenizer.token_to_piece(token_id, special=True).decode("utf-8", "replace")
+
+    def finish(self, done) -> tuple[str, list]:
+        """(content not sent yet, tool calls) at the end."""
+        self.done = done
+        if done.finish_reason == "error":
+            raise APIError(f"generation failed: {done.error}", status=500, kind="server_error")
+        if self.job.tools:
+            content, self.calls = parse_tool_calls(self.text, self.job.tools)
+            if self.calls:
+                self.text = content
+                return content[self.sent:], self.calls
+        return self.text[self.sent:], []
+
+    @property
+    def finish_reason(self) -> str:
+        return self.done.finish_reason
+
+    def take_logprobs(self):
+        out, self.pending_logprobs = self.pending_logprobs, []
+        return out
+
+    def legacy_logprobs(self, entries: list[dict], offset: int = 0) -> dict:
+        """The /v1/completions form: tokens, token_logprobs, top_logprobs as {token: logprob}, text_offset."""
+        offsets, at = [], offset
+        for e in entries:
+            offsets.append(at)
+            at += len(e["token"])
+        return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+                "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+                "text_offset": offsets}
+
+
+def _usage(job: Job, outputs: list[ChoiceOutput]) -> dict:
+    per_prompt = outputs[::job.gen.n]
+    prompt = sum(o.done.prompt_tokens for o in per_prompt)
+    cached = sum(o.done.cached_tokens for o in per_prompt)
+    completion = sum(o.done.completion_tokens for o in outputs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def _chat_logprobs(entries: list[dict]):
+    return {"content": [{k: v for k, v in e.items() if k != "id"} for e in entries], "refusal": None}
+
+
+# ----- whole responses ----------------------------------------------------------------------------
+class ClientGone(Exception):
+    """The client closed its connection before the response was ready."""
+
+
+async def complete(state: ServerState, job: Job, model_id: str, disconnected) -> dict:
+    """The whole response; `disconnected()` gives an awaitable that ends when the client goes away (then its
+    sequences are cancelled and ClientGone is raised)."""
+    async with Run(state, job) as run:
+        outputs = [ChoiceOutput(i, job, state.require().model.tokenizer) for i in range(job.sequences)]
+
+        async def collect():
+            async for i, event in run.events():
+                if _is_done(event):
+                    outputs[i].finish(event)
+                else:
+                    outputs[i].add(event)
+
+        work, watcher = asyncio.ensure_future(collect()), asyncio.ensure_future(disconnected())
+        try:
+            await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if not work.done():
+                raise ClientGone()
+            work.result()  # its TimeoutError or APIError
+        finally:
+            for task in (work, watcher):
+                task.cancel()
+            await asyncio.gather(work, watcher, return_exceptions=True)
+        run.outcome = "completed"
+    return _response(job, model_id, outputs)
+
+
+def _response(job: Job, model_id: str, outputs: list[ChoiceOutput]) -> dict:
+    choices = []
+    for o in outputs:
+        if job.chat:
+            calls = o.calls
+            message = {"role": "assistant", "content": o.text if (o.text or not calls) else None}
+            if calls:
+                message["tool_calls"] = [c.as_openai() for c in calls]
+            choices.append({"index": o.index, "message": message,
+                            "logprobs": _chat_logprobs(o.logprobs) if job.gen.logprobs else None,
+                            "finish_reason": "tool_calls" if calls else o.finish_reason})
+        else:
+            echo = job.echo[o.index // job.gen.n] if job.echo else ""
+            choices.append({"index": o.index, "text": echo + o.text,
+                            "logprobs": o.legacy_logprobs(o.logprobs, len(echo)) if job.gen.logprobs else None,
+                            "finish_reason": o.finish_reason})
+    return {"id": _new_id(job), "object": "chat.completion" if job.chat else "text_completion",
+            "created": int(time.time()), "model": model_id, "system_fingerprint": None, "choices": choices,
+            "usage": _usage(job, outputs)}
+
+
+def _new_id(job: Job) -> str:
+    return ("chatcmpl-" if job.chat else "cmpl-") + uuid.uuid4().hex
+
+
+# ----- streaming ----------------------------------------------------------------------------------
+def sse(data) -> bytes:
+    return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n".encode()
+
+
+async def start_stream(state: ServerState, job: Job, model_id: str):
+    """The SSE chunks of an admitted request: admission happens here, before the response starts, so a refusal
+    (429, 400) is still an HTTP status. A client that goes away closes the generator, which cancels its
+    sequences where it waits (a response that never started is closed when it is collected)."""
+    chunks = _stream(state, job, model_id)
+    await chunks.__anext__()  # b"": admitted and submitted
+    return chunks
+
+
+async def _stream(state: ServerState, job: Job, model_id: str):
+    cid, created = _new_id(job), int(time.time())
+    head = {"id": cid, "object": "chat.completion.chunk" if job.chat else "text_completion", "created": created,
+            "model": model_id, "system_fingerprint": None}
+    usage_field = {"usage": None} if job.gen.include_usage else {}
+
+    def chunk(index, delta=None, text=None, logprobs=None, finish=None):
+        if job.chat:
+            choice = {"index": index, "delta": delta or {}, "logprobs": logprobs, "finish_reason": finish}
+        else:
+            choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
+        return sse({**head, "choices": [choice], **usage_field})
+
+    admitted = False
+    try:
+        async with Run(state, job) as run:
+            admitted = True
+            yield b""
+            outputs = [ChoiceOutput(i, job, state.require().model.tokenizer) for i in range(job.sequences)]
+            if job.chat:
+                for o in outputs:
+                    yield chunk(o.index, {"role": "assistant", "content": ""})
+            async for i, event in run.events():
+                o = outputs[i]
+                if _is_done(event):
+                    rest, calls = o.finish(event)
+                    for piece in _final_pieces(job, o, rest, calls):
+                        yield chunk(i, **piece)
+                    yield chunk(i, finish="tool_calls" if calls else o.finish_reason)
+                else:
+                    text = o.add(event)
+                    if text or (job.gen.logprobs and not job.tools):
+                        yield chunk(i, **_piece(job, o, text))
+            run.outcome = "completed"
+        if job.gen.include_usage:
+            yield sse({**head, "choices": [], "usage": _usage(job, outputs)})
+    except APIError as e:
+        if not admitted:
+            raise
+        yield sse(e.body())
+    except TimeoutError:
+        yield sse(error_body(f"the request ran past its {state.limits.timeout_s:g} s limit", "timeout_error",
+                             code=504))
+    yield sse("[DONE]")
+
+
+def _piece(job: Job, o: ChoiceOutput, text: str) -> dict:
+    entries = o.take_logprobs() if job.gen.logprobs else []
+    if job.chat:
+        return {"delta": {"content": text}, "logprobs": _chat_logprobs(entries) if job.gen.logprobs else None}
+    return {"text": text, "logprobs": o.legacy_logprobs(entries) if job.gen.logprobs else None}
+
+
+def _final_pieces(job: Job, o: ChoiceOutput, rest: str, calls: list) -> list[dict]:
+    out = [_piece(job, o, rest)] if rest or o.pending_logprobs else []
+    for k, call in enumerate(calls):
+        out.append({"delta": {"tool_calls": [call.as_openai(k)]}})
+    return out

@@ -1,0 +1,77 @@
+"""A `pyggml serve` application on 127.0.0.1 at a free port, in a thread of the test process, stopped on exit;
+the tiny random-weight model the server tests load (Gemma 3's first tokens, the file's own Jinja template) and
+the server state that loads it."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+
+from gguf import GGUFValueType
+
+from pyggml.serve.state import Limits, Loaded, ServerState
+from tests.support.tiny_models import gemma3_vocab, write_llama
+
+TEMPLATES = Path(__file__).resolve().parents[1] / "models" / "data" / "chat_templates"
+
+
+def write_chat_model(path, template: str | None = "gemma3.jinja", n_ctx: int = 256, seed: int = 0):
+    """A 2-layer llama with Gemma 3's first 2048 tokens and (unless None) a chat template named from
+    tests/models/data/chat_templates."""
+    vocab = gemma3_vocab()
+    if template is not None:
+        vocab.keys["tokenizer.chat_template"] = ((TEMPLATES / template).read_text(), GGUFValueType.STRING, None)
+    return write_llama(path, vocab=vocab, n_vocab=vocab.n_tokens, n_embd=64, n_ctx=n_ctx, seed=seed)
+
+
+class ServerThread:
+    """uvicorn serving `app` on a socket bound here (127.0.0.1, a free port) until the with-block ends; entering
+    waits until /health answers (and, with wait_ready, until it is no longer 503)."""
+
+    def __init__(self, app, ready_timeout: float = 120.0, wait_ready: bool = True):
+        import uvicorn
+
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.ready_timeout, self.wait_ready = ready_timeout, wait_ready
+
+    def __enter__(self) -> "ServerThread":
+        import httpx
+
+        self.thread.start()
+        deadline = time.monotonic() + self.ready_timeout
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.base_url + "/health", timeout=5).status_code != 503 or not self.wait_ready:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        self.__exit__()
+        raise TimeoutError(f"the test server did not come up in {self.ready_timeout} s")
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+        self.sock.close()
+
+
+def make_state(path, limits: Limits = Limits(), n_ctx: int = 256, whisper=None) -> ServerState:
+    """A server's state that loads the file with the real engine (and serves `whisper` as tiny.en)."""
+    from pyggml.models import load_model
+    from pyggml.models.engine import Engine
+
+    def load():
+        model = load_model(path, n_ctx=n_ctx)
+        loaded = Loaded(model=model, engine=Engine(model, n_slots=limits.parallel), model_id="tiny")
+        if whisper is not None:
+            loaded.whisper, loaded.whisper_default = {"tiny.en": whisper}, "tiny.en"
+        return loaded
+    return ServerState(load, limits)

@@ -1,0 +1,23 @@
+"""The serving benchmark's client against an in-process server on a small random model: its figures exist and
+are consistent (every request's tokens counted, percentiles ordered)."""
+
+import asyncio
+import random
+from types import SimpleNamespace
+
+from benchmarks.serve_vs_llamacpp import level, random_prompts
+from pyggml.serve.app import create_app
+from pyggml.serve.state import Limits
+from tests.support.serve import ServerThread, make_state, write_chat_model
+
+
+def test_client_measures_a_level(tmp_path):
+    path = str(write_chat_model(tmp_path / "tiny.gguf"))
+    prompts, eog = random_prompts(path, 6, 12, random.Random(0))
+    assert len(prompts) == 6 and eog
+    args = SimpleNamespace(output_len=6)
+    with ServerThread(create_app(make_state(path, Limits(parallel=2)))) as srv:
+        row = asyncio.run(level(srv.base_url, "pyggml", 2, prompts, args, eog))
+    assert row["requests"] == 4 and row["concurrency"] == 2  # after a warm-up of 2 and row["output_tok_s"] > 0
+    assert 0 < row["ttft_p50_ms"] <= row["ttft_p99_ms"] and 0 < row["tpot_p50_ms"] <= row["tpot_p99_ms"]
+    assert row["itl_p50_ms"] <= row["itl_p99_ms"]
