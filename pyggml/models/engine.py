@@ -322,11 +322,10 @@ class Engine:
                     return
                 handle = self._queue[0]
             idle = [s for s in self.slots if s.handle is None]
-            if not idle:
-                return
-            if not self._place(handle, idle):
-                with self._cv:
-                    self._stats.waiting_for_cells = True
+            placed = bool(idle) and self._place(handle, idle)
+            with self._cv:
+                self._stats.waiting_for_cells = bool(idle) and not placed  # a free slot, but not the cells
+            if not placed:
                 return
             with self._cv:
                 self._queue.popleft()

@@ -1,6 +1,6 @@
 """The KV cache: per layer, the keys and values of every position seen so far, in a buffer of its own.
 
-One sequence, cells = positions: a step writes its tokens' K and V into cells [pos0, pos0 + n) with
+A step writes its tokens' K and V into the cells it was given (pyggml.models.kv_cells decides which) with
 `set_rows`, the cell numbers being inputs of the step (as in llama.cpp, so that a graph does not depend
 on pos0 and serves the next step too), and its queries read cells [0, n_kv). K rows are positions ([n_embd_k, size]);
 V is stored transposed ([size, n_embd_v]) so that softmax(KQ)·V is a plain mul_mat, as in llama.cpp
@@ -46,11 +46,6 @@ class KVCache:
         """Cells a step attends when n_used of them hold tokens: padded up to N_KV_PAD, at most the cache size."""
         return min(self.size, -(-n_used // N_KV_PAD) * N_KV_PAD)
 
-    def check_room(self, pos0: int, n_tokens: int) -> None:
-        if pos0 + n_tokens > self.size:
-            raise AllocationError(f"KV cache full: positions {pos0}..{pos0 + n_tokens - 1} do not fit "
-                                  f"its {self.size} cells (raise n_ctx)")
-
     def store(self, step, il: int, k: Tensor, v: Tensor) -> None:
         """Add to the step's graph the writes of k, v ([head_dim, n_head_kv, n_tokens]) into the step's cells.
 
@@ -76,11 +71,6 @@ class KVCache:
             step.kv_cells = (step.ctx.new_tensor_1d(GGMLType.I64, n, "kv_k_cells").set_input(),
                              step.ctx.new_tensor_1d(GGMLType.I64, n * self.n_embd_v, "kv_v_cells").set_input())
         return step.kv_cells
-
-    def set_cell_inputs(self, step, pos0: int) -> None:
-        """Fill the step's cell inputs for tokens at positions pos0, pos0 + 1, ... (after allocation; the
-        caller has checked them with check_room)."""
-        self.set_cells(step, np.arange(pos0, pos0 + step.n_tokens, dtype=np.int64))
 
     def set_cells(self, step, cells: np.ndarray) -> None:
         """Fill the step's cell inputs with the cells its tokens go to (any cells: several sequences may

@@ -15,7 +15,7 @@ from pyggml.models import load_model
 from pyggml.models.engine import Done, Engine, Request, Token
 from pyggml.models.generate import SamplingParams
 
-from tests.support.tiny_models import write_llama
+from tests.support.tiny_models import bpe_vocab, write_llama
 
 
 @pytest.fixture(scope="module")
@@ -179,3 +179,22 @@ def test_bad_requests_and_a_closed_engine_are_refused(model_path):
     engine.close()
     with pytest.raises(GGMLError, match="closed"):
         engine.submit(Request([3]))
+
+
+def test_streamed_texts_add_up_to_the_text_and_hold_back_incomplete_characters(tmp_path):
+    """A byte-level vocabulary: random tokens split UTF-8 characters; no Token's text ends in the middle of
+    one (its bytes wait for the rest, unless it is the last) and the texts add up to the detokenized output."""
+    vocab = bpe_vocab("gpt-2")
+    path = tmp_path / "bpe.gguf"
+    write_llama(path, n_vocab=vocab.n_tokens, vocab=vocab, n_ctx=256)
+    model = _model(path)
+    with Engine(model, n_slots=4) as engine:
+        handles = [engine.submit(Request(list(range(100 + 37 * i, 120 + 37 * i)), max_tokens=24, ignore_eos=True))
+                   for i in range(4)]
+        runs = [list(h) for h in handles]
+    for events in runs:
+        tokens = [e for e in events if isinstance(e, Token)]
+        assert events[-1].finish_reason == "length" and len(tokens) == 24
+        assert "".join(e.text for e in tokens) == model.detokenize([e.id for e in tokens])
+        assert not any(e.text.endswith("\ufffd") for e in tokens[:-1])
+    assert any(e.text == "" for events in runs for e in events[:-2])  # some bytes did wait for the next token

@@ -1,11 +1,10 @@
 """The KV cache's masks and bounds."""
 
 import numpy as np
-import pytest
 
 from pyggml.backend import init_by_name
-from pyggml.errors import AllocationError
 from pyggml.models.kv_cache import KVCache, causal_mask
+from pyggml.models.kv_cells import KVCells
 
 
 def test_causal_mask_lets_each_query_see_itself_and_earlier_cells():
@@ -20,9 +19,15 @@ def test_sliding_window_hides_cells_window_or_more_positions_back():
     assert (m == 0).tolist() == [[0, 0, 1, 1, 1, 0], [0, 0, 0, 1, 1, 1]]
 
 
-def test_cache_is_zeroed_sized_and_refuses_positions_past_its_cells():
+def test_cache_is_zeroed_and_sized():
     kv = KVCache(init_by_name("CPU"), n_layer=2, n_head_kv=2, n_embd_k=8, n_embd_v=8, size=16)
     assert kv.nbytes >= 2 * 2 * 8 * 16 * 2
     assert not kv.k[0].numpy().any()
-    with pytest.raises(AllocationError, match="KV cache full"):
-        kv.check_room(10, 7)
+
+
+def test_one_sequence_in_the_unified_cells_has_the_causal_mask():
+    cells = KVCells(16, 2)
+    cells.apply(np.arange(7), range(7), [(1,)] * 7)
+    for window in (None, 3):
+        got = cells.mask(np.arange(4, 7), np.ones(3, dtype=int), 16, window)
+        np.testing.assert_array_equal(got, causal_mask(4, 3, window, 16))
