@@ -86,11 +86,13 @@ class Model:
         self.arch = arch_class(gguf, self.weights)
         self.weights.check_all_asked()
         self.n_ctx, self.n_batch = n_ctx, min(n_batch, n_ctx)
+        self.timings = Timings()
+        self._chat_templates: dict[str, ChatTemplate] = {}
         if self.arch.encoder:  # an embedding model (Model.embed): no KV cache, no step graphs to reserve
             if placement:
                 raise ParameterError(f"{gguf.architecture} models run on one backend, not {len(backends)}")
-            self.kv, self.reserved_plan, self.n_past = None, None, 0
-            self.runner, self.timings = SingleBackend(backend), Timings()
+            self.kv, self.cells, self.reserved_plan = None, None, None
+            self.runner = SingleBackend(backend)
             return
         a = self.arch
         self.kv = KVCache(backend, a.n_layer, a.n_head_kv, a.n_embd_k_gqa, a.n_embd_v_gqa, n_ctx, kv_type)
@@ -98,8 +100,6 @@ class Model:
         self._steps: OrderedDict = OrderedDict()  # shape -> (step, logits): the latest step graphs placed
         self.cells = KVCells(n_ctx, 1)
         self.set_n_seq_max(n_seq_max)
-        self.timings = Timings()
-        self._chat_templates: dict[str, ChatTemplate] = {}
 
     # ----- text ------------------------------------------------------------------------------------
     @property
@@ -158,8 +158,8 @@ class Model:
 
     @property
     def n_past(self) -> int:
-        """Positions of sequence 0 so far (the single-sequence API's context length)."""
-        return self.cells.seq_pos_max(0) + 1
+        """Positions of sequence 0 so far (the single-sequence API's context length; 0 for an encoder)."""
+        return 0 if self.cells is None else self.cells.seq_pos_max(0) + 1
 
     def reset(self) -> None:
         """Forget every sequence (llama.cpp's memory clear; the cells' contents are overwritten later)."""
@@ -262,6 +262,8 @@ class Model:
         """Decode a batch of tokens of any sequences (llama_decode) in steps of at most n_batch tokens; the
         logits of the tokens whose flag is set, in batch order ([k, n_vocab]). A batch that does not fit the
         free cells raises AllocationError and changes nothing; a failed step frees the batch's cells."""
+        if self.kv is None:
+            raise GGMLError(f"decode: {self.architecture} is an embedding model without logits; use Model.embed")
         batch.check(self.n_vocab, self.cells)
         n, free = len(batch), self.cells.size - self.cells.used
         if n == 0:
@@ -283,8 +285,6 @@ class Model:
         ([n_vocab]) or, with all_logits, of every token ([len(ids), n_vocab])."""
         if not ids:
             raise GGMLError("decode: no tokens")
-        if self.kv is None:
-            raise GGMLError(f"decode: {self.architecture} is an embedding model without logits; use Model.embed")
         logits = self.decode_batch(Batch.sequence(list(ids), self.n_past, 0, all_logits))
         return logits if all_logits else logits[-1]
 
