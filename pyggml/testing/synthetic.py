@@ -211,6 +211,16 @@ class _Writer(GGUFWriter):
             if biases:
                 self.add_tensor(p + name + ".bias", (0.1 * self.rng.normal(size=(n_expert, n_out))).astype(np.float32))
 
+    def vocab_and_head(self, vocab, n_vocab: int, n_embd: int, tied: bool, output_std: float | None) -> None:
+        """The vocabulary (`vocab` resized, or an SPM one), token_embd, output_norm and, untied, output.weight
+        (std output_std, default 3/sqrt(n_embd): logits of spread ~3)."""
+        (vocab.resized(n_vocab) if vocab else spm_vocab(n_vocab)).write_to(self)
+        output_std = 3 / np.sqrt(n_embd) if output_std is None else output_std
+        self.matrix("token_embd.weight", n_vocab, n_embd, std=output_std if tied else 1.0)
+        self.vector("output_norm.weight", n_embd, 1.0)
+        if not tied:
+            self.matrix("output.weight", n_vocab, n_embd, std=output_std)
+
     def vector(self, name: str, n: int, centre: float = 0.0, spread: float = 0.1) -> None:
         self.add_tensor(name, (centre + spread * self.rng.normal(size=n)).astype(np.float32))
 
@@ -288,12 +298,7 @@ def write_llama(path, arch: str = "llama", n_vocab: int = 64, n_embd: int = 64, 
         w.hparams(arch, expert_shared_feed_forward_length=n_ff_shexp)
     w.hparams(arch, **(keys or {}))
     w.rope(arch, rope_scaling, rope_factors)
-    (vocab.resized(n_vocab) if vocab else spm_vocab(n_vocab)).write_to(w)
-    output_std = 3 / np.sqrt(n_embd) if output_std is None else output_std     # logits of spread ~3
-    w.matrix("token_embd.weight", n_vocab, n_embd, std=output_std if tied else 1.0)
-    w.vector("output_norm.weight", n_embd, 1.0)
-    if not tied:
-        w.matrix("output.weight", n_vocab, n_embd, std=output_std)
+    w.vocab_and_head(vocab, n_vocab, n_embd, tied, output_std)
     for i in range(n_layer):
         p = f"blk.{i}."
         w.vector(p + "attn_norm.weight", n_embd, 1.0)
@@ -526,12 +531,7 @@ def write_phi3(path, n_vocab: int = 64, n_embd: int = 96, n_head: int = 4, n_hea
         attn_factor = float(np.sqrt(1 + np.log(n_ctx / n_ctx_orig) / np.log(n_ctx_orig)))
         w.rope("phi3", {"original_context_length": n_ctx_orig, "attn_factor": attn_factor},
                longrope_factors(n_rot // 2))
-    (vocab.resized(n_vocab) if vocab else spm_vocab(n_vocab)).write_to(w)
-    output_std = 3 / np.sqrt(n_embd) if output_std is None else output_std
-    w.matrix("token_embd.weight", n_vocab, n_embd, std=output_std if tied else 1.0)
-    w.vector("output_norm.weight", n_embd, 1.0)
-    if not tied:
-        w.matrix("output.weight", n_vocab, n_embd, std=output_std)
+    w.vocab_and_head(vocab, n_vocab, n_embd, tied, output_std)
     for i in range(n_layer):
         p = f"blk.{i}."
         w.vector(p + "attn_norm.weight", n_embd, 1.0)
