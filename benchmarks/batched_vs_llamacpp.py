@@ -22,7 +22,6 @@ import json
 import multiprocessing
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.peer_run import RunLog, differences
+from benchmarks.peer_run import RunLog, differences, run_side
 
 REPO = Path(__file__).resolve().parents[1]
 MIB = 1024 * 1024
@@ -130,14 +129,9 @@ def _side(python: str, side: str, args) -> dict:
     cmd = [python, "-m", "benchmarks.batched_vs_llamacpp", "--side", side, "--model", args.model,
            "--npp", str(args.npp), "--ntg", str(args.ntg), "--npl", ",".join(map(str, args.npl)),
            "--batch", str(args.batch), "--threads", str(args.threads)]
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads),
-               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
-    if done.returncode != 0:
-        raise SystemExit(f"{side} side failed:\n{done.stderr[-4000:]}")
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result, log = run_side(cmd, side, args.threads, REPO)
     if side == "llama":
-        result.update(llama_log_facts(done.stderr))
+        result.update(llama_log_facts(log))
     return result
 
 

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numba
 
-from benchmarks.peer_run import RunLog, differences
+from benchmarks.peer_run import RunLog, differences, run_side
 
 REPO = Path(__file__).resolve().parents[1]
 MIB = 1024 * 1024
@@ -231,15 +231,9 @@ def _side(python: str, side: str, args) -> dict:
            "--ctx", str(args.ctx), "--batch", str(args.batch), "--threads", str(args.threads), "-n", str(args.n),
            "--prompt-tokens", str(args.prompt_tokens), "--warmup", str(args.warmup), "--weights", args.weights]
     cmd += ["--llama-no-extra-bufts"] if args.llama_no_extra_bufts else []
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads),
-               MKL_NUM_THREADS=str(args.threads),
-               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
-    if done.returncode != 0:
-        raise SystemExit(f"{side} side failed:\n{done.stderr[-4000:]}")
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result, log = run_side(cmd, side, args.threads, REPO)
     if side == "llama":
-        result.update(llama_log_facts(done.stderr))
+        result.update(llama_log_facts(log))
     return result
 
 

@@ -13,7 +13,9 @@ side does differently.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import platform
 from dataclasses import dataclass, field
 
@@ -114,3 +116,15 @@ def differences(rows: list[tuple[str, str, str]], sides: tuple[str, str]) -> str
     for aspect, a, b in rows:
         lines.append(f"{'*' if a != b else ' '} {aspect:<{width}}{a:<{col}}{b}")
     return "\n".join(lines)
+
+
+def run_side(cmd: list[str], side: str, threads: int, repo) -> tuple[dict, str]:
+    """Run one side of a benchmark in its own process with the thread count set for every pool (OpenMP,
+    OpenBLAS, MKL) and the repository on the path; (the JSON of its last stdout line, its stderr)."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
+               MKL_NUM_THREADS=str(threads), PYTHONPATH=os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=repo)
+    if done.returncode != 0:
+        raise SystemExit(f"{side} side failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
