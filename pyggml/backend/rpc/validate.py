@@ -159,6 +159,12 @@ def _glu(ctx, t):
     return ops.glu_split(ctx, _s(t, 0), t.src[1], GluOp(kind))
 
 
+def _strided_write(ctx, t):
+    nb1, nb2, nb3, offset, inplace = _i(t, 5)
+    build = {Op.SET: (ops.set, ops.set_inplace), Op.ACC: (ops.acc, ops.acc_inplace)}[t.op][inplace != 0]
+    return build(ctx, _s(t, 0), _s(t, 1), nb1, nb2, nb3, offset)
+
+
 def _same_shape(ctx, t):
     """Elementwise ops whose result has the first source's shape."""
     return ctx.new_tensor(t.type, _s(t, 0).ne)
@@ -198,6 +204,8 @@ _RULES = {
     Op.GET_ROWS: (2, lambda ctx, t: ops.get_rows(ctx, _s(t, 0), _s(t, 1))),
     Op.SET_ROWS: (2, lambda ctx, t: ops.set_rows(ctx, t, _s(t, 0), _s(t, 1))),  # t is a view of the rows set
     Op.DIAG: (1, lambda ctx, t: ops.diag(ctx, _s(t, 0))),
+    Op.SET: (2, _strided_write),
+    Op.ACC: (2, _strided_write),
     Op.DIAG_MASK_INF: (1, lambda ctx, t: ops.diag_mask_inf(ctx, _s(t, 0), t.op_params_i32(0))),
     Op.DIAG_MASK_ZERO: (1, lambda ctx, t: ops.diag_mask_zero(ctx, _s(t, 0), t.op_params_i32(0))),
     Op.GROUP_NORM: (1, _group_norm),
