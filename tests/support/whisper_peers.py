@@ -4,6 +4,10 @@
 `python -m tests.support.whisper_peers` regenerates data/peer_transcripts.json, the references the tests
 compare with (so that CI needs neither peer); the `peer`-marked tests call the same functions live.
 Settings as in the tests: 2 threads, temperature 0 without fallback, timestamps on, VAD off.
+
+whisper.cpp runs in a child process of its own (`in_child`): it brings its own ggml and OpenMP runtime, and in
+a process that has already loaded ggml-python's (the ggml peer tests) whisper_full crashed with a segmentation
+fault on an Intel Xeon, taking the whole test run with it.
 """
 
 from __future__ import annotations
@@ -95,7 +99,21 @@ def faster_whisper_text(ct2: Path, wav: Path, beam: int, language: str | None, c
     return join_segments(s.text for s in segments)
 
 
+def in_child(fn, *args):
+    """fn(*args) computed in a fresh (spawned) Python process, its result returned (fn: a module-level function)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
+
+
 def whisper_cpp_text(bin_path: Path, wav: Path, beam: int, language: str | None) -> str:
+    """whisper.cpp's text (greedy or beam, no temperature fallback), in a child process."""
+    return in_child(_whisper_cpp_text, bin_path, wav, beam, language)
+
+
+def _whisper_cpp_text(bin_path: Path, wav: Path, beam: int, language: str | None) -> str:
     from pywhispercpp.model import Model
 
     model = Model(str(bin_path), params_sampling_strategy=0 if beam == 1 else 1, n_threads=2,
@@ -121,6 +139,11 @@ def _libwhisper():
 
 
 def whisper_cpp_logits(bin_path: Path, samples, tokens: list[int], n_prefix: int, flash_attn: bool = True):
+    """_whisper_cpp_logits in a child process."""
+    return in_child(_whisper_cpp_logits, bin_path, samples, tokens, n_prefix, flash_attn)
+
+
+def _whisper_cpp_logits(bin_path: Path, samples, tokens: list[int], n_prefix: int, flash_attn: bool = True):
     """whisper.cpp's logits, teacher-forced: the prefix tokens in one decoder call, then one token per call
     as whisper_full decodes; row i predicts tokens[n_prefix + i] (the last row: what follows them all).
     whisper_context_params is passed as the bytes whisper_context_default_params_by_ref gives, with
@@ -167,6 +190,12 @@ def whisper_cpp_logits(bin_path: Path, samples, tokens: list[int], n_prefix: int
 
 def whisper_cpp_vad(vad_bin: Path, samples, threshold: float = 0.5, min_speech_ms: int = 250,
                     min_silence_ms: int = 100, speech_pad_ms: int = 30):
+    """_whisper_cpp_vad in a child process."""
+    return in_child(_whisper_cpp_vad, vad_bin, samples, threshold, min_speech_ms, min_silence_ms, speech_pad_ms)
+
+
+def _whisper_cpp_vad(vad_bin: Path, samples, threshold: float = 0.5, min_speech_ms: int = 250,
+                     min_silence_ms: int = 100, speech_pad_ms: int = 30):
     """whisper.cpp's Silero VAD on a ggml VAD file through libwhisper's C API (pywhispercpp 1.5.1's binding of
     the VAD context is broken): (its probability per window, its segments [(t0, t1)] in seconds)."""
     import ctypes

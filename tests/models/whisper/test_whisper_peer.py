@@ -6,6 +6,8 @@ import pytest
 
 from pyggml.models.whisper.ggml_bin import write_ggml_bin
 
+from tests.support.whisper_peers import whisper_cpp_text
+
 pytestmark = pytest.mark.peer
 
 
@@ -16,10 +18,9 @@ def words(text):
 @pytest.mark.parametrize("wtype", ["f16", "q8_0"])
 def test_whisper_cpp_transcribes_our_file(tiny_en, speech, tmp_path, wtype, monkeypatch):
     monkeypatch.setenv("GGML_NO_BACKTRACE", "1")
-    model_mod = pytest.importorskip("pywhispercpp.model", reason="pywhispercpp (whisper.cpp) is not installed")
+    pytest.importorskip("pywhispercpp.model", reason="pywhispercpp (whisper.cpp) is not installed")
     path = tmp_path / f"ggml-tiny.en-{wtype}.bin"
     write_ggml_bin(tiny_en, path, weight_type=wtype)
-    model = model_mod.Model(str(path), n_threads=2, print_progress=False, print_realtime=False)
-    text = " ".join(s.text for s in model.transcribe(str(speech["en1.wav"]["path"]), language="en"))
+    text = whisper_cpp_text(path, speech["en1.wav"]["path"], 1, "en")
     expected = words(speech["en1.wav"]["text"].replace("two", "2"))
     assert words(text) == expected
