@@ -388,10 +388,7 @@ def write_gpt_oss(path, n_vocab: int = 64, n_embd: int = 96, n_head: int = 8, n_
               expert_count=n_expert, expert_used_count=n_expert_used, expert_feed_forward_length=n_ff_exp)
     w.rope(arch, {"type": "yarn", "factor": 4.0, "original_context_length": 32} if rope_scaling is None
            else rope_scaling, None)
-    (vocab.resized(n_vocab) if vocab else spm_vocab(n_vocab)).write_to(w)
-    w.matrix("token_embd.weight", n_vocab, n_embd, std=1.0)
-    w.vector("output_norm.weight", n_embd, 1.0)
-    w.matrix("output.weight", n_vocab, n_embd, std=3 / np.sqrt(n_embd) if output_std is None else output_std)
+    w.vocab_and_head(vocab, n_vocab, n_embd, False, output_std)
     for i in range(n_layer):
         p = f"blk.{i}."
         w.vector(p + "attn_norm.weight", n_embd, 1.0)
@@ -420,10 +417,7 @@ def write_olmo2(path, n_vocab: int = 64, n_embd: int = 64, n_head: int = 4, n_he
         w.hparams(arch, attention__sliding_window=sliding_window,
                   attention__sliding_window_pattern=[(i + 1) % 4 != 0 for i in range(n_layer)])
     w.rope(arch, rope_scaling, None)
-    (vocab.resized(n_vocab) if vocab else spm_vocab(n_vocab)).write_to(w)
-    w.matrix("token_embd.weight", n_vocab, n_embd, std=1.0)
-    w.vector("output_norm.weight", n_embd, 1.0)
-    w.matrix("output.weight", n_vocab, n_embd, std=3 / np.sqrt(n_embd) if output_std is None else output_std)
+    w.vocab_and_head(vocab, n_vocab, n_embd, False, output_std)
     for i in range(n_layer):
         p = f"blk.{i}."
         w.attention(p, n_embd, n_embd, n_head_kv * hd)
