@@ -26,6 +26,7 @@ in each side's fresh process, before its warm-up.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import os
@@ -103,11 +104,12 @@ def weights_kind(model, weights: str) -> str:
 def run_llama(args) -> dict:
     import llama_cpp
 
-    if args.llama_no_extra_bufts:
-        _no_extra_buffer_types()
+    from pyggml.testing.llamacpp import no_extra_buffer_types
+
     start = time.perf_counter()
-    llm = llama_cpp.Llama(model_path=args.model, n_ctx=args.ctx, n_batch=args.batch, n_ubatch=args.batch,
-                          n_threads=args.threads, n_threads_batch=args.threads, verbose=True)
+    with no_extra_buffer_types(llama_cpp.llama_cpp) if args.llama_no_extra_bufts else contextlib.nullcontext():
+        llm = llama_cpp.Llama(model_path=args.model, n_ctx=args.ctx, n_batch=args.batch, n_ubatch=args.batch,
+                              n_threads=args.threads, n_threads_batch=args.threads, verbose=True)
     ids = llm.tokenize((TEXT * 200).encode())[: args.prompt_tokens]
     n_vocab = llm.n_vocab()
 
@@ -123,21 +125,6 @@ def run_llama(args) -> dict:
     params.n_outputs_max = 1  # a second context reserving one output row: its log gives that compute buffer
     llama_cpp._internals.LlamaContext(model=llm._model, params=params, verbose=True)
     return result
-
-
-def _no_extra_buffer_types() -> None:
-    """Make llama-cpp-python load its models with use_extra_bufts off (llama.cpp's --no-extra-bufts): weights stay
-    in the file's layout (no CPU_REPACK, no AMX), multiplied by ggml's vec_dot on Q8_0/Q8_K activations."""
-    from llama_cpp import llama_cpp as lib
-
-    default = lib.llama_model_default_params
-
-    def params():
-        p = default()
-        p.use_extra_bufts = False
-        return p
-
-    lib.llama_model_default_params = params
 
 
 def llama_log_facts(log: str) -> dict:

@@ -21,7 +21,7 @@ _GGML_TYPE = {"F32": 0, "F16": 1}
 
 
 @contextmanager
-def _no_extra_buffer_types(bindings):
+def no_extra_buffer_types(bindings):
     """llama.cpp's model parameters with use_extra_bufts off (llama-cpp-python sets no such option itself;
     `bindings` is its ctypes module, where Llama takes the defaults from)."""
     default = bindings.llama_model_default_params
@@ -49,7 +49,7 @@ class LlamaCpp:
         if kv_type not in _GGML_TYPE:
             raise GGMLError(f"kv_type must be one of {sorted(_GGML_TYPE)}, not {kv_type!r}")
         self.version = llama_cpp.__version__
-        with _no_extra_buffer_types(llama_cpp.llama_cpp):
+        with no_extra_buffer_types(llama_cpp.llama_cpp):
             self.llm = llama_cpp.Llama(model_path=os.fspath(path), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
                                        n_threads=n_threads, n_threads_batch=n_threads, logits_all=True,
                                        type_k=_GGML_TYPE[kv_type], type_v=_GGML_TYPE[kv_type], flash_attn=False,
@@ -93,7 +93,7 @@ def llamacpp_embeddings(path, texts: list[str], pooling: str, n_ctx: int = 128, 
         import llama_cpp
     except ImportError:
         raise GGMLError("llama.cpp's embeddings need llama-cpp-python: pip install llama-cpp-python") from None
-    with _no_extra_buffer_types(llama_cpp.llama_cpp):
+    with no_extra_buffer_types(llama_cpp.llama_cpp):
         llm = llama_cpp.Llama(model_path=os.fspath(path), embedding=True, pooling_type=POOLING_TYPES[pooling],
                               n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=n_threads,
                               n_threads_batch=n_threads, type_k=_GGML_TYPE[kv_type], type_v=_GGML_TYPE[kv_type],

@@ -84,12 +84,7 @@ def test_all_logits_match_numpy_across_batches(tmp_path, case, monkeypatch):
     """20 tokens in batches of 8 (later batches read the earlier ones' K and V from the cache); gpt-oss's
     window of 8 hides the oldest keys from its even layers. Quantized weights are multiplied the float way."""
     monkeypatch.setattr("pyggml.backend.cpu.interleave.has_vnni", lambda: False)
-    path = WRITERS[case](tmp_path / f"{case}.gguf")
-    tokens = np.random.default_rng(1).integers(3, 60, 20)
-    meta, arrays = ref.load_arrays(path)
-    expected = moe_logits(meta, arrays, tokens)
-    got = load_model(path, n_ctx=32, n_batch=8, kv_type=GGMLType.F32).decode(tokens.tolist(), all_logits=True)
-    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-4 * np.abs(expected).max())
+    ref.assert_logits_match(WRITERS[case](tmp_path / f"{case}.gguf"), moe_logits)
 
 
 def test_f32_weights_expand_the_experts(tmp_path):

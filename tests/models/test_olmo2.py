@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from pyggml.core import GGMLType
 from pyggml.errors import GGUFError
 from pyggml.models import load_model
 from pyggml.testing.synthetic import write_olmo2
@@ -25,12 +24,7 @@ def test_all_logits_match_numpy_across_batches(tmp_path, case, monkeypatch):
     """20 tokens in batches of 8; with the window of 6, layers 0-2 and 4 see only the last 6 keys. Quantized
     weights are multiplied the float way (not interleaved for the integer products, which round activations)."""
     monkeypatch.setattr("pyggml.backend.cpu.interleave.has_vnni", lambda: False)
-    path = WRITERS[case](tmp_path / f"{case}.gguf")
-    tokens = np.random.default_rng(1).integers(3, 60, 20)
-    meta, arrays = ref.load_arrays(path)
-    expected = olmo2_logits(meta, arrays, tokens)
-    got = load_model(path, n_ctx=32, n_batch=8, kv_type=GGMLType.F32).decode(tokens.tolist(), all_logits=True)
-    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-4 * np.abs(expected).max())
+    ref.assert_logits_match(WRITERS[case](tmp_path / f"{case}.gguf"), olmo2_logits)
 
 
 def test_the_window_and_the_post_norms_change_the_logits(tmp_path):

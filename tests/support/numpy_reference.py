@@ -26,6 +26,19 @@ def load_arrays(path) -> tuple[dict, dict]:
         return dict(f.metadata), arrays
 
 
+def assert_logits_match(path, reference) -> None:
+    """pyggml's logits of 20 random tokens decoded in batches of 8 (later batches read the earlier ones' K and V
+    from the cache) equal `reference(meta, arrays, tokens)`'s within 1e-4 of their range (KV F32)."""
+    from pyggml.core import GGMLType
+    from pyggml.models import load_model
+
+    tokens = np.random.default_rng(1).integers(3, 60, 20)
+    meta, arrays = load_arrays(path)
+    expected = reference(meta, arrays, tokens)
+    got = load_model(path, n_ctx=32, n_batch=8, kv_type=GGMLType.F32).decode(tokens.tolist(), all_logits=True)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-4 * np.abs(expected).max())
+
+
 def rms_norm(x, w, eps):
     return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
 
