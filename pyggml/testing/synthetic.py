@@ -268,7 +268,7 @@ def write_llama(path, arch: str = "llama", n_vocab: int = 64, n_embd: int = 64, 
                 vocab: Vocab | None = None, output_std: float | None = None, drop=(), freq_base: float = 10000.0,
                 rope_scaling: Mapping | None = None, rope_factors: Mapping | None = None, head_dim: int | None = None,
                 keys: Mapping | None = None, n_expert: int = 0, n_expert_used: int = 0, n_ff_exp: int = 0,
-                n_ff_shexp: int = 0):
+                n_ff_shexp: int = 0, biases=()):
     """A file of the llama layout: llama (rope NORMAL), qwen2 (rope NEOX, q/k/v biases), qwen3 (NEOX, per-head
     q/k norms), smollm3, granite (see write_qwen3, write_granite); `qtype` is one type for every matrix or a
     {name part: type, "*": default} mapping; `vocab` (resized to n_vocab) replaces the synthetic SPM one; the
@@ -278,7 +278,8 @@ def write_llama(path, arch: str = "llama", n_vocab: int = 64, n_embd: int = 64, 
     `head_dim` (written as attention.key_length) other than n_embd / n_head; `keys`: more `<arch>.` keys;
     n_expert > 0 (with n_expert_used) makes each FFN that many experts (Mixtral), n_ff wide or n_ff_exp wide
     (written as expert_feed_forward_length, qwen3moe); n_ff_shexp > 0 adds a shared expert that wide (qwen2moe's
-    gated by ffn_gate_inp_shexp)."""
+    gated by ffn_gate_inp_shexp); `biases` names more optional bias vectors to write: any of attn_q, attn_k,
+    attn_v, attn_output, ffn_gate, ffn_up, ffn_down (every layer) and output (the logits')."""
     if arch not in LLAMA_LAYOUTS:
         raise GGMLError(f"write_llama writes {', '.join(LLAMA_LAYOUTS)} files, not {arch!r} (llama.cpp has no such "
                         f"architecture with this layout)")
@@ -299,8 +300,15 @@ def write_llama(path, arch: str = "llama", n_vocab: int = 64, n_embd: int = 64, 
     w.hparams(arch, **(keys or {}))
     w.rope(arch, rope_scaling, rope_factors)
     w.vocab_and_head(vocab, n_vocab, n_embd, tied, output_std)
+    if "output" in biases:
+        w.vector("output.bias", n_vocab, spread=1.0)
     for i in range(n_layer):
         p = f"blk.{i}."
+        sizes = dict(attn_q=n_head * hd, attn_k=n_head_kv * hd, attn_v=n_head_kv * hd, attn_output=n_embd,
+                     ffn_gate=ffs[i], ffn_up=ffs[i], ffn_down=n_embd)
+        for name in biases:
+            if name != "output":
+                w.vector(f"{p}{name}.bias", sizes[name])
         w.vector(p + "attn_norm.weight", n_embd, 1.0)
         w.attention(p, n_embd, n_head * hd, n_head_kv * hd, biases=arch in ("qwen2", "qwen2moe"))
         if arch in ("qwen3", "qwen3moe"):

@@ -15,6 +15,7 @@ from pyggml.models.embed import batches, normalize
 from pyggml.testing.synthetic import write_bert, write_nomic_bert
 
 from tests.support.embedding_cases import BY_NAME, CASES, N_CTX, TEXTS, bge_vocab, write_case
+from tests.support.gguf_rewrite import rewrite
 from tests.support.parity_cases import sha256
 from tests.support.tiny_models import write_llama
 
@@ -218,24 +219,6 @@ def test_an_encoder_runs_on_one_backend(tmp_path):
         load_model(write_bert(tmp_path / "bert.gguf"), backend="CPU,CPU")
 
 
-def _rewrite(src, dst, change):
-    """dst: src's keys, and its F32 tensors passed through change({name: NumPy array}) (llama.cpp's layout)."""
-    from gguf import GGUFReader, GGUFValueType, GGUFWriter
-
-    reader = GGUFReader(str(src))
-    w = GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
-    for name, f in reader.fields.items():
-        if not name.startswith("GGUF.") and name != "general.architecture":
-            w.add_key_value(name, f.contents(), f.types[0], f.types[-1] if f.types[0] == GGUFValueType.ARRAY else None)
-    for name, values in change({t.name: np.array(t.data) for t in reader.tensors}).items():
-        w.add_tensor(name, values)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
-
-
 def _fused(bias: str):
     """Each layer's attn_q/k/v weights as one attn_qkv; their biases as attn_qkv.bias ("fused") or left apart
     ("separate", which llama.cpp concatenates)."""
@@ -252,7 +235,7 @@ def _fused(bias: str):
 @pytest.mark.parametrize("bias", ["fused", "separate"])
 def test_fused_qkv_with_a_fused_or_separate_bias_embeds_as_separate_projections(tmp_path, bias):
     path = write_bert(tmp_path / "bert.gguf", pooling="mean")
-    fused = _rewrite(path, tmp_path / "fused.gguf", _fused(bias))
+    fused = rewrite(path, tmp_path / "fused.gguf", _fused(bias))
     texts = [[1, 5, 9, 12], [1, 30]]
     expected = load_model(path, n_ctx=64).embed(texts, pooling="none", normalize=-1)
     got = load_model(fused, n_ctx=64).embed(texts, pooling="none", normalize=-1)
@@ -267,6 +250,6 @@ def test_fused_qkv_layouts_agree_with_live_llamacpp(tmp_path, bias):
     from pyggml.testing.llamacpp import llamacpp_embeddings
 
     path = write_bert(tmp_path / "bert.gguf", vocab=bge_vocab(), n_vocab=30522, n_ctx=N_CTX, pooling="mean")
-    fused = _rewrite(path, tmp_path / "fused.gguf", _fused(bias))
+    fused = rewrite(path, tmp_path / "fused.gguf", _fused(bias))
     _, reference = llamacpp_embeddings(fused, TEXTS, "mean", n_ctx=N_CTX)
     check_rows(BY_NAME["bert-f32-mean"], np.stack(reference), load_model(fused, n_ctx=N_CTX).embed(TEXTS, normalize=-1))

@@ -79,6 +79,10 @@ CHANGED = [
     ("gemma2-f32-spm", dict(attn_softcap=1e4, final_softcap=1e4), 1e-3),   # llama.cpp's default soft-caps
     ("gemma2-f32-caps-keys", dict(attn_softcap=None), 1e-2),               # the file's attention soft-cap
     ("gemma2-f32-caps-keys", dict(swa_pattern=None), 1e-2),                # the file's sliding-window layers
+    ("llama-f32-biases", dict(biases=("attn_q", "attn_k", "attn_v", "attn_output")), 1e-3),  # the FFN biases
+    ("llama-f32-biases", dict(biases=("ffn_gate", "ffn_up", "ffn_down")), 1e-3),  # the attention biases
+    ("granite-f32-ffn-biases", dict(biases=()), 1e-5),                     # scaled by residual_scale 0.22
+    ("qwen2-f32-output-bias", dict(biases=()), 1e-2),                       # the logits' bias
 ]
 
 

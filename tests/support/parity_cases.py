@@ -216,6 +216,26 @@ CASES += [
                                   n_ff=512, n_ctx=1024, n_ctx_orig=256, qtype=K_MIX, seed=30),
          quantized=True, bos=GEMMA_BOS, n_vocab=1024),
 ]
+# Optional tensors llama.cpp's loaders take: llama's attention and FFN biases, granite's FFN biases, qwen2's
+# output.bias (added to the logits)
+LLAMA_BIASES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+SPM256 = dict(vocab=_spm(256), n_vocab=256, n_ctx=N_CTX)
+CASES += [
+    Case("llama-f32-biases", partial(write_llama, arch="llama", **SPM256, n_embd=96, n_head=6, n_head_kv=2,
+                                     n_ff=160, biases=LLAMA_BIASES, seed=40),
+         bos=GEMMA_BOS, n_vocab=256, notes="q, k, v, output, gate, up and down biases"),
+    Case("llama-k-quants-biases", partial(write_llama, arch="llama", **SPM256, n_embd=256, n_head=4, n_head_kv=2,
+                                          n_ff=512, qtype=K_MIX, biases=LLAMA_BIASES, seed=41),
+         quantized=True, bos=GEMMA_BOS, n_vocab=256),
+    Case("granite-f32-ffn-biases", partial(write_granite, vocab=bpe_vocab("default"), n_vocab=BPE_N, n_ff=160,
+                                           n_ctx=N_CTX, output_std=1.0, biases=("ffn_gate", "ffn_up", "ffn_down"),
+                                           seed=42),
+         bos=BPE_BOS, n_vocab=BPE_N, notes="granite's scales with gate, up and down biases"),
+    Case("qwen2-f32-output-bias", partial(write_llama, arch="qwen2", vocab=_bpe("qwen2"), n_vocab=BPE_N,
+                                          n_ctx=N_CTX, n_embd=96, n_head=6, n_head_kv=2, n_ff=160,
+                                          biases=("output",), seed=43),
+         bos=BPE_BOS, n_vocab=BPE_N, notes="q/k/v biases and output.bias on the logits"),
+]
 BY_NAME = {c.name: c for c in CASES}
 
 

@@ -1,25 +1,17 @@
 """IBM Granite 3.x (llama.cpp's llm_build_granite): the llama layout with four scales from the file:
 `embedding_scale` on the token embeddings, `attention.scale` as the softmax scale, `residual_scale` on each
-branch before it joins the residual stream, logits divided by `logit_scale` (required); optional FFN biases.
+branch before it joins the residual stream, logits divided by `logit_scale` (required); optional FFN biases
+(read by Llama).
 A file with `expert_count` > 0 has experts instead (softmax, weights normalised); `granitemoe` files may add a
 shared expert (`expert_shared_feed_forward_length` wide) to them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from pyggml.core import Tensor
 from pyggml.core import ops
-from pyggml.models.arch.blocks import Rope, Step, hparam, linear
-from pyggml.models.arch.llama import Llama, LlamaLayer
+from pyggml.models.arch.blocks import Rope, Step, hparam
+from pyggml.models.arch.llama import Llama
 from pyggml.models.arch.moe import Experts, SharedExpert
-
-
-@dataclass
-class GraniteLayer(LlamaLayer):
-    ffn_gate_b: Tensor | None
-    ffn_up_b: Tensor | None
-    ffn_down_b: Tensor | None
 
 
 class Granite(Llama):
@@ -31,12 +23,6 @@ class Granite(Llama):
         self.kq_scale = hparam(gguf, "attention.scale", 0.0) or self.kq_scale
         # rope.scaling.finetuned false: no layer rotates (llama.cpp's rope_pattern)
         self.has_rope = gguf.get("granite.rope.scaling.finetuned", True)
-
-    def new_layer(self, w, i: int) -> GraniteLayer:
-        f, p = self.n_ff_arr[i], f"blk.{i}."
-        return GraniteLayer(**vars(super().new_layer(w, i)), ffn_gate_b=w.optional(p + "ffn_gate.bias", (f,)),
-                            ffn_up_b=w.optional(p + "ffn_up.bias", (f,)),
-                            ffn_down_b=w.optional(p + "ffn_down.bias", (self.n_embd,)))
 
     def embed(self, step: Step) -> Tensor:
         x = super().embed(step)
@@ -50,14 +36,6 @@ class Granite(Llama):
 
     def residual(self, step: Step, branch: Tensor) -> Tensor:
         return ops.scale(step.ctx, branch, self.residual_scale) if self.residual_scale else branch
-
-    def ffn(self, step: Step, layer, cur: Tensor) -> Tensor:
-        if layer.moe is not None:
-            return super().ffn(step, layer, cur)
-        ctx = step.ctx
-        gated = ops.swiglu_split(ctx, linear(ctx, layer.ffn_gate, cur, layer.ffn_gate_b),
-                                 linear(ctx, layer.ffn_up, cur, layer.ffn_up_b))
-        return linear(ctx, layer.ffn_down, gated, layer.ffn_down_b)
 
     def logits(self, step: Step, x: Tensor) -> Tensor:
         return ops.scale(step.ctx, super().logits(step, x), 1.0 / self.logit_scale)

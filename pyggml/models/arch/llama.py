@@ -2,7 +2,9 @@
 
 Covers the llama layout (Llama, Mistral, and Mixtral: a file with `expert_count` > 0 has mixture-of-experts
 FFNs, routed by softmax over the experts with the chosen weights normalised) and qwen2's: qwen2 adds biases to
-q, k, v (any present bias is used) and rotates in NeoX mode; llama uses the normal mode. The architectures that
+q, k, v (any present bias is used), rotates in NeoX mode and may add `output.bias` to the logits; llama uses
+the normal mode. Llama and granite files may also give the dense FFN's gate, up and down biases (llama.cpp
+loads all of these as optional tensors). The architectures that
 differ from it in a few places (qwen3, qwen3moe, qwen2moe, smollm3, granite, granitemoe, gpt-oss) subclass it
 and override the hooks: `new_layer`, `experts`, `rope_qk`, `attend`, `embed`, `residual` and `logits`.
 """
@@ -18,6 +20,7 @@ from pyggml.models.arch.blocks import (ROPE_NEOX, ROPE_NORMAL, Decoder, Rope, St
                                        hparam, linear, rms_norm)
 from pyggml.models.arch.moe import Experts, expert_counts, moe_ffn
 
+FFN_BIAS_ARCHS = ("llama", "granite", "granitemoe")  # whose loaders take ffn_{gate,up,down}.bias (dense layers)
 ROPE_MODES = {"llama": ROPE_NORMAL, "qwen2": ROPE_NEOX, "qwen3": ROPE_NEOX, "smollm3": ROPE_NORMAL,
               "granite": ROPE_NORMAL, "qwen3moe": ROPE_NEOX, "gpt-oss": ROPE_NEOX, "qwen2moe": ROPE_NEOX,
               "granitemoe": ROPE_NORMAL}
@@ -39,6 +42,9 @@ class LlamaLayer:
     ffn_up: Tensor | None
     ffn_down: Tensor | None
     moe: Experts | None
+    ffn_gate_b: Tensor | None
+    ffn_up_b: Tensor | None
+    ffn_down_b: Tensor | None
 
 
 class Llama(Decoder):
@@ -52,6 +58,9 @@ class Llama(Decoder):
                                    ROPE_MODES[gguf.architecture])
         self.kq_scale = default_kq_scale(self.head_dim)
         self.n_expert, self.n_expert_used = expert_counts(gguf, self.n_layer)
+        self.ffn_biases = gguf.architecture in FFN_BIAS_ARCHS
+        # qwen2's logits bias (llama.cpp's output_b)
+        self.output_b = w.optional("output.bias", (self.n_vocab,)) if gguf.architecture == "qwen2" else None
         if self.MOE_ONLY and not self.n_expert:
             raise GGUFError(f"{gguf.path}: {gguf.architecture} needs metadata key '{gguf.architecture}.expert_count' "
                             f"> 0 (its FFNs are experts)")
@@ -59,14 +68,22 @@ class Llama(Decoder):
 
     def new_layer(self, w, i: int) -> LlamaLayer:
         e, q, kv, p = self.n_embd, self.head_dim * self.n_head, self.n_embd_k_gqa, f"blk.{i}."
+        no_biases = dict(ffn_gate_b=None, ffn_up_b=None, ffn_down_b=None)
         if self.n_expert:
-            ffn = dict(ffn_gate=None, ffn_up=None, ffn_down=None, moe=self.experts(w, i))
+            ffn = dict(ffn_gate=None, ffn_up=None, ffn_down=None, moe=self.experts(w, i), **no_biases)
         else:
-            ffn = dict(**self.ffn_projections(w, i), moe=None)
+            ffn = dict(**self.ffn_projections(w, i), moe=None, **(self.ffn_bias_vectors(w, i) if self.ffn_biases
+                                                                   else no_biases))
         return LlamaLayer(attn_norm=w.get(p + "attn_norm.weight", (e,)), **self.attention_projections(w, i),
                           ffn_norm=w.get(p + self.FFN_NORM + ".weight", (e,)), **ffn,
                           bq=w.optional(p + "attn_q.bias", (q,)), bk=w.optional(p + "attn_k.bias", (kv,)),
                           bv=w.optional(p + "attn_v.bias", (kv,)), bo=w.optional(p + "attn_output.bias", (e,)))
+
+    def ffn_bias_vectors(self, w, i: int) -> dict:
+        """Layer i's optional dense-FFN biases (llama, granite)."""
+        f, p = self.n_ff_arr[i], f"blk.{i}."
+        return dict(ffn_gate_b=w.optional(p + "ffn_gate.bias", (f,)), ffn_up_b=w.optional(p + "ffn_up.bias", (f,)),
+                    ffn_down_b=w.optional(p + "ffn_down.bias", (self.n_embd,)))
 
     def experts(self, w, i: int) -> Experts:
         """Layer i's experts (llama, granite: n_ff wide, ffn_gate_exps optional, softmax, weights normalised)."""
@@ -93,11 +110,12 @@ class Llama(Decoder):
         ctx = step.ctx
         if layer.moe is not None:
             return moe_ffn(ctx, layer.moe, cur)
-        gated = ops.swiglu_split(ctx, ops.mul_mat(ctx, layer.ffn_gate, cur), ops.mul_mat(ctx, layer.ffn_up, cur))
-        return ops.mul_mat(ctx, layer.ffn_down, gated)
+        gated = ops.swiglu_split(ctx, linear(ctx, layer.ffn_gate, cur, layer.ffn_gate_b),
+                                 linear(ctx, layer.ffn_up, cur, layer.ffn_up_b))
+        return linear(ctx, layer.ffn_down, gated, layer.ffn_down_b)
 
     def logits(self, step: Step, x: Tensor) -> Tensor:
-        return ops.mul_mat(step.ctx, self.output, rms_norm(step.ctx, x, self.output_norm, self.eps))
+        return linear(step.ctx, self.output, rms_norm(step.ctx, x, self.output_norm, self.eps), self.output_b)
 
     def build(self, step: Step, kv) -> Tensor:
         ctx, eps, n, hd = step.ctx, self.eps, step.n_tokens, self.head_dim
