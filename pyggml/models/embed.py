@@ -7,7 +7,9 @@ the text's own tokens. No KV cache is read or written: the architecture's graph 
 "cache" is the step's own keys and values. The hidden states are the encoder's output, or a decoder's
 output-norm rows that its output head would multiply (llama.cpp's t_embd); pooling them follows llama.cpp's
 build_pooling: "mean" multiplies them by a [n_tokens, n_texts] matrix of 1/length, "cls" takes each text's
-first row and "last" its last (get_rows), "none" keeps every token's row. The graphs are placed in a
+first row and "last" its last (get_rows), "none" keeps every token's row, and "rank" scores each text with a
+reranker's classification head (arch/classifier.py) over its first row (its last when the model attends
+causally, its mean when the file says so). The graphs are placed in a
 compute buffer of their own, so the model's step graphs, their buffer and the KV cache are left as they were.
 """
 
@@ -24,7 +26,7 @@ from pyggml.errors import GGMLError, GGUFError, ParameterError
 from pyggml.models.arch.blocks import Step
 from pyggml.models.runner import Scheduled, SingleBackend
 
-POOLINGS = ("none", "mean", "cls", "last")
+POOLINGS = ("none", "mean", "cls", "last", "rank")
 GGUF_POOLINGS = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}  # llama.cpp's enum llama_pooling_type
 
 
@@ -39,10 +41,11 @@ def file_pooling(gguf) -> str:
     return GGUF_POOLINGS[value]
 
 
-def check_pooling(pooling: str) -> str:
-    if pooling == "rank":
-        raise ParameterError('pooling "rank" (a reranker\'s classification head) is not supported; '
-                             f"pass one of {', '.join(POOLINGS)}")
+def check_pooling(pooling: str, arch) -> str:
+    if pooling == "rank" and arch.classifier is None:
+        raise ParameterError('pooling "rank" needs a reranker\'s classification head (tensor cls.output.weight), '
+                             f"which this {type(arch).__name__} file does not have; pass one of "
+                             f"{', '.join(POOLINGS[:-1])}")
     if pooling not in POOLINGS:
         raise ParameterError(f"unknown pooling {pooling!r}; expected one of {', '.join(POOLINGS)}")
     return pooling
@@ -192,7 +195,7 @@ class Embedder:
 
     def embed(self, texts, pooling: str | None, norm: int) -> np.ndarray | list[np.ndarray]:
         model = self.model
-        pooling = check_pooling(file_pooling(model.gguf) if pooling is None else pooling)
+        pooling = check_pooling(file_pooling(model.gguf) if pooling is None else pooling, model.arch)
         check_norm(norm)
         ids = token_lists(model, texts)
         learned = getattr(model.arch, "pos_embd", None) is not None  # bert, gpt2: one learned row per position
@@ -205,19 +208,27 @@ class Embedder:
         for group in batches([len(t) for t in ids], model.n_batch):
             rows.append(self.run([ids[i] for i in group], pooling))
         rows = np.concatenate(rows)
+        if pooling == "rank":  # scores, as llama.cpp's rerank hands them out: not normalized
+            return rows
         if pooling != "none":
             return normalize(rows, norm)
         ends = np.cumsum([len(t) for t in ids])
         return [normalize(r, norm) for r in np.split(rows, ends[:-1])]
 
     def run(self, texts: list[list[int]], pooling: str) -> np.ndarray:
-        """One graph over these texts: their pooled rows [n_texts, n_embd] (every token's for "none")."""
+        """One graph over these texts: their pooled rows [n_texts, n_embd] (every token's for "none"; "rank":
+        their scores [n_texts, n_cls_out])."""
         arch, lengths = self.model.arch, [len(t) for t in texts]
         n = sum(lengths)
         step = Step.new(n, n, n, n_ctx=self.model.n_ctx)
         out = arch.build(step, NoCache())
         hidden = out if arch.encoder else head_input(out, arch.output)
+        head = arch.classifier if pooling == "rank" else None
+        if head is not None:  # llama.cpp's rank pooling: the rows the head reads (build_inp_cls / build_inp_mean)
+            pooling = "mean" if head.pool_mean else "last" if self.causal else "cls"
         pooled, pool_in = pool(step, hidden, pooling, len(texts))
+        if head is not None:
+            pooled = head.scores(step.ctx, pooled)
         pooled.set_output()
         step.graph.build_forward_expand(pooled)
         self.runner.alloc_graph(step.graph)
@@ -230,4 +241,4 @@ class Embedder:
         if pool_in is not None:
             tensor_set(pool_in, pooling_input(pooling, lengths))
         self.runner.compute(step.graph)
-        return np.asarray(tensor_get(pooled), dtype=np.float32).reshape(-1, arch.n_embd)
+        return np.asarray(tensor_get(pooled), dtype=np.float32).reshape(-1, pooled.ne[0])

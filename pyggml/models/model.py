@@ -297,12 +297,14 @@ class Model:
         """Embeddings of texts as llama.cpp's `--embeddings` computes them, for encoders (bert) and decoders alike.
 
         texts: a str, a list of str, a list of token ids, or a list of those (strings are tokenized with the
-        special tokens added). pooling: "mean", "cls", "last" or "none" (default: the file's pooling_type,
-        "none" if it has none). normalize: llama.cpp's --embd-normalize (-1 none, 0 max-abs, 1 taxicab,
-        2 euclidean, >2 p-norm). Returns float32 [n_texts, n_embd], or for "none" a list with each text's
-        [n_tokens, n_embd] rows. Each text is attended on its own (a decoder causally) in graphs and a compute
-        buffer of their own: the KV cache and the generation state are left untouched.
-        ParameterError for an empty text, a text longer than the context or an unknown pooling."""
+        special tokens added). pooling: "mean", "cls", "last", "none" or "rank" (default: the file's
+        pooling_type, "none" if it has none). normalize: llama.cpp's --embd-normalize (-1 none, 0 max-abs,
+        1 taxicab, 2 euclidean, >2 p-norm). Returns float32 [n_texts, n_embd], or for "none" a list with each
+        text's [n_tokens, n_embd] rows, or for "rank" a reranker's scores [n_texts, n_cls_out] (bert: its
+        classification head's; Qwen3-Reranker: P(yes), P(no)), never normalized. Each text is attended on its
+        own (a decoder causally) in graphs and a compute buffer of their own: the KV cache and the generation
+        state are left untouched. ParameterError for an empty text, a text longer than the context, an unknown
+        pooling, or "rank" on a model without a classification head."""
         return self._embedder.embed(texts, pooling, normalize)
 
     # ----- generation ------------------------------------------------------------------------------

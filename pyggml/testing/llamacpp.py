@@ -81,14 +81,16 @@ def llamacpp_logits(path, tokens, n_threads: int = 2, kv_type: str = "F32") -> n
         llm.close()
 
 
-POOLING_TYPES = {"none": 0, "mean": 1, "cls": 2, "last": 3}  # llama.cpp's enum llama_pooling_type
+POOLING_TYPES = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}  # llama.cpp's enum llama_pooling_type
 
 
 def llamacpp_embeddings(path, texts: list[str], pooling: str, n_ctx: int = 128, n_threads: int = 2,
                         kv_type: str = "F32", normalize: bool = False) -> tuple[list[list[int]], list[np.ndarray]]:
     """llama.cpp's tokens and embeddings of each text through `Llama(embedding=True, pooling_type=...).embed`
     (raw, or with normalize L2-normalized): [n_embd] per text, or [n_tokens, n_embd] for "none" (one text per
-    call there: llama-cpp-python 0.3.36 reads the per-token rows of a second text from the wrong offset)."""
+    call there: llama-cpp-python 0.3.36 reads the per-token rows of a second text from the wrong offset), or
+    for "rank" a reranker's n_cls_out scores (llama-cpp-python hands out n_embd values; the rest is not the
+    text's)."""
     try:
         import llama_cpp
     except ImportError:
@@ -102,6 +104,8 @@ def llamacpp_embeddings(path, texts: list[str], pooling: str, n_ctx: int = 128, 
         tokens = [llm.tokenize(t.encode("utf-8")) for t in texts]
         kw = dict(normalize=normalize, truncate=False)  # a text longer than n_ctx raises instead of being cut
         rows = [llm.embed(t, **kw) for t in texts] if pooling == "none" else llm.embed(texts, **kw)
+        if pooling == "rank":
+            rows = [r[:llama_cpp.llama_model_n_cls_out(llm.model)] for r in rows]
         return tokens, [np.asarray(r, dtype=np.float32) for r in rows]
     finally:
         llm.close()

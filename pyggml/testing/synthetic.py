@@ -221,6 +221,18 @@ class _Writer(GGUFWriter):
         if not tied:
             self.matrix("output.weight", n_vocab, n_embd, std=output_std)
 
+    def classifier(self, arch: str, n_embd: int, labels, dense: bool) -> None:
+        """A reranker's head: `classifier.output_labels` (when labels has any), cls.output.weight (one row per
+        label, at least one) and, dense (bert), cls.weight [n_embd, n_embd] and both heads' biases."""
+        if labels:
+            self.add_array(f"{arch}.classifier.output_labels", list(labels))
+        if dense:
+            self.matrix("cls.weight", n_embd, n_embd)
+            self.vector("cls.bias", n_embd)
+        self.matrix("cls.output.weight", max(len(labels), 1), n_embd, std=3 / np.sqrt(n_embd))
+        if dense:
+            self.vector("cls.output.bias", max(len(labels), 1))
+
     def vector(self, name: str, n: int, centre: float = 0.0, spread: float = 0.1) -> None:
         self.add_tensor(name, (centre + spread * self.rng.normal(size=n)).astype(np.float32))
 
@@ -268,7 +280,7 @@ def write_llama(path, arch: str = "llama", n_vocab: int = 64, n_embd: int = 64, 
                 vocab: Vocab | None = None, output_std: float | None = None, drop=(), freq_base: float = 10000.0,
                 rope_scaling: Mapping | None = None, rope_factors: Mapping | None = None, head_dim: int | None = None,
                 keys: Mapping | None = None, n_expert: int = 0, n_expert_used: int = 0, n_ff_exp: int = 0,
-                n_ff_shexp: int = 0, biases=()):
+                n_ff_shexp: int = 0, biases=(), classifier=None):
     """A file of the llama layout: llama (rope NORMAL), qwen2 (rope NEOX, q/k/v biases), qwen3 (NEOX, per-head
     q/k norms), smollm3, granite (see write_qwen3, write_granite); `qtype` is one type for every matrix or a
     {name part: type, "*": default} mapping; `vocab` (resized to n_vocab) replaces the synthetic SPM one; the
@@ -279,7 +291,8 @@ def write_llama(path, arch: str = "llama", n_vocab: int = 64, n_embd: int = 64, 
     n_expert > 0 (with n_expert_used) makes each FFN that many experts (Mixtral), n_ff wide or n_ff_exp wide
     (written as expert_feed_forward_length, qwen3moe); n_ff_shexp > 0 adds a shared expert that wide (qwen2moe's
     gated by ffn_gate_inp_shexp); `biases` names more optional bias vectors to write: any of attn_q, attn_k,
-    attn_v, attn_output, ffn_gate, ffn_up, ffn_down (every layer) and output (the logits')."""
+    attn_v, attn_output, ffn_gate, ffn_up, ffn_down (every layer) and output (the logits'); `classifier` (a list
+    of labels, Qwen3-Reranker's ["yes", "no"]) adds a reranker's cls.output.weight and pooling_type rank."""
     if arch not in LLAMA_LAYOUTS:
         raise GGMLError(f"write_llama writes {', '.join(LLAMA_LAYOUTS)} files, not {arch!r} (llama.cpp has no such "
                         f"architecture with this layout)")
@@ -302,6 +315,9 @@ def write_llama(path, arch: str = "llama", n_vocab: int = 64, n_embd: int = 64, 
     w.vocab_and_head(vocab, n_vocab, n_embd, tied, output_std)
     if "output" in biases:
         w.vector("output.bias", n_vocab, spread=1.0)
+    if classifier is not None:
+        w.hparams(arch, pooling_type=POOLING_TYPES["rank"])
+        w.classifier(arch, n_embd, classifier, dense=False)
     for i in range(n_layer):
         p = f"blk.{i}."
         sizes = dict(attn_q=n_head * hd, attn_k=n_head_kv * hd, attn_v=n_head_kv * hd, attn_output=n_embd,
@@ -579,17 +595,20 @@ def write_gpt2(path, n_vocab: int = 64, n_embd: int = 64, n_head: int = 4, n_ff:
     return path
 
 
-POOLING_TYPES = {"none": 0, "mean": 1, "cls": 2, "last": 3}  # `<arch>.pooling_type` (llama.cpp's enum)
+POOLING_TYPES = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}  # `<arch>.pooling_type` (llama.cpp's enum)
 
 
 def write_bert(path, arch: str = "bert", n_vocab: int = 64, n_embd: int = 64, n_head: int = 4, n_ff: int = 128,
                n_layer: int = 2, n_ctx: int = 128, n_token_types: int = 2, pooling: str | None = "cls",
-               qtype=None, seed: int = 0, vocab: Vocab | None = None, drop=()):
+               qtype=None, seed: int = 0, vocab: Vocab | None = None, drop=(), classifier=None,
+               keys: Mapping | None = None):
     """An encoder file as llama.cpp's converter writes it: `bert` (bge, MiniLM: learned positions, separate
     q/k/v, biases on every projection, GELU FFN) or `nomic-bert` (nomic-embed: RoPE NeoX with base 1000, fused
     qkv, SwiGLU FFN, no projection biases); both with token types, the embedding LayerNorm, post-LayerNorms
     with biases, `attention.causal` false and `pooling` as pooling_type (bge: cls; MiniLM, nomic: mean;
-    None: no key); `drop` names keys or tensors to leave out."""
+    None: no key); `drop` names keys or tensors to leave out; `classifier` (a list of labels, () for one
+    unlabelled score as bge-reranker) adds a reranker's cls and cls.output heads (bert); `keys`: more `<arch>.`
+    keys."""
     if arch not in ("bert", "nomic-bert"):
         raise GGMLError(f"write_bert writes bert and nomic-bert files, not {arch!r}")
     nomic = arch == "nomic-bert"
@@ -600,6 +619,7 @@ def write_bert(path, arch: str = "bert", n_vocab: int = 64, n_embd: int = 64, n_
         w.hparams(arch, rope__freq_base=1000.0)
     if pooling is not None:
         w.hparams(arch, pooling_type=POOLING_TYPES[pooling])
+    w.hparams(arch, **(keys or {}))
     vocab = vocab.resized(n_vocab) if vocab else spm_vocab(n_vocab)
     count = {"tokenizer.ggml.token_type_count": (n_token_types, GGUFValueType.UINT32, None)}  # not a vocabulary's
     Vocab({**vocab.keys, **count}).write_to(w)
@@ -610,6 +630,8 @@ def write_bert(path, arch: str = "bert", n_vocab: int = 64, n_embd: int = 64, n_
         w.add_tensor("position_embd.weight", w.rng.normal(0, 0.5, (n_ctx, n_embd)).astype(np.float32))
     w.vector("token_embd_norm.weight", n_embd, 1.0)
     w.vector("token_embd_norm.bias", n_embd)
+    if classifier is not None:
+        w.classifier(arch, n_embd, classifier, dense=True)
     ffn = (("ffn_up", n_ff, n_embd), ("ffn_gate", n_ff, n_embd), ("ffn_down", n_embd, n_ff)) if nomic else \
         (("ffn_up", n_ff, n_embd), ("ffn_down", n_embd, n_ff))
     attn = (("attn_qkv", 3 * n_embd, n_embd),) if nomic else \

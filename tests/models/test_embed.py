@@ -42,13 +42,18 @@ def pyggml_embeddings(case, path, texts) -> np.ndarray:
 
 def check_rows(case, reference, got) -> None:
     assert got.shape == reference.shape and got.dtype == np.float32
+    if case.pooling == "rank":  # scores: compared as numbers, not as directions
+        worst = np.abs(got - reference).max() / np.abs(reference).max()
+        assert worst <= case.score_tolerance, f"{case.name}: scores {got.tolist()}, llama.cpp's {reference.tolist()}"
+        return
     worst = cosines(reference, got).min()
     assert worst >= case.min_cosine, f"{case.name}: least cosine similarity {worst:.8f}"
 
 
 def test_cases_cover_encoders_decoders_poolings_and_quantized_weights():
     names = " ".join(c.name for c in CASES)
-    for part in ("bert", "nomic-bert", "llama", "qwen2", "gemma3", "gpt2", "mean", "cls", "last", "none", "q8_0"):
+    for part in ("bert", "nomic-bert", "llama", "qwen2", "qwen3", "gemma3", "gpt2", "mean", "cls", "last", "none",
+                 "rank", "q8_0"):
         assert part in names
     assert TEXTS == SUMMARY["texts"] and sorted(SUMMARY["cases"]) == sorted(c.name for c in CASES)
 
@@ -190,7 +195,8 @@ def test_bad_inputs_raise_clear_errors(bert, llama):
         llama.embed([[1] * 65])
     with pytest.raises(ParameterError, match="unknown pooling 'max'"):
         bert.embed("a", pooling="max")
-    with pytest.raises(ParameterError, match='"rank"'):
+    with pytest.raises(ParameterError, match=r'"rank" needs a reranker\'s classification head \(tensor '
+                                             r"cls.output.weight\), which this Bert file does not have"):
         bert.embed("a", pooling="rank")
     for norm in (-2, 1.5, True):
         with pytest.raises(ParameterError, match="normalize must be an integer >= -1"):

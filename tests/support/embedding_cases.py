@@ -1,7 +1,8 @@
 """The random-weight models whose embeddings pyggml compares with llama.cpp's (`Llama(embedding=True).embed`):
 the encoders (bert, nomic-bert; bge's WordPiece vocabulary, and SentencePiece) in every pooling, F32 and
 quantized, and decoders pooled as llama.cpp's `--embeddings` pools them (llama, also with `attention.causal`
-false, qwen2 with BPE, gemma3 with a sliding window shorter than a text, gpt2).
+false, qwen2 with BPE, gemma3 with a sliding window shorter than a text, gpt2), and rerankers' scores ("rank":
+a bert head cls + cls.output, one score or three labels; Qwen3-Reranker's "yes"/"no" softmax).
 
 The references (data/llamacpp_embeddings.npz and .json, written by data/make_embedding_refs.py) hold each
 case's tokens and raw embeddings and a digest of its file (parity_cases.sha256).
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from gguf import GGMLQuantizationType as Q
 
-from pyggml.testing.synthetic import Vocab, write_bert, write_nomic_bert
+from pyggml.testing.synthetic import Vocab, write_bert, write_nomic_bert, write_qwen3
 
 from tests.support.llama_cpp_vocabs import ARCHIVE, file_name
 from tests.support.tiny_models import bpe_vocab, gemma3_vocab, write_gemma3, write_gpt2, write_llama
@@ -28,6 +29,8 @@ TEXTS = ["Hello world", "The quick brown fox jumps over the lazy dog.",
          "a"]
 F32_COSINE = 1 - 1e-6   # the least cosine similarity of a row with F32 weights
 COSINE = 0.9999         # with quantized weights (both sides multiply the same blocks)
+F32_SCORE = 1e-4        # rank: the largest difference of a score, relative to the largest score's size
+SCORE = 1e-2            # with quantized weights (as COSINE: a relative error of up to sqrt(2e-4))
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,10 @@ class EmbedCase:
     @property
     def min_cosine(self) -> float:
         return COSINE if self.quantized else F32_COSINE
+
+    @property
+    def score_tolerance(self) -> float:
+        return SCORE if self.quantized else F32_SCORE
 
 
 def _spm():
@@ -91,6 +98,14 @@ CASES = [
                                          seed=36), "mean"),
     EmbedCase("gpt2-f32-bpe-last", partial(write_gpt2, vocab=bpe_vocab("gpt-2"), n_vocab=459, n_ctx=N_CTX, seed=37),
               "last"),
+]
+CASES += [
+    EmbedCase("bert-f32-rank", _bert(39, pooling="rank", classifier=()), "rank", from_file=True),
+    EmbedCase("bert-q8_0-rank-labels", _bert(40, qtype=Q.Q8_0, classifier=("a", "b", "c")), "rank", quantized=True),
+    EmbedCase("qwen3-f32-rank", partial(write_qwen3, vocab=bpe_vocab("qwen2"), n_vocab=459, n_ctx=N_CTX,
+                                        classifier=("yes", "no"), seed=41), "rank", from_file=True),
+    EmbedCase("qwen3-q8_0-rank", partial(write_qwen3, vocab=bpe_vocab("qwen2"), n_vocab=459, n_embd=128, n_ctx=N_CTX,
+                                         qtype=Q.Q8_0, classifier=("yes", "no"), seed=42), "rank", quantized=True),
 ]
 BY_NAME = {c.name: c for c in CASES}
 

@@ -3,7 +3,8 @@
 Token, token-type (row 0, "sentence A", as llama.cpp) and learned position embeddings, a LayerNorm over
 them, then per layer: attention over the whole text (no causal mask, no KV cache), the residual and a
 post-LayerNorm, a GELU FFN, the residual and another post-LayerNorm; every norm and projection has a bias.
-The result is the last layer's output for every token (llama.cpp's t_embd); pyggml.models.embed pools it.
+The result is the last layer's output for every token (llama.cpp's t_embd); pyggml.models.embed pools it
+(rerankers: with their `cls` / `cls.output` head, arch/classifier.py).
 Q, K and V are three matrices or one fused `attn_qkv` (llama.cpp's create_tensor_qkv takes either).
 `nomic-bert` changes the positions and the FFN through the hooks `add_positions`, `rope_qk` and `ffn`.
 """
@@ -17,6 +18,7 @@ from pyggml.core import ops
 from pyggml.core import types as T
 from pyggml.errors import GGUFError
 from pyggml.models.arch.blocks import Decoder, Step, attention, default_kq_scale, hparam, layer_norm, linear
+from pyggml.models.arch.classifier import Classifier
 
 
 @dataclass
@@ -59,6 +61,8 @@ class Bert(Decoder):
         self.kq_scale = default_kq_scale(self.head_dim)
         self.init_positions(gguf, w)
         self.layers = [self.new_layer(w, i) for i in range(self.n_layer)]
+        if gguf.architecture == "bert":  # nomic-bert's loader takes no classifier
+            self.classifier = Classifier.load(gguf, w, e, dense=True, softmax=False)
 
     def init_positions(self, gguf, w) -> None:
         self.pos_embd = w.get("position_embd.weight", (self.n_embd, self.n_ctx_train))

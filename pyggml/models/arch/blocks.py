@@ -262,6 +262,7 @@ class Decoder:
     `encoder`: they have no output head and no KV cache, and attend both ways."""
 
     encoder = False
+    classifier = None  # a reranker's head (arch/classifier.py), for Model.embed's "rank" pooling
 
     def __init__(self, gguf, w):
         self.n_layer = hparam_count(gguf, "block_count", limit=MAX_LAYERS)

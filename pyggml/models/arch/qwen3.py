@@ -1,5 +1,6 @@
 """Qwen 3 (llama.cpp's llm_build_qwen3): qwen2's layout with RMS norms of each head's q and k before RoPE,
-a head size (`attention.key_length`) independent of n_embd / n_head, and no q/k/v biases."""
+a head size (`attention.key_length`) independent of n_embd / n_head, and no q/k/v biases. Qwen3-Reranker files
+add `cls.output.weight` (the "yes" and "no" rows of the output head; arch/classifier.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass
 
 from pyggml.core import Tensor
 from pyggml.models.arch.blocks import Step, rms_norm
+from pyggml.models.arch.classifier import Classifier
 from pyggml.models.arch.llama import Llama, LlamaLayer
 
 
@@ -17,6 +19,11 @@ class Qwen3Layer(LlamaLayer):
 
 
 class Qwen3(Llama):
+    def __init__(self, gguf, w):
+        super().__init__(gguf, w)
+        if gguf.architecture == "qwen3":  # qwen3moe's loader takes no classifier
+            self.classifier = Classifier.load(gguf, w, self.n_embd, dense=False, softmax=True)
+
     def new_layer(self, w, i: int) -> Qwen3Layer:
         hd = (self.head_dim,)
         return Qwen3Layer(**vars(super().new_layer(w, i)), q_norm=w.get(f"blk.{i}.attn_q_norm.weight", hd),

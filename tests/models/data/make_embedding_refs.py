@@ -6,8 +6,9 @@ Run by hand with a Python that has llama-cpp-python and gguf:
     python -m tests.models.data.make_embedding_refs
 
 For each case the npz holds `<case>/tokens` (every text's tokens, concatenated), `<case>/lengths` and
-`<case>/embeddings` (raw: one row per text, or per token for pooling "none"); the json holds each file's
-digest, so a writer change that alters a file is caught rather than compared with another model's numbers.
+`<case>/embeddings` (raw: one row per text, per token for pooling "none", a reranker's scores per text for
+"rank"); the json holds each file's digest, so a writer change that alters a file is caught rather than
+compared with another model's numbers.
 """
 
 import json
