@@ -1,7 +1,8 @@
-"""The optional tensors llama.cpp's loaders take for the llama layout: llama's and granite's dense-FFN biases,
-llama's attention biases, qwen2's output.bias. Their effect on the logits is proven against llama.cpp by the
-parity cases (llama-f32-biases, llama-k-quants-biases, granite-f32-ffn-biases, qwen2-f32-output-bias); here,
-a bias of the wrong shape is named, and one the architecture's loader does not take refuses the file."""
+"""The optional tensors llama.cpp's loaders take for the llama layout: llama's and granite's dense-FFN and
+attention output biases, the q/k/v biases, qwen2's output.bias. Their effect on the logits is proven against
+llama.cpp by the parity cases (llama-f32-biases, llama-k-quants-biases, granite-f32-ffn-biases,
+qwen2-f32-output-bias); here, a bias of the wrong shape is named, and one the architecture's loader does not
+take refuses the file."""
 
 import numpy as np
 import pytest
@@ -44,6 +45,9 @@ def test_a_bias_of_the_wrong_shape_is_named(tmp_path, arch, name, size):
     (write_qwen3, ("output",), "output.bias"),
     (lambda p, **kw: write_llama(p, "llama", n_expert=4, n_expert_used=2, **kw), ("ffn_gate",),
      "blk.0.ffn_gate.bias"),                                                              # not in a layer of experts
+    (lambda p, **kw: write_llama(p, "qwen2", **kw), ("attn_output",), "blk.0.attn_output.bias"),
+    (write_qwen3, ("attn_output",), "blk.0.attn_output.bias"),
+    (lambda p, **kw: write_llama(p, "smollm3", **kw), ("attn_output",), "blk.0.attn_output.bias"),
 ])
 def test_a_bias_the_loader_does_not_take_refuses_the_file(tmp_path, write, biases, refused):
     path = write(tmp_path / "m.gguf", biases=biases)

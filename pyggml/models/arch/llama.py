@@ -3,8 +3,9 @@
 Covers the llama layout (Llama, Mistral, and Mixtral: a file with `expert_count` > 0 has mixture-of-experts
 FFNs, routed by softmax over the experts with the chosen weights normalised) and qwen2's: qwen2 adds biases to
 q, k, v (any present bias is used), rotates in NeoX mode and may add `output.bias` to the logits; llama uses
-the normal mode. Llama and granite files may also give the dense FFN's gate, up and down biases (llama.cpp
-loads all of these as optional tensors). The architectures that
+the normal mode. Llama and granite files may also give the attention output's bias and the dense FFN's gate,
+up and down biases (llama.cpp loads all of these as optional tensors; the other architectures' loaders take
+no attention output or FFN bias, so their files holding one are refused). The architectures that
 differ from it in a few places (qwen3, qwen3moe, qwen2moe, smollm3, granite, granitemoe, gpt-oss) subclass it
 and override the hooks: `new_layer`, `experts`, `rope_qk`, `attend`, `embed`, `residual` and `logits`.
 """
@@ -21,6 +22,7 @@ from pyggml.models.arch.blocks import (ROPE_NEOX, ROPE_NORMAL, Decoder, Rope, St
 from pyggml.models.arch.moe import Experts, expert_counts, moe_ffn
 
 FFN_BIAS_ARCHS = ("llama", "granite", "granitemoe")  # whose loaders take ffn_{gate,up,down}.bias (dense layers)
+ATTN_OUT_BIAS_ARCHS = ("llama", "granite", "granitemoe")  # and attn_output.bias (gpt-oss requires its own)
 ROPE_MODES = {"llama": ROPE_NORMAL, "qwen2": ROPE_NEOX, "qwen3": ROPE_NEOX, "smollm3": ROPE_NORMAL,
               "granite": ROPE_NORMAL, "qwen3moe": ROPE_NEOX, "gpt-oss": ROPE_NEOX, "qwen2moe": ROPE_NEOX,
               "granitemoe": ROPE_NORMAL}
@@ -59,6 +61,7 @@ class Llama(Decoder):
         self.kq_scale = default_kq_scale(self.head_dim)
         self.n_expert, self.n_expert_used = expert_counts(gguf, self.n_layer)
         self.ffn_biases = gguf.architecture in FFN_BIAS_ARCHS
+        self.attn_out_bias = gguf.architecture in ATTN_OUT_BIAS_ARCHS
         # qwen2's logits bias (llama.cpp's output_b)
         self.output_b = w.optional("output.bias", (self.n_vocab,)) if gguf.architecture == "qwen2" else None
         if self.MOE_ONLY and not self.n_expert:
@@ -77,7 +80,8 @@ class Llama(Decoder):
         return LlamaLayer(attn_norm=w.get(p + "attn_norm.weight", (e,)), **self.attention_projections(w, i),
                           ffn_norm=w.get(p + self.FFN_NORM + ".weight", (e,)), **ffn,
                           bq=w.optional(p + "attn_q.bias", (q,)), bk=w.optional(p + "attn_k.bias", (kv,)),
-                          bv=w.optional(p + "attn_v.bias", (kv,)), bo=w.optional(p + "attn_output.bias", (e,)))
+                          bv=w.optional(p + "attn_v.bias", (kv,)),
+                          bo=w.optional(p + "attn_output.bias", (e,)) if self.attn_out_bias else None)
 
     def ffn_bias_vectors(self, w, i: int) -> dict:
         """Layer i's optional dense-FFN biases (llama, granite)."""
