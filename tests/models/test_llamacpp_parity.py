@@ -54,7 +54,7 @@ def check_agreement(case, got: dict, yardstick: dict | None) -> None:
 def test_cases_cover_the_architectures_vocabularies_and_types():
     names = " ".join(c.name for c in CASES)
     for part in ("llama", "qwen2", "gemma2", "gemma3", "gpt2", "phi3", "spm", "bpe", "tied", "f32", "q4_0", "q4_1",
-                 "q8_0", "k-quants"):
+                 "q8_0", "k-quants", "biases", "output-bias"):
         assert part in names
     assert len(SUMMARY["cases"]) == len(CASES)
 
