@@ -9,7 +9,7 @@ from pyggml.backend import init_by_name, tensor_get, tensor_set
 from pyggml.backend.cpu import kernels
 from pyggml.backend.cpu.interleave import has_vnni
 from pyggml.backend.cpu.jit.repack import (fields, gemm_16x4_q8_0, gemm_16x4_q8_K, quantize_q8_0, quantize_q8_K,
-                                           repack_16x4)
+                                           repack_16x4, repack_16x4_into)
 from pyggml.backend.cpu.kernels._common import INTERLEAVED
 from pyggml.core import Context, GGMLType, ops
 from pyggml.core.graph import Graph
@@ -57,6 +57,16 @@ def _quantized(x: np.ndarray):
                       np.empty(n * k // 32, np.float32))
     quantize_q8_0(x, xq, xd, xs, xm)
     return xq, xd, xs, xm
+
+
+@pytest.mark.parametrize("qtype", TYPES + K_TYPES, ids=lambda t: t.name)
+def test_the_compiled_repack_equals_the_numpy_layout(qtype):
+    """repack_16x4_into (the loader's path, a thread per 16-row group) writes exactly repack_16x4's bytes, over
+    3 groups of 2 blocks (Q8_0's quants flipped to uint8 + 128 as well)."""
+    rows = _q_rows(48, 2 * T.blck_size(qtype) if T.blck_size(qtype) > 32 else 64, seed=5, qtype=qtype)
+    out = np.full(rows.size, 0xAA, np.uint8)
+    repack_16x4_into(int(qtype), rows, out)
+    np.testing.assert_array_equal(out, repack_16x4(int(qtype), rows).reshape(-1))
 
 
 @pytest.mark.parametrize("qtype", TYPES)
