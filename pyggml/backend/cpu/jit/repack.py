@@ -78,16 +78,21 @@ def _repack_groups(rows: np.ndarray, row_bytes: int, block_bytes: int, table: np
     """repack_16x4 of the flat bytes rows into out, a thread per 16-row group, each byte moved once."""
     nb = row_bytes // block_bytes
     for g in prange(rows.size // (ROWS * row_bytes)):
-        at = g * ROWS * row_bytes
+        first = g * ROWS * row_bytes
+        at = first
         for b in range(nb):
             for f in range(table.shape[0]):
                 offset, size, piece, flip = table[f, 0], table[f, 1], table[f, 2], np.uint8(table[f, 3])
                 for p in range(0, size, piece):
+                    src = first + b * block_bytes + offset + p
                     for r in range(ROWS):
-                        src = (g * ROWS + r) * row_bytes + b * block_bytes + offset + p
-                        for i in range(piece):
-                            out[at + i] = rows[src + i] ^ flip
+                        out[at] = rows[src] ^ flip
+                        out[at + 1] = rows[src + 1] ^ flip
+                        if piece == 4:
+                            out[at + 2] = rows[src + 2] ^ flip
+                            out[at + 3] = rows[src + 3] ^ flip
                         at += piece
+                        src += row_bytes
 
 
 def repack_16x4_into(qtype: int, rows: np.ndarray, out: np.ndarray) -> None:
