@@ -75,8 +75,10 @@ SMALL_MATRIX = 256 * 1024  # ... below this many elements of a, BLAS's threads o
 VEC_COLUMNS = 4            # up to this many columns of b per plane, block rows are multiplied in registers
 FEW_ROWS = 4 * VEC_COLUMNS  # mul_mat_id: an expert used by up to this many rows reads its blocks once per 4 rows
 # Up to this many columns, VEC_COLUMNS at a time rather than dequantized tiles and sgemm: a step of several
-# sequences' next tokens against the KV cache (Gemma 3 270M, 8 sequences: 78 -> 57 ms a step). The tile path
-# gave such a step's logits 0.9 away from the sequence decoded alone (tests/models/test_batch.py).
+# sequences' next tokens against the KV cache. Faster (Gemma 3 270M, 8 sequences: 78 -> 57 ms a step; the KV
+# products 2-3x, docs/backends.md §7), and each column is summed in the order of that token decoded alone, so a
+# batched sequence gets its logits alone exactly; sgemm's order differs by float32 rounding, which the next
+# product's Q8 activations can turn into a flipped quant (0.9 on Gemma's logits, tests/models/test_batch.py).
 GROUPED_COLUMNS = 4 * VEC_COLUMNS
 TILE_BYTES = 2 << 20       # float32 scratch for a tile of dequantized rows
 BANDS_PER_THREAD = 4       # row bands per thread in mul_mat_vec: a busy core delays only a small band
