@@ -181,6 +181,22 @@ def test_activations_are_quantized_as_ggml_quantizes_q8_K():
     assert list(q[2, 1, :4]) == [-127, 0, 2, -2] and d[2, 1] == 1 and d[1, 0] == 0 and not q[1, 0].any()
 
 
+def test_q8_K_takes_the_first_value_of_the_largest_magnitude():
+    """Ties of magnitude in other lanes of the 16 running maxima: the first such value sets the scale's sign, as
+    ggml's loop keeps it (+5 first: iscale -127/5; -5 first: +127/5), and a NaN never becomes the maximum."""
+    x = np.zeros((1, 768), np.float32)
+    x[0, :256] = np.linspace(-1, 1, 256)
+    x[0, [7, 24, 250]] = [5, -5, 5]
+    x[0, 256 + 3], x[0, 256 + 200] = -5, 5
+    x[0, 512:] = np.linspace(-2, 2, 256)
+    x[0, 512 + 9] = np.nan
+    xq, xd, _ = _quantized_k(x)
+    q, d, _ = _q8_K_reference(np.nan_to_num(x, nan=0.0))
+    assert xd[0] == d[0, 0] == np.float32(1) / (np.float32(-127) / np.float32(5)) and xd[1] == -xd[0]
+    np.testing.assert_array_equal(xq[:512].view(np.int8), q[0, :2].reshape(-1))
+    assert xd[2] == d[0, 2]
+
+
 def _two_bit_values(blocks: np.ndarray, qs: int) -> np.ndarray:
     """Q2_K's and Q3_K's 2-bit quants (rows, nb, 256): value 128n + 32j + l is bits 2j of qs byte 32n + l."""
     q = blocks[:, :, qs:qs + 64].astype(np.int64).reshape(*blocks.shape[:2], 2, 1, 32)
