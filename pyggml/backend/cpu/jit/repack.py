@@ -22,7 +22,7 @@ import functools
 import numpy as np
 from numba import prange
 
-from pyggml.backend.cpu.jit import jit, parallel_jit
+from pyggml.backend.cpu.jit import PARALLEL_LAUNCH, jit, parallel_jit
 from pyggml.backend.cpu.jit.f16 import f16_bits
 from pyggml.backend.cpu.jit.floatbits import f16_to_f32
 from pyggml.backend.cpu.jit.ir.vnni_ir import (FORMATS, ROWS, tile_iq4_nl, tile_q4_0, tile_q4_1, tile_q5_0, tile_q5_1,
@@ -99,7 +99,8 @@ def repack_16x4_into(qtype: int, rows: np.ndarray, out: np.ndarray) -> None:
     """repack_16x4 compiled, written straight into out (uint8, rows.size): the loader's path, without the
     NumPy version's temporary arrays (an 8B file's weights: 24 s with those, on one thread)."""
     block_bytes = fields(qtype)[0]
-    _repack_groups(rows.reshape(-1), rows.shape[-1], block_bytes, _field_table(qtype), out)
+    with PARALLEL_LAUNCH:
+        _repack_groups(rows.reshape(-1), rows.shape[-1], block_bytes, _field_table(qtype), out)
 
 
 @functools.cache
