@@ -22,7 +22,7 @@ from pyggml.backend.base import BufferType, Status
 from pyggml.backend.cpu.backend import TENSOR_ALIGNMENT, ConvertedBuffer
 from pyggml.backend.cpu.jit.ir.vnni_ir import FORMATS, ROWS
 from pyggml.backend.cpu.jit.ir.vnni_k_ir import K_FORMATS
-from pyggml.backend.cpu.jit.repack import repack_16x4
+from pyggml.backend.cpu.jit.repack import repack_16x4_into
 from pyggml.backend.cpu.kernels._common import INTERLEAVED
 from pyggml.core import types as T
 from pyggml.core.host_memory import aligned_bytes
@@ -78,7 +78,7 @@ class InterleavedBuffer(ConvertedBuffer):
                                f"bytes; got {size} bytes at offset {offset})")
         rows = np.frombuffer(data, np.uint8, count=size).reshape(-1, T.row_size(t.type, t.ne[0]))
         start = self.offset_of(t) + offset
-        self._host[start: start + size] = repack_16x4(int(t.type), rows).reshape(-1)
+        repack_16x4_into(int(t.type), rows, self._host[start: start + size])
 
 
 class InterleavedBufferType(BufferType):

@@ -9,7 +9,7 @@ from pyggml.backend import init_by_name, tensor_get, tensor_set
 from pyggml.backend.cpu import kernels
 from pyggml.backend.cpu.interleave import has_vnni
 from pyggml.backend.cpu.jit.repack import (fields, gemm_16x4_q8_0, gemm_16x4_q8_K, quantize_q8_0, quantize_q8_K,
-                                           repack_16x4)
+                                           repack_16x4, repack_16x4_into)
 from pyggml.backend.cpu.kernels._common import INTERLEAVED
 from pyggml.core import Context, GGMLType, ops
 from pyggml.core.graph import Graph
@@ -57,6 +57,16 @@ def _quantized(x: np.ndarray):
                       np.empty(n * k // 32, np.float32))
     quantize_q8_0(x, xq, xd, xs, xm)
     return xq, xd, xs, xm
+
+
+@pytest.mark.parametrize("qtype", TYPES + K_TYPES, ids=lambda t: t.name)
+def test_the_compiled_repack_equals_the_numpy_layout(qtype):
+    """repack_16x4_into (the loader's path, a thread per 16-row group) writes exactly repack_16x4's bytes, over
+    3 groups of 2 blocks (Q8_0's quants flipped to uint8 + 128 as well)."""
+    rows = _q_rows(48, 2 * T.blck_size(qtype) if T.blck_size(qtype) > 32 else 64, seed=5, qtype=qtype)
+    out = np.full(rows.size, 0xAA, np.uint8)
+    repack_16x4_into(int(qtype), rows, out)
+    np.testing.assert_array_equal(out, repack_16x4(int(qtype), rows).reshape(-1))
 
 
 @pytest.mark.parametrize("qtype", TYPES)
@@ -169,6 +179,22 @@ def test_activations_are_quantized_as_ggml_quantizes_q8_K():
     np.testing.assert_array_equal(xd.reshape(d.shape), d)
     np.testing.assert_array_equal(xb.reshape(bsums.shape), bsums)
     assert list(q[2, 1, :4]) == [-127, 0, 2, -2] and d[2, 1] == 1 and d[1, 0] == 0 and not q[1, 0].any()
+
+
+def test_q8_K_takes_the_first_value_of_the_largest_magnitude():
+    """Ties of magnitude in other lanes of the 16 running maxima: the first such value sets the scale's sign, as
+    ggml's loop keeps it (+5 first: iscale -127/5; -5 first: +127/5), and a NaN never becomes the maximum."""
+    x = np.zeros((1, 768), np.float32)
+    x[0, :256] = np.linspace(-1, 1, 256)
+    x[0, [7, 24, 250]] = [5, -5, 5]
+    x[0, 256 + 3], x[0, 256 + 200] = -5, 5
+    x[0, 512:] = np.linspace(-2, 2, 256)
+    x[0, 512 + 9] = np.nan
+    xq, xd, _ = _quantized_k(x)
+    q, d, _ = _q8_K_reference(np.nan_to_num(x, nan=0.0))
+    assert xd[0] == d[0, 0] == np.float32(1) / (np.float32(-127) / np.float32(5)) and xd[1] == -xd[0]
+    np.testing.assert_array_equal(xq[:512].view(np.int8), q[0, :2].reshape(-1))
+    assert xd[2] == d[0, 2]
 
 
 def _two_bit_values(blocks: np.ndarray, qs: int) -> np.ndarray:

@@ -182,3 +182,78 @@ def test_bound_generation_products_read_b_in_place(type_, a_planes, b_shape):
         r2 = b_shape[1] // a_planes
         expected = host_ndarray(x).astype(np.float64) @ np.repeat(ref_w, r2, axis=1).swapaxes(-1, -2)
         assert nmse(expected, host_ndarray(y)) < 1e-10
+
+
+HEAD_DIM, N_HEAD_KV, N_HEAD, KV_SIZE, N_KV = 64, 2, 4, 96, 80
+
+
+def _kv_inputs(ncols: int, seed: int = 11):
+    """Queries (ncols, n_head, head_dim) and softmax rows (n_head, ncols, n_kv) for _kv_cache_products."""
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((ncols, N_HEAD, HEAD_DIM)).astype(np.float32),
+            rng.random((N_HEAD, ncols, N_KV)).astype(np.float32))
+
+
+def _kv_cache_products(queries: np.ndarray, weights: np.ndarray):
+    """Attention's two products against an F16 KV cache laid out as llama.cpp's (and built as arch/blocks.py
+    builds them): K·Q over a strided view of the key cache (a KV head's rows inside rows of all heads) and
+    V·softmax over a view of the transposed value cache, 4 query heads on 2 KV heads, q permuted.
+    Returns (kq, kqv, kq in float64, kqv in float64), each (n_head, ncols, rows)."""
+    ctx, rng = Context(), np.random.default_rng(10)
+    cache_k = ctx.new_tensor(G.F16, (HEAD_DIM * N_HEAD_KV, KV_SIZE))
+    cache_v = ctx.new_tensor(G.F16, (KV_SIZE, HEAD_DIM * N_HEAD_KV))   # transposed: a channel's cells in a row
+    for cache in (cache_k, cache_v):
+        host_ndarray(cache)[...] = rng.standard_normal(host_ndarray(cache).shape).astype(np.float16)
+    k = ops.view_3d(ctx, cache_k, HEAD_DIM, N_KV, N_HEAD_KV, cache_k.nb[1], HEAD_DIM * 2, 0)
+    v = ops.view_3d(ctx, cache_v, N_KV, HEAD_DIM, N_HEAD_KV, cache_v.nb[1], cache_v.nb[1] * HEAD_DIM, 0)
+    q = ctx.new_tensor(G.F32, (HEAD_DIM, N_HEAD, len(queries)))
+    p = ctx.new_tensor(G.F32, (N_KV, len(queries), N_HEAD))
+    host_ndarray(q)[0] = queries
+    host_ndarray(p)[0] = weights
+    kq = ops.mul_mat(ctx, k, ops.permute(ctx, q, 0, 2, 1, 3))
+    kqv = ops.mul_mat(ctx, v, p)
+    kernels.compute(kq)
+    kernels.compute(kqv)
+    keys = host_ndarray(cache_k)[0, 0].astype(np.float64).reshape(KV_SIZE, N_HEAD_KV, HEAD_DIM)[:N_KV]
+    values = host_ndarray(cache_v)[0, 0].astype(np.float64).reshape(N_HEAD_KV, HEAD_DIM, KV_SIZE)[..., :N_KV]
+    group = N_HEAD // N_HEAD_KV
+    kq_ref = np.stack([queries[:, h].astype(np.float64) @ keys[:, h // group].T for h in range(N_HEAD)])
+    kqv_ref = np.stack([weights[h].astype(np.float64) @ values[h // group].T for h in range(N_HEAD)])
+    return host_ndarray(kq)[0].copy(), host_ndarray(kqv)[0].copy(), kq_ref, kqv_ref
+
+
+@pytest.mark.parametrize("ncols", [5, 8, 16, 17, 40])
+@pytest.mark.parametrize("path", ["chosen", "tiles"])
+def test_kv_cache_products_on_views_match_float64(monkeypatch, ncols, path):
+    """Both ways of multiplying many query columns by the F16 KV cache read its views right: what mul_mat chooses
+    (column groups of the matrix-vector kernel up to GROUPED_COLUMNS, then tiles) and dequantized tiles with
+    sgemm forced at every count."""
+    if path == "tiles":
+        monkeypatch.setattr(mul_mat, "GROUPED_COLUMNS", mul_mat.VEC_COLUMNS)
+    kq, kqv, kq_ref, kqv_ref = _kv_cache_products(*_kv_inputs(ncols))
+    assert nmse(kq_ref, kq) < 1e-12 and nmse(kqv_ref, kqv) < 1e-12
+
+
+def _each_column_alone(ncols: int) -> list[bool]:
+    """For each product, whether every query column of an ncols step equals that column multiplied alone."""
+    queries, weights = _kv_inputs(ncols)
+    together = _kv_cache_products(queries, weights)[:2]
+    alone = [_kv_cache_products(queries[c:c + 1], weights[:, c:c + 1])[:2] for c in range(ncols)]
+    return [all(np.array_equal(t[:, c:c + 1], a[i]) for c, a in enumerate(alone)) for i, t in enumerate(together)]
+
+
+@pytest.mark.parametrize("ncols", [5, 8, 16])
+def test_kv_cache_products_of_several_sequences_equal_each_alone_bit_for_bit(ncols):
+    """A step of several sequences' next tokens (up to GROUPED_COLUMNS query columns) gives each column exactly
+    the products of that token decoded alone: the matrix-vector kernel sums every column in one order."""
+    assert _each_column_alone(ncols) == [True, True]
+
+
+def test_kv_cache_products_through_tiles_differ_from_alone_in_rounding_only(monkeypatch):
+    """Why a step of 5-16 columns does not take the tiles: sgemm sums in another order than the single column's
+    kernel, so its products differ from the token alone by float32 rounding (both match float64 above). The model
+    quantizes activations to Q8 before its next integer product, where such a difference can flip a quant: on
+    Gemma 3 270M that moved a batched sequence's logits 0.9 from its logits decoded alone (tests/models/test_batch.py),
+    as much as a random 1e-6 relative change of these products does to a sequence decoded alone."""
+    monkeypatch.setattr(mul_mat, "GROUPED_COLUMNS", mul_mat.VEC_COLUMNS)
+    assert _each_column_alone(8) == [False, False]

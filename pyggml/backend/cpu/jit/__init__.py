@@ -8,6 +8,7 @@ Division follows C and NumPy (error_model "numpy": x / 0 gives inf or NaN, no ex
 from __future__ import annotations
 
 import functools
+import threading
 
 import numba
 
@@ -16,3 +17,8 @@ from pyggml.backend.cpu.jit.runtime import compiler_pages
 jit = functools.partial(numba.njit, cache=True, nogil=True, error_model="numpy")
 parallel_jit = functools.partial(numba.njit, cache=True, nogil=True, error_model="numpy", parallel=True)
 compiler_pages.install()
+
+# One parallel launch at a time: Numba's portable "workqueue" threading layer aborts the process on
+# concurrent launches from several Python threads (CPU backends computing on several threads, a model loading
+# beside one computing).
+PARALLEL_LAUNCH = threading.Lock()

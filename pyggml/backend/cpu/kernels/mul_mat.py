@@ -11,10 +11,10 @@ products; here src1 stays float32, which is at least as accurate (within ggml's 
 from __future__ import annotations
 
 import functools
-import threading
 
 import numpy as np
 
+from pyggml.backend.cpu.jit import PARALLEL_LAUNCH
 from pyggml.backend.cpu.jit.mul_mat import dequantize_rows, mul_mat_float_columns, mul_mat_vec
 from pyggml.backend.cpu.jit.ir.vnni_ir import ROWS
 from pyggml.backend.cpu.jit.ir.vnni_k_ir import K_FORMATS
@@ -75,8 +75,10 @@ SMALL_MATRIX = 256 * 1024  # ... below this many elements of a, BLAS's threads o
 VEC_COLUMNS = 4            # up to this many columns of b per plane, block rows are multiplied in registers
 FEW_ROWS = 4 * VEC_COLUMNS  # mul_mat_id: an expert used by up to this many rows reads its blocks once per 4 rows
 # Up to this many columns, VEC_COLUMNS at a time rather than dequantized tiles and sgemm: a step of several
-# sequences' next tokens against the KV cache (Gemma 3 270M, 8 sequences: 78 -> 57 ms a step). The tile path
-# gave such a step's logits 0.9 away from the sequence decoded alone (tests/models/test_batch.py).
+# sequences' next tokens against the KV cache. Faster (Gemma 3 270M, 8 sequences: 78 -> 57 ms a step; the KV
+# products 2-3x, docs/backends.md §7), and each column is summed in the order of that token decoded alone, so a
+# batched sequence gets its logits alone exactly; sgemm's order differs by float32 rounding, which the next
+# product's Q8 activations can turn into a flipped quant (0.9 on Gemma's logits, tests/models/test_batch.py).
 GROUPED_COLUMNS = 4 * VEC_COLUMNS
 TILE_BYTES = 2 << 20       # float32 scratch for a tile of dequantized rows
 BANDS_PER_THREAD = 4       # row bands per thread in mul_mat_vec: a busy core delays only a small band
@@ -101,11 +103,6 @@ def _planes(first: int, b3: int, b2: int, a3: int, a2: int, nb3: int, nb2: int) 
     return (first + (i3 // (b3 // a3)) * nb3 + (i2 // (b2 // a2)) * nb2).astype(np.uint64)
 
 
-# One parallel launch at a time: Numba's portable "workqueue" threading layer aborts the process on
-# concurrent launches from several Python threads (CPU backends computing on several threads).
-_PARALLEL_LAUNCH = threading.Lock()
-
-
 def _matvec_call(a: Tensor, src: np.ndarray, planes: np.ndarray, x: np.ndarray, y: np.ndarray):
     """The compiled matrix-vector call with all its arguments bound (a step's products repeat it token after
     token), on Numba's threads whatever the size: the prange kernel is faster than the same loop compiled
@@ -121,7 +118,7 @@ def _matvec_call(a: Tensor, src: np.ndarray, planes: np.ndarray, x: np.ndarray, 
     on_threads = functools.partial(kernel_, *args, max(1, min(THREADS_MAX * BANDS_PER_THREAD, a.ne[1] // 16)))
 
     def call() -> None:
-        with _PARALLEL_LAUNCH:
+        with PARALLEL_LAUNCH:
             on_threads()
 
     return call
@@ -129,7 +126,7 @@ def _matvec_call(a: Tensor, src: np.ndarray, planes: np.ndarray, x: np.ndarray, 
 
 class _Q8Scratch:
     """The quantized activations of the interleaved products: one buffer for all of them, grown to the largest
-    (a prompt's 200 products would otherwise hold 70 MiB of it); used under _PARALLEL_LAUNCH only. Q8_0: quants,
+    (a prompt's 200 products would otherwise hold 70 MiB of it); used under PARALLEL_LAUNCH only. Q8_0: quants,
     scales, Σq and Q8_1's s per 32 values; Q8_K: quants, a scale per 256 values, a sum per 16."""
 
     def __init__(self):
@@ -163,13 +160,13 @@ def _interleaved_call(dst: Tensor, x: np.ndarray):
     w, y, qtype, groups = a.buffer.quant_bytes(a), _out_view(dst, (n, a.ne[1])), int(a.type), a.ne[1] // ROWS
 
     def call_q8_0() -> None:
-        with _PARALLEL_LAUNCH:
+        with PARALLEL_LAUNCH:
             xq, xd, xs, xm = _Q8.q8_0(n, k)
             quantize_q8_0(x, xq, xd, xs, xm)
             gemm_16x4_q8_0(qtype, w, 0, k // 32, groups, xq, xd, xs, xm, n, y)
 
     def call_q8_K() -> None:
-        with _PARALLEL_LAUNCH:
+        with PARALLEL_LAUNCH:
             xq, xd, xb = _Q8.q8_K(n, k)
             quantize_q8_K(x, xq, xd, xb)
             gemm_16x4_q8_K(qtype, w, 0, k // 256, groups, xq, xd, xb, n, y)
