@@ -1,5 +1,5 @@
-"""Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL and the K-quants Q2_K .. Q6_K, IQ4_XS interleaved 16 rows at a time
-(CPU_INTERLEAVED) and their integer products against Q8_0 (Q8_K) activations."""
+"""Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4 and the K-quants Q2_K .. Q6_K, IQ4_XS interleaved 16 rows at a time
+(CPU_INTERLEAVED), matrices and MoE expert stacks, and their integer products against Q8_0 (Q8_K) activations."""
 
 import numpy as np
 import pytest
@@ -21,7 +21,7 @@ from tests.support.blocks import random_rows
 from tests.support.opcheck import nmse
 
 Q = GGMLType.Q4_0
-TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.IQ4_NL]
+TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.IQ4_NL, GGMLType.MXFP4]
 K_TYPES = [GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ4_XS]
 KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113])  # ggml's
 pytestmark = pytest.mark.skipif(not has_vnni(), reason="the integer products need AVX-512 VNNI")
@@ -33,7 +33,7 @@ def cpu():
 
 
 def _q_rows(rows: int, cols: int, seed: int = 0, qtype=Q) -> np.ndarray:
-    if qtype in K_TYPES + [GGMLType.IQ4_NL]:  # no quantizer here: random quants, scales, minimums (finite fp16 d)
+    if qtype in K_TYPES + [GGMLType.IQ4_NL, GGMLType.MXFP4]:  # no quantizer here: random quants, scales, minimums
         return random_rows(qtype, rows, cols, np.random.default_rng(seed))
     values = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32) + 1  # Q4_1/Q5_1: m != 0
     return np.ascontiguousarray(T.from_float(qtype, values)).view(np.uint8).reshape(rows, -1)
@@ -51,6 +51,11 @@ def _q8_0_reference(x: np.ndarray):
     return q, d.astype(np.float16).astype(np.float32), s
 
 
+def _one_segment(n_tokens: int):
+    """(firsts, starts) of a product of one matrix at byte 0 with all the tokens."""
+    return np.zeros(1, np.int64), np.array([0, n_tokens], np.int64)
+
+
 def _quantized(x: np.ndarray):
     n, k = x.shape
     xq, xd, xs, xm = (np.empty(n * k, np.uint8), np.empty(n * k // 32, np.float32), np.empty(n * k // 32, np.int32),
@@ -64,7 +69,7 @@ def test_the_layout_moves_each_rows_bytes_to_its_lane(qtype):
     rows = _q_rows(32, 96, qtype=qtype)
     block_bytes, fields = {Q: (18, [2]), GGMLType.Q4_1: (20, [2, 2]), GGMLType.Q5_0: (22, [2, 4]),
                            GGMLType.Q5_1: (24, [2, 2, 4]), GGMLType.Q8_0: (34, [2]),
-                           GGMLType.IQ4_NL: (18, [2])}[qtype]  # d, m, qh: bytes
+                           GGMLType.IQ4_NL: (18, [2]), GGMLType.MXFP4: (17, [1])}[qtype]  # d (e), m, qh: bytes
     packed = repack_16x4(int(qtype), rows).reshape(2, 3, 16 * block_bytes)   # (group, block, bytes)
     blocks = rows.reshape(32, 3, block_bytes)
     for g, b, r in [(0, 0, 0), (1, 2, 15), (0, 1, 7)]:
@@ -105,7 +110,9 @@ def test_tile_products_equal_the_dequantized_product_of_both_sides(qtype, n_toke
     x = np.random.default_rng(2).standard_normal((n_tokens, cols)).astype(np.float32)
     xq, xd, xs, xm = _quantized(x)
     y = np.full((n_tokens, 48), np.nan, np.float32)
-    gemm_16x4_q8_0(int(qtype), repack_16x4(int(qtype), rows).reshape(-1), 0, cols // 32, 3, xq, xd, xs, xm, n_tokens, y)
+    firsts, starts = _one_segment(n_tokens)
+    gemm_16x4_q8_0(int(qtype), repack_16x4(int(qtype), rows).reshape(-1), firsts, cols // 32, 3, xq, xd, xs, xm,
+                   starts, y)
     weights = T.to_float(qtype, rows).reshape(48, cols).astype(np.float64)
     acts = (xq.view(np.int8).reshape(n_tokens, -1, 32) * xd.reshape(n_tokens, -1, 1)).reshape(n_tokens, cols)
     expected = acts.astype(np.float64) @ weights.T
@@ -251,7 +258,9 @@ def test_k_tile_products_follow_ggml_integer_dots_and_the_dequantized_product(qt
     x = np.random.default_rng(2).standard_normal((n_tokens, cols)).astype(np.float32)
     xq, xd, xb = _quantized_k(x)
     y = np.full((n_tokens, 48), np.nan, np.float32)
-    gemm_16x4_q8_K(int(qtype), repack_16x4(int(qtype), rows).reshape(-1), 0, cols // 256, 3, xq, xd, xb, n_tokens, y)
+    firsts, starts = _one_segment(n_tokens)
+    gemm_16x4_q8_K(int(qtype), repack_16x4(int(qtype), rows).reshape(-1), firsts, cols // 256, 3, xq, xd, xb, starts,
+                   y)
     q = xq.view(np.int8).reshape(n_tokens, -1, 256)
     acts = (q * xd.reshape(n_tokens, -1, 1)).reshape(n_tokens, cols).astype(np.float64)
     expected = acts @ T.to_float(qtype, rows).reshape(48, cols).astype(np.float64).T
@@ -333,8 +342,10 @@ def test_it_refuses_reads_partial_groups_and_tensors_it_cannot_hold(cpu):
         tensor_get(w)
     with pytest.raises(BackendError, match="whole groups of 16 rows"):
         tensor_set(w, raw[:8].reshape(-1), 0, raw[:8].nbytes)
-    for type_, ne in ((GGMLType.F16, (256, 16)), (GGMLType.Q4_K, (256, 8)), (Q, (64, 8)), (Q, (64, 16, 2))):
+    for type_, ne in ((GGMLType.F16, (256, 16)), (GGMLType.Q4_K, (256, 8)), (Q, (64, 8)), (Q, (64, 16, 2, 2)),
+                      (GGMLType.MXFP4, (64, 16, 2, 2)), (GGMLType.IQ4_XS, (256, 8, 3))):
         ctx = Context(no_alloc=True)
         ctx.new_tensor(type_, ne, "w")
-        with pytest.raises(BackendError, match="holds whole matrices of Q4_0, Q4_1, Q5_0, .* IQ4_XS"):
+        with pytest.raises(BackendError, match=r"holds whole matrices \(or 3-D stacks of them\) of Q4_0, Q4_1, Q5_0, "
+                                               r".* IQ4_XS, MXFP4"):
             alloc_ctx_tensors_from_buft(ctx, interleaved)
