@@ -3,8 +3,8 @@ activations quantized to Q8_0 (the K-quants and IQ4_XS against Q8_K, ir/vnni_k_i
 kernels do (ggml_gemm_q4_0_8x8_q8_0 and its kin), on CPUs with AVX-512 VNNI.
 
 Layout "16x4": rows go in groups of 16; a group's block b holds the fields before the quants, each for
-the 16 rows in turn (fp16 d, or MXFP4's E8M0 byte; Q4_1's and Q5_1's fp16 m; Q5_0's and Q5_1's 4 bytes of fifth bits), then
-vectors of 64 bytes: vector j holds bytes 4j .. 4j+3 of each row's quant bytes, row after row, so each
+the 16 rows in turn (fp16 d, or MXFP4's E8M0 byte; Q4_1's and Q5_1's fp16 m; Q5_0's and Q5_1's 4 bytes of fifth
+bits), then vectors of 64 bytes: vector j holds bytes 4j .. 4j+3 of each row's quant bytes, row after row, so each
 int32 lane of a vector is one row. A 4-bit quant byte keeps value j in its low nibble and value j + 16 in
 its high one: vector j's low nibbles are values 4j .. 4j+3, its high ones 16+4j .. 16+4j+3 (4 vectors a
 block). Q8_0's 32 bytes are 8 vectors, each byte stored + 128 (unsigned, as vpdpbusd takes one side). The
