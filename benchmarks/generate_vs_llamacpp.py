@@ -21,6 +21,7 @@ in each side's fresh process, before its warm-up.
     python -m benchmarks.generate_vs_llamacpp --synthetic q4_0     # a random-weight llama of realistic size
     python -m benchmarks.generate_vs_llamacpp --synthetic 1b-q4_k_m  # Llama 3.2 1B's shapes, llama.cpp's Q4_K_M
     python -m benchmarks.generate_vs_llamacpp --synthetic 8b-q4_k_m  # Llama 3.1 8B's (5 GiB; 128 + 16 tokens)
+    python -m benchmarks.generate_vs_llamacpp --synthetic gpt-oss-mxfp4  # 4 of gpt-oss-20b's layers (2 GiB)
 """
 
 from __future__ import annotations
@@ -148,18 +149,26 @@ def llama_log_facts(log: str) -> dict:
             else "quantized, repacked (AMX)" if "AMX model buffer size" in log else "as in the file"}
 
 
-SYNTHETIC = ["q4_0", "q4_1", "q8_0"] + [f"{size}-{q}" for size in ("1b", "8b") for q in ("q4_k_m", "q4_0", "q8_0")]
+SYNTHETIC = (["q4_0", "q4_1", "q8_0"] + [f"{size}-{q}" for size in ("1b", "8b") for q in ("q4_k_m", "q4_0", "q8_0")]
+             + ["gpt-oss-mxfp4"])
+GPT_OSS_LAYERS = 4  # of gpt-oss-20b's 24: its MoE layers as they are in a 2 GiB file
 
 
 def write_synthetic(name: str, directory: str) -> str:
     """A random-weight llama with the GPT-2 BPE vocabulary of tests/models/data padded to the shape's: `q4_0`,
     `q4_1`, `q8_0`: SmolLM-135M's shapes (30 layers, n_embd 576, 9/3 heads, FFN 1536) in that type; `1b-<type>`,
-    `8b-<type>`: Llama 3.2 1B's (tied) or Llama 3.1 8B's shapes in Q4_0, Q8_0 or llama.cpp's Q4_K_M mix."""
+    `8b-<type>`: Llama 3.2 1B's (tied) or Llama 3.1 8B's shapes in Q4_0, Q8_0 or llama.cpp's Q4_K_M mix;
+    `gpt-oss-mxfp4`: GPT_OSS_LAYERS of gpt-oss-20b's layers (32 MXFP4 experts of 2880, 4 used; Q8_0 attention)
+    with the GPT-2 vocabulary."""
     from gguf import GGMLQuantizationType
 
     from pyggml.testing import synthetic
 
     vocab = synthetic.Vocab.from_gguf(REPO / "tests" / "models" / "data" / "bpe_vocabs" / "gpt-2.gguf")
+    if name == "gpt-oss-mxfp4":
+        shape = dict(synthetic.GPT_OSS_20B, n_layer=GPT_OSS_LAYERS)
+        return str(synthetic.write_gpt_oss(Path(directory) / f"gpt-oss-{GPT_OSS_LAYERS}l-mxfp4.gguf", vocab=vocab,
+                                           n_vocab=vocab.n_tokens, qtype=synthetic.GPT_OSS_MIX, **shape))
     if "-" not in name:
         return str(synthetic.write_small_llama(Path(directory) / f"llama-30l-576-{name}.gguf",
                                                GGMLQuantizationType[name.upper()], vocab))

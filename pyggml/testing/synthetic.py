@@ -692,6 +692,11 @@ LLAMA_3_2_1B = dict(arch="llama", n_vocab=128256, n_embd=2048, n_head=32, n_head
                     n_ctx=131072, tied=True, freq_base=500000.0)
 LLAMA_3_1_8B = dict(arch="llama", n_vocab=128256, n_embd=4096, n_head=32, n_head_kv=8, n_ff=14336, n_layer=32,
                     n_ctx=131072, tied=False, freq_base=500000.0)
+# gpt-oss-20b's layers (24 of them; its vocabulary is 201088), its experts MXFP4 and the rest Q8_0 as released
+GPT_OSS_20B = dict(n_embd=2880, n_head=64, n_head_kv=8, head_dim=64, n_ff_exp=2880, n_layer=24, n_expert=32,
+                   n_expert_used=4, n_ctx=131072, sliding_window=128,
+                   rope_scaling={"type": "yarn", "factor": 32.0, "original_context_length": 4096})
+GPT_OSS_MIX = {"_exps": QType.MXFP4, "ffn_gate_inp": None, "*": QType.Q8_0}
 
 
 def q4_k_m_mix(tied: bool) -> dict:

@@ -12,7 +12,7 @@ from pyggml.errors import GGMLError, GGUFError
 from pyggml.models import load_model
 from pyggml.models.gguf_file import GGUFFile
 from pyggml.models.gguf_loader import load_weights
-from pyggml.testing.synthetic import q4_k_m_mix
+from pyggml.testing.synthetic import q4_k_m_mix, write_gpt_oss
 
 from tests.support.tiny_models import write_gemma3, write_llama
 
@@ -223,3 +223,22 @@ def test_the_low_bit_k_quant_and_iq4_mixes_are_interleaved_whole(tmp_path):
     assert w.tensors["blk.0.attn_k.weight"].buffer.buft.name == "CPU_INTERLEAVED"
     model = load_model(path, n_ctx=64)
     assert np.isfinite(model.decode(model.tokenize("hello world"))).all()
+
+
+@pytest.mark.skipif(not has_vnni(), reason="matrices are interleaved only where AVX-512 VNNI multiplies them")
+def test_expert_stacks_are_interleaved_with_the_layers(tmp_path, monkeypatch):
+    """gpt-oss's MXFP4 experts (3-D stacks) go to CPU_INTERLEAVED with the Q8_0 layers, in the file's bytes, and
+    mul_mat_id multiplies them in int8: the logits stay within the activations' Q8_0 rounding of the float
+    products on the file's blocks."""
+    path = write_gpt_oss(tmp_path / "oss.gguf", seed=3,
+                         qtype={"_exps": GGMLQuantizationType.MXFP4, "ffn_gate_inp": None,
+                                "*": GGMLQuantizationType.Q8_0})
+    w = load_weights(GGUFFile.open(path), init_by_name("CPU"))
+    experts = [t for name, t in w.tensors.items() if name.endswith("_exps.weight")]
+    assert len(experts) == 12 and {(t.type.name, t.buffer.buft.name) for t in experts} == {("MXFP4", "CPU_INTERLEAVED")}
+    assert w.nbytes == w.file_tensor_bytes
+    tokens = list(range(3, 40))
+    logits = load_model(path, n_ctx=64).decode(tokens, all_logits=True)
+    monkeypatch.setattr("pyggml.backend.cpu.interleave.has_vnni", lambda: False)
+    floats = load_model(path, n_ctx=64).decode(tokens, all_logits=True)
+    assert np.abs(logits - floats).max() < 5e-2 * np.abs(floats).max()

@@ -86,7 +86,7 @@ CASES = [
     # experts used by up to 16 rows (one kernel call for all, 4 rows a plane) next to experts used by more (a call
     # each): 14, 12, 18, 15, 19 and 18 rows
     mul_mat_id_case("mul_mat_id_q8_0_few_and_many_rows", GGMLType.Q8_0, 64, 16, 6, 2, 1, 48),
-    mul_mat_id_case("mul_mat_id_mxfp4", GGMLType.MXFP4, 64, 8, 4, 2, 2, 5),  # no compiled kernel: per expert
+    mul_mat_id_case("mul_mat_id_mxfp4", GGMLType.MXFP4, 64, 8, 4, 2, 2, 5),  # compiled MXFP4 decoding
     out_prod_case("out_prod_f32", GGMLType.F32, (16, 8), (10, 8)),
     out_prod_case("out_prod_f32_bcast", GGMLType.F32, (16, 8, 2, 1), (10, 8, 4, 3)),
     out_prod_case("out_prod_q8_0", GGMLType.Q8_0, (32, 8), (6, 8)),

@@ -1,15 +1,15 @@
-"""The CPU device's extra buffer type "CPU_INTERLEAVED": Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, the K-quants Q2_K ..
-Q6_K and IQ4_XS matrices interleaved 16 rows at a time, for the integer products of AVX-512 VNNI
-(pyggml.backend.cpu.jit.repack), as ggml's CPU_REPACK buffer type keeps Q4_0 as block_q4_0x8 and Q4_K as
-block_q4_Kx8 for its integer kernels.
+"""The CPU device's extra buffer type "CPU_INTERLEAVED": Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4, the K-quants
+Q2_K .. Q6_K and IQ4_XS matrices interleaved 16 rows at a time, for the integer products of AVX-512 VNNI
+(pyggml.backend.cpu.jit.repack), as ggml's CPU_REPACK buffer type keeps Q4_0 as block_q4_0x8, Q4_K as
+block_q4_Kx8 and MXFP4 as block_mxfp4x8 for its integer kernels. A MoE layer's stack of experts (3-D) is each
+expert's matrix interleaved in turn, so MUL_MAT_ID multiplies the experts a token chose with the same kernels.
 
 The layout moves the file's bytes and adds none (jit/repack.py), so a weight takes its size in the file.
 The loader puts a model's matrices of these types here when the CPU has VNNI (`takes`); the products
 then quantize their activations to Q8_0 (Q8_K for the K-quants and IQ4_XS) and multiply in int8, prompt and generation
 alike (within test-backend-ops' 5e-4 NMSE, as ggml's own CPU kernels, which quantize activations the same way). Like
 CPU_F32, the buffer is not host memory to the rest of the system: tensor_get and memset refuse, only
-MUL_MAT reads it (`Tensor.extra` is INTERLEAVED), and a token embedding, which GET_ROWS reads, is left
-in the file.
+MUL_MAT, MUL_MAT_ID and GET_ROWS read it (`Tensor.extra` is INTERLEAVED).
 """
 
 from __future__ import annotations
@@ -42,9 +42,10 @@ def has_vnni() -> bool:
 
 
 def interleavable(type_, ne) -> bool:
-    """A matrix of an interleaved type (INTERLEAVED_TYPES) of whole 16-row groups (2-D), on a CPU with VNNI."""
+    """A matrix, or a stack of them (3-D: a MoE layer's experts), of an interleaved type (INTERLEAVED_TYPES) of
+    whole 16-row groups, on a CPU with VNNI."""
     ne = list(ne) + [1] * (4 - len(ne))
-    return int(type_) in INTERLEAVED_TYPES and ne[1] % ROWS == 0 and ne[2] == ne[3] == 1 and has_vnni()
+    return int(type_) in INTERLEAVED_TYPES and ne[1] % ROWS == 0 and ne[3] == 1 and has_vnni()
 
 
 class InterleavedBuffer(ConvertedBuffer):
@@ -65,9 +66,9 @@ class InterleavedBuffer(ConvertedBuffer):
     def _init_tensor(self, t: Tensor) -> Status:
         if t.view_src is not None or not interleavable(t.type, t.ne):
             names = ", ".join(T.type_name(q) for q in sorted(INTERLEAVED_TYPES))
-            raise BackendError(f"buffer type CPU_INTERLEAVED holds whole matrices of {names} of 16-row groups on a "
-                               f"CPU with AVX-512 VNNI; {t.name!r} is {T.type_name(t.type)}{list(t.ne)}"
-                               f"{' (a view)' if t.view_src is not None else ''}")
+            raise BackendError(f"buffer type CPU_INTERLEAVED holds whole matrices (or 3-D stacks of them) of {names} "
+                               f"of 16-row groups on a CPU with AVX-512 VNNI; {t.name!r} is "
+                               f"{T.type_name(t.type)}{list(t.ne)}{' (a view)' if t.view_src is not None else ''}")
         t.extra = INTERLEAVED
         return Status.SUCCESS
 

@@ -1,5 +1,5 @@
-"""Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL and the K-quants Q2_K .. Q6_K, IQ4_XS interleaved 16 rows at a time
-(CPU_INTERLEAVED) and their integer products against Q8_0 (Q8_K) activations."""
+"""Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4 and the K-quants Q2_K .. Q6_K, IQ4_XS interleaved 16 rows at a time
+(CPU_INTERLEAVED), matrices and MoE expert stacks, and their integer products against Q8_0 (Q8_K) activations."""
 
 import numpy as np
 import pytest
@@ -8,6 +8,7 @@ from pyggml.alloc import alloc_ctx_tensors_from_buft
 from pyggml.backend import init_by_name, tensor_get, tensor_set
 from pyggml.backend.cpu import kernels
 from pyggml.backend.cpu.interleave import has_vnni
+from pyggml.backend.cpu.jit.mul_mat import dequantize_rows
 from pyggml.backend.cpu.jit.repack import (fields, gemm_16x4_q8_0, gemm_16x4_q8_K, quantize_q8_0, quantize_q8_K,
                                            repack_16x4, repack_16x4_into)
 from pyggml.backend.cpu.kernels._common import INTERLEAVED
@@ -21,9 +22,10 @@ from tests.support.blocks import random_rows
 from tests.support.opcheck import nmse
 
 Q = GGMLType.Q4_0
-TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.IQ4_NL]
+TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.IQ4_NL, GGMLType.MXFP4]
 K_TYPES = [GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ4_XS]
 KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113])  # ggml's
+KVALUES_MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12])  # ggml's kvalues_mxfp4
 pytestmark = pytest.mark.skipif(not has_vnni(), reason="the integer products need AVX-512 VNNI")
 
 
@@ -33,7 +35,7 @@ def cpu():
 
 
 def _q_rows(rows: int, cols: int, seed: int = 0, qtype=Q) -> np.ndarray:
-    if qtype in K_TYPES + [GGMLType.IQ4_NL]:  # no quantizer here: random quants, scales, minimums (finite fp16 d)
+    if qtype in K_TYPES + [GGMLType.IQ4_NL, GGMLType.MXFP4]:  # no quantizer here: random quants, scales, minimums
         return random_rows(qtype, rows, cols, np.random.default_rng(seed))
     values = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32) + 1  # Q4_1/Q5_1: m != 0
     return np.ascontiguousarray(T.from_float(qtype, values)).view(np.uint8).reshape(rows, -1)
@@ -49,6 +51,11 @@ def _q8_0_reference(x: np.ndarray):
     q = np.rint(blocks * inv[..., None]).astype(np.int8)
     s = (d * q.astype(np.int32).sum(axis=-1).astype(np.float32)).astype(np.float16).astype(np.float32)
     return q, d.astype(np.float16).astype(np.float32), s
+
+
+def _one_segment(n_tokens: int):
+    """(firsts, starts) of a product of one matrix at byte 0 with all the tokens."""
+    return np.zeros(1, np.int64), np.array([0, n_tokens], np.int64)
 
 
 def _quantized(x: np.ndarray):
@@ -74,7 +81,7 @@ def test_the_layout_moves_each_rows_bytes_to_its_lane(qtype):
     rows = _q_rows(32, 96, qtype=qtype)
     block_bytes, fields = {Q: (18, [2]), GGMLType.Q4_1: (20, [2, 2]), GGMLType.Q5_0: (22, [2, 4]),
                            GGMLType.Q5_1: (24, [2, 2, 4]), GGMLType.Q8_0: (34, [2]),
-                           GGMLType.IQ4_NL: (18, [2])}[qtype]  # d, m, qh: bytes
+                           GGMLType.IQ4_NL: (18, [2]), GGMLType.MXFP4: (17, [1])}[qtype]  # d (e), m, qh: bytes
     packed = repack_16x4(int(qtype), rows).reshape(2, 3, 16 * block_bytes)   # (group, block, bytes)
     blocks = rows.reshape(32, 3, block_bytes)
     for g, b, r in [(0, 0, 0), (1, 2, 15), (0, 1, 7)]:
@@ -115,7 +122,9 @@ def test_tile_products_equal_the_dequantized_product_of_both_sides(qtype, n_toke
     x = np.random.default_rng(2).standard_normal((n_tokens, cols)).astype(np.float32)
     xq, xd, xs, xm = _quantized(x)
     y = np.full((n_tokens, 48), np.nan, np.float32)
-    gemm_16x4_q8_0(int(qtype), repack_16x4(int(qtype), rows).reshape(-1), 0, cols // 32, 3, xq, xd, xs, xm, n_tokens, y)
+    firsts, starts = _one_segment(n_tokens)
+    gemm_16x4_q8_0(int(qtype), repack_16x4(int(qtype), rows).reshape(-1), firsts, cols // 32, 3, xq, xd, xs, xm,
+                   starts, y)
     weights = T.to_float(qtype, rows).reshape(48, cols).astype(np.float64)
     acts = (xq.view(np.int8).reshape(n_tokens, -1, 32) * xd.reshape(n_tokens, -1, 1)).reshape(n_tokens, cols)
     expected = acts.astype(np.float64) @ weights.T
@@ -277,7 +286,9 @@ def test_k_tile_products_follow_ggml_integer_dots_and_the_dequantized_product(qt
     x = np.random.default_rng(2).standard_normal((n_tokens, cols)).astype(np.float32)
     xq, xd, xb = _quantized_k(x)
     y = np.full((n_tokens, 48), np.nan, np.float32)
-    gemm_16x4_q8_K(int(qtype), repack_16x4(int(qtype), rows).reshape(-1), 0, cols // 256, 3, xq, xd, xb, n_tokens, y)
+    firsts, starts = _one_segment(n_tokens)
+    gemm_16x4_q8_K(int(qtype), repack_16x4(int(qtype), rows).reshape(-1), firsts, cols // 256, 3, xq, xd, xb, starts,
+                   y)
     q = xq.view(np.int8).reshape(n_tokens, -1, 256)
     acts = (q * xd.reshape(n_tokens, -1, 1)).reshape(n_tokens, cols).astype(np.float64)
     expected = acts @ T.to_float(qtype, rows).reshape(48, cols).astype(np.float64).T
@@ -286,9 +297,11 @@ def test_k_tile_products_follow_ggml_integer_dots_and_the_dequantized_product(qt
     np.testing.assert_allclose(y, integer, rtol=0, atol=2e-6 * np.abs(integer).max())
 
 
-def _placed(raw: np.ndarray, buft, cols: int, qtype=Q):
+def _placed(raw: np.ndarray, buft, cols: int, qtype=Q, n_expert: int = 1):
+    """raw's rows as a matrix (or a stack of n_expert matrices) of qtype in buft."""
     ctx = Context(no_alloc=True)
-    w = ctx.new_tensor_2d(qtype, cols, raw.shape[0], "w")
+    w = ctx.new_tensor(qtype, (cols, raw.shape[0] // n_expert, n_expert) if n_expert > 1 else (cols, raw.shape[0]),
+                       "w")
     buffer = alloc_ctx_tensors_from_buft(ctx, buft)
     tensor_set(w, raw)
     return w, buffer
@@ -351,6 +364,100 @@ def _graph(t):
     return Graph().build_forward_expand(t)
 
 
+def _mxfp4_values(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ggml's integer view of MXFP4 rows (n, nb·17): (the code book values kvalues_mxfp4[q] (n, nb, 32), low
+    nibbles first, and the block scales 2^(e - 128) as GGML_E8M0_TO_FP32_HALF computes them (n, nb))."""
+    blocks = rows.reshape(rows.shape[0], -1, 17)
+    qs = blocks[:, :, 1:]
+    values = KVALUES_MXFP4[np.concatenate([qs & 15, qs >> 4], -1)]
+    e = blocks[:, :, 0].astype(np.uint32)
+    bits = np.where(e < 2, np.uint32(0x00200000) << e, (e - 1) << 23).astype(np.uint32)
+    return values, bits.view(np.float32)
+
+
+def test_mxfp4_is_decoded_as_ggml_decodes_it():
+    """dequantize_row_mxfp4: kvalues_mxfp4[q]·2^(e - 128), the subnormal scales e = 0, 1 and e = 255 (read as
+    2^127, no NaN, as ggml) included; gguf's NumPy decoder agrees."""
+    rows = _q_rows(4, 256, qtype=GGMLType.MXFP4)
+    rows.reshape(4, 8, 17)[0, :4, 0] = [0, 1, 2, 255]
+    rows.reshape(4, 8, 17)[0, 3, 1:] &= 0x11                     # e = 255 with values 0 and 1: finite
+    values, scales = _mxfp4_values(rows)
+    expected = (values * scales[..., None].astype(np.float64)).astype(np.float32).reshape(4, 256)
+    got = np.empty((4, 256), np.float32)
+    dequantize_rows(int(GGMLType.MXFP4), rows.reshape(-1), np.arange(4, dtype=np.uint64) * 136, 8, got)
+    np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(T.to_float(GGMLType.MXFP4, rows).reshape(4, 256), expected)
+    assert scales[0, 0] == 2.0 ** -128 and scales[0, 1] == 2.0 ** -127 and scales[0, 3] == 2.0 ** 127
+
+
+@pytest.mark.parametrize("n_tokens", [1, 6])
+def test_mxfp4_tiles_follow_ggml_vec_dot_mxfp4_q8_0(n_tokens):
+    """Per block the exact integer Σ kvalue·q8, times e8m0_half(e)·d8 in float32, summed (ggml's order)."""
+    rows = _q_rows(32, 256, qtype=GGMLType.MXFP4)
+    x = np.random.default_rng(5).standard_normal((n_tokens, 256)).astype(np.float32)
+    xq, xd, xs, xm = _quantized(x)
+    y = np.full((n_tokens, 32), np.nan, np.float32)
+    firsts, starts = _one_segment(n_tokens)
+    gemm_16x4_q8_0(int(GGMLType.MXFP4), repack_16x4(int(GGMLType.MXFP4), rows).reshape(-1), firsts, 8, 2, xq, xd,
+                   xs, xm, starts, y)
+    values, scales = _mxfp4_values(rows)
+    q = xq.view(np.int8).reshape(n_tokens, 8, 32).astype(np.int64)
+    sums = np.einsum("rbv,tbv->trb", values.astype(np.int64), q)
+    expected = (sums * (scales[None] * xd.reshape(n_tokens, 1, 8)).astype(np.float32)).sum(-1)
+    np.testing.assert_allclose(y, expected, rtol=0, atol=2e-6 * np.abs(expected).max())
+
+
+def _expert_stacks(cpu, qtype, cols: int, rows: int, n_expert: int):
+    """The same random expert stack of qtype interleaved and in the file's layout."""
+    _, interleaved = cpu.device.extra_buffer_types()
+    raw = _q_rows(rows * n_expert, cols, seed=4, qtype=qtype)
+    packed, keep = _placed(raw, interleaved, cols, qtype, n_expert)
+    plain, keep_plain = _placed(raw, cpu.default_buffer_type, cols, qtype, n_expert)
+    assert packed.extra is INTERLEAVED and packed.buffer.quant_bytes(packed).nbytes == raw.nbytes  # 1.00x the file
+    return packed, plain, (keep, keep_plain)
+
+
+@pytest.mark.parametrize("qtype", TYPES + K_TYPES)
+@pytest.mark.parametrize("n_tokens, n_b", [(1, 1), (1, 3), (9, 1), (20, 3)])
+def test_mul_mat_id_on_interleaved_experts_is_within_test_backend_ops_nmse_of_the_file_layout(cpu, qtype, n_tokens,
+                                                                                               n_b):
+    """A MoE layer's experts interleaved: a generation step (one token) and a prompt's batch, b broadcast over the
+    slots (gate/up) or one row per slot (down); experts used by none, one or many rows; the integer products
+    within test-backend-ops' 5e-4 NMSE of the float product on the same bytes."""
+    packed, plain, _ = _expert_stacks(cpu, qtype, 256, 32, 6)
+    ctx = Context()
+    x = ctx.new_tensor(GGMLType.F32, (256, n_b, n_tokens), "x")
+    host_ndarray(x)[...] = np.random.default_rng(6).standard_normal(host_ndarray(x).shape)
+    ids = ctx.new_tensor(GGMLType.I32, (3, n_tokens), "ids")
+    rng = np.random.default_rng(7)
+    host_ndarray(ids)[0, 0] = [rng.permutation(5)[:3] for _ in range(n_tokens)]  # expert 5 never chosen
+    got, want = ops.mul_mat_id(ctx, packed, x, ids), ops.mul_mat_id(ctx, plain, x, ids)
+    assert kernels.supports(got)
+    kernels.compute(want)
+    kernels.compute(got)
+    assert nmse(host_ndarray(want), host_ndarray(got)) < 5e-4
+
+
+@pytest.mark.parametrize("qtype", [GGMLType.MXFP4, GGMLType.Q4_K])
+def test_stacks_multiply_plane_by_plane_and_give_their_rows_back(cpu, qtype):
+    """MUL_MAT with a stack (b's planes broadcast onto its matrices as ggml does) and GET_ROWS of each plane's rows
+    (ids[i11] of matrix i11) read the interleaved stack as the file's."""
+    packed, plain, _ = _expert_stacks(cpu, qtype, 256, 32, 2)
+    ctx = Context()
+    x = ctx.new_tensor(GGMLType.F32, (256, 5, 4), "x")
+    host_ndarray(x)[...] = np.random.default_rng(8).standard_normal(host_ndarray(x).shape)
+    got, want = ops.mul_mat(ctx, packed, x), ops.mul_mat(ctx, plain, x)
+    kernels.compute(want)
+    kernels.compute(got)
+    assert nmse(host_ndarray(want), host_ndarray(got)) < 5e-4
+    ids = ctx.new_tensor(GGMLType.I32, (5, 2), "ids")
+    host_ndarray(ids)[...] = [[0, 31, 16, 15, 3], [1, 17, 30, 0, 0]]
+    got, want = ops.get_rows(ctx, packed, ids), ops.get_rows(ctx, plain, ids)
+    kernels.compute(want)
+    kernels.compute(got)
+    np.testing.assert_array_equal(host_ndarray(got), host_ndarray(want))
+
+
 def test_it_refuses_reads_partial_groups_and_tensors_it_cannot_hold(cpu):
     _, interleaved = cpu.device.extra_buffer_types()
     raw = _q_rows(32, 64)
@@ -359,8 +466,10 @@ def test_it_refuses_reads_partial_groups_and_tensors_it_cannot_hold(cpu):
         tensor_get(w)
     with pytest.raises(BackendError, match="whole groups of 16 rows"):
         tensor_set(w, raw[:8].reshape(-1), 0, raw[:8].nbytes)
-    for type_, ne in ((GGMLType.F16, (256, 16)), (GGMLType.Q4_K, (256, 8)), (Q, (64, 8)), (Q, (64, 16, 2))):
+    for type_, ne in ((GGMLType.F16, (256, 16)), (GGMLType.Q4_K, (256, 8)), (Q, (64, 8)), (Q, (64, 16, 2, 2)),
+                      (GGMLType.MXFP4, (64, 16, 2, 2)), (GGMLType.IQ4_XS, (256, 8, 3))):
         ctx = Context(no_alloc=True)
         ctx.new_tensor(type_, ne, "w")
-        with pytest.raises(BackendError, match="holds whole matrices of Q4_0, Q4_1, Q5_0, .* IQ4_XS"):
+        with pytest.raises(BackendError, match=r"holds whole matrices \(or 3-D stacks of them\) of Q4_0, Q4_1, Q5_0, "
+                                               r".* IQ4_XS, MXFP4"):
             alloc_ctx_tensors_from_buft(ctx, interleaved)

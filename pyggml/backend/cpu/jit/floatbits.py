@@ -82,6 +82,17 @@ def bf16_to_f32(typingctx, bits):
     return types.float32(bits), codegen
 
 
+@jit(inline="always")
+def e8m0_half_to_f32(e):
+    """Half the float32 value of an E8M0 exponent byte (2^(e - 128)), as ggml's GGML_E8M0_TO_FP32_HALF: MXFP4's
+    scale, halved because its code book holds the E2M1 values doubled. e < 2 gives the subnormals 2^-128 and
+    2^-127; 255 (E8M0's NaN) is read as 2^127, as ggml reads it."""
+    e32 = np.uint32(e)
+    if e32 < np.uint32(2):
+        return bits_float(np.uint32(0x00200000) << e32)
+    return bits_float((e32 - np.uint32(1)) << np.uint32(23))
+
+
 LOG2E = np.float32(1.44269504088896341)
 LN2_HI = np.float32(0.693359375)           # ln 2 in 10 significant bits: n * LN2_HI is exact
 LN2_LO = np.float32(-2.12194440e-4)        # ln 2 - LN2_HI

@@ -15,7 +15,7 @@ import llvmlite.binding as llvm
 import numpy as np
 
 from pyggml.backend.cpu.jit import jit
-from pyggml.backend.cpu.jit.floatbits import bf16_to_f32, f16_to_f32
+from pyggml.backend.cpu.jit.floatbits import bf16_to_f32, e8m0_half_to_f32, f16_to_f32
 from pyggml.core.types import GGMLType as G
 
 # LLVM fully unrolls the constant 16- and 32-trip block loops before vectorizing and then leaves them scalar
@@ -27,6 +27,9 @@ QK_K = 256
 
 # ggml's non-linear 4-bit code book (kvalues_iq4nl)
 KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
+# ggml's MXFP4 code book (kvalues_mxfp4): the E2M1 values doubled, so that they are integers; the E8M0 scale is
+# read halved to make up for it
+KVALUES_MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int8)
 
 
 @jit(inline="always")
@@ -118,17 +121,29 @@ def dequantize_row_q8_0(src, p, dst, o, nb):
             dst[t + j] = np.float32(np.int8(src[s + U(2) + j])) * d
 
 
+@jit(inline="always")
+def _dequantize_row_code_book(src, p, dst, o, nb, kv, scale_bytes):
+    """Blocks of a scale (`scale_bytes` 2: fp16 d; 1: an E8M0 exponent, read halved) and 16 bytes of nibbles
+    indexing the code book kv, low nibbles first: x = kv[q]·d."""
+    for b in range(nb):
+        s, t = p + (scale_bytes + U(16)) * b, o + U(32) * b
+        d = _fp16(src, s) if scale_bytes == U(2) else e8m0_half_to_f32(src[s])
+        for j in range(U(16)):
+            q = src[s + scale_bytes + j]
+            dst[t + j] = np.float32(kv[q & 15]) * d
+            dst[t + U(16) + j] = np.float32(kv[q >> 4]) * d
+
+
 @jit
 def dequantize_row_iq4_nl(src, p, dst, o, nb):
     """18-byte blocks: fp16 d, 16 bytes of nibbles indexing KVALUES_IQ4NL; x = kvalue[q]·d."""
-    kv = KVALUES_IQ4NL
-    for b in range(nb):
-        s, t = p + U(18) * b, o + U(32) * b
-        d = _fp16(src, s)
-        for j in range(U(16)):
-            q = src[s + U(2) + j]
-            dst[t + j] = np.float32(kv[q & 15]) * d
-            dst[t + U(16) + j] = np.float32(kv[q >> 4]) * d
+    _dequantize_row_code_book(src, p, dst, o, nb, KVALUES_IQ4NL, U(2))
+
+
+@jit
+def dequantize_row_mxfp4(src, p, dst, o, nb):
+    """17-byte blocks: an E8M0 exponent e, 16 bytes of nibbles indexing KVALUES_MXFP4; x = kvalue[q]·2^(e - 128)."""
+    _dequantize_row_code_book(src, p, dst, o, nb, KVALUES_MXFP4, U(1))
 
 
 @jit
@@ -273,11 +288,12 @@ def dequantize_row_iq4_xs(src, p, dst, o, nb):
 # ggml type numbers with a dequantize_row here, and their (values per block, bytes per block)
 BLOCKS = {G.F16: (1, 2), G.BF16: (1, 2), G.Q4_0: (32, 18), G.Q4_1: (32, 20), G.Q5_0: (32, 22),
           G.Q5_1: (32, 24), G.Q8_0: (32, 34), G.Q2_K: (256, 84), G.Q3_K: (256, 110), G.Q4_K: (256, 144),
-          G.Q5_K: (256, 176), G.Q6_K: (256, 210), G.IQ4_NL: (32, 18), G.IQ4_XS: (256, 136)}
+          G.Q5_K: (256, 176), G.Q6_K: (256, 210), G.IQ4_NL: (32, 18), G.IQ4_XS: (256, 136), G.MXFP4: (32, 17)}
 _F16, _BF16, _Q4_0, _Q4_1, _Q5_0, _Q5_1, _Q8_0 = (int(t) for t in (G.F16, G.BF16, G.Q4_0, G.Q4_1, G.Q5_0, G.Q5_1,
                                                                  G.Q8_0))
 _Q2_K, _Q3_K, _Q4_K, _Q5_K, _Q6_K, _IQ4_NL, _IQ4_XS = (int(t) for t in (G.Q2_K, G.Q3_K, G.Q4_K, G.Q5_K, G.Q6_K,
                                                                        G.IQ4_NL, G.IQ4_XS))
+_MXFP4 = int(G.MXFP4)
 
 
 @jit
@@ -311,3 +327,5 @@ def dequantize_row(qtype, src, p, dst, o, nb):
         dequantize_row_iq4_nl(src, p, dst, o, nb)
     elif qtype == _IQ4_XS:
         dequantize_row_iq4_xs(src, p, dst, o, nb)
+    elif qtype == _MXFP4:
+        dequantize_row_mxfp4(src, p, dst, o, nb)

@@ -1,14 +1,18 @@
-"""Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL weights repacked 16 rows at a time and multiplied in int8 against
+"""Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL and MXFP4 weights repacked 16 rows at a time and multiplied in int8 against
 activations quantized to Q8_0 (the K-quants and IQ4_XS against Q8_K, ir/vnni_k_ir.py), as ggml's CPU repack
 kernels do (ggml_gemm_q4_0_8x8_q8_0 and its kin), on CPUs with AVX-512 VNNI.
 
 Layout "16x4": rows go in groups of 16; a group's block b holds the fields before the quants, each for
-the 16 rows in turn (fp16 d; Q4_1's and Q5_1's fp16 m; Q5_0's and Q5_1's 4 bytes of fifth bits), then
-vectors of 64 bytes: vector j holds bytes 4j .. 4j+3 of each row's quant bytes, row after row, so each
+the 16 rows in turn (fp16 d, or MXFP4's E8M0 byte; Q4_1's and Q5_1's fp16 m; Q5_0's and Q5_1's 4 bytes of fifth
+bits), then vectors of 64 bytes: vector j holds bytes 4j .. 4j+3 of each row's quant bytes, row after row, so each
 int32 lane of a vector is one row. A 4-bit quant byte keeps value j in its low nibble and value j + 16 in
 its high one: vector j's low nibbles are values 4j .. 4j+3, its high ones 16+4j .. 16+4j+3 (4 vectors a
 block). Q8_0's 32 bytes are 8 vectors, each byte stored + 128 (unsigned, as vpdpbusd takes one side). The
-repacked tensor takes exactly its size in the file.
+repacked tensor takes exactly its size in the file. A stack of matrices (a MoE layer's experts) is each matrix
+interleaved in turn: its groups never straddle two matrices.
+
+The products take segments: segment i multiplies the matrix at byte firsts[i] with tokens starts[i] ..
+starts[i+1] - 1, all in one parallel launch (one segment for a dense product, one per expert for mul_mat_id).
 
 Activations become Q8_0 blocks as ggml's quantize_row_q8_0 makes them (d = max|x| / 127 kept as fp16,
 q = round(x·127/max)), split into quants, float scales, Σq (what ir/vnni_ir.py's sums start from) and
@@ -25,14 +29,14 @@ from numba import prange
 from pyggml.backend.cpu.jit import PARALLEL_LAUNCH, jit, parallel_jit
 from pyggml.backend.cpu.jit.f16 import f16_bits
 from pyggml.backend.cpu.jit.floatbits import f16_to_f32
-from pyggml.backend.cpu.jit.ir.vnni_ir import (FORMATS, ROWS, tile_iq4_nl, tile_q4_0, tile_q4_1, tile_q5_0, tile_q5_1,
-                                               tile_q8_0)
+from pyggml.backend.cpu.jit.ir.vnni_ir import (FORMATS, ROWS, tile_iq4_nl, tile_mxfp4, tile_q4_0, tile_q4_1, tile_q5_0,
+                                               tile_q5_1, tile_q8_0)
 from pyggml.backend.cpu.jit.ir.vnni_k_ir import (K_FORMATS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, tile_iq4_xs, tile_q2_K,
                                                  tile_q3_K, tile_q4_K, tile_q5_K, tile_q6_K)
 from pyggml.core.types import GGMLType
 
 Q4_0, Q4_1, Q5_0, Q5_1 = int(GGMLType.Q4_0), int(GGMLType.Q4_1), int(GGMLType.Q5_0), int(GGMLType.Q5_1)
-Q8_0, IQ4_NL = int(GGMLType.Q8_0), int(GGMLType.IQ4_NL)
+Q8_0, IQ4_NL, MXFP4 = int(GGMLType.Q8_0), int(GGMLType.IQ4_NL), int(GGMLType.MXFP4)
 
 
 def fields(qtype: int) -> tuple:
@@ -46,8 +50,8 @@ def fields(qtype: int) -> tuple:
 
 def repack_16x4(qtype: int, rows: np.ndarray) -> np.ndarray:
     """The 16x4 bytes of rows (uint8, shape (n_rows, nb·block bytes), n_rows a multiple of 16) of an interleaved
-    type: per group and block, each field in turn for the 16 rows, an fp16 field row after row, the others as
-    vectors of 64 bytes (vector j: bytes 4j .. 4j+3 of each row)."""
+    type: per group and block, each field in turn for the 16 rows, a 1- or 2-byte field (E8M0, fp16) row after row,
+    the others as vectors of 64 bytes (vector j: bytes 4j .. 4j+3 of each row)."""
     block_bytes, layout = fields(qtype)
     n_rows, row_bytes = rows.shape
     groups, nb = n_rows // ROWS, row_bytes // block_bytes
@@ -55,7 +59,7 @@ def repack_16x4(qtype: int, rows: np.ndarray) -> np.ndarray:
     out = np.empty((groups, nb, ROWS * block_bytes), rows.dtype)
     at = 0
     for offset, size in layout:
-        piece = 2 if size == 2 else 4
+        piece = size if size <= 2 else 4
         field = blocks[:, :, :, offset: offset + size].reshape(groups, ROWS, nb, size // piece, piece)
         out[:, :, at: at + ROWS * size] = field.transpose(0, 2, 3, 1, 4).reshape(groups, nb, ROWS * size)
         at += ROWS * size
@@ -170,28 +174,40 @@ def quantize_q8_0(x: np.ndarray, xq: np.ndarray, xd: np.ndarray, xs: np.ndarray,
 BLOCK_BYTES = np.array([FORMATS[t][0] if t in FORMATS else 0 for t in range(max(FORMATS) + 1)], np.int64)
 
 
+@jit(inline="always")
+def _tile_q8_0(qtype, w, start, nb, xq, xd, xs, xm, n, y, yo, ys):
+    if qtype == Q4_0:
+        tile_q4_0(w, start, nb, xq, xd, xs, xm, n, y, yo, ys)
+    elif qtype == Q4_1:
+        tile_q4_1(w, start, nb, xq, xd, xs, xm, n, y, yo, ys)
+    elif qtype == Q5_0:
+        tile_q5_0(w, start, nb, xq, xd, xs, xm, n, y, yo, ys)
+    elif qtype == Q5_1:
+        tile_q5_1(w, start, nb, xq, xd, xs, xm, n, y, yo, ys)
+    elif qtype == Q8_0:
+        tile_q8_0(w, start, nb, xq, xd, xs, xm, n, y, yo, ys)
+    elif qtype == MXFP4:
+        tile_mxfp4(w, start, nb, xq, xd, xs, xm, n, y, yo, ys)
+    else:
+        tile_iq4_nl(w, start, nb, xq, xd, xs, xm, n, y, yo, ys)
+
+
 @parallel_jit
-def gemm_16x4_q8_0(qtype: np.intp, w: np.ndarray, first: np.uintp, nb: np.intp, n_groups: np.intp, xq: np.ndarray,
-                   xd: np.ndarray, xs: np.ndarray, xm: np.ndarray, n_tokens: np.intp, y: np.ndarray) -> None:
-    """y (n_tokens, n_groups·16) = the 16x4 matrix of qtype at byte `first` of w times the Q8_0 tokens, row
-    groups split over the threads (each group's 16 rows stay in L1 while all the tokens pass)."""
+def gemm_16x4_q8_0(qtype: np.intp, w: np.ndarray, firsts: np.ndarray, nb: np.intp, n_groups: np.intp,
+                   xq: np.ndarray, xd: np.ndarray, xs: np.ndarray, xm: np.ndarray, starts: np.ndarray,
+                   y: np.ndarray) -> None:
+    """y (starts[-1], n_groups·16): row t in starts[i] .. starts[i+1] - 1 = the 16x4 matrix of qtype at byte
+    firsts[i] of w times Q8_0 token t; the (segment, row group) pairs split over the threads (each group's 16 rows
+    stay in L1 while the segment's tokens pass)."""
     ys = y.shape[1]
     flat = y.reshape(-1)
     group_bytes = nb * ROWS * BLOCK_BYTES[qtype]
-    for g in prange(n_groups):
-        start, yo = first + g * group_bytes, g * ROWS
-        if qtype == Q4_0:
-            tile_q4_0(w, start, nb, xq, xd, xs, xm, n_tokens, flat, yo, ys)
-        elif qtype == Q4_1:
-            tile_q4_1(w, start, nb, xq, xd, xs, xm, n_tokens, flat, yo, ys)
-        elif qtype == Q5_0:
-            tile_q5_0(w, start, nb, xq, xd, xs, xm, n_tokens, flat, yo, ys)
-        elif qtype == Q5_1:
-            tile_q5_1(w, start, nb, xq, xd, xs, xm, n_tokens, flat, yo, ys)
-        elif qtype == Q8_0:
-            tile_q8_0(w, start, nb, xq, xd, xs, xm, n_tokens, flat, yo, ys)
-        else:
-            tile_iq4_nl(w, start, nb, xq, xd, xs, xm, n_tokens, flat, yo, ys)
+    for task in prange((starts.shape[0] - 1) * n_groups):
+        i, g = task // n_groups, task % n_groups
+        t0, n = starts[i], starts[i + 1] - starts[i]
+        at = t0 * nb
+        _tile_q8_0(qtype, w, firsts[i] + g * group_bytes, nb, xq[at * 32:], xd[at:], xs[at:], xm[at:], n, flat,
+                   t0 * ys + g * ROWS, ys)
 
 
 @jit
@@ -249,25 +265,32 @@ K_GROUP_BLOCK = np.array([ROWS * K_FORMATS[t][0] if t in K_FORMATS else 0 for t 
                          np.int64)
 
 
+@jit(inline="always")
+def _tile_q8_K(qtype, w, start, nb, xq, xd, xb, n, y, yo, ys):
+    if qtype == Q4_K:
+        tile_q4_K(w, start, nb, xq, xd, xb, n, y, yo, ys)
+    elif qtype == Q6_K:
+        tile_q6_K(w, start, nb, xq, xd, xb, n, y, yo, ys)
+    elif qtype == Q5_K:
+        tile_q5_K(w, start, nb, xq, xd, xb, n, y, yo, ys)
+    elif qtype == Q3_K:
+        tile_q3_K(w, start, nb, xq, xd, xb, n, y, yo, ys)
+    elif qtype == Q2_K:
+        tile_q2_K(w, start, nb, xq, xd, xb, n, y, yo, ys)
+    else:
+        tile_iq4_xs(w, start, nb, xq, xd, xb, n, y, yo, ys)
+
+
 @parallel_jit
-def gemm_16x4_q8_K(qtype: np.intp, w: np.ndarray, first: np.uintp, nb: np.intp, n_groups: np.intp, xq: np.ndarray,
-                   xd: np.ndarray, xb: np.ndarray, n_tokens: np.intp, y: np.ndarray) -> None:
-    """y (n_tokens, n_groups·16) = the 16x4 matrix of a K-quant qtype at byte `first` of w times the Q8_K tokens,
-    row groups split over the threads (as gemm_16x4_q8_0)."""
+def gemm_16x4_q8_K(qtype: np.intp, w: np.ndarray, firsts: np.ndarray, nb: np.intp, n_groups: np.intp,
+                   xq: np.ndarray, xd: np.ndarray, xb: np.ndarray, starts: np.ndarray, y: np.ndarray) -> None:
+    """gemm_16x4_q8_0 for a K-quant qtype against Q8_K tokens (segments as there)."""
     ys = y.shape[1]
     flat = y.reshape(-1)
     group_bytes = nb * K_GROUP_BLOCK[qtype]
-    for g in prange(n_groups):
-        start, yo = first + g * group_bytes, g * ROWS
-        if qtype == Q4_K:
-            tile_q4_K(w, start, nb, xq, xd, xb, n_tokens, flat, yo, ys)
-        elif qtype == Q6_K:
-            tile_q6_K(w, start, nb, xq, xd, xb, n_tokens, flat, yo, ys)
-        elif qtype == Q5_K:
-            tile_q5_K(w, start, nb, xq, xd, xb, n_tokens, flat, yo, ys)
-        elif qtype == Q3_K:
-            tile_q3_K(w, start, nb, xq, xd, xb, n_tokens, flat, yo, ys)
-        elif qtype == Q2_K:
-            tile_q2_K(w, start, nb, xq, xd, xb, n_tokens, flat, yo, ys)
-        else:
-            tile_iq4_xs(w, start, nb, xq, xd, xb, n_tokens, flat, yo, ys)
+    for task in prange((starts.shape[0] - 1) * n_groups):
+        i, g = task // n_groups, task % n_groups
+        t0, n = starts[i], starts[i + 1] - starts[i]
+        at = t0 * nb
+        _tile_q8_K(qtype, w, firsts[i] + g * group_bytes, nb, xq[at * 256:], xd[at:], xb[at * 16:], n, flat,
+                   t0 * ys + g * ROWS, ys)

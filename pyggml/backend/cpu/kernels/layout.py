@@ -145,10 +145,13 @@ def get_rows(dst: Tensor) -> None:
 
 
 def _get_rows_interleaved(dst: Tensor, ids: np.ndarray) -> None:
-    """get_rows of a 2-D matrix in CPU_INTERLEAVED (a tied token embedding, also the output head): the rows' bytes
-    gathered back out of their groups, then decoded."""
+    """get_rows of a matrix in CPU_INTERLEAVED (a tied token embedding, also the output head), or of a stack of them
+    (experts): the rows' bytes gathered back out of their groups, then decoded. Row ids[i12, i11] of plane
+    (i12, i11) is row ids + ne1·(i11 + ne2·i12) of the whole tensor (its groups never straddle two planes)."""
     a = dst.src[0]
-    rows = unpack_rows(int(a.type), a.buffer.quant_bytes(a), 0, a.nb[1], ids)
+    i12, i11 = np.arange(ids.shape[0])[:, None, None], np.arange(ids.shape[1])[None, :, None]
+    flat = ids.astype(np.int64) + a.ne[1] * (i11 + a.ne[2] * i12)
+    rows = unpack_rows(int(a.type), a.buffer.quant_bytes(a), 0, a.nb[1], flat)
     src = rows.reshape(-1)
     src.flags.writeable = False  # the signature the kernel has for mapped weights
     values = np.empty((rows.shape[0], a.ne[0]), np.float32)

@@ -1,7 +1,9 @@
 """MUL_MAT, MUL_MAT_ID and OUT_PROD on the CPU.
 
-A src0 in a block format the compiled kernels decode (F16, BF16, Q4_0 ... Q6_K, IQ4_NL/XS; see
-pyggml.backend.cpu.jit) is read in place: a few columns go through `mul_mat_vec` (rows dequantized in
+A src0 in CPU_INTERLEAVED (a matrix, or a MoE layer's stack of experts, of a type with integer products:
+pyggml.backend.cpu.interleave) is multiplied in int8 against src1 quantized to Q8_0 or Q8_K, as ggml's CPU
+kernels do. A src0 in a block format the compiled kernels decode (F16, BF16, Q4_0 ... Q6_K, IQ4_NL/XS, MXFP4;
+see pyggml.backend.cpu.jit) is read in place: a few columns go through `mul_mat_vec` (rows dequantized in
 registers, threads over rows), many columns through tiles of rows dequantized to float32 on one thread
 and BLAS sgemm. Other sources are float32 (F32, CPU_F32 values, or a cached dequantized copy) and
 go to BLAS directly. ggml converts src1 to src0's vec_dot type (F16, Q8_0, Q8_K) before its dot
@@ -57,7 +59,7 @@ def _supports_product(dst: Tensor) -> bool:
 
 def _supports_mul_mat(dst: Tensor) -> bool:
     a, b = dst.src[0], dst.src[1]
-    if a.extra is INTERLEAVED:  # a 2-D matrix of whole 16-row groups (the buffer checked)
+    if a.extra is INTERLEAVED:  # matrices of whole 16-row groups (the buffer checked)
         return dst.type == T.GGMLType.F32 and b.type in FLOAT_TYPES
     return _supports_product(dst)
 
@@ -151,27 +153,40 @@ class _Q8Scratch:
 _Q8 = _Q8Scratch()
 
 
-def _interleaved_call(dst: Tensor, x: np.ndarray):
-    """The call of dst = a·b for a matrix a in a CPU_INTERLEAVED buffer and the float32 rows x (n, k) of b:
-    x quantized to Q8_0 (Q8_K for the K-quants), then the integer tile products (jit/repack.py), for a prompt's
-    batch and a generation step's one row alike."""
-    a = dst.src[0]
+def _integer_call(a: Tensor, firsts: np.ndarray, starts: np.ndarray, x: np.ndarray, y: np.ndarray):
+    """The call of the integer products of a (in a CPU_INTERLEAVED buffer) with the float32 rows x (n, k) into
+    y (n, a.ne1): x quantized to Q8_0 (Q8_K for the K-quants), then rows starts[i] .. starts[i+1] - 1 times the
+    matrix at byte firsts[i] of a (jit/repack.py), all in one launch: a prompt's batch, a generation step's
+    one row, or the rows each expert was chosen for."""
     n, k = x.shape
-    w, y, qtype, groups = a.buffer.quant_bytes(a), _out_view(dst, (n, a.ne[1])), int(a.type), a.ne[1] // ROWS
+    w, qtype, groups = a.buffer.quant_bytes(a), int(a.type), a.ne[1] // ROWS
 
     def call_q8_0() -> None:
         with PARALLEL_LAUNCH:
             xq, xd, xs, xm = _Q8.q8_0(n, k)
             quantize_q8_0(x, xq, xd, xs, xm)
-            gemm_16x4_q8_0(qtype, w, 0, k // 32, groups, xq, xd, xs, xm, n, y)
+            gemm_16x4_q8_0(qtype, w, firsts, k // 32, groups, xq, xd, xs, xm, starts, y)
 
     def call_q8_K() -> None:
         with PARALLEL_LAUNCH:
             xq, xd, xb = _Q8.q8_K(n, k)
             quantize_q8_K(x, xq, xd, xb)
-            gemm_16x4_q8_K(qtype, w, 0, k // 256, groups, xq, xd, xb, n, y)
+            gemm_16x4_q8_K(qtype, w, firsts, k // 256, groups, xq, xd, xb, starts, y)
 
     return call_q8_K if qtype in K_FORMATS else call_q8_0
+
+
+def _interleaved_call(dst: Tensor, x: np.ndarray):
+    """The call of dst = a·b for a in a CPU_INTERLEAVED buffer and the float32 rows x (n, k) of b: one segment
+    for a 2-D a, else each plane of b against its matrix of a (broadcast as ggml does)."""
+    a, b = dst.src[0], dst.src[1]
+    n = x.shape[0]
+    if a.ne[2] == a.ne[3] == 1:
+        firsts, starts = np.zeros(1, np.int64), np.array([0, n], np.int64)
+    else:
+        firsts = _a_planes(dst, 0).astype(np.int64)
+        starts = np.arange(len(firsts) + 1, dtype=np.int64) * b.ne[1]
+    return _integer_call(a, firsts, starts, x, _out_view(dst, (n, a.ne[1])))
 
 
 def _interleaved_rows(dst: Tensor) -> np.ndarray:
@@ -281,15 +296,16 @@ def out_prod(dst: Tensor) -> None:
 
 
 def _supports_mul_mat_id(dst: Tensor) -> bool:
-    return _supports_product(dst) and dst.src[2].type == T.GGMLType.I32
+    return _supports_mul_mat(dst) and dst.src[2].type == T.GGMLType.I32
 
 
-@kernel(Op.MUL_MAT_ID, supports=_supports_mul_mat_id)
+@kernel(Op.MUL_MAT_ID, supports=_supports_mul_mat_id, reads_interleaved=True)
 def mul_mat_id(dst: Tensor) -> None:
-    """dst[t, e, :] = as[ids[t, e]] · b[t, e % b.ne1, :]: one gathered matmul per expert actually used, except
-    that the experts used by few rows (at most FEW_ROWS: all of them in a generation step, most in a prompt's
-    batch) go to the compiled matrix-vector kernel in one call, VEC_COLUMNS rows per plane (a launch per expert
-    cost 5-7 times the products' time)."""
+    """dst[t, e, :] = as[ids[t, e]] · b[t, e % b.ne1, :]. Interleaved experts: every (token, slot) row in one
+    integer launch, grouped by expert. Otherwise one gathered matmul per expert actually used, except that the
+    experts used by few rows (at most FEW_ROWS: all of them in a generation step, most in a prompt's batch) go
+    to the compiled matrix-vector kernel in one call, VEC_COLUMNS rows per plane (a launch per expert cost 5-7
+    times the products' time)."""
     as_, b, ids = dst.src[0], dst.src[1], dst.src[2]
     rows = as_f32(b)[0]                          # (n_tokens, n_b, k)
     chosen = view(ids)[0, 0]                     # (n_tokens, n_used)
@@ -298,6 +314,9 @@ def mul_mat_id(dst: Tensor) -> None:
     if chosen.size and (chosen.min() < 0 or chosen.max() >= n_expert):
         raise OutOfBoundsError(f"mul_mat_id {dst.name!r}: ids {ids.name!r} hold experts outside [0, {n_expert})")
     slot_of_b = np.arange(ids.ne[0]) % b.ne[1]
+    if as_.extra is INTERLEAVED:
+        _interleaved_experts(as_, rows, chosen, slot_of_b, out)
+        return
     experts, counts = np.unique(chosen, return_counts=True)
     users = {int(e): np.nonzero(chosen == e) for e in experts}   # expert -> (tokens, slots) that use it
     few = [e for e, n in zip(experts.tolist(), counts) if n <= FEW_ROWS] if in_blocks(as_) else []
@@ -309,6 +328,21 @@ def mul_mat_id(dst: Tensor) -> None:
     for expert in set(users) - set(few):
         tok, slot = users[expert]
         out[tok, slot] = product(expert, rows[tok, slot_of_b[slot]])
+
+
+def _interleaved_experts(as_: Tensor, rows: np.ndarray, chosen: np.ndarray, slot_of_b: np.ndarray,
+                         out: np.ndarray) -> None:
+    """mul_mat_id on interleaved experts: the rows of b each (token, slot) multiplies, gathered expert by expert,
+    then one integer launch with a segment per expert used (its rows, the expert's matrix)."""
+    order = np.argsort(chosen, axis=None, kind="stable")
+    tok, slot = np.divmod(order, chosen.shape[1])
+    experts, counts = np.unique(chosen, return_counts=True)
+    x = np.ascontiguousarray(rows[tok, slot_of_b[slot]], dtype=np.float32)      # (n_tokens·n_used, k)
+    y = np.empty((len(order), as_.ne[1]), np.float32)
+    firsts = experts.astype(np.int64) * as_.nb[2]
+    starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    _integer_call(as_, firsts, starts, x, y)()
+    out[tok, slot] = y
 
 
 def _few_rows_at_once(as_: Tensor, work: list, out: np.ndarray) -> None:
@@ -327,8 +361,9 @@ def _few_rows_at_once(as_: Tensor, work: list, out: np.ndarray) -> None:
 
 def _expert_product(as_: Tensor):
     """(expert, x (n, k)) -> x · expert's matrixᵀ: on the blocks where the compiled kernels read as_, else float32:
-    float32 values held already, or a type without compiled kernels (MXFP4, the IQ types) dequantized one expert
-    at a time (a step uses few of a large model's experts, whose whole stack as float32 would not stay cached)."""
+    float32 values held already, or a type without compiled kernels (the IQ types but IQ4_NL/XS) dequantized one
+    expert at a time (a step uses few of a large model's experts, whose whole stack as float32 would not stay
+    cached)."""
     if not in_blocks(as_) and (as_.type == T.GGMLType.F32 or expanded_values(as_) is not None):
         experts = src0_f32(as_)[0]              # (n_expert, rows, k)
         return lambda expert, x: x @ experts[expert].T

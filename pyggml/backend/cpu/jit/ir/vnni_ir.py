@@ -1,4 +1,4 @@
-"""Integer tile products of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL weights repacked 16 rows at a time, against
+"""Integer tile products of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL and MXFP4 weights repacked 16 rows at a time, against
 activations quantized to Q8_0, written as LLVM vector IR around AVX-512 VNNI's vpdpbusd (as ggml's repacked kernels).
 
 One vpdpbusd multiplies 64 unsigned bytes by 64 signed bytes and adds each group of four products into
@@ -8,10 +8,12 @@ quants of row r, and the activation side is four consecutive values of one token
 lane (a broadcast). A block (32 values) is then 8 vpdpbusd into an int32 accumulator, one conversion
 to float and one multiply-add with the 16 rows' scales times the token's scale. The weights' bytes are
 the unsigned side: Q4_0's and Q4_1's nibbles (0..15) as they are, Q5_0's and Q5_1's with their fifth
-bit put back (0..31), Q8_0's quants plus 128, IQ4_NL's code book values plus 128 (a vpshufb lookup). So the sum
-starts at offset·Σq, exactly: Q4_0's value is nibble - 8 (Σ(n - 8)q = Σnq - 8Σq), Q5_0's 5 bits - 16, Q8_0's
-and IQ4_NL's byte - 128; Q4_1 and Q5_1 add their minimum as m·s, s being Q8_1's fp16 d·Σq (what ggml multiplies
-them with).
+bit put back (0..31), Q8_0's quants plus 128, IQ4_NL's and MXFP4's code book values plus 128 (a vpshufb lookup).
+So the sum starts at offset·Σq, exactly: Q4_0's value is nibble - 8 (Σ(n - 8)q = Σnq - 8Σq), Q5_0's 5 bits - 16,
+Q8_0's, IQ4_NL's and MXFP4's byte - 128; Q4_1 and Q5_1 add their minimum as m·s, s being Q8_1's fp16 d·Σq (what
+ggml multiplies them with). MXFP4's scale is an E8M0 exponent byte per row, not an fp16 d: 16 bytes widened to
+the float32 2^(e - 128) (ggml's GGML_E8M0_TO_FP32_HALF, its code book holding the E2M1 values doubled), as
+ggml_vec_dot_mxfp4_q8_0 multiplies it with the token's Q8_0 scale.
 
 `tile_<type>` is an intrinsic (w, g, nb, xq, xd, xs, xm, n, y, yo, ys): for the group of 16 rows whose
 blocks start at byte g of w and tokens 0 .. n-1, y[yo + t·ys + r] = Σ over the blocks of row r, the tokens
@@ -28,6 +30,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from pyggml.backend.cpu.jit.ir.block_ir import F32, FAST, I32, I64, I8, splat
+from pyggml.backend.cpu.jit.quants import KVALUES_IQ4NL, KVALUES_MXFP4
 from pyggml.core.types import GGMLType
 
 ROWS = 16                               # rows of a group: the int32 lanes of a zmm register
@@ -37,13 +40,15 @@ VI32 = ir.VectorType(I32, ROWS)
 VI8 = ir.VectorType(I8, 4 * ROWS)
 VF16 = ir.VectorType(ir.HalfType(), ROWS)
 
-# per ggml type: block bytes, the fields before the quants as (offset, bytes): fp16 d (and m), Q5's qh
-# (jit/repack.py lays the groups out from these), and the quants' zero point (offset·Σq starts each sum)
+# per ggml type: block bytes, the fields before the quants as (offset, bytes): fp16 d (and m), Q5's qh, MXFP4's
+# E8M0 byte (jit/repack.py lays the groups out from these), and the quants' zero point (offset·Σq starts each sum)
 FORMATS = {int(GGMLType.Q4_0): (18, ((0, 2),), -8), int(GGMLType.Q4_1): (20, ((0, 2), (2, 2)), 0),
            int(GGMLType.Q5_0): (22, ((0, 2), (2, 4)), -16), int(GGMLType.Q5_1): (24, ((0, 2), (2, 2), (4, 4)), 0),
-           int(GGMLType.Q8_0): (34, ((0, 2),), -128), int(GGMLType.IQ4_NL): (18, ((0, 2),), -128)}
-IQ4_NL = int(GGMLType.IQ4_NL)
-KVALUES_IQ4NL = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # ggml's kvalues_iq4nl
+           int(GGMLType.Q8_0): (34, ((0, 2),), -128), int(GGMLType.IQ4_NL): (18, ((0, 2),), -128),
+           int(GGMLType.MXFP4): (17, ((0, 1),), -128)}
+IQ4_NL, MXFP4 = int(GGMLType.IQ4_NL), int(GGMLType.MXFP4)
+CODE_BOOKS = {IQ4_NL: KVALUES_IQ4NL, MXFP4: KVALUES_MXFP4}  # the types whose nibbles index a table of values
+VI8x16 = ir.VectorType(I8, ROWS)
 
 
 def dpbusd(builder, acc, unsigned, signed):
@@ -53,12 +58,23 @@ def dpbusd(builder, acc, unsigned, signed):
     return builder.call(fn, [acc, unsigned, signed])
 
 
-def iq4nl_values(builder, nibbles):
-    """IQ4_NL's and IQ4_XS's code book looked up for 64 nibbles (vpshufb on a 16-entry table in each 128-bit lane),
-    as unsigned bytes: the value + 128 (so the sums start at -128·Σq)."""
+def code_book_values(builder, nibbles, code_book=KVALUES_IQ4NL):
+    """A 16-value code book (IQ4_NL's and IQ4_XS's, MXFP4's) looked up for 64 nibbles (vpshufb on the table in each
+    128-bit lane), as unsigned bytes: the value + 128 (so the sums start at -128·Σq)."""
     fn = builder.module.declare_intrinsic("llvm.x86.avx512.pshuf.b.512", fnty=ir.FunctionType(VI8, [VI8, VI8]))
-    table = ir.Constant(VI8, [(v + 128) & 0xFF for v in KVALUES_IQ4NL] * 4)
+    table = ir.Constant(VI8, [(int(v) + 128) & 0xFF for v in code_book] * 4)
     return builder.call(fn, [table, nibbles])
+
+
+def e8m0_half_scales(builder, exponents):
+    """16 E8M0 bytes as the float32 2^(e - 128) (ggml_e8m0_to_fp32_half): bits (e - 1) << 23, or for e < 2 the
+    subnormal bits 0x00200000 << e."""
+    e = builder.zext(exponents, VI32)
+    one, two = ir.Constant(VI32, [1] * ROWS), ir.Constant(VI32, [2] * ROWS)
+    normal = builder.shl(builder.sub(e, one), ir.Constant(VI32, [23] * ROWS))
+    subnormal = builder.shl(ir.Constant(VI32, [0x00200000] * ROWS), e)
+    small = builder.icmp_unsigned("<", e, two)
+    return builder.bitcast(builder.select(small, subnormal, normal), VF32)
 
 
 def load_at(builder, base, offset, vtype, align=1):
@@ -75,13 +91,20 @@ class Layout:
 
     def __init__(self, qtype: int):
         block_bytes, fields, self.offset = FORMATS[qtype]
-        self.code_book = qtype == IQ4_NL
+        self.code_book = CODE_BOOKS.get(qtype)
+        self.e8m0 = fields[0][1] == 1
         self.group_block = ROWS * block_bytes
         self.headers = sum(size == 2 for _, size in fields)
         self.high_bits = any(size == 4 for _, size in fields)
         self.quants_at = ROWS * sum(size for _, size in fields)
         self.nibbles = block_bytes * ROWS - self.quants_at == 16 * ROWS
         self.vectors = 4 if self.nibbles else 8
+
+    def scales(self, builder, data, block):
+        """The 16 rows' block scales as <16 x float>: fp16 d, or MXFP4's E8M0 exponent read halved."""
+        if self.e8m0:
+            return e8m0_half_scales(builder, load_at(builder, data, block, VI8x16))
+        return builder.fpext(load_at(builder, data, block, VF16), VF32)
 
     def values(self, builder, data, block):
         """[(<64 x i8> unsigned quants of the 16 rows, the first value index k they multiply)]."""
@@ -95,8 +118,8 @@ class Layout:
         if self.high_bits:
             bits = load_at(builder, data, builder.add(block, ir.Constant(I64, 2 * ROWS * self.headers)), VI32)
             out = [(builder.or_(v, _fifth_bits(builder, bits, k)), k) for v, k in out]
-        if self.code_book:
-            out = [(iq4nl_values(builder, v), k) for v, k in out]
+        if self.code_book is not None:
+            out = [(code_book_values(builder, v, self.code_book), k) for v, k in out]
         return out
 
 
@@ -144,7 +167,7 @@ def _tokens(builder, layout: Layout, data, g_, nb_, t0_, n_tokens: int, yo_, ys_
     with cgutils.for_range(builder, nb_) as loop:
         b = loop.index
         block = builder.add(g_, builder.mul(b, ir.Constant(I64, layout.group_block)))
-        scales = builder.fpext(load_at(builder, data[0], block, VF16), VF32)
+        scales = layout.scales(builder, data[0], block)
         if layout.headers == 2:
             at_m = builder.add(block, ir.Constant(I64, 2 * ROWS))
             mins = builder.fpext(load_at(builder, data[0], at_m, VF16), VF32)
@@ -169,4 +192,4 @@ def _tokens(builder, layout: Layout, data, g_, nb_, t0_, n_tokens: int, yo_, ys_
         builder.store(builder.load(acc), builder.bitcast(builder.gep(data[8], [out]), VF32.as_pointer()), align=4)
 
 
-tile_q4_0, tile_q4_1, tile_q5_0, tile_q5_1, tile_q8_0, tile_iq4_nl = (_tile(t) for t in FORMATS)
+tile_q4_0, tile_q4_1, tile_q5_0, tile_q5_1, tile_q8_0, tile_iq4_nl, tile_mxfp4 = (_tile(t) for t in FORMATS)

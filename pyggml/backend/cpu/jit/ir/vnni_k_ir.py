@@ -33,7 +33,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from pyggml.backend.cpu.jit.ir.block_ir import F32, FAST, I32, I64, splat
-from pyggml.backend.cpu.jit.ir.vnni_ir import ROWS, TOKENS, VF16, VF32, VI32, VI8, dpbusd, iq4nl_values, load_at
+from pyggml.backend.cpu.jit.ir.vnni_ir import (ROWS, TOKENS, VF16, VF32, VI32, VI8, code_book_values, dpbusd,
+                                               load_at)
 from pyggml.core.types import GGMLType
 
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS = (int(t) for t in (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K,
@@ -192,8 +193,8 @@ class KLayout:
             quants = []
             for a in range(4):
                 packed = self.vector(builder, data, block, 8, 4 * k + a)
-                quants += [(iq4nl_values(builder, builder.and_(packed, _i8(15))), 32 * k + 4 * a),
-                           (iq4nl_values(builder, builder.lshr(packed, _i8(4))), 32 * k + 16 + 4 * a)]
+                quants += [(code_book_values(builder, builder.and_(packed, _i8(15))), 32 * k + 4 * a),
+                           (code_book_values(builder, builder.lshr(packed, _i8(4))), 32 * k + 16 + 4 * a)]
             scale = builder.or_(_bits(builder, low_bits, 4 * k, 15),
                                 builder.shl(_bits(builder, high_bits, 2 * k, 3), _i32(builder, 4)))
             out.append((quants, builder.sub(scale, _i32(builder, 32))))
