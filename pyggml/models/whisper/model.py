@@ -39,6 +39,7 @@ from pyggml.core import ops
 from pyggml.core import types as T
 from pyggml.errors import GGMLError, GGUFError
 from pyggml.models.arch.blocks import Step, attention, layer_norm, linear
+from pyggml.models.gguf_loader import interleave_buffer_type, interleaved_names
 from pyggml.models.kv_cache import KVCache
 from pyggml.models.runner import Scheduled, SingleBackend, move_tensors, plan_layers
 from pyggml.models.whisper.files import is_conv_kernel, is_matrix
@@ -67,6 +68,27 @@ def _unit_of(name: str, n_audio_layer: int) -> int | None:
     return None
 
 
+def _dims(ne) -> tuple[int, ...]:
+    """ne without its trailing 1s, as ggml counts a tensor's dimensions."""
+    ne = tuple(ne)
+    while len(ne) > 1 and ne[-1] == 1:
+        ne = ne[:-1]
+    return ne
+
+
+def _interleaved(wf, where: dict) -> set[str]:
+    """The matrices that go to their backend's interleaved buffer type for the integer products: the LLMs' rule
+    (gguf_loader.interleaved_names) on each backend over its encoder and decoder blocks' matrices. The token
+    embedding is tied (the output head) and goes too where its rows come in whole 16-row groups."""
+    names = set()
+    for backend in {id(b): b for b in where.values()}.values():
+        buft = interleave_buffer_type(backend)
+        if buft is not None:
+            here = [(n, int(w.type), _dims(w.ne)) for n, w in wf.tensors.items() if where[n] is backend]
+            names |= interleaved_names(buft, here, lambda n: n.startswith(("encoder.blocks.", "decoder.blocks.")))
+    return names
+
+
 class WhisperWeights:
     """The file's tensors placed on backends: block i of the encoder / decoder on the backend of its layer
     (placement over encoder + decoder blocks), everything else on the local backend (the last)."""
@@ -80,22 +102,23 @@ class WhisperWeights:
         else:
             self.placement = plan_layers(n_units, backends) if len(backends) > 1 else None
         backend_of_unit = {u: b for b, units in (self.placement or []) for u in units}
-        ctxs: dict[int, tuple[Backend, Context]] = {}
+        where = {name: backend_of_unit.get(_unit_of(name, hp.n_audio_layer), backends[-1]) for name in wf.tensors}
+        interleaved = set() if f32 else _interleaved(wf, where)
+        ctxs: dict[tuple, tuple[object, Context]] = {}   # (backend, interleaved) -> (buffer type, tensors)
         self.tensors: dict[str, Tensor] = {}
         sources = {}
         for name, w in wf.tensors.items():
             keep = (is_matrix(name, tuple(w.ne)) or is_conv_kernel(name)) and not f32
             type_ = T.as_type(w.type) if keep else GGMLType.F32
-            backend = backend_of_unit.get(_unit_of(name, hp.n_audio_layer), backends[-1])
-            _, ctx = ctxs.setdefault(id(backend), (backend, Context(no_alloc=True)))
-            ne = tuple(w.ne)
-            while len(ne) > 1 and ne[-1] == 1:
-                ne = ne[:-1]
-            self.tensors[name] = ctx.new_tensor(type_, ne, name)
+            backend = where[name]
+            key = (id(backend), name in interleaved)
+            buft = interleave_buffer_type(backend) if name in interleaved else backend.default_buffer_type
+            _, ctx = ctxs.setdefault(key, (buft, Context(no_alloc=True)))
+            self.tensors[name] = ctx.new_tensor(type_, _dims(w.ne), name)
             sources[name] = (w, keep)
         self.buffers = []
-        for backend, ctx in ctxs.values():
-            buf = alloc_ctx_tensors_from_buft(ctx, backend.default_buffer_type)
+        for buft, ctx in ctxs.values():
+            buf = alloc_ctx_tensors_from_buft(ctx, buft)
             buf.usage = BufferUsage.WEIGHTS
             self.buffers.append(buf)
         for name, t in self.tensors.items():
