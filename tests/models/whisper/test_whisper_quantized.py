@@ -17,7 +17,8 @@ from pyggml.backend.cpu.kernels._common import INTERLEAVED
 from pyggml.core import GGMLType
 
 pytestmark = pytest.mark.skipif(not installed("tiny.en"), reason="Whisper tiny.en is not installed")
-QUANTIZED = ["q8_0", "q5_0"]
+QUANTIZED = ["q8_0", "q5_0"]            # checked against whisper.cpp
+WRITE_TYPES = ["q8_0", "q5_0", "q5_1", "q4_0", "q4_1"]   # every quantized type `pyggml convert` writes
 # Where pyggml's greedy text on a quantized file is not the float model's, though it is whisper.cpp's on that
 # file, and the same weights multiplied in float say it too: the weights' rounding moves the words, not the
 # integer products. en4: " damage" -0.98 against " average" -2.36 (log-prob) in float, -1.82 against -1.43 in Q5_0.
@@ -49,7 +50,7 @@ def text_of(w, name: str) -> str:
     return " ".join(s.text.strip() for s in w.transcribe(str(SPEECH / name), **GREEDY))
 
 
-@pytest.mark.parametrize("type_name", ["q8_0", "q5_0", "q5_1", "q4_0", "q4_1"])
+@pytest.mark.parametrize("type_name", WRITE_TYPES)
 def test_convert_writes_whisper_cpps_quantized_files(type_name, tmp_path):
     """The CLI writes whisper.cpp's layout: matrices in the type, conv kernels F16, the rest F32, and the
     header's ftype as whisper.cpp's quantize stores it (ggml_ftype + 1000 · GGML_QNT_VERSION)."""
@@ -67,7 +68,7 @@ def test_convert_writes_whisper_cpps_quantized_files(type_name, tmp_path):
 
 
 @pytest.mark.skipif(not has_vnni(), reason="the integer products need AVX-512 VNNI")
-@pytest.mark.parametrize("type_name", QUANTIZED)
+@pytest.mark.parametrize("type_name", WRITE_TYPES)
 def test_matrices_and_head_are_interleaved(type_name):
     """Every quantized matrix, encoder and decoder, and the tied head (51864 rows, padded with 8 zero rows to
     whole 16-row groups) is in CPU_INTERLEAVED; conv kernels, norms and biases are not; `f32` keeps none."""
@@ -84,23 +85,23 @@ def test_matrices_and_head_are_interleaved(type_name):
 
 
 @pytest.mark.skipif(not has_vnni(), reason="the integer products need AVX-512 VNNI")
-@pytest.mark.parametrize("type_name", QUANTIZED)
+@pytest.mark.parametrize("type_name", WRITE_TYPES)
 def test_integer_path_logits_match_the_same_weights_in_float(type_name):
     """Encoder and decoder on the integer path against the same file's weights expanded to F32 (float products),
-    teacher-forced along the float path's first greedy tokens of en2, the padded head's logits cut to n_vocab. Each
-    product is within test-backend-ops' 5e-4 NMSE (tests/backend/cpu/test_interleave.py); through the encoder,
-    8 layers and the head, measured over all 33 steps: per-step KL median 1.7e-5 (Q5_0) and 3.3e-5 (Q8_0), max
-    1.8e-3; logits' NMSE median 2.1e-4 and 3.9e-4."""
-    from tests.support.whisper_peers import greedy_tokens, kl_rows, teacher_forced_logits
+    teacher-forced along the first tokens of en2's text, the padded head's logits cut to n_vocab. Each product is
+    within test-backend-ops' 5e-4 NMSE (tests/backend/cpu/test_interleave.py); through the encoder, 8 layers and
+    the head, measured along the float path's 33 greedy steps: per-step KL median 1.7e-5 (Q5_0) and 3.3e-5
+    (Q8_0), max 1.8e-3; logits' NMSE median 2.1e-4 and 3.9e-4."""
+    from tests.support.whisper_peers import kl_rows, teacher_forced_logits
     from pyggml.models.whisper.audio import load_audio
 
     ints, floats = quantized(type_name), quantized(type_name, f32=True)
     samples = load_audio(SPEECH / "en2.wav")
-    n_prefix = len(floats.tokenizer.sot_sequence(None))
-    tokens = greedy_tokens(floats, samples)[:n_prefix + STEPS]
-    want = teacher_forced_logits(floats, samples, tokens, n_prefix)
-    got = teacher_forced_logits(ints, samples, tokens, n_prefix)
-    assert got.shape == want.shape == (len(tokens) - n_prefix + 1, ints.model.n_vocab)
+    prefix = ints.tokenizer.sot_sequence(None)
+    tokens = prefix + ints.tokenizer.encode(" " + transcript("tiny.en", "en2.wav"))[:STEPS]
+    want = teacher_forced_logits(floats, samples, tokens, len(prefix))
+    got = teacher_forced_logits(ints, samples, tokens, len(prefix))
+    assert got.shape == want.shape == (STEPS + 1, ints.model.n_vocab)
     kl, nmse = kl_rows(want, got), ((got - want) ** 2).mean(-1) / (want ** 2).mean(-1)
     assert np.median(kl) < 1e-4 and kl.max() < 5e-3 and np.median(nmse) < 1e-3, (np.median(kl), kl.max())
 
