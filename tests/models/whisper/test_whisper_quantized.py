@@ -6,7 +6,7 @@ texts against the float model's and against whisper.cpp's on the same quantized 
 from __future__ import annotations
 
 import struct
-from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -30,20 +30,27 @@ NEAR_TIE = ("q8_0", "en3.wav")
 STEPS = 12   # decoder steps the logits are compared over
 
 
-@lru_cache(maxsize=None)
-def converted(type_name: str) -> str:
-    """tiny.en as `pyggml convert --type type_name` writes it (whisper.cpp's .bin), once per session."""
-    import tempfile
-    from pathlib import Path
+class QuantizedModels:
+    """tiny.en's files as `pyggml convert --type` writes them (whisper.cpp's .bin) in `workdir`, each loaded once."""
 
-    from tests.support.whisper_peers import ggml_bin
-    return str(ggml_bin("tiny.en", Path(tempfile.mkdtemp(prefix="pyggml-qwhisper-")), type_name.upper()))
+    def __init__(self, workdir: Path):
+        self.workdir, self.loaded = workdir, {}
+
+    def path(self, type_name: str) -> Path:
+        from tests.support.whisper_peers import ggml_bin
+        return ggml_bin("tiny.en", self.workdir, type_name.upper())
+
+    def __call__(self, type_name: str, f32: bool = False):
+        from pyggml.models.whisper.transcribe import load_whisper
+
+        if (type_name, f32) not in self.loaded:
+            self.loaded[type_name, f32] = load_whisper(self.path(type_name), f32=f32)
+        return self.loaded[type_name, f32]
 
 
-@lru_cache(maxsize=None)
-def quantized(type_name: str, f32: bool = False):
-    from pyggml.models.whisper.transcribe import load_whisper
-    return load_whisper(converted(type_name), f32=f32)
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory) -> QuantizedModels:
+    return QuantizedModels(tmp_path_factory.mktemp("quantized-whisper"))
 
 
 def text_of(w, name: str) -> str:
@@ -69,7 +76,7 @@ def test_convert_writes_whisper_cpps_quantized_files(type_name, tmp_path):
 
 @pytest.mark.skipif(not has_vnni(), reason="the integer products need AVX-512 VNNI")
 @pytest.mark.parametrize("type_name", WRITE_TYPES)
-def test_matrices_and_head_are_interleaved(type_name):
+def test_matrices_and_head_are_interleaved(type_name, quantized):
     """Every quantized matrix, encoder and decoder, and the tied head (51864 rows, padded with 8 zero rows to
     whole 16-row groups) is in CPU_INTERLEAVED; conv kernels, norms and biases are not; `f32` keeps none."""
     from pyggml.models.whisper.files import is_matrix
@@ -86,7 +93,7 @@ def test_matrices_and_head_are_interleaved(type_name):
 
 @pytest.mark.skipif(not has_vnni(), reason="the integer products need AVX-512 VNNI")
 @pytest.mark.parametrize("type_name", WRITE_TYPES)
-def test_integer_path_logits_match_the_same_weights_in_float(type_name):
+def test_integer_path_logits_match_the_same_weights_in_float(type_name, quantized):
     """Encoder and decoder on the integer path against the same file's weights expanded to F32 (float products),
     teacher-forced along the first tokens of en2's text, the padded head's logits cut to n_vocab. Each product is
     within test-backend-ops' 5e-4 NMSE (tests/backend/cpu/test_interleave.py); through the encoder, 8 layers and
@@ -107,7 +114,7 @@ def test_integer_path_logits_match_the_same_weights_in_float(type_name):
 
 
 @pytest.mark.parametrize("type_name, name", [(t, n) for t in QUANTIZED for n in ENGLISH if (t, n) != NEAR_TIE])
-def test_greedy_text_is_whisper_cpps_on_the_same_file(type_name, name):
+def test_greedy_text_is_whisper_cpps_on_the_same_file(type_name, name, quantized):
     """pyggml's greedy text on a quantized file is whisper.cpp's on that file (committed), and the float model's
     but for WEIGHTS_MOVE."""
     text = text_of(quantized(type_name), name)
@@ -116,14 +123,14 @@ def test_greedy_text_is_whisper_cpps_on_the_same_file(type_name, name):
 
 
 @pytest.mark.parametrize("type_name, name", WEIGHTS_MOVE)
-def test_the_weights_not_the_integer_products_move_the_words(type_name, name):
+def test_the_weights_not_the_integer_products_move_the_words(type_name, name, quantized):
     """Where a quantized file's text is not the float model's (WEIGHTS_MOVE), its weights multiplied in float
     (`f32`) give the integer path's text."""
     assert text_of(quantized(type_name, f32=True), name) == text_of(quantized(type_name), name)
 
 
 @pytest.mark.skipif(not has_vnni(), reason="the near-tie is the integer path's")
-def test_q8_0_en3_is_a_near_tie():
+def test_q8_0_en3_is_a_near_tie(quantized):
     """NEAR_TIE: where pyggml's Q8_0 text on en3 parts from whisper.cpp's, its two best tokens are " Village"
     and " village", 0.05 apart in log-probability (whisper.cpp's are the same two, 0.02 apart)."""
     from tests.support.whisper_peers import greedy_tokens, teacher_forced_logits
@@ -142,29 +149,27 @@ def test_q8_0_en3_is_a_near_tie():
 
 @pytest.mark.peer
 @pytest.mark.parametrize("type_name", QUANTIZED)
-def test_logits_agree_with_whisper_cpp_on_the_same_file(type_name):
+def test_logits_agree_with_whisper_cpp_on_the_same_file(type_name, quantized):
     """Teacher-forced logits along pyggml's greedy tokens (en1, en4) against whisper.cpp's on the same quantized
     file. Measured median KL 1.2e-4 to 1.9e-4, max 6e-4 to 2.5e-3 (F16 file: median 6e-6 to 1.3e-5): both sides
     round their activations to Q8_0 before every product, so a float difference of the last bit upstream
     (summation order) can move a value across a rounding step of 1/127 of its block's largest."""
     pytest.importorskip("pywhispercpp")
-    from pathlib import Path
-
     from tests.support.whisper_peers import teacher_forced_kl
     from pyggml.models.whisper.audio import load_audio
 
     for name in ("en1.wav", "en4.wav"):
-        kl = teacher_forced_kl(quantized(type_name), Path(converted(type_name)), load_audio(SPEECH / name))
+        kl = teacher_forced_kl(quantized(type_name), quantized.path(type_name), load_audio(SPEECH / name))
         assert np.median(kl) < 5e-4 and kl.max() < 1e-2, (name, np.median(kl), kl.max())
 
 
-def test_without_vnni_quantized_weights_stay_in_the_file(monkeypatch):
+def test_without_vnni_quantized_weights_stay_in_the_file(monkeypatch, quantized):
     """On a CPU without AVX-512 VNNI nothing is interleaved (nor padded), and the float products give the text."""
     from pyggml.backend.cpu import interleave
     from pyggml.models.whisper.transcribe import load_whisper
 
     monkeypatch.setattr(interleave, "has_vnni", lambda: False)
-    w = load_whisper(converted("q8_0"))
+    w = load_whisper(quantized.path("q8_0"))
     assert w.model.weights.head_padding == 0 and w.model.tok_emb.ne[1] == w.model.n_vocab
     assert not any(t.extra is INTERLEAVED for t in w.model.weights.tensors.values())
     assert text_of(w, "en1.wav") == REFS["whisper.cpp"]["tiny.en-q8_0"]["1"]["en1.wav"]
