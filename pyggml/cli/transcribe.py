@@ -31,7 +31,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--backend", default="CPU", help="backend name, or several comma-separated (CPU,TORCH_CPU) "
                                                    "to split the layers across them with the scheduler")
     p.add_argument("--threads", "-t", type=positive_int, default=None, help="CPU threads (default: all)")
-    p.add_argument("--f32", action="store_true", help="expand F16/Q8_0 weights to F32 at load")
+    p.add_argument("--f32", action="store_true", help="expand F16/quantized weights to F32 at load (float products)")
     p.add_argument("--gelu", default="erf", choices=["erf", "tanh"],
                    help="GELU form: erf (default, as the weights were trained) or tanh (whisper.cpp's)")
     p.add_argument("--audio-ctx-pad", type=positive_int, default=256,

@@ -102,7 +102,7 @@ def load_weights(gguf: GGUFFile, backend, weights: str = "quantized", progress: 
         raise GGMLError(f"weights must be one of {', '.join(WEIGHT_KINDS)}, got {weights!r}")
     extra = backend.device.extra_buffer_types()
     expand_type = next(iter(extra), None) if weights == "f32" else None
-    interleave_type = None if weights == "f32" else next((b for b in extra if hasattr(b, "takes")), None)
+    interleave_type = None if weights == "f32" else interleave_buffer_type(backend)
     interleaved = _interleaved(gguf, interleave_type, elsewhere_prefixes) if interleave_type is not None else set()
     infos = {}
     for info in gguf.tensors:
@@ -132,19 +132,31 @@ def load_weights(gguf: GGUFFile, backend, weights: str = "quantized", progress: 
     return Weights(gguf, {t.name: t for ctx in (direct, converted, elsewhere) for t in ctx}, buffers)
 
 
-def _interleaved(gguf: GGUFFile, buft, elsewhere_prefixes: tuple[str, ...]) -> set[str]:
-    """The names of the matrices that go to `buft`: every one it takes but an untied token embedding, if it takes
-    every quantized layer matrix (see the module docstring), else none. A tied embedding is the output head as
-    well, the largest product of a step: interleaved, its few rows a step are read back out of the groups."""
-    def takes(info) -> bool:
-        return buft.takes(int(info.type), info.ne[:info.n_dims] or (1,))
+def interleave_buffer_type(backend):
+    """The extra buffer type of `backend`'s device that interleaves matrices for integer products (one with
+    `takes`: the CPU's CPU_INTERLEAVED), or None."""
+    return next((b for b in backend.device.extra_buffer_types() if hasattr(b, "takes")), None)
 
-    here = [info for info in gguf.tensors if not info.name.startswith(elsewhere_prefixes)]
-    layers = [info for info in here if info.name.startswith("blk.") and T.is_quantized(int(info.type))]
-    if not layers or not all(takes(info) for info in layers):
+
+def interleaved_names(buft, matrices, is_layer, untied_embedding: str | None = None) -> set[str]:
+    """The all-or-none rule (see the module docstring): of `matrices` ((name, type, ne) of the tensors on one
+    backend), the names of those `buft` takes, but `untied_embedding` (an input embedding GET_ROWS alone reads),
+    if it takes every quantized one whose name `is_layer`; else none. A tied embedding is the output head as
+    well, the largest product of a step: interleaved, its few rows a step are read back out of the groups."""
+    matrices = list(matrices)
+    takes = {name for name, type_, ne in matrices if buft.takes(type_, ne)}
+    layers = [name for name, type_, _ in matrices if is_layer(name) and T.is_quantized(type_)]
+    if not layers or not takes.issuperset(layers):
         return set()
+    return takes - {untied_embedding}
+
+
+def _interleaved(gguf: GGUFFile, buft, elsewhere_prefixes: tuple[str, ...]) -> set[str]:
+    """The names of the GGUF's matrices that go to `buft` (interleaved_names over its "blk." layers)."""
+    here = [(info.name, int(info.type), info.ne[:info.n_dims] or (1,)) for info in gguf.tensors
+            if not info.name.startswith(elsewhere_prefixes)]
     tied = all(info.name != OUTPUT for info in gguf.tensors)
-    return {info.name for info in here if (tied or info.name != INPUT_EMBEDDING) and takes(info)}
+    return interleaved_names(buft, here, lambda name: name.startswith("blk."), None if tied else INPUT_EMBEDDING)
 
 
 def _raw(gguf: GGUFFile, info) -> np.ndarray:

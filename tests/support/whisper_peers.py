@@ -24,6 +24,7 @@ SPEECH = TESTS / "data" / "speech"
 REFERENCES = TESTS / "models" / "whisper" / "data" / "peer_transcripts.json"
 MODELS = ("tiny.en", "base")
 BEAMS = (1, 5)
+QUANTIZED = ("Q8_0", "Q5_0")
 
 
 def speech_files(model: str) -> list[str]:
@@ -57,7 +58,8 @@ def ct2_dir(model: str, workdir: Path) -> Path:
 
 
 def ggml_bin(model: str, workdir: Path, type_name: str = "F16") -> Path:
-    """whisper.cpp's legacy ggml file of the model's weights (F16 or Q8_0), written once into workdir."""
+    """whisper.cpp's legacy ggml file of the model's weights (F16, or one of the quantized types `pyggml convert`
+    writes), written once into workdir."""
     from pyggml.core import GGMLType
     from pyggml.models.whisper.files import load_whisper_file
     from pyggml.models.whisper.ggml_bin import write_ggml_bin
@@ -136,6 +138,39 @@ def _libwhisper():
         for path in glob.glob(os.path.join(libs, pattern)):
             lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
     return lib
+
+
+def greedy_tokens(w, samples) -> list[int]:
+    """The start-of-transcript prompt and pyggml's greedy tokens of `samples` with Whisper `w`."""
+    return w.tokenizer.sot_sequence(None) + [t for s in w.transcribe(samples, temperatures=(0.0,)) for t in s.tokens]
+
+
+def teacher_forced_logits(w, samples, tokens: list[int], n_prefix: int):
+    """pyggml's logits as whisper_cpp_logits computes them: the prefix in one step, then one token a step."""
+    import numpy as np
+
+    w.model.encode(w.log_mel(samples)[0][:, :3000])
+    rows = [w.model.decode(tokens[:n_prefix], np.arange(n_prefix))[0]]
+    rows += [w.model.decode([t], [i])[0] for i, t in enumerate(tokens[n_prefix:], n_prefix)]
+    return np.array(rows)
+
+
+def kl_rows(p_logits, q_logits):
+    """KL(p || q) of each row's softmax."""
+    import numpy as np
+
+    from pyggml.models.whisper.decoding import log_softmax
+
+    p, q = (np.array([log_softmax(row) for row in x]) for x in (p_logits, q_logits))
+    return (np.exp(p) * (p - q)).sum(-1)
+
+
+def teacher_forced_kl(w, bin_path: Path, samples, flash_attn: bool = True):
+    """Per-step KL(whisper.cpp || pyggml) along pyggml's greedy tokens of `samples` (one window), whisper.cpp
+    loading `bin_path` and pyggml's loaded Whisper `w` (the same weights)."""
+    tokens, n_prefix = greedy_tokens(w, samples), len(w.tokenizer.sot_sequence(None))
+    theirs = whisper_cpp_logits(bin_path, samples, tokens, n_prefix, flash_attn)
+    return kl_rows(theirs, teacher_forced_logits(w, samples, tokens, n_prefix))
 
 
 def whisper_cpp_logits(bin_path: Path, samples, tokens: list[int], n_prefix: int, flash_attn: bool = True):
@@ -244,8 +279,21 @@ def _whisper_cpp_vad(vad_bin: Path, samples, threshold: float = 0.5, min_speech_
         lib.whisper_vad_free(ctx)
 
 
+def quantized_texts(workdir: Path) -> dict:
+    """whisper.cpp's greedy texts of the English sentences on tiny.en's files of the QUANTIZED types that
+    `pyggml convert` writes: {"tiny.en-q8_0": {"1": {sentence: text}}, ...} (the same quantized files as pyggml's)."""
+    refs: dict = {}
+    for type_name in QUANTIZED:
+        binf = ggml_bin("tiny.en", workdir, type_name)
+        for name in speech_files("tiny.en"):
+            text = whisper_cpp_text(binf, SPEECH / name, 1, "en")
+            refs.setdefault(f"tiny.en-{type_name.lower()}", {}).setdefault("1", {})[name] = text
+            print(type_name, name, "\n  wc:", text, flush=True)
+    return refs
+
+
 def main(workdir: Path) -> None:
-    refs: dict = {"faster-whisper": {}, "whisper.cpp": {}}
+    refs: dict = {"faster-whisper": {}, "whisper.cpp": quantized_texts(workdir)}
     for model in MODELS:
         ct2, binf = ct2_dir(model, workdir), ggml_bin(model, workdir)
         for beam in BEAMS:

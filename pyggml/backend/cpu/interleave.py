@@ -87,6 +87,7 @@ class InterleavedBufferType(BufferType):
 
     name = "CPU_INTERLEAVED"
     alignment = TENSOR_ALIGNMENT
+    group_rows = ROWS    # a matrix's rows come in whole groups of this many
     is_host = False
 
     @staticmethod

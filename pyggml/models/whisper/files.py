@@ -18,12 +18,16 @@ import numpy as np
 from pyggml.core import types as T
 from pyggml.core.types import GGMLType
 from pyggml.errors import WhisperFileError
-from pyggml.models.whisper.hparams import FTYPE_ALL_F32, FTYPE_MOSTLY_F16, FTYPE_MOSTLY_Q8_0, WhisperHParams
+from pyggml.models.whisper import hparams as H
+from pyggml.models.whisper.hparams import WhisperHParams
 
 GGML_MAGIC = 0x67676D6C  # "ggml", whisper.cpp's legacy files
 GGUF_MAGIC = b"GGUF"
 
-FTYPE_OF_TYPE = {GGMLType.F32: FTYPE_ALL_F32, GGMLType.F16: FTYPE_MOSTLY_F16, GGMLType.Q8_0: FTYPE_MOSTLY_Q8_0}
+# the file types whisper.cpp writes (its quantize tool: q4_0, q4_1, q5_0, q5_1, q8_0)
+FTYPE_OF_TYPE = {GGMLType.F32: H.FTYPE_ALL_F32, GGMLType.F16: H.FTYPE_MOSTLY_F16, GGMLType.Q4_0: H.FTYPE_MOSTLY_Q4_0,
+                 GGMLType.Q4_1: H.FTYPE_MOSTLY_Q4_1, GGMLType.Q5_0: H.FTYPE_MOSTLY_Q5_0,
+                 GGMLType.Q5_1: H.FTYPE_MOSTLY_Q5_1, GGMLType.Q8_0: H.FTYPE_MOSTLY_Q8_0}
 
 
 @dataclass(frozen=True)

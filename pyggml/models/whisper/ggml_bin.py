@@ -30,7 +30,7 @@ from pyggml.models.whisper.hparams import QNT_VERSION, QNT_VERSION_FACTOR, Whisp
 from pyggml.models.whisper.mel import N_FFT, mel_filters
 from pyggml.models.whisper.tokenizer import n_text_tokens, special_tokens
 
-WRITE_TYPES = (GGMLType.F16, GGMLType.Q8_0)
+WRITE_TYPES = (GGMLType.F16, GGMLType.Q8_0, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q4_0, GGMLType.Q4_1)
 MAX_NAME = 1024
 
 
@@ -96,7 +96,7 @@ def read_ggml_bin(path) -> WhisperFile:
 
 
 def tensors_as(file: WhisperFile, weight_type) -> dict[str, Weight]:
-    """The file's tensors in whisper.cpp's layout for ``weight_type`` (F16 or Q8_0): matrices in that type,
+    """The file's tensors in whisper.cpp's layout for ``weight_type`` (one of WRITE_TYPES): matrices in that type,
     conv kernels F16, the rest F32; tensors already of the right type are not copied."""
     wtype = T.as_type(weight_type)
     if wtype not in WRITE_TYPES:
@@ -106,7 +106,7 @@ def tensors_as(file: WhisperFile, weight_type) -> dict[str, Weight]:
 
 
 def write_ggml_bin(file: WhisperFile, path, weight_type=GGMLType.F16) -> None:
-    """Write ``file`` as a whisper.cpp ggml .bin with matrices in ``weight_type`` (F16 or Q8_0)."""
+    """Write ``file`` as a whisper.cpp ggml .bin with matrices in ``weight_type`` (one of WRITE_TYPES)."""
     tensors = tensors_as(file, weight_type)
     hp = file.hparams
     ftype = FTYPE_OF_TYPE[T.as_type(weight_type)]

@@ -33,7 +33,7 @@ _LISTS = ("suppress_ids", "suppress_ids_begin", "lang_ids")
 
 
 def write_gguf(file: WhisperFile, path, weight_type=GGMLType.F16) -> None:
-    """Write ``file`` as a Whisper GGUF with matrices in ``weight_type`` (F16 or Q8_0), whisper.cpp's layout."""
+    """Write ``file`` as a Whisper GGUF, matrices in ``weight_type`` (ggml_bin.WRITE_TYPES), as whisper.cpp lays it."""
     tensors = tensors_as(file, weight_type)
     hp = file.hparams
     w = GGUFWriter(str(path), ARCH)

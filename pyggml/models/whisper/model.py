@@ -8,8 +8,9 @@ values go to a KV cache (pyggml.models.kv_cache); a step's tokens may belong to 
 search keeps one sequence per beam in its own block of cells), so the cells written and the mask are
 inputs. A step of the same shape as the previous one reuses its graph and plan, as the LLM models do.
 
-Weights keep their file types (F16, Q8_0) for the matrix products and the token embedding; norms,
-biases and positional embeddings are F32 (as whisper.cpp stores them). `f32=True` expands the matrices
+Weights keep their file types (F16, Q8_0, Q5_0, ...) for the matrix products and the token embedding; norms,
+biases and positional embeddings are F32 (as whisper.cpp stores them). Quantized matrices are interleaved for
+the CPU's integer products where it has them (WhisperWeights). `f32=True` expands the matrices
 to F32 at load (more memory, no per-step conversion by the CPU's products).
 
 GELU is the erf form by default (the weights were trained with it); `gelu="tanh"` uses ggml_gelu's tanh
@@ -39,6 +40,7 @@ from pyggml.core import ops
 from pyggml.core import types as T
 from pyggml.errors import GGMLError, GGUFError
 from pyggml.models.arch.blocks import Step, attention, layer_norm, linear
+from pyggml.models.gguf_loader import interleave_buffer_type, interleaved_names
 from pyggml.models.kv_cache import KVCache
 from pyggml.models.runner import Scheduled, SingleBackend, move_tensors, plan_layers
 from pyggml.models.whisper.files import is_conv_kernel, is_matrix
@@ -67,9 +69,44 @@ def _unit_of(name: str, n_audio_layer: int) -> int | None:
     return None
 
 
+def _dims(ne) -> tuple[int, ...]:
+    """ne without its trailing 1s, as ggml counts a tensor's dimensions."""
+    ne = tuple(ne)
+    while len(ne) > 1 and ne[-1] == 1:
+        ne = ne[:-1]
+    return ne
+
+
+HEAD = "decoder.token_embedding.weight"   # the tied token embedding, also the output head
+
+
+def _head_padding(wf, buft) -> int:
+    """Zero rows that make the head's rows whole 16-row groups of `buft` (51864 and 51865 tokens are not)."""
+    return -wf.tensors[HEAD].ne[1] % buft.group_rows
+
+
+def _interleaved(wf, where: dict) -> set[str]:
+    """The matrices that go to their backend's interleaved buffer type for the integer products: the LLMs' rule
+    (gguf_loader.interleaved_names) on each backend over its encoder and decoder blocks' matrices. The tied
+    token embedding goes with them, padded with zero rows to whole groups (see WhisperWeights)."""
+    names = set()
+    for backend in {id(b): b for b in where.values()}.values():
+        buft = interleave_buffer_type(backend)
+        if buft is not None:
+            here = [(n, int(w.type), _dims(w.ne)) for n, w in wf.tensors.items() if where[n] is backend]
+            here = [(n, t, (ne[0], ne[1] + _head_padding(wf, buft)) if n == HEAD else ne) for n, t, ne in here]
+            names |= interleaved_names(buft, here, lambda n: n.startswith(("encoder.blocks.", "decoder.blocks.")))
+    return names
+
+
 class WhisperWeights:
     """The file's tensors placed on backends: block i of the encoder / decoder on the backend of its layer
-    (placement over encoder + decoder blocks), everything else on the local backend (the last)."""
+    (placement over encoder + decoder blocks), everything else on the local backend (the last).
+
+    Quantized matrices go to the backend's interleaved buffer type (the integer products, activations quantized
+    to Q8_0 as whisper.cpp's CPU products do) by the LLMs' all-or-none rule. The token embedding, the output
+    head too, then gets `head_padding` zero rows up to whole 16-row groups (51864 tokens are 3241.5 groups):
+    its logits are cut off after the product, and GET_ROWS never reads them."""
 
     def __init__(self, wf, backends: list[Backend], f32: bool = False, placement=None):
         hp = wf.hparams
@@ -80,27 +117,34 @@ class WhisperWeights:
         else:
             self.placement = plan_layers(n_units, backends) if len(backends) > 1 else None
         backend_of_unit = {u: b for b, units in (self.placement or []) for u in units}
-        ctxs: dict[int, tuple[Backend, Context]] = {}
+        where = {name: backend_of_unit.get(_unit_of(name, hp.n_audio_layer), backends[-1]) for name in wf.tensors}
+        interleaved = set() if f32 else _interleaved(wf, where)
+        ctxs: dict[tuple, tuple[object, Context]] = {}   # (backend, interleaved) -> (buffer type, tensors)
         self.tensors: dict[str, Tensor] = {}
         sources = {}
         for name, w in wf.tensors.items():
             keep = (is_matrix(name, tuple(w.ne)) or is_conv_kernel(name)) and not f32
             type_ = T.as_type(w.type) if keep else GGMLType.F32
-            backend = backend_of_unit.get(_unit_of(name, hp.n_audio_layer), backends[-1])
-            _, ctx = ctxs.setdefault(id(backend), (backend, Context(no_alloc=True)))
-            ne = tuple(w.ne)
-            while len(ne) > 1 and ne[-1] == 1:
-                ne = ne[:-1]
-            self.tensors[name] = ctx.new_tensor(type_, ne, name)
+            backend = where[name]
+            key = (id(backend), name in interleaved)
+            buft = interleave_buffer_type(backend) if name in interleaved else backend.default_buffer_type
+            _, ctx = ctxs.setdefault(key, (buft, Context(no_alloc=True)))
+            ne = _dims(w.ne)
+            pad = _head_padding(wf, buft) if name == HEAD and name in interleaved else 0
+            self.tensors[name] = ctx.new_tensor(type_, (ne[0], ne[1] + pad) if pad else ne, name)
             sources[name] = (w, keep)
+        self.head_padding = self.tensors[HEAD].ne[1] - wf.tensors[HEAD].ne[1]
         self.buffers = []
-        for backend, ctx in ctxs.values():
-            buf = alloc_ctx_tensors_from_buft(ctx, backend.default_buffer_type)
+        for buft, ctx in ctxs.values():
+            buf = alloc_ctx_tensors_from_buft(ctx, buft)
             buf.usage = BufferUsage.WEIGHTS
             self.buffers.append(buf)
         for name, t in self.tensors.items():
             w, keep = sources[name]
-            tensor_set(t, np.frombuffer(w.data, dtype=np.uint8) if keep else w.to_float32().ravel())
+            data = np.frombuffer(w.data, dtype=np.uint8) if keep else w.to_float32().ravel()
+            if name == HEAD and self.head_padding:   # zero blocks (scale 0): rows of zeros, logits 0 never read
+                data = np.concatenate([data, np.zeros(t.nbytes - data.nbytes, np.uint8)])
+            tensor_set(t, data)
 
     @property
     def nbytes(self) -> int:
@@ -243,7 +287,7 @@ class WhisperModel:
         checks = (("encoder.conv1.weight", self.conv1.weight, (3, hp.n_mels, d)),
                   ("encoder.conv2.weight", self.conv2.weight, (3, d, d)),
                   ("encoder.positional_embedding", self.enc_pos, (d, hp.n_audio_ctx)),
-                  ("decoder.token_embedding.weight", self.tok_emb, (d, hp.n_vocab)),
+                  ("decoder.token_embedding.weight", self.tok_emb, (d, hp.n_vocab + self.weights.head_padding)),
                   ("decoder.positional_embedding", self.dec_pos, (d, hp.n_text_ctx)))
         for name, t, ne in checks:
             if tuple(t.ne[:len(ne)]) != ne:
@@ -409,7 +453,8 @@ class WhisperModel:
         tokens, positions, seqs, out_rows, cells = self._check_step(tokens, positions, seqs, out_rows)
         step = self._step_for(tokens.size, len(out_rows), self.kv.n_kv(int(cells.max()) + 1))
         self._run_step(step, tokens, positions, seqs, out_rows, cells)
-        logits = np.asarray(tensor_get(step.logits), dtype=np.float32).reshape(-1, self.n_vocab)
+        logits = np.asarray(tensor_get(step.logits), dtype=np.float32).reshape(-1, self.tok_emb.ne[1])
+        logits = logits[:, :self.n_vocab] if self.weights.head_padding else logits
         return logits if step.out_ids is not None else logits[out_rows]
 
     def cross_attention_scores(self, tokens, layers) -> dict[int, np.ndarray]:

@@ -335,7 +335,8 @@ def load_whisper(model="tiny.en", backend="CPU", f32: bool = False, gelu: str = 
                  n_threads: int | None = None, flash_attn: bool = True, audio_ctx_pad: int = AUDIO_CTX_PAD) -> Whisper:
     """Load a Whisper model: an installed model's name ("tiny.en", "base"), a CTranslate2 directory, a
     whisper.cpp ggml .bin or a Whisper GGUF, on `backend` (a name, "CPU,TORCH_CPU" to split the layers
-    across backends with the scheduler, or Backend objects). `f32` expands F16/Q8_0 matrices to F32;
+    across backends with the scheduler, or Backend objects). Quantized matrices run on the CPU's integer
+    products where it has them (pyggml.models.whisper.model); `f32` expands F16/quantized matrices to F32;
     `gelu="tanh"` uses whisper.cpp's GELU approximation instead of the erf form; `n_threads` limits the
     CPU backends' threads; `flash_attn=False` attends with mul_mat + soft_max instead of flash_attn_ext;
     `audio_ctx_pad=1` attends over the audio's positions alone instead of whisper.cpp's padded 1536 (see

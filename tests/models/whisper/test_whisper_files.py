@@ -120,7 +120,7 @@ def test_q8_0_files(tiny_en, converted):
 
 def test_unsupported_write_type(tiny_en, tmp_path):
     with pytest.raises(UnsupportedTypeError, match="F16, Q8_0"):
-        write_ggml_bin(tiny_en, tmp_path / "x.bin", weight_type="q4_0")
+        write_ggml_bin(tiny_en, tmp_path / "x.bin", weight_type="q4_k")
 
 
 def test_base_split_package_loads():
