@@ -71,8 +71,9 @@ def repack_16x4(qtype: int, rows: np.ndarray) -> np.ndarray:
 @functools.cache
 def _field_table(qtype: int) -> np.ndarray:
     """repack_16x4's layout as int64 rows (offset in the block, bytes, piece bytes, XOR applied) for the compiled
-    repack: fp16 fields move in pieces of 2 bytes, the others in 4; Q8_0's quants become uint8 + 128."""
-    table = [(offset, size, 2 if size == 2 else 4, 0x80 if qtype == Q8_0 and offset else 0)
+    repack: 1- and 2-byte fields (E8M0, fp16) move whole, the others in pieces of 4; Q8_0's quants become
+    uint8 + 128."""
+    table = [(offset, size, size if size <= 2 else 4, 0x80 if qtype == Q8_0 and offset else 0)
              for offset, size in fields(qtype)[1]]
     return np.array(table, np.int64)
 
@@ -90,11 +91,8 @@ def _repack_groups(rows: np.ndarray, row_bytes: int, block_bytes: int, table: np
                 for p in range(0, size, piece):
                     src = first + b * block_bytes + offset + p
                     for r in range(ROWS):
-                        out[at] = rows[src] ^ flip
-                        out[at + 1] = rows[src + 1] ^ flip
-                        if piece == 4:
-                            out[at + 2] = rows[src + 2] ^ flip
-                            out[at + 3] = rows[src + 3] ^ flip
+                        for i in range(piece):
+                            out[at + i] = rows[src + i] ^ flip
                         at += piece
                         src += row_bytes
 
