@@ -11,7 +11,11 @@ when an utterance's final text arrives - the moment its speech ended in the play
 text's WER against the offline run with VAD on the same audio; partial revisions per second; segments whose
 times lie wholly inside a pause (text during silence).
 
-    python -m benchmarks.vad_vs_peers [--engines ...] [--stream-s 120] [--json out.json]
+--per-sentence prints, for every sentence where the engines' word errors differ (or any engine has more than 2),
+each engine's error count and words, the errors charged per sentence (whisper_peers.sentence_errors): this is how
+the VAD runs' extra errors were traced to where they fall.
+
+    python -m benchmarks.vad_vs_peers [--engines ...] [--stream-s 120] [--per-sentence] [--json out.json]
 """
 
 from __future__ import annotations
@@ -156,6 +160,7 @@ def main() -> None:
     ap.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "pyggml-vad-bench"))
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--json", help="also write the results to this file")
+    ap.add_argument("--per-sentence", action="store_true", help="print the sentences whose errors differ by engine")
     args = ap.parse_args()
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -197,8 +202,23 @@ def main() -> None:
             r["rtf"], r["wer"] = r["wall_s"] / audio_s, wer(reference, r["text"])
             print(f"{job:<20} load {r['load_s']:6.2f} s  wall {r['wall_s']:7.2f} s  RTF {r['rtf']:.4f}  "
                   f"WER {r['wer']:.3f}  load avg {r['loadavg'][0]}/{r['loadavg'][1]}", flush=True)
+    if args.per_sentence:
+        print_sentence_errors(texts, {job: r["text"] for job, r in results.items() if "text" in r})
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+def print_sentence_errors(texts: list[str], outputs: dict[str, str]) -> None:
+    """Each sentence whose word errors differ between engines (or exceed 2): the errors and words of each."""
+    from tests.support.whisper_peers import sentence_errors
+
+    per = {job: sentence_errors(texts, text) for job, text in outputs.items()}
+    for k, text in enumerate(texts):
+        counts = [errors[k][0] for errors in per.values()]
+        if counts and (len(set(counts)) > 1 or max(counts) > 2):
+            print(f"{k:3d} {text}")
+            for job, errors in per.items():
+                print(f"      {job:<20} {errors[k][0]}  {' '.join(errors[k][1])}")
 
 
 if __name__ == "__main__":

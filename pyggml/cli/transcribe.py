@@ -46,7 +46,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--chunk-ms", type=int, default=100, help="with --stream, audio per feed (default 100 ms)")
     p.add_argument("--vad", action="store_true",
                    help="decode only the speech Silero VAD finds (times mapped back), as whisper.cpp's --vad")
-    add_vad_options(p)
+    add_vad_options(p, defaults="faster-whisper")
     p.set_defaults(run=run)
 
 

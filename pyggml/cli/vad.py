@@ -6,13 +6,15 @@ from __future__ import annotations
 import sys
 
 
-def add_vad_options(p) -> None:
+def add_vad_options(p, defaults: str = "whisper.cpp") -> None:
+    """The --vad-* arguments; `defaults` names the segment rules used when --vad-defaults is not given
+    (transcribe: faster-whisper's, whose 400 ms padding keeps segments' first sounds)."""
     p.add_argument("--vad-model", default=None,
                    help="Silero VAD weights: a .onnx or whisper.cpp ggml VAD file (default: faster-whisper's "
                         "bundled silero_vad_v6.onnx)")
-    p.add_argument("--vad-defaults", default="whisper.cpp", choices=["whisper.cpp", "faster-whisper"],
+    p.add_argument("--vad-defaults", default=defaults, choices=["whisper.cpp", "faster-whisper"],
                    help="segment defaults: whisper.cpp's (min speech 250 ms, min silence 100 ms, pad 30 ms) or "
-                        "faster-whisper's vad_filter (0 ms, 2000 ms, 400 ms)")
+                        f"faster-whisper's vad_filter (0 ms, 2000 ms, 400 ms); default {defaults}")
     p.add_argument("--vad-threshold", type=float, default=None, help="speech probability threshold (0.5)")
     p.add_argument("--vad-min-speech-ms", type=int, default=None, help="drop speech shorter than this")
     p.add_argument("--vad-min-silence-ms", type=int, default=None, help="silence that ends a segment")

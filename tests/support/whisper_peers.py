@@ -19,6 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 TESTS = Path(__file__).resolve().parents[1]
 SPEECH = TESTS / "data" / "speech"
 REFERENCES = TESTS / "models" / "whisper" / "data" / "peer_transcripts.json"
@@ -84,6 +86,37 @@ def wer(ref: str, hyp: str) -> float:
         for j, hw in enumerate(h, 1):
             prev, d[j] = d[j], min(d[j] + 1, d[j - 1] + 1, prev + (rw != hw))
     return d[len(h)] / max(len(r), 1)
+
+
+def sentence_errors(sentences: list[str], hyp: str) -> list[tuple[int, list[str]]]:
+    """(word errors, hypothesis words) per reference sentence: the hypothesis is aligned to all sentences at
+    once (word Levenshtein) and each substitution, deletion or insertion is charged to the sentence it falls
+    in (an insertion to the sentence before it). The errors add up to the WER's numerator."""
+    ref, owner = [], []
+    for k, sentence in enumerate(sentences):
+        ref += words(sentence)
+        owner += [k] * len(words(sentence))
+    h = words(hyp)
+    d = np.zeros((len(ref) + 1, len(h) + 1), np.int32)
+    d[:, 0], d[0, :] = np.arange(len(ref) + 1), np.arange(len(h) + 1)
+    for i in range(1, len(ref) + 1):
+        for j in range(1, len(h) + 1):
+            d[i, j] = min(d[i - 1, j] + 1, d[i, j - 1] + 1, d[i - 1, j - 1] + (ref[i - 1] != h[j - 1]))
+    out = [(0, []) for _ in sentences]
+    i, j = len(ref), len(h)
+    while i or j:
+        if i and j and d[i, j] == d[i - 1, j - 1] + (ref[i - 1] != h[j - 1]):
+            k, err, word = owner[i - 1], ref[i - 1] != h[j - 1], h[j - 1]
+            i, j = i - 1, j - 1
+        elif i and d[i, j] == d[i - 1, j] + 1:
+            k, err, word = owner[i - 1], True, None
+            i -= 1
+        else:
+            k, err, word = owner[i - 1] if i else 0, True, h[j - 1]
+            j -= 1
+        n, ws = out[k]
+        out[k] = (n + err, ([word] if word is not None else []) + ws)
+    return out
 
 
 def join_segments(texts) -> str:

@@ -7,8 +7,8 @@ window at or above `threshold` opens an utterance (`speech_pad_ms` before it); w
 `partial_every_s` of new audio its audio so far is transcribed again and returned as partial text (`final=False`,
 free to change; not while the audio has turned silent, when the final is due and a partial would delay it); when
 the probability stays below the negative threshold for `min_silence_ms`, or the utterance reaches
-`max_utterance_s`, it is transcribed once more (from its start to where the silence began, padded as whisper.cpp
-pads its VAD segments, so the slice is the one an offline run with VAD decodes) and that text is final: it is never
+`max_utterance_s`, it is transcribed once more (from its start to where the silence began, padded as Silero pads its
+speech segments, by `speech_pad_ms`) and that text is final: it is never
 rewritten, and it joins the prompt of the next utterances (the previous text as prompt, as whisper.cpp's condition
 on previous text). Utterances with less than `min_speech_ms` of speech are dropped undecoded, and nothing is
 decoded while no utterance is open, so silence yields no text.
@@ -39,7 +39,8 @@ class StreamOptions:
     neg_threshold: float | None = None      # None: max(threshold - 0.15, 0.01), as Silero
     min_silence_ms: int = 500               # silence that ends an utterance
     min_speech_ms: int = 250                # shorter utterances are dropped undecoded
-    speech_pad_ms: int = 30                 # audio kept before and after the speech (whisper.cpp's VAD padding)
+    speech_pad_ms: int = 200                # audio kept before and after the speech (30 ms, whisper.cpp's VAD
+                                            # padding, cuts off first sounds: "armoured" for "farmers")
     partial_every_s: float = 1.0            # new audio between partial transcriptions (0: no partials)
     max_utterance_s: float = 25.0           # an utterance this long is cut (kept under Whisper's 30 s window)
     prompt_chars: int = 200                 # how much of the final text so far prompts the next utterance

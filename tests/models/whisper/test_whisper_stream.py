@@ -36,6 +36,7 @@ def scripted():
 
 
 def test_scripted_stream_partials_then_final():
+    from pyggml.models.vad.segments import VadOptions
     from pyggml.models.whisper.stream import StreamOptions
 
     w = model_with_vad()
@@ -53,7 +54,8 @@ def test_scripted_stream_partials_then_final():
     assert all(e.start >= t0 - 0.3 and e.end <= t1 + 0.5 for e in finals)
     assert stream.finals == finals                                  # committed once, never rewritten
     assert max(e.emitted_at for e in finals) - t1 <= 1.0            # the final within 1 s of stream time
-    offline = " ".join(s.text for s in w.transcribe(audio, vad=True, temperatures=(0.0,)))
+    cut = VadOptions.whisper_cpp(speech_pad_ms=stream.opts.speech_pad_ms)   # the slice the stream decodes
+    offline = " ".join(s.text for s in w.transcribe(audio, vad=True, vad_options=cut, temperatures=(0.0,)))
     assert wer(offline, stream.final_text) <= 0.02
     assert "weather station" in stream.final_text.lower()
 
