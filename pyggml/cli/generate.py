@@ -43,9 +43,11 @@ def run(args) -> int:
     from pyggml.backend.registry import load_all
     from pyggml.models import load_model
     from pyggml.models.generate import SamplingParams, check_n_predict
+    from pyggml.models.model import check_sizes
 
     check_n_predict(args.n)  # nonsense counts and thresholds fail before the model loads
     SamplingParams(args.temp, args.top_k, args.top_p, args.min_p, args.repeat_penalty, seed=args.seed)
+    check_sizes(n_ctx=args.ctx, n_batch=args.batch)
     if is_cold():
         print("compiling CPU kernels, once", file=sys.stderr, flush=True)
 

@@ -60,6 +60,13 @@ class Timings:
         return self.gen_tokens / self.gen_s if self.gen_s else 0.0
 
 
+def check_sizes(**sizes) -> None:
+    """Refuse a size (n_ctx, n_batch, n_seq_max) that is not a positive integer, naming it."""
+    for name, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, Integral) or value <= 0:
+            raise ParameterError(f"{name} must be a positive integer, got {value!r}")
+
+
 class Model:
     """A loaded model: weights, tokenizer, KV cache and the reserved compute buffers.
 
@@ -71,9 +78,7 @@ class Model:
 
     def __init__(self, gguf: GGUFFile, backends: list[Backend], n_ctx: int, n_batch: int, weights: str,
                  kv_type, progress: bool | None, n_seq_max: int = 1):
-        for name, value in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_seq_max", n_seq_max)):  # before any read
-            if isinstance(value, bool) or not isinstance(value, Integral) or value <= 0:
-                raise ParameterError(f"{name} must be a positive integer, got {value!r}")
+        check_sizes(n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_seq_max)  # before any read
         self.gguf = gguf
         self.backend = backend = backends[-1]
         arch_class = architecture_of(gguf)  # refuse an unknown architecture before reading any weight
