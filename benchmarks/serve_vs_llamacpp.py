@@ -47,10 +47,12 @@ def server_command(side: str, args, port: int) -> list[str]:
     if side == "pyggml":
         return [sys.executable, "-m", "pyggml.cli.main", "serve", "--model", args.model, "--port", str(port),
                 "--ctx", str(args.ctx), "--parallel", str(max(args.concurrency)), "--whisper-model", "none",
-                "--max-queue", "1024", "--alias", "bench"]
-    return [args.llama_python, "-m", "llama_cpp.server", "--model", args.model, "--host", "127.0.0.1",
+                "--max-queue", "1024", "--alias", "bench", "--batch", str(args.batch)]
+    # llama.cpp's extra buffer types off (they crash on CPUs that report AMX), n_batch as pyggml's
+    return [args.llama_python, "-m", "pyggml.testing.llamacpp_server", "--model", args.model, "--host", "127.0.0.1",
             "--port", str(port), "--n_ctx", str(args.ctx), "--n_threads", str(args.threads),
-            "--n_threads_batch", str(args.threads), "--model_alias", "bench", "--interrupt_requests", "False"]
+            "--n_threads_batch", str(args.threads), "--n_batch", str(args.batch), "--n_ubatch", str(args.batch),
+            "--model_alias", "bench", "--interrupt_requests", "False"]
 
 
 class Server:
@@ -158,6 +160,7 @@ def main(argv=None) -> int:
     p.add_argument("--prompts-per-level", type=int, default=2, help="requests per level = this × concurrency")
     p.add_argument("--ctx", type=int, default=4096)
     p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--batch", type=int, default=512, help="prompt tokens per step, both sides")
     p.add_argument("--sides", default="pyggml,llama-cpp-python")
     p.add_argument("--llama-python", default=sys.executable, help="a Python with llama-cpp-python[server]")
     p.add_argument("--seed", type=int, default=0)
