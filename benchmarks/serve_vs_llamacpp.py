@@ -127,7 +127,22 @@ async def one_request(http, side: str, prompt: str, args, eog: list[int]) -> dic
     return {"ttft": ttft, "tpot": (end - start - ttft) / max(n - 1, 1), "itl": list(np.diff(stamps)), "tokens": n}
 
 
-async def level(url: str, side: str, concurrency: int, prompts: list, args, eog: list[int]) -> dict:
+def server_cpu(pid: int) -> float:
+    """CPU seconds (user + system, every thread) the server process has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def engine_seconds(http, side: str) -> float:
+    """pyggml's engine: seconds spent in decode steps so far (its /metrics); nan for the other side."""
+    if side != "pyggml":
+        return float("nan")
+    text = (await http.get("/metrics")).text
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith(("llamacpp:prompt_seconds_total", "llamacpp:tokens_predicted_seconds_total")))
+
+
+async def level(url: str, pid: int, side: str, concurrency: int, prompts: list, args, eog: list[int]) -> dict:
     import httpx
 
     limit = asyncio.Semaphore(concurrency)
@@ -138,16 +153,20 @@ async def level(url: str, side: str, concurrency: int, prompts: list, args, eog:
         async def run(p):
             async with limit:
                 return await one_request(http, side, p, args, eog)
+        engine0, server0, client0 = await engine_seconds(http, side), server_cpu(pid), time.process_time()
         start = time.perf_counter()
         results = await asyncio.gather(*[run(p) for p in prompts[concurrency:]])
         wall = time.perf_counter() - start
+        client_cpu, server_cpu_s = time.process_time() - client0, server_cpu(pid) - server0
+        engine_busy = await engine_seconds(http, side) - engine0
     pct = lambda xs, q: float(np.percentile(xs, q) * 1000) if len(xs) else float("nan")  # noqa: E731
     ttft, tpot = [r["ttft"] for r in results], [r["tpot"] for r in results]
     itl = [x for r in results for x in r["itl"]]
     return {"side": side, "concurrency": concurrency, "requests": len(results),
             "output_tok_s": sum(r["tokens"] for r in results) / wall, "ttft_p50_ms": pct(ttft, 50),
             "ttft_p99_ms": pct(ttft, 99), "tpot_p50_ms": pct(tpot, 50), "tpot_p99_ms": pct(tpot, 99),
-            "itl_p50_ms": pct(itl, 50), "itl_p99_ms": pct(itl, 99), "load_avg": os.getloadavg()[0]}
+            "itl_p50_ms": pct(itl, 50), "itl_p99_ms": pct(itl, 99), "load_avg": os.getloadavg()[0],
+            "wall_s": wall, "client_cpu_s": client_cpu, "server_cpu_s": server_cpu_s, "engine_busy_s": engine_busy}
 
 
 def main(argv=None) -> int:
@@ -183,11 +202,13 @@ def main(argv=None) -> int:
         with Server(side, args) as server:
             for c in args.concurrency:
                 prompts, eog = random_prompts(args.model, (args.prompts_per_level + 1) * c, args.input_len, rng)
-                row = asyncio.run(level(server.url, side, c, prompts, args, eog))
+                row = asyncio.run(level(server.url, server.proc.pid, side, c, prompts, args, eog))
                 rows.append(row)
                 print(f"{side:17s} c={c:2d}: {row['output_tok_s']:7.1f} tok/s  TTFT p50/p99 {row['ttft_p50_ms']:7.0f}/"
                       f"{row['ttft_p99_ms']:7.0f} ms  TPOT {row['tpot_p50_ms']:6.1f}/{row['tpot_p99_ms']:6.1f} ms  "
-                      f"ITL {row['itl_p50_ms']:6.1f}/{row['itl_p99_ms']:6.1f} ms  (load {row['load_avg']:.1f})",
+                      f"ITL {row['itl_p50_ms']:6.1f}/{row['itl_p99_ms']:6.1f} ms  (load {row['load_avg']:.1f})\n"
+                      f"{'':17s}       wall {row['wall_s']:.1f} s, CPU s: server {row['server_cpu_s']:.1f}, "
+                      f"client {row['client_cpu_s']:.1f}, engine in steps {row['engine_busy_s']:.1f} s",
                       flush=True)
     by = {(r["side"], r["concurrency"]): r for r in rows}
     for c in args.concurrency:
