@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -103,6 +104,12 @@ def random_prompts(model_path: str, count: int, length: int, rng: random.Random)
     return [tok.decode([rng.choice(normal) for _ in range(length)]) for _ in range(count)], sorted(tok.eog_ids)
 
 
+def timings(start: float, stamps: list[float], end: float, n: int) -> dict:
+    """One request's TTFT, TPOT and inter-token gaps from the times its text arrived."""
+    ttft = stamps[0] - start if stamps else end - start
+    return {"ttft": ttft, "tpot": (end - start - ttft) / max(n - 1, 1), "itl": list(np.diff(stamps)), "tokens": n}
+
+
 async def one_request(http, side: str, prompt: str, args, eog: list[int]) -> dict:
     body = {"prompt": prompt, "max_tokens": args.output_len, "temperature": 0.0, "stream": True}
     if side == "pyggml":
@@ -121,44 +128,69 @@ async def one_request(http, side: str, prompt: str, args, eog: list[int]) -> dic
                 raise RuntimeError(chunk["error"])
             if chunk["choices"] and chunk["choices"][0].get("text"):
                 stamps.append(time.perf_counter())
-    end = time.perf_counter()
-    n = args.output_len  # EOS ignored, no stop strings: every request generates exactly output_len tokens
-    ttft = stamps[0] - start if stamps else end - start
-    return {"ttft": ttft, "tpot": (end - start - ttft) / max(n - 1, 1), "itl": list(np.diff(stamps)), "tokens": n}
+    # EOS ignored, no stop strings: every request generates exactly output_len tokens
+    return timings(start, stamps, time.perf_counter(), args.output_len)
 
 
-def server_cpu(pid: int) -> float:
-    """CPU seconds (user + system, every thread) the server process has used (Linux /proc)."""
+def engine_request(engine, args):
+    """The same request given to pyggml's engine in this process (no HTTP, no JSON): the server's ceiling under
+    the same arrival pattern. The prompt is tokenized as the server does."""
+    from pyggml.models.engine import Request, Token
+    from pyggml.models.generate import SamplingParams
+
+    async def send(prompt: str) -> dict:
+        ids = engine.model.tokenize(prompt, add_special=True, parse_special=True)
+        start, stamps = time.perf_counter(), []
+        request = Request(ids, max_tokens=args.output_len, sampling=SamplingParams(temperature=0.0), ignore_eos=True)
+        async for event in engine.submit(request):
+            if isinstance(event, Token) and event.text:
+                stamps.append(time.perf_counter())
+        return timings(start, stamps, time.perf_counter(), args.output_len)
+    return send
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system, every thread) a process has used (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def engine_seconds(http, side: str) -> float:
-    """pyggml's engine: seconds spent in decode steps so far (its /metrics); nan for the other side."""
-    if side != "pyggml":
+def engine_seconds(stats) -> float:
+    """Seconds pyggml's engine has spent in decode steps (its stats, or the text of the server's /metrics)."""
+    if stats is None:
         return float("nan")
-    text = (await http.get("/metrics")).text
-    return sum(float(line.split()[-1]) for line in text.splitlines()
+    if not isinstance(stats, str):
+        return stats.prompt_s + stats.gen_s
+    return sum(float(line.split()[-1]) for line in stats.splitlines()
                if line.startswith(("llamacpp:prompt_seconds_total", "llamacpp:tokens_predicted_seconds_total")))
 
 
-async def level(url: str, pid: int, side: str, concurrency: int, prompts: list, args, eog: list[int]) -> dict:
+async def level(side: str, concurrency: int, prompts: list, args, eog: list[int], server=None, engine=None) -> dict:
+    """One concurrency level against a server (HTTP) or the engine in this process."""
     import httpx
 
-    limit = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(base_url=url, timeout=3600) as http:
+    async with httpx.AsyncClient(base_url=server.url if server else "http://unused", timeout=3600) as http:
+        send = engine_request(engine, args) if engine else (lambda p: one_request(http, side, p, args, eog))
+
+        async def busy() -> float:
+            if engine:
+                return engine_seconds(engine.stats())
+            return engine_seconds((await http.get("/metrics")).text if side == "pyggml" else None)
+
         # warm-up at this concurrency (compiled kernels and graphs of these batch shapes), untimed
-        await asyncio.gather(*[one_request(http, side, p, args, eog) for p in prompts[:concurrency]])
+        await asyncio.gather(*[send(p) for p in prompts[:concurrency]])
+        limit = asyncio.Semaphore(concurrency)
 
         async def run(p):
             async with limit:
-                return await one_request(http, side, p, args, eog)
-        engine0, server0, client0 = await engine_seconds(http, side), server_cpu(pid), time.process_time()
+                return await send(p)
+        pid = server.proc.pid if server else os.getpid()
+        engine0, server0, client0 = await busy(), process_cpu(pid), time.process_time()
         start = time.perf_counter()
         results = await asyncio.gather(*[run(p) for p in prompts[concurrency:]])
         wall = time.perf_counter() - start
-        client_cpu, server_cpu_s = time.process_time() - client0, server_cpu(pid) - server0
-        engine_busy = await engine_seconds(http, side) - engine0
+        client_cpu, server_cpu = time.process_time() - client0, process_cpu(pid) - server0
+        engine_busy = await busy() - engine0
     pct = lambda xs, q: float(np.percentile(xs, q) * 1000) if len(xs) else float("nan")  # noqa: E731
     ttft, tpot = [r["ttft"] for r in results], [r["tpot"] for r in results]
     itl = [x for r in results for x in r["itl"]]
@@ -166,7 +198,42 @@ async def level(url: str, pid: int, side: str, concurrency: int, prompts: list, 
             "output_tok_s": sum(r["tokens"] for r in results) / wall, "ttft_p50_ms": pct(ttft, 50),
             "ttft_p99_ms": pct(ttft, 99), "tpot_p50_ms": pct(tpot, 50), "tpot_p99_ms": pct(tpot, 99),
             "itl_p50_ms": pct(itl, 50), "itl_p99_ms": pct(itl, 99), "load_avg": os.getloadavg()[0],
-            "wall_s": wall, "client_cpu_s": client_cpu, "server_cpu_s": server_cpu_s, "engine_busy_s": engine_busy}
+            "wall_s": wall, "client_cpu_s": client_cpu if server else float("nan"),
+            "server_cpu_s": server_cpu, "engine_busy_s": engine_busy}
+
+
+@contextmanager
+def side_under_test(side: str, args):
+    """(server, engine) for one side: a server process, or pyggml's engine loaded in this process."""
+    if side != "engine":
+        with Server(side, args) as server:
+            yield server, None
+        return
+    from pyggml.models.engine import Engine
+    from pyggml.models.model import load_model
+
+    with Engine(load_model(args.model, n_ctx=args.ctx, n_batch=args.batch), n_slots=max(args.concurrency)) as engine:
+        yield None, engine
+
+
+def report(rows: list[dict], args) -> None:
+    """The issue's ratios: the server against llama-cpp-python's, against the engine under the same arrivals,
+    and against the engine's lockstep figure at 8 sequences (batched_vs_llamacpp) when given."""
+    by = {(r["side"], r["concurrency"]): r for r in rows}
+    for c in args.concurrency:
+        ours, theirs, engine = by.get(("pyggml", c)), by.get(("llama-cpp-python", c)), by.get(("engine", c))
+        if ours and theirs:
+            print(f"c={c:2d}: pyggml / llama-cpp-python: output tok/s "
+                  f"{ours['output_tok_s'] / theirs['output_tok_s']:.2f}x, "
+                  f"TTFT p99 {ours['ttft_p99_ms'] / theirs['ttft_p99_ms']:.2f}x, "
+                  f"TPOT p50 {ours['tpot_p50_ms'] / theirs['tpot_p50_ms']:.2f}x")
+        if ours and engine:
+            print(f"c={c:2d}: pyggml / its engine under the same arrivals: output tok/s "
+                  f"{ours['output_tok_s'] / engine['output_tok_s']:.2f}x, TPOT p50 "
+                  f"{ours['tpot_p50_ms'] / engine['tpot_p50_ms']:.2f}x")
+        if ours and args.batched_tok_s and c == 8:
+            print(f"c= 8: pyggml / the engine's lockstep generation at 8 sequences ({args.batched_tok_s:g} tok/s): "
+                  f"{ours['output_tok_s'] / args.batched_tok_s:.2f}x")
 
 
 def main(argv=None) -> int:
@@ -180,12 +247,17 @@ def main(argv=None) -> int:
     p.add_argument("--ctx", type=int, default=4096)
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--batch", type=int, default=512, help="prompt tokens per step, both sides")
-    p.add_argument("--sides", default="pyggml,llama-cpp-python")
+    p.add_argument("--sides", default="engine,pyggml,llama-cpp-python",
+                   help="engine: pyggml's engine in this process, no HTTP (the server's ceiling)")
+    p.add_argument("--batched-tok-s", type=float, help="the engine's lockstep generation tok/s at 8 sequences "
+                   "(batched_vs_llamacpp.py) to print the server's ratio to")
     p.add_argument("--llama-python", default=sys.executable, help="a Python with llama-cpp-python[server]")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="also write the rows here")
     args = p.parse_args(argv)
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    for pool in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):  # the engine side's, as the servers'
+        os.environ.setdefault(pool, str(args.threads))
     scratch = tempfile.TemporaryDirectory()
     if args.synthetic:
         from benchmarks.batched_vs_llamacpp import write_synthetic
@@ -199,25 +271,18 @@ def main(argv=None) -> int:
     # re-tokenized prompts may run a little longer than input_len)
     rows = []
     for side in args.sides.split(","):
-        with Server(side, args) as server:
+        with side_under_test(side, args) as (server, engine):
             for c in args.concurrency:
                 prompts, eog = random_prompts(args.model, (args.prompts_per_level + 1) * c, args.input_len, rng)
-                row = asyncio.run(level(server.url, server.proc.pid, side, c, prompts, args, eog))
+                row = asyncio.run(level(side, c, prompts, args, eog, server, engine))
                 rows.append(row)
                 print(f"{side:17s} c={c:2d}: {row['output_tok_s']:7.1f} tok/s  TTFT p50/p99 {row['ttft_p50_ms']:7.0f}/"
                       f"{row['ttft_p99_ms']:7.0f} ms  TPOT {row['tpot_p50_ms']:6.1f}/{row['tpot_p99_ms']:6.1f} ms  "
                       f"ITL {row['itl_p50_ms']:6.1f}/{row['itl_p99_ms']:6.1f} ms  (load {row['load_avg']:.1f})\n"
-                      f"{'':17s}       wall {row['wall_s']:.1f} s, CPU s: server {row['server_cpu_s']:.1f}, "
+                      f"{'':17s}       wall {row['wall_s']:.1f} s, CPU s: {side} process {row['server_cpu_s']:.1f}, "
                       f"client {row['client_cpu_s']:.1f}, engine in steps {row['engine_busy_s']:.1f} s",
                       flush=True)
-    by = {(r["side"], r["concurrency"]): r for r in rows}
-    for c in args.concurrency:
-        ours, theirs = by.get(("pyggml", c)), by.get(("llama-cpp-python", c))
-        if ours and theirs:
-            ratio = ours["output_tok_s"] / theirs["output_tok_s"]
-            print(f"c={c:2d}: pyggml / llama-cpp-python output tok/s {ratio:.2f}x,"
-                  f" TTFT p99 {ours['ttft_p99_ms'] / theirs['ttft_p99_ms']:.2f}x, "
-                  f"TPOT p50 {ours['tpot_p50_ms'] / theirs['tpot_p50_ms']:.2f}x")
+    report(rows, args)
     if args.json:
         Path(args.json).write_text(json.dumps({"model": args.model, "input_len": args.input_len,
                                                "output_len": args.output_len, "rows": rows}, indent=1))
