@@ -270,7 +270,10 @@ def main(argv=None) -> int:
     args.ctx = max(args.ctx, 2 * needed * max(args.concurrency))  # pyggml's cache is shared by the slots (the
     # re-tokenized prompts may run a little longer than input_len)
     rows = []
-    for side in args.sides.split(","):
+    sides = args.sides.split(",")
+    # the engine side first: run in this process after the servers', its steps were several times slower (the
+    # cause is not known; a fresh process gives the server's own step times)
+    for side in sorted(sides, key=lambda s: s != "engine"):
         with side_under_test(side, args) as (server, engine):
             for c in args.concurrency:
                 prompts, eog = random_prompts(args.model, (args.prompts_per_level + 1) * c, args.input_len, rng)
