@@ -30,7 +30,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -132,49 +131,29 @@ async def one_request(http, side: str, prompt: str, args, eog: list[int]) -> dic
     return timings(start, stamps, time.perf_counter(), args.output_len)
 
 
-def engine_request(engine, args):
-    """The same request given to pyggml's engine in this process (no HTTP, no JSON): the server's ceiling under
-    the same arrival pattern. The prompt is tokenized as the server does."""
-    from pyggml.models.engine import Request, Token
-    from pyggml.models.generate import SamplingParams
-
-    async def send(prompt: str) -> dict:
-        ids = engine.model.tokenize(prompt, add_special=True, parse_special=True)
-        start, stamps = time.perf_counter(), []
-        request = Request(ids, max_tokens=args.output_len, sampling=SamplingParams(temperature=0.0), ignore_eos=True)
-        async for event in engine.submit(request):
-            if isinstance(event, Token) and event.text:
-                stamps.append(time.perf_counter())
-        return timings(start, stamps, time.perf_counter(), args.output_len)
-    return send
-
-
 def process_cpu(pid: int) -> float:
     """CPU seconds (user + system, every thread) a process has used (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def engine_seconds(stats) -> float:
-    """Seconds pyggml's engine has spent in decode steps (its stats, or the text of the server's /metrics)."""
-    if stats is None:
+def engine_seconds(metrics: str | None) -> float:
+    """Seconds pyggml's engine has spent in decode steps, from the text of the server's /metrics (nan: none)."""
+    if metrics is None:
         return float("nan")
-    if not isinstance(stats, str):
-        return stats.prompt_s + stats.gen_s
-    return sum(float(line.split()[-1]) for line in stats.splitlines()
+    return sum(float(line.split()[-1]) for line in metrics.splitlines()
                if line.startswith(("llamacpp:prompt_seconds_total", "llamacpp:tokens_predicted_seconds_total")))
 
 
-async def level(side: str, concurrency: int, prompts: list, args, eog: list[int], server=None, engine=None) -> dict:
-    """One concurrency level against a server (HTTP) or the engine in this process."""
+async def level(side: str, concurrency: int, prompts: list, args, eog: list[int], server) -> dict:
+    """One concurrency level against a server."""
     import httpx
 
-    async with httpx.AsyncClient(base_url=server.url if server else "http://unused", timeout=3600) as http:
-        send = engine_request(engine, args) if engine else (lambda p: one_request(http, side, p, args, eog))
+    async with httpx.AsyncClient(base_url=server.url, timeout=3600) as http:
+        def send(p):
+            return one_request(http, side, p, args, eog)
 
         async def busy() -> float:
-            if engine:
-                return engine_seconds(engine.stats())
             return engine_seconds((await http.get("/metrics")).text if side == "pyggml" else None)
 
         # warm-up at this concurrency (compiled kernels and graphs of these batch shapes), untimed
@@ -184,7 +163,7 @@ async def level(side: str, concurrency: int, prompts: list, args, eog: list[int]
         async def run(p):
             async with limit:
                 return await send(p)
-        pid = server.proc.pid if server else os.getpid()
+        pid = server.proc.pid
         engine0, server0, client0 = await busy(), process_cpu(pid), time.process_time()
         start = time.perf_counter()
         results = await asyncio.gather(*[run(p) for p in prompts[concurrency:]])
@@ -198,39 +177,25 @@ async def level(side: str, concurrency: int, prompts: list, args, eog: list[int]
             "output_tok_s": sum(r["tokens"] for r in results) / wall, "ttft_p50_ms": pct(ttft, 50),
             "ttft_p99_ms": pct(ttft, 99), "tpot_p50_ms": pct(tpot, 50), "tpot_p99_ms": pct(tpot, 99),
             "itl_p50_ms": pct(itl, 50), "itl_p99_ms": pct(itl, 99), "load_avg": os.getloadavg()[0],
-            "wall_s": wall, "client_cpu_s": client_cpu if server else float("nan"),
+            "wall_s": wall, "client_cpu_s": client_cpu,
             "server_cpu_s": server_cpu, "engine_busy_s": engine_busy}
 
 
-@contextmanager
-def side_under_test(side: str, args):
-    """(server, engine) for one side: a server process, or pyggml's engine loaded in this process."""
-    if side != "engine":
-        with Server(side, args) as server:
-            yield server, None
-        return
-    from pyggml.models.engine import Engine
-    from pyggml.models.model import load_model
-
-    with Engine(load_model(args.model, n_ctx=args.ctx, n_batch=args.batch), n_slots=max(args.concurrency)) as engine:
-        yield None, engine
-
-
 def report(rows: list[dict], args) -> None:
-    """The issue's ratios: the server against llama-cpp-python's, against the engine under the same arrivals,
-    and against the engine's lockstep figure at 8 sequences (batched_vs_llamacpp) when given."""
+    """The issue's ratios: the server against llama-cpp-python's, and against the engine's lockstep figure at 8
+    sequences (batched_vs_llamacpp) when given; and the share of the wall time pyggml's engine spent in steps
+    (the rest is the server's: HTTP, JSON, the event loop, idle gaps)."""
     by = {(r["side"], r["concurrency"]): r for r in rows}
     for c in args.concurrency:
-        ours, theirs, engine = by.get(("pyggml", c)), by.get(("llama-cpp-python", c)), by.get(("engine", c))
+        ours, theirs = by.get(("pyggml", c)), by.get(("llama-cpp-python", c))
         if ours and theirs:
             print(f"c={c:2d}: pyggml / llama-cpp-python: output tok/s "
                   f"{ours['output_tok_s'] / theirs['output_tok_s']:.2f}x, "
                   f"TTFT p99 {ours['ttft_p99_ms'] / theirs['ttft_p99_ms']:.2f}x, "
                   f"TPOT p50 {ours['tpot_p50_ms'] / theirs['tpot_p50_ms']:.2f}x")
-        if ours and engine:
-            print(f"c={c:2d}: pyggml / its engine under the same arrivals: output tok/s "
-                  f"{ours['output_tok_s'] / engine['output_tok_s']:.2f}x, TPOT p50 "
-                  f"{ours['tpot_p50_ms'] / engine['tpot_p50_ms']:.2f}x")
+        if ours:
+            print(f"c={c:2d}: pyggml's engine in decode steps {ours['engine_busy_s'] / ours['wall_s']:.0%} "
+                  f"of the wall time")
         if ours and args.batched_tok_s and c == 8:
             print(f"c= 8: pyggml / the engine's lockstep generation at 8 sequences ({args.batched_tok_s:g} tok/s): "
                   f"{ours['output_tok_s'] / args.batched_tok_s:.2f}x")
@@ -247,8 +212,7 @@ def main(argv=None) -> int:
     p.add_argument("--ctx", type=int, default=4096)
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--batch", type=int, default=512, help="prompt tokens per step, both sides")
-    p.add_argument("--sides", default="engine,pyggml,llama-cpp-python",
-                   help="engine: pyggml's engine in this process, no HTTP (the server's ceiling)")
+    p.add_argument("--sides", default="pyggml,llama-cpp-python")
     p.add_argument("--batched-tok-s", type=float, help="the engine's lockstep generation tok/s at 8 sequences "
                    "(batched_vs_llamacpp.py) to print the server's ratio to")
     p.add_argument("--llama-python", default=sys.executable, help="a Python with llama-cpp-python[server]")
@@ -256,8 +220,6 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="also write the rows here")
     args = p.parse_args(argv)
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
-    for pool in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):  # the engine side's, as the servers'
-        os.environ.setdefault(pool, str(args.threads))
     scratch = tempfile.TemporaryDirectory()
     if args.synthetic:
         from benchmarks.batched_vs_llamacpp import write_synthetic
@@ -270,14 +232,11 @@ def main(argv=None) -> int:
     args.ctx = max(args.ctx, 2 * needed * max(args.concurrency))  # pyggml's cache is shared by the slots (the
     # re-tokenized prompts may run a little longer than input_len)
     rows = []
-    sides = args.sides.split(",")
-    # the engine side first: run in this process after the servers', its steps were several times slower (the
-    # cause is not known; a fresh process gives the server's own step times)
-    for side in sorted(sides, key=lambda s: s != "engine"):
-        with side_under_test(side, args) as (server, engine):
+    for side in args.sides.split(","):
+        with Server(side, args) as server:
             for c in args.concurrency:
                 prompts, eog = random_prompts(args.model, (args.prompts_per_level + 1) * c, args.input_len, rng)
-                row = asyncio.run(level(side, c, prompts, args, eog, server, engine))
+                row = asyncio.run(level(side, c, prompts, args, eog, server))
                 rows.append(row)
                 print(f"{side:17s} c={c:2d}: {row['output_tok_s']:7.1f} tok/s  TTFT p50/p99 {row['ttft_p50_ms']:7.0f}/"
                       f"{row['ttft_p99_ms']:7.0f} ms  TPOT {row['tpot_p50_ms']:6.1f}/{row['tpot_p99_ms']:6.1f} ms  "
