@@ -47,10 +47,12 @@ def server_command(side: str, args, port: int) -> list[str]:
     if side == "pyggml":
         return [sys.executable, "-m", "pyggml.cli.main", "serve", "--model", args.model, "--port", str(port),
                 "--ctx", str(args.ctx), "--parallel", str(max(args.concurrency)), "--whisper-model", "none",
-                "--max-queue", "1024", "--alias", "bench"]
-    return [args.llama_python, "-m", "llama_cpp.server", "--model", args.model, "--host", "127.0.0.1",
+                "--max-queue", "1024", "--alias", "bench", "--batch", str(args.batch)]
+    # llama.cpp's extra buffer types off (they crash on CPUs that report AMX), n_batch as pyggml's
+    return [args.llama_python, "-m", "pyggml.testing.llamacpp_server", "--model", args.model, "--host", "127.0.0.1",
             "--port", str(port), "--n_ctx", str(args.ctx), "--n_threads", str(args.threads),
-            "--n_threads_batch", str(args.threads), "--model_alias", "bench", "--interrupt_requests", "False"]
+            "--n_threads_batch", str(args.threads), "--n_batch", str(args.batch), "--n_ubatch", str(args.batch),
+            "--model_alias", "bench", "--interrupt_requests", "False"]
 
 
 class Server:
@@ -101,6 +103,12 @@ def random_prompts(model_path: str, count: int, length: int, rng: random.Random)
     return [tok.decode([rng.choice(normal) for _ in range(length)]) for _ in range(count)], sorted(tok.eog_ids)
 
 
+def timings(start: float, stamps: list[float], end: float, n: int) -> dict:
+    """One request's TTFT, TPOT and inter-token gaps from the times its text arrived."""
+    ttft = stamps[0] - start if stamps else end - start
+    return {"ttft": ttft, "tpot": (end - start - ttft) / max(n - 1, 1), "itl": list(np.diff(stamps)), "tokens": n}
+
+
 async def one_request(http, side: str, prompt: str, args, eog: list[int]) -> dict:
     body = {"prompt": prompt, "max_tokens": args.output_len, "temperature": 0.0, "stream": True}
     if side == "pyggml":
@@ -119,33 +127,78 @@ async def one_request(http, side: str, prompt: str, args, eog: list[int]) -> dic
                 raise RuntimeError(chunk["error"])
             if chunk["choices"] and chunk["choices"][0].get("text"):
                 stamps.append(time.perf_counter())
-    end = time.perf_counter()
-    n = args.output_len  # EOS ignored, no stop strings: every request generates exactly output_len tokens
-    ttft = stamps[0] - start if stamps else end - start
-    return {"ttft": ttft, "tpot": (end - start - ttft) / max(n - 1, 1), "itl": list(np.diff(stamps)), "tokens": n}
+    # EOS ignored, no stop strings: every request generates exactly output_len tokens
+    return timings(start, stamps, time.perf_counter(), args.output_len)
 
 
-async def level(url: str, side: str, concurrency: int, prompts: list, args, eog: list[int]) -> dict:
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system, every thread) a process has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def engine_seconds(metrics: str | None) -> float:
+    """Seconds pyggml's engine has spent in decode steps, from the text of the server's /metrics (nan: none)."""
+    if metrics is None:
+        return float("nan")
+    return sum(float(line.split()[-1]) for line in metrics.splitlines()
+               if line.startswith(("llamacpp:prompt_seconds_total", "llamacpp:tokens_predicted_seconds_total")))
+
+
+async def level(side: str, concurrency: int, prompts: list, args, eog: list[int], server) -> dict:
+    """One concurrency level against a server."""
     import httpx
 
-    limit = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(base_url=url, timeout=3600) as http:
+    async with httpx.AsyncClient(base_url=server.url, timeout=3600) as http:
+        def send(p):
+            return one_request(http, side, p, args, eog)
+
+        async def busy() -> float:
+            return engine_seconds((await http.get("/metrics")).text if side == "pyggml" else None)
+
         # warm-up at this concurrency (compiled kernels and graphs of these batch shapes), untimed
-        await asyncio.gather(*[one_request(http, side, p, args, eog) for p in prompts[:concurrency]])
+        await asyncio.gather(*[send(p) for p in prompts[:concurrency]])
+        limit = asyncio.Semaphore(concurrency)
 
         async def run(p):
             async with limit:
-                return await one_request(http, side, p, args, eog)
+                return await send(p)
+        pid = server.proc.pid
+        engine0, server0, client0 = await busy(), process_cpu(pid), time.process_time()
         start = time.perf_counter()
         results = await asyncio.gather(*[run(p) for p in prompts[concurrency:]])
         wall = time.perf_counter() - start
+        client_cpu, server_cpu = time.process_time() - client0, process_cpu(pid) - server0
+        engine_busy = await busy() - engine0
     pct = lambda xs, q: float(np.percentile(xs, q) * 1000) if len(xs) else float("nan")  # noqa: E731
     ttft, tpot = [r["ttft"] for r in results], [r["tpot"] for r in results]
     itl = [x for r in results for x in r["itl"]]
     return {"side": side, "concurrency": concurrency, "requests": len(results),
             "output_tok_s": sum(r["tokens"] for r in results) / wall, "ttft_p50_ms": pct(ttft, 50),
             "ttft_p99_ms": pct(ttft, 99), "tpot_p50_ms": pct(tpot, 50), "tpot_p99_ms": pct(tpot, 99),
-            "itl_p50_ms": pct(itl, 50), "itl_p99_ms": pct(itl, 99), "load_avg": os.getloadavg()[0]}
+            "itl_p50_ms": pct(itl, 50), "itl_p99_ms": pct(itl, 99), "load_avg": os.getloadavg()[0],
+            "wall_s": wall, "client_cpu_s": client_cpu,
+            "server_cpu_s": server_cpu, "engine_busy_s": engine_busy}
+
+
+def report(rows: list[dict], args) -> None:
+    """The issue's ratios: the server against llama-cpp-python's, and against the engine's lockstep figure at 8
+    sequences (batched_vs_llamacpp) when given; and the share of the wall time pyggml's engine spent in steps
+    (the rest is the server's: HTTP, JSON, the event loop, idle gaps)."""
+    by = {(r["side"], r["concurrency"]): r for r in rows}
+    for c in args.concurrency:
+        ours, theirs = by.get(("pyggml", c)), by.get(("llama-cpp-python", c))
+        if ours and theirs:
+            print(f"c={c:2d}: pyggml / llama-cpp-python: output tok/s "
+                  f"{ours['output_tok_s'] / theirs['output_tok_s']:.2f}x, "
+                  f"TTFT p99 {ours['ttft_p99_ms'] / theirs['ttft_p99_ms']:.2f}x, "
+                  f"TPOT p50 {ours['tpot_p50_ms'] / theirs['tpot_p50_ms']:.2f}x")
+        if ours:
+            print(f"c={c:2d}: pyggml's engine in decode steps {ours['engine_busy_s'] / ours['wall_s']:.0%} "
+                  f"of the wall time")
+        if ours and args.batched_tok_s and c == 8:
+            print(f"c= 8: pyggml / the engine's lockstep generation at 8 sequences ({args.batched_tok_s:g} tok/s): "
+                  f"{ours['output_tok_s'] / args.batched_tok_s:.2f}x")
 
 
 def main(argv=None) -> int:
@@ -158,7 +211,10 @@ def main(argv=None) -> int:
     p.add_argument("--prompts-per-level", type=int, default=2, help="requests per level = this × concurrency")
     p.add_argument("--ctx", type=int, default=4096)
     p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--batch", type=int, default=512, help="prompt tokens per step, both sides")
     p.add_argument("--sides", default="pyggml,llama-cpp-python")
+    p.add_argument("--batched-tok-s", type=float, help="the engine's lockstep generation tok/s at 8 sequences "
+                   "(batched_vs_llamacpp.py) to print the server's ratio to")
     p.add_argument("--llama-python", default=sys.executable, help="a Python with llama-cpp-python[server]")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="also write the rows here")
@@ -180,20 +236,15 @@ def main(argv=None) -> int:
         with Server(side, args) as server:
             for c in args.concurrency:
                 prompts, eog = random_prompts(args.model, (args.prompts_per_level + 1) * c, args.input_len, rng)
-                row = asyncio.run(level(server.url, side, c, prompts, args, eog))
+                row = asyncio.run(level(side, c, prompts, args, eog, server))
                 rows.append(row)
                 print(f"{side:17s} c={c:2d}: {row['output_tok_s']:7.1f} tok/s  TTFT p50/p99 {row['ttft_p50_ms']:7.0f}/"
                       f"{row['ttft_p99_ms']:7.0f} ms  TPOT {row['tpot_p50_ms']:6.1f}/{row['tpot_p99_ms']:6.1f} ms  "
-                      f"ITL {row['itl_p50_ms']:6.1f}/{row['itl_p99_ms']:6.1f} ms  (load {row['load_avg']:.1f})",
+                      f"ITL {row['itl_p50_ms']:6.1f}/{row['itl_p99_ms']:6.1f} ms  (load {row['load_avg']:.1f})\n"
+                      f"{'':17s}       wall {row['wall_s']:.1f} s, CPU s: {side} process {row['server_cpu_s']:.1f}, "
+                      f"client {row['client_cpu_s']:.1f}, engine in steps {row['engine_busy_s']:.1f} s",
                       flush=True)
-    by = {(r["side"], r["concurrency"]): r for r in rows}
-    for c in args.concurrency:
-        ours, theirs = by.get(("pyggml", c)), by.get(("llama-cpp-python", c))
-        if ours and theirs:
-            ratio = ours["output_tok_s"] / theirs["output_tok_s"]
-            print(f"c={c:2d}: pyggml / llama-cpp-python output tok/s {ratio:.2f}x,"
-                  f" TTFT p99 {ours['ttft_p99_ms'] / theirs['ttft_p99_ms']:.2f}x, "
-                  f"TPOT p50 {ours['tpot_p50_ms'] / theirs['tpot_p50_ms']:.2f}x")
+    report(rows, args)
     if args.json:
         Path(args.json).write_text(json.dumps({"model": args.model, "input_len": args.input_len,
                                                "output_len": args.output_len, "rows": rows}, indent=1))

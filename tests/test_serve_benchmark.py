@@ -2,6 +2,7 @@
 are consistent (every request's tokens counted, percentiles ordered)."""
 
 import asyncio
+import os
 import random
 from types import SimpleNamespace
 
@@ -17,7 +18,9 @@ def test_client_measures_a_level(tmp_path):
     assert len(prompts) == 6 and eog
     args = SimpleNamespace(output_len=6)
     with ServerThread(create_app(make_state(path, Limits(parallel=2)))) as srv:
-        row = asyncio.run(level(srv.base_url, "pyggml", 2, prompts, args, eog))
+        server = SimpleNamespace(url=srv.base_url, proc=SimpleNamespace(pid=os.getpid()))  # the server is here
+        row = asyncio.run(level("pyggml", 2, prompts, args, eog, server))
     assert row["requests"] == 4 and row["concurrency"] == 2  # after a warm-up of 2 and row["output_tok_s"] > 0
     assert 0 < row["ttft_p50_ms"] <= row["ttft_p99_ms"] and 0 < row["tpot_p50_ms"] <= row["tpot_p99_ms"]
     assert row["itl_p50_ms"] <= row["itl_p99_ms"]
+    assert 0 < row["engine_busy_s"] <= row["wall_s"] and row["client_cpu_s"] > 0 and row["server_cpu_s"] > 0

@@ -16,7 +16,7 @@ from pyggml.models.generate import SamplingParams
 from pyggml.serve.params import GenerationParams, read_generation
 from pyggml.serve.protocol import APIError, Fields, error_body
 from pyggml.serve.state import ServerState, run_blocking
-from pyggml.serve.tool_calls import ToolSpec, parse_tool_calls, read_tools, tool_call_start
+from pyggml.serve.tool_calls import ToolCallStream, ToolSpec, parse_tool_calls, read_tools, tool_call_start
 
 
 @dataclass
@@ -220,6 +220,7 @@ class ChoiceOutput:
         self.logprobs: list[dict] = []
         self.calls: list = []
         self.done = None
+        self.call_stream = ToolCallStream(job.tools) if job.tools else None  # used when streaming
 
     def add(self, token) -> str:
         """The text that may be sent now."""
@@ -250,6 +251,25 @@ class ChoiceOutput:
                 self.text = content
                 return content[self.sent:], self.calls
         return self.text[self.sent:], []
+
+    def tool_deltas(self) -> list[dict]:
+        """The streamed tool-call deltas the output so far adds."""
+        return self.call_stream.update(self.text) if self.call_stream else []
+
+    def finish_stream(self, done) -> tuple[str, list[dict], str]:
+        """(content not sent yet, tool-call deltas not sent yet, finish reason) at the end of a stream."""
+        text = self.text
+        late = self.call_stream.update(text, final=True) if self.call_stream else []
+        rest, calls = self.finish(done)
+        if self.call_stream is None or not self.call_stream.started:
+            return rest, [c.as_openai(k) for k, c in enumerate(calls)], "tool_calls" if calls else self.finish_reason
+        if self.call_stream.matches(calls):
+            self.calls = self.call_stream.calls
+            return rest, late, "tool_calls"
+        # a call streamed that the finished output does not hold (cut short, broken JSON): the whole response
+        # would give that output as content, so the stream sends it as content too
+        self.text, self.calls = text, []
+        return text[self.sent:], late, self.finish_reason
 
     @property
     def finish_reason(self) -> str:
@@ -379,14 +399,18 @@ async def _stream(state: ServerState, job: Job, model_id: str):
             async for i, event in run.events():
                 o = outputs[i]
                 if _is_done(event):
-                    rest, calls = o.finish(event)
-                    for piece in _final_pieces(job, o, rest, calls):
-                        yield chunk(i, **piece)
-                    yield chunk(i, finish="tool_calls" if calls else o.finish_reason)
+                    rest, deltas, reason = o.finish_stream(event)
+                    if rest or o.pending_logprobs:
+                        yield chunk(i, **_piece(job, o, rest))
+                    for delta in deltas:
+                        yield chunk(i, {"tool_calls": [delta]})
+                    yield chunk(i, finish=reason)
                 else:
                     text = o.add(event)
                     if text or (job.gen.logprobs and not job.tools):
                         yield chunk(i, **_piece(job, o, text))
+                    for delta in o.tool_deltas():
+                        yield chunk(i, {"tool_calls": [delta]})
             run.outcome = "completed"
         if job.gen.include_usage:
             yield sse({**head, "choices": [], "usage": _usage(job, outputs)})
@@ -406,9 +430,3 @@ def _piece(job: Job, o: ChoiceOutput, text: str) -> dict:
         return {"delta": {"content": text}, "logprobs": _chat_logprobs(entries) if job.gen.logprobs else None}
     return {"text": text, "logprobs": o.legacy_logprobs(entries) if job.gen.logprobs else None}
 
-
-def _final_pieces(job: Job, o: ChoiceOutput, rest: str, calls: list) -> list[dict]:
-    out = [_piece(job, o, rest)] if rest or o.pending_logprobs else []
-    for k, call in enumerate(calls):
-        out.append({"delta": {"tool_calls": [call.as_openai(k)]}})
-    return out

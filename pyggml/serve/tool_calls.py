@@ -190,3 +190,190 @@ def _loads(text: str):
         return json.loads(text)
     except ValueError:
         return None
+
+
+# ----- streaming: a call's id and name first, then its arguments in pieces -------------------------------
+@dataclass
+class PartialCall:
+    """A call read so far from an unfinished output: its name once whole, and where its arguments' JSON text
+    starts and (once complete) ends."""
+
+    name: str | None
+    args_start: int | None = None
+    args_end: int | None = None
+    complete: bool = False          # the call's text is whole (its object closed, or its arguments complete)
+
+
+def partial_calls(text: str) -> list[PartialCall]:
+    """The calls in an output that may still grow, in the order and formats parse_tool_calls reads them."""
+    if "<tool_call>" in text:
+        return [_object_call(text, m.end()) for m in re.finditer(r"<tool_call>\s*", text)
+                if text.startswith("{", m.end())]
+    if _MISTRAL_ARGS.search(text):
+        calls = []
+        for m in _MISTRAL_ARGS.finditer(text):
+            end = _value_end(text, m.end()) if m.end() < len(text) else None
+            calls.append(PartialCall(m.group(1), m.end() if m.end() < len(text) else None, end, end is not None))
+        return calls
+    at = next((text.index(m) + len(m) for m in ("[TOOL_CALLS]", "<|python_tag|>") if m in text), None)
+    if at is None and not text.lstrip().startswith(_JSON_STARTS):
+        return []
+    calls, j = [], _skip_space(text, at or 0)
+    while j < len(text) and text[j] in _JSON_STARTS:
+        if text[j] == "[":
+            calls += _array_calls(text, j)
+        else:
+            members, _ = _members(text, j)
+            if "tool_calls" in members and text.startswith("[", members["tool_calls"][0]):
+                calls += _array_calls(text, members["tool_calls"][0])
+            elif "tool_call" in members and text.startswith("{", members["tool_call"][0]):
+                calls.append(_object_call(text, members["tool_call"][0]))
+            elif "response" in members:
+                return []
+            else:
+                calls.append(_object_call(text, j))
+        end = _value_end(text, j)
+        if end is None:
+            break
+        j = _skip_space(text, end)
+        j = _skip_space(text, j + 1) if text.startswith(";", j) else j
+    return calls
+
+
+def _skip_space(text: str, i: int) -> int:
+    while i < len(text) and text[i].isspace():
+        i += 1
+    return i
+
+
+_SCALAR = re.compile(r"-?[0-9][0-9.eE+-]*|true|false|null")
+
+
+def _value_end(text: str, i: int) -> int | None:
+    """The end of the JSON value that starts at text[i], or None while it is not complete."""
+    if i >= len(text):
+        return None
+    if text[i] not in '{["':
+        m = _SCALAR.match(text, i)
+        return m.end() if m and m.end() < len(text) else None  # a number may still grow
+    depth, in_string, escaped = 0, False, False
+    for j in range(i, len(text)):
+        c = text[j]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+                if depth == 0:
+                    return j + 1
+        elif c == '"':
+            in_string = True
+        elif c in "{[":
+            depth += 1
+        elif c in "}]":
+            depth -= 1
+            if depth == 0:
+                return j + 1
+    return None
+
+
+def _members(text: str, i: int) -> tuple[dict[str, tuple[int, int | None]], int | None]:
+    """The members read so far of the object at text[i]: key -> (value start, value end or None), and the
+    object's end (None while open, or where the text is no JSON object)."""
+    out, j = {}, _skip_space(text, i + 1)
+    while j < len(text):
+        if text[j] == "}":
+            return out, j + 1
+        if text[j] == ",":
+            j = _skip_space(text, j + 1)
+            continue
+        key_end = _value_end(text, j) if text[j] == '"' else None
+        if key_end is None:
+            break
+        colon = _skip_space(text, key_end)
+        if not text.startswith(":", colon):
+            break
+        start = _skip_space(text, colon + 1)
+        if start >= len(text):
+            break
+        end = _value_end(text, start)
+        out[json.loads(text[j:key_end])] = (start, end)
+        if end is None:
+            break
+        j = _skip_space(text, end)
+    return out, None
+
+
+def _array_calls(text: str, i: int) -> list[PartialCall]:
+    """The call objects among the elements of the array at text[i] read so far."""
+    calls, j = [], _skip_space(text, i + 1)
+    while j < len(text) and text[j] == "{":
+        calls.append(_object_call(text, j))
+        end = _value_end(text, j)
+        if end is None:
+            break
+        j = _skip_space(text, end)
+        j = _skip_space(text, j + 1) if text.startswith(",", j) else len(text)
+    return calls
+
+
+def _object_call(text: str, i: int) -> PartialCall:
+    members, end = _members(text, i)
+    if "function" in members and text.startswith("{", members["function"][0]):  # OpenAI's shape
+        inner = _object_call(text, members["function"][0])
+        inner.complete = end is not None
+        return inner
+    name = members.get("name")
+    name = json.loads(text[name[0]:name[1]]) if name and name[1] is not None and text[name[0]] == '"' else None
+    args = members.get("arguments", members.get("parameters"))
+    return PartialCall(name if isinstance(name, str) else None, args[0] if args else None, args[1] if args else None,
+                       end is not None)
+
+
+class ToolCallStream:
+    """OpenAI's streamed `tool_calls` deltas of one choice: each call's index, id and name as soon as its name is
+    whole (and names a declared function), then its arguments' JSON text in pieces as the model writes it. The
+    pieces are the model's own text of the arguments, so they join to JSON that parses to the arguments
+    parse_tool_calls reads from the finished output (a string-valued `arguments` is sent whole once complete)."""
+
+    def __init__(self, spec: ToolSpec):
+        self.spec = spec
+        self.calls: list[ToolCall] = []   # the calls streamed, their arguments as sent so far
+
+    @property
+    def started(self) -> bool:
+        return bool(self.calls)
+
+    def update(self, text: str, final: bool = False) -> list[dict]:
+        """The deltas that the output `text` adds to what was sent (final: the output is finished)."""
+        deltas = []
+        for k, call in enumerate(partial_calls(text)):
+            if k == len(self.calls):
+                if call.name not in self.spec.functions:
+                    break
+                self.calls.append(ToolCall(call.name, ""))
+                deltas.append({"index": k, "id": self.calls[k].id, "type": "function",
+                               "function": {"name": call.name, "arguments": ""}})
+            piece = self._arguments(text, call, final)[len(self.calls[k].arguments):]
+            if piece:
+                self.calls[k].arguments += piece
+                deltas.append({"index": k, "function": {"arguments": piece}})
+        return deltas
+
+    @staticmethod
+    def _arguments(text: str, call: PartialCall, final: bool) -> str:
+        """The arguments' text that may be sent: all of an open object or array is theirs."""
+        if call.args_start is None:
+            return "{}" if call.complete or final else ""  # a call without arguments: parse_tool_calls' {}
+        if call.args_end is not None:
+            raw = text[call.args_start:call.args_end]
+            return json.loads(raw) if raw.startswith('"') else raw
+        return text[call.args_start:] if text[call.args_start] in "{[" else ""
+
+    def matches(self, calls: list[ToolCall]) -> bool:
+        """Whether what was streamed is the finished output's calls (same names, arguments that parse alike)."""
+        return len(calls) == len(self.calls) and all(
+            a.name == b.name and _loads(a.arguments) == _loads(b.arguments) is not None
+            for a, b in zip(self.calls, calls))

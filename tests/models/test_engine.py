@@ -12,7 +12,7 @@ import pytest
 from pyggml.core import GGMLType
 from pyggml.errors import GGMLError, ParameterError
 from pyggml.models import load_model
-from pyggml.models.engine import Done, Engine, Request, Token
+from pyggml.models.engine import Done, Engine, Request, Token, log_sum_exp, top_tokens
 from pyggml.models.generate import SamplingParams
 
 from tests.support.tiny_models import bpe_vocab, write_llama
@@ -198,3 +198,14 @@ def test_streamed_texts_add_up_to_the_text_and_hold_back_incomplete_characters(t
         assert "".join(e.text for e in tokens) == model.detokenize([e.id for e in tokens])
         assert not any(e.text.endswith("\ufffd") for e in tokens[:-1])
     assert any(e.text == "" for events in runs for e in events[:-2])  # some bytes did wait for the next token
+
+
+def test_top_tokens_and_log_sum_exp_match_a_full_sort_and_softmax():
+    rng = np.random.default_rng(3)
+    for n in (0, 1, 3, 10, 50, 64):
+        for _ in range(50):
+            x = rng.integers(-3, 3, size=50).astype(np.float32)  # many ties: the order must be the stable sort's
+            assert list(top_tokens(x, n)) == list(np.argsort(-x, kind="stable")[:n])
+    x = rng.standard_normal(262144).astype(np.float32) * 8
+    z = x.astype(np.float64) - x.max()
+    np.testing.assert_allclose(x - log_sum_exp(x), z - np.log(np.exp(z).sum()), atol=1e-5)

@@ -142,10 +142,40 @@ def test_streamed_tool_calls_arrive_as_deltas(client):
                                                  tool_choice="required", parallel_tool_calls=False, stream=True,
                                                  temperature=0))
     deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
-    assert len(deltas) == 1 and deltas[0].index == 0 and deltas[0].function.name == "set_light"
-    json.loads(deltas[0].function.arguments)
+    assert deltas[0].index == 0 and deltas[0].function.name == "set_light" and deltas[0].id.startswith("call_")
+    assert len(deltas) > 2 and all(d.index == 0 and d.id is None for d in deltas[1:])  # arguments in pieces
+    json.loads("".join(d.function.arguments for d in deltas))
     assert not any(c.choices[0].delta.content for c in chunks if c.choices)  # the call's JSON is not content
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+
+
+TOOL_OUTPUTS = [  # what a model trained on each format writes (forced here with a grammar)
+    'On it.<tool_call>\n{"name": "set_light", "arguments": {"room": "den", "on": true}}\n</tool_call>',
+    '<tool_call>{"name": "set_light", "arguments": {"room": "hall", "on": false}}</tool_call>'
+    '<tool_call>{"name": "set_light", "arguments": {"room": "den", "on": true}}</tool_call>',
+    '<|python_tag|>{"name": "set_light", "parameters": {"room": "den", "on": true}}',
+    '{"name": "set_light", "parameters": {"on": false, "room": "hall"}}',
+    '[TOOL_CALLS][{"name": "set_light", "arguments": {"room": "den", "on": true}}]',
+    '[TOOL_CALLS]set_light[ARGS]{"room": "hall", "on": true}',
+    '{"tool_calls": [{"name": "set_light", "arguments": {"room": "den", "on": false}}]}',
+]
+
+
+@pytest.mark.parametrize("output", TOOL_OUTPUTS)
+def test_streamed_tool_calls_accumulate_to_the_whole_response(client, output):
+    """The openai client's own accumulation of the streamed deltas gives the calls of the whole response."""
+    kw = dict(model="tiny", messages=CHAT, max_tokens=200, tools=TOOLS, temperature=0,
+              extra_body={"grammar": "root ::= " + json.dumps(output)})
+    whole = client.chat.completions.create(**kw).choices[0]
+    with client.chat.completions.stream(**kw) as stream:
+        pieces = sum(len(e.choices[0].delta.tool_calls or []) for e in (c.chunk for c in stream if c.type == "chunk")
+                     if e.choices)
+        streamed = stream.get_final_completion().choices[0]
+    assert whole.finish_reason == streamed.finish_reason == "tool_calls"
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in streamed.message.tool_calls] == \
+        [(c.function.name, json.loads(c.function.arguments)) for c in whole.message.tool_calls]
+    assert pieces > 2 * len(whole.message.tool_calls)  # the arguments came in pieces, not whole
+    assert (streamed.message.content or "") == (whole.message.content or "")
 
 
 def test_tool_results_go_through_the_template(client):

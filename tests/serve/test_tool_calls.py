@@ -5,7 +5,7 @@ import json
 import pytest
 
 from pyggml.serve.protocol import APIError, Fields
-from pyggml.serve.tool_calls import ToolSpec, parse_tool_calls, read_tools, tool_call_start
+from pyggml.serve.tool_calls import ToolCallStream, ToolSpec, parse_tool_calls, read_tools, tool_call_start
 
 SPEC = ToolSpec({"get_weather": {"type": "object"}, "get_time": {"type": "object"}})
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
@@ -17,7 +17,7 @@ def _calls(text):
     return content, [(c.name, json.loads(c.arguments)) for c in calls]
 
 
-@pytest.mark.parametrize("text, content, calls", [
+FORMATS = [
     ('Sure.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
      '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>', "Sure.",
      [("get_weather", {"city": "Paris"}), ("get_time", {})]),                               # Hermes / Qwen, parallel
@@ -31,7 +31,13 @@ def _calls(text):
     ('{"tool_call": {"name": "get_time", "arguments": {}}}', "", [("get_time", {})]),           # generic
     ('{"response": "no tool needed"}', "no tool needed", []),
     ('[{"function": {"name": "get_time", "arguments": "{}"}}]', "", [("get_time", {})]),          # OpenAI's shape
-])
+    ('<tool_call>{"arguments": {"a": [1, {"b": "}"}]}, "name": "get_time"}</tool_call>', "",    # name after arguments
+     [("get_time", {"a": [1, {"b": "}"}]})]),
+    ('<tool_call>{"name": "get_time"}</tool_call>', "", [("get_time", {})]),                    # no arguments
+]
+
+
+@pytest.mark.parametrize("text, content, calls", FORMATS)
 def test_formats(text, content, calls):
     assert _calls(text) == (content, calls)
 
@@ -81,3 +87,46 @@ def test_bad_tools_name_the_field(body, param):
     with pytest.raises(APIError) as e:
         read_tools(Fields(body))
     assert e.value.param == param and e.value.status == 400
+
+
+def _streamed(text, step=1):
+    """The deltas of `text` fed `step` characters at a time, then finished."""
+    stream = ToolCallStream(SPEC)
+    deltas = [d for i in range(step, len(text) + step, step) for d in stream.update(text[:i])]
+    return stream, deltas + stream.update(text, final=True)
+
+
+@pytest.mark.parametrize("text, content, calls", FORMATS)
+@pytest.mark.parametrize("step", [1, 7])
+def test_streamed_deltas_join_to_the_parsed_calls(text, content, calls, step):
+    stream, deltas = _streamed(text, step)
+    joined = {}
+    for d in deltas:  # the openai client's accumulation: id and name once, arguments concatenated
+        entry = joined.setdefault(d["index"], {"name": None, "arguments": ""})
+        if "id" in d:
+            assert entry["name"] is None and d["function"]["arguments"] == ""  # the header comes first, once
+            entry["name"] = d["function"]["name"]
+        entry["arguments"] += d["function"]["arguments"]
+    assert [(e["name"], json.loads(e["arguments"])) for _, e in sorted(joined.items())] == calls
+    assert stream.matches(parse_tool_calls(text, SPEC)[1])
+
+
+def test_arguments_stream_in_pieces_after_the_name():
+    text = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}</tool_call>'
+    _, deltas = _streamed(text)
+    assert deltas[0]["function"] == {"name": "get_weather", "arguments": ""} and deltas[0]["id"].startswith("call_")
+    pieces = [d["function"]["arguments"] for d in deltas[1:]]
+    assert len(pieces) > 10 and "".join(pieces) == '{"city": "Paris", "days": 3}'
+
+
+@pytest.mark.parametrize("text", [
+    "Just text.", '{"name": "unknown_fn", "arguments": {}}', '{"a": 1}', '{"response": "no"}',
+    '<tool_call>{"name": "nope", "arguments": {}}</tool_call>'])
+def test_no_deltas_for_what_is_no_call(text):
+    assert _streamed(text)[1] == []
+
+
+def test_a_call_cut_short_does_not_match_the_finished_output():
+    stream, deltas = _streamed('<tool_call>{"name": "get_time", "arguments": {"tz": "UT')
+    assert deltas and not stream.matches(parse_tool_calls('<tool_call>{"name": "get_time", "arguments": {"tz": "UT',
+                                                          SPEC)[1])
