@@ -20,6 +20,7 @@ from pyggml.backend.base import (Backend, BackendReg, Buffer, BufferType, Device
 from pyggml.backend.cpu import kernels
 from pyggml.backend.cpu.kernels._blocks import set_threads
 from pyggml.backend.cpu.kernels._common import INTERLEAVED, blas_threads
+from pyggml.backend.cpu.kernels.mul_mat import forget_quantized_activations
 from pyggml.backend.tensor_io import host_bytes
 from pyggml.core.host_memory import aligned_bytes, zero_anonymous
 from pyggml.core.tensor import Tensor
@@ -259,6 +260,7 @@ class CpuBackend(Backend):
         n_threads = min(self.n_threads, AVAILABLE_CPUS)
         set_threads(n_threads)
         # C float semantics for every kernel (inf and NaN without NumPy warnings), set once per graph
+        forget_quantized_activations()
         with blas_threads(1 if plan.blas_on_one_thread else n_threads), np.errstate(all="ignore"):
             for _, call in plan.steps:
                 call()

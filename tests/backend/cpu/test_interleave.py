@@ -473,3 +473,34 @@ def test_it_refuses_reads_partial_groups_and_tensors_it_cannot_hold(cpu):
         with pytest.raises(BackendError, match=r"holds whole matrices \(or 3-D stacks of them\) of Q4_0, Q4_1, Q5_0, "
                                                r".* IQ4_XS, MXFP4"):
             alloc_ctx_tensors_from_buft(ctx, interleaved)
+
+
+def test_products_of_one_b_in_a_row_quantize_it_once_per_compute(cpu, monkeypatch):
+    """A layer's q, k and v (gate and up) read one b: it becomes Q8_K once per graph compute, not once per
+    product; another b of the same shape, and the next compute's new values of the same b, are quantized
+    afresh (each product equals it computed alone)."""
+    from pyggml.backend.cpu.kernels import mul_mat as mul_mat_kernels
+
+    quantized = []
+    real = mul_mat_kernels.quantize_q8_K
+    monkeypatch.setattr(mul_mat_kernels, "quantize_q8_K", lambda x, *out: (quantized.append(x.copy()), real(x, *out)))
+    _, interleaved = cpu.device.extra_buffer_types()
+    w1, _ = _placed(_q_rows(32, 256, seed=1, qtype=GGMLType.Q4_K), interleaved, 256, GGMLType.Q4_K)
+    w2, _ = _placed(_q_rows(16, 256, seed=2, qtype=GGMLType.Q6_K), interleaved, 256, GGMLType.Q6_K)
+    ctx = Context()
+    x, x2 = (ctx.new_tensor_2d(GGMLType.F32, 256, 9, name) for name in ("x", "x2"))
+    products = [ops.mul_mat(ctx, w1, x), ops.mul_mat(ctx, w2, x), ops.mul_mat(ctx, w1, x2)]
+    graph = Graph()
+    for p in products:
+        graph.build_forward_expand(p)
+    rng = np.random.default_rng(4)
+    for _ in range(2):
+        for t in (x, x2):
+            host_ndarray(t)[...] = rng.standard_normal(host_ndarray(t).shape)
+        quantized.clear()
+        cpu.graph_compute(graph)
+        assert [q.tobytes() for q in quantized] == [host_ndarray(t).tobytes() for t in (x, x2)]
+        for p in products:
+            alone = ops.mul_mat(Context(), *p.src[:2])
+            kernels.compute(alone)
+            np.testing.assert_array_equal(host_ndarray(p), host_ndarray(alone))

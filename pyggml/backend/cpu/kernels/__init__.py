@@ -77,7 +77,9 @@ def bound(t: Tensor, k: Kernel) -> Callable[[], None]:
 
 
 def compute(t: Tensor) -> None:
-    """Compute one node; views and NONE do nothing (their memory is their source's)."""
+    """Compute one node; views and NONE do nothing (their memory is their source's). On its own, not in a
+    graph: no quantized activations are reused from an earlier call."""
+    mul_mat.forget_quantized_activations()
     if t.op == Op.NONE or t.op in VIEW_OPS or t.is_empty:
         return
     k = KERNELS.get(t.op)

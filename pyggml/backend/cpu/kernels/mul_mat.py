@@ -129,11 +129,20 @@ def _matvec_call(a: Tensor, src: np.ndarray, planes: np.ndarray, x: np.ndarray, 
 class _Q8Scratch:
     """The quantized activations of the interleaved products: one buffer for all of them, grown to the largest
     (a prompt's 200 products would otherwise hold 70 MiB of it); used under PARALLEL_LAUNCH only. Q8_0: quants,
-    scales, Σq and Q8_1's s per 32 values; Q8_K: quants, a scale per 256 values, a sum per 16."""
+    scales, Σq and Q8_1's s per 32 values; Q8_K: quants, a scale per 256 values, a sum per 16.
+
+    `held` names what the buffer holds: (the graph tensor b, its format) after a graph product, None after
+    anything else. Products of one b in a row (a layer's q, k and v; gate and up) quantize it once: b is not
+    written while products that read it are still to run (the graph allocator keeps it live until its last
+    reader), and `forget` runs before each graph compute, when the same tensors take new values."""
 
     def __init__(self):
         self.quants, self.scales, self.sums, self.s = (np.empty(0, dt) for dt in (np.uint8, np.float32, np.int32,
                                                                                   np.float32))
+        self.held = None
+
+    def forget(self) -> None:
+        self.held = None
 
     def _grown(self, n: int, k: int):
         if self.quants.size < n * k:
@@ -153,24 +162,40 @@ class _Q8Scratch:
 _Q8 = _Q8Scratch()
 
 
-def _integer_call(a: Tensor, firsts: np.ndarray, starts: np.ndarray, x: np.ndarray, y: np.ndarray):
+def forget_quantized_activations() -> None:
+    """Before a graph compute: its tensors take new values (see _Q8Scratch)."""
+    with PARALLEL_LAUNCH:
+        _Q8.forget()
+
+
+def _integer_call(a: Tensor, firsts: np.ndarray, starts: np.ndarray, x: np.ndarray, y: np.ndarray,
+                  b: Tensor | None = None):
     """The call of the integer products of a (in a CPU_INTERLEAVED buffer) with the float32 rows x (n, k) into
     y (n, a.ne1): x quantized to Q8_0 (Q8_K for the K-quants), then rows starts[i] .. starts[i+1] - 1 times the
     matrix at byte firsts[i] of a (jit/repack.py), all in one launch: a prompt's batch, a generation step's
-    one row, or the rows each expert was chosen for."""
+    one row, or the rows each expert was chosen for. b: the graph tensor x holds (its quantization is reused
+    by the next product of b, see _Q8Scratch), None for rows gathered here."""
     n, k = x.shape
     w, qtype, groups = a.buffer.quant_bytes(a), int(a.type), a.ne[1] // ROWS
+
+    def quantized(fmt: str) -> bool:
+        """Whether the scratch already holds b in this format; it is marked as holding it either way."""
+        key = None if b is None else (b, fmt, n, k)
+        held, _Q8.held = _Q8.held, key
+        return key is not None and held is not None and held[0] is b and held[1:] == key[1:]
 
     def call_q8_0() -> None:
         with PARALLEL_LAUNCH:
             xq, xd, xs, xm = _Q8.q8_0(n, k)
-            quantize_q8_0(x, xq, xd, xs, xm)
+            if not quantized("q8_0"):
+                quantize_q8_0(x, xq, xd, xs, xm)
             gemm_16x4_q8_0(qtype, w, firsts, k // 32, groups, xq, xd, xs, xm, starts, y)
 
     def call_q8_K() -> None:
         with PARALLEL_LAUNCH:
             xq, xd, xb = _Q8.q8_K(n, k)
-            quantize_q8_K(x, xq, xd, xb)
+            if not quantized("q8_K"):
+                quantize_q8_K(x, xq, xd, xb)
             gemm_16x4_q8_K(qtype, w, firsts, k // 256, groups, xq, xd, xb, starts, y)
 
     return call_q8_K if qtype in K_FORMATS else call_q8_0
@@ -186,7 +211,7 @@ def _interleaved_call(dst: Tensor, x: np.ndarray):
     else:
         firsts = _a_planes(dst, 0).astype(np.int64)
         starts = np.arange(len(firsts) + 1, dtype=np.int64) * b.ne[1]
-    return _integer_call(a, firsts, starts, x, _out_view(dst, (n, a.ne[1])))
+    return _integer_call(a, firsts, starts, x, _out_view(dst, (n, a.ne[1])), b)
 
 
 def _interleaved_rows(dst: Tensor) -> np.ndarray:
