@@ -5,7 +5,7 @@ The benchmark starts each server in turn on 127.0.0.1 (pyggml with --parallel = 
 llama-cpp-python as it is: one request at a time), then for each concurrency (default 1, 4, 8, 16) sends
 --prompts-per-level × concurrency streaming /v1/completions requests, at most `concurrency` in flight: random
 prompts of --input-len tokens (ids drawn from the vocabulary's normal tokens, sent as their text: llama-cpp-python
-takes no token ids; re-tokenized they are about that long, the same text for both sides), --output-len tokens
+takes no token ids; re-tokenized they are at most that long, the same text for both sides), --output-len tokens
 generated with the end of generation ignored (pyggml: ignore_eos; llama-cpp-python: logit_bias -100 on its EOS
 tokens), greedy. Per level: output tokens/s (all output tokens / wall time), and at p50 / p99: TTFT (send to
 first streamed token), TPOT ((end - TTFT) / (output - 1) per request) and ITL (gaps between streamed tokens).
@@ -94,13 +94,25 @@ class Server:
 
 
 def random_prompts(model_path: str, count: int, length: int, rng: random.Random) -> tuple[list[str], list[int]]:
-    """`count` texts of `length` random normal tokens each, and the file's end-of-generation ids."""
+    """`count` texts of `length` random normal tokens each, and the file's end-of-generation ids. A text whose
+    tokens re-tokenize to more than `length` (a padded vocabulary's filler tokens read back as many bytes) is
+    cut to the first `length` of its re-tokenized ids, until it holds: both servers get about `length` tokens."""
     from pyggml.models.gguf_file import GGUFFile
     from pyggml.models.tokenizer import TokenAttr, load_tokenizer
 
     tok = load_tokenizer(GGUFFile.open(model_path))
     normal = [i for i, a in enumerate(tok.attrs) if a == TokenAttr.NORMAL and i not in tok.eog_ids]
-    return [tok.decode([rng.choice(normal) for _ in range(length)]) for _ in range(count)], sorted(tok.eog_ids)
+
+    def text_of(ids: list[int]) -> str:
+        text = tok.decode(ids)
+        for _ in range(8):
+            again = tok.encode(text, add_special=False)
+            if len(again) <= length:
+                break
+            text = tok.decode(again[:length])
+        return text
+
+    return [text_of([rng.choice(normal) for _ in range(length)]) for _ in range(count)], sorted(tok.eog_ids)
 
 
 def timings(start: float, stamps: list[float], end: float, n: int) -> dict:

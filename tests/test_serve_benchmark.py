@@ -24,3 +24,19 @@ def test_client_measures_a_level(tmp_path):
     assert 0 < row["ttft_p50_ms"] <= row["ttft_p99_ms"] and 0 < row["tpot_p50_ms"] <= row["tpot_p99_ms"]
     assert row["itl_p50_ms"] <= row["itl_p99_ms"]
     assert 0 < row["engine_busy_s"] <= row["wall_s"] and row["client_cpu_s"] > 0 and row["server_cpu_s"] > 0
+
+
+def test_prompts_re_tokenize_to_at_most_their_length(tmp_path):
+    """On the padded GPT-2 vocabulary of the random-weight 1B files, random tokens' text re-tokenized ran ~10x
+    longer; the prompts are cut until they hold."""
+    from pyggml.models.gguf_file import GGUFFile
+    from pyggml.models.tokenizer import load_tokenizer
+    from pyggml.testing.synthetic import Vocab, write_llama
+
+    vocab = Vocab.from_gguf("tests/models/data/bpe_vocabs/gpt-2.gguf")
+    path = tmp_path / "padded.gguf"
+    write_llama(path, vocab=vocab, n_vocab=60000)
+    prompts, _ = random_prompts(str(path), 4, 64, random.Random(0))
+    tok = load_tokenizer(GGUFFile.open(str(path)))
+    lengths = [len(tok.encode(p, add_special=False)) for p in prompts]
+    assert all(32 <= n <= 64 for n in lengths), lengths
