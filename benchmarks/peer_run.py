@@ -14,12 +14,21 @@ side does differently.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import subprocess
 import platform
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 NOISY_LOAD_PER_CORE = 1.0  # a 1-minute load above this many runnable tasks per core: the sides shared the CPU
+
+
+def written_apart(write, *args) -> str:
+    """write(*args) run in a fresh spawned process, its returned path: a side forked afterwards would inherit
+    this process's peak RSS, which writing a large random-weight file would raise."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(write, *args).result()
 
 
 def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
