@@ -10,16 +10,32 @@ import sys
 import numpy as np
 
 HOST_ALIGNMENT = 64  # ggml_aligned_malloc's alignment
+MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14
 
 
-def aligned_bytes(nbytes: int, alignment: int = HOST_ALIGNMENT, fill: int | None = 0) -> np.ndarray:
-    """A uint8 array of nbytes whose first byte sits at a multiple of alignment."""
+def aligned_bytes(nbytes: int, alignment: int = HOST_ALIGNMENT, fill: int | None = 0,
+                  resident: bool = False) -> np.ndarray:
+    """A uint8 array of nbytes whose first byte sits at a multiple of alignment; `resident`: its pages are
+    made resident at once (populate), for memory that is about to be written whole (weights)."""
     raw = np.empty(nbytes + alignment, dtype=np.uint8)
     start = (-raw.ctypes.data) % alignment
     arr = raw[start: start + nbytes]
+    if resident:
+        populate(arr.ctypes.data, nbytes)
     if fill is not None:
         arr.fill(fill)
     return arr
+
+
+def populate(address: int, length: int) -> bool:
+    """Make the whole pages of [address, address + length) of this process's anonymous memory resident and
+    writable in one call (MADV_POPULATE_WRITE) instead of one page fault per page at its first write. On a
+    virtual machine a fault can cost far more than the write (measured here: 400 MiB first written in 0.07 to
+    5.1 s by faults, 0.06-0.1 s populated), and pages already resident cost only a look. False where the
+    kernel or platform has no such call (the pages then fault in as they are written)."""
+    first = -(-address // mmap.PAGESIZE) * mmap.PAGESIZE
+    end = (address + length) // mmap.PAGESIZE * mmap.PAGESIZE
+    return end > first and madvise(first, end - first, MADV_POPULATE_WRITE)
 
 
 def madvise(address: int, length: int, advice: int) -> bool:
