@@ -104,13 +104,13 @@ def check_pyggml_side(row: dict, engines, tmp_path) -> None:
             assert [row_lp[t] for t in step["token_ids"]] == pytest.approx(step[key], abs=2e-3), (row["i"], key)
 
 
-@pytest.mark.parametrize("row", DIFFERING[:2], ids=lambda r: f"sentence{r['i']}")
+@pytest.mark.parametrize("row", DIFFERING[:1], ids=lambda r: f"sentence{r['i']}")
 def test_pyggml_side_recomputed(row, engines, tmp_path):
     check_pyggml_side(row, engines, tmp_path)
 
 
 @pytest.mark.long_only("every differing sentence, two transcriptions and teacher forcing each")
-@pytest.mark.parametrize("row", DIFFERING[2:], ids=lambda r: f"sentence{r['i']}")
+@pytest.mark.parametrize("row", DIFFERING[1:], ids=lambda r: f"sentence{r['i']}")
 def test_pyggml_side_recomputed_everywhere(row, engines, tmp_path):
     check_pyggml_side(row, engines, tmp_path)
 
