@@ -55,6 +55,25 @@ def _libc_madvise():
     return madvise_fn
 
 
+def release_file_pages(arr: np.ndarray) -> bool:
+    """Hand back this process's resident pages under `arr` when it views a read-only file mapping (np.frombuffer
+    of an mmap opened with ACCESS_READ, directly or through memoryviews): a model's bytes already copied into
+    backend buffers then stop counting in RSS, and are read from the file again if touched. Only whole pages
+    inside `arr`; True if any went. Anything else is left alone (MADV_DONTNEED zeros anonymous memory and a
+    private mapping's written pages)."""
+    owner = arr
+    while isinstance(owner, np.ndarray):
+        owner = owner.base
+    while isinstance(owner, memoryview) and not isinstance(owner.obj, mmap.mmap):
+        owner = owner.obj
+    if not (isinstance(owner, memoryview) and owner.readonly and isinstance(owner.obj, mmap.mmap)):
+        return False
+    start = arr.ctypes.data
+    first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
+    end = (start + arr.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    return end > first and madvise(first, end - first, mmap.MADV_DONTNEED)
+
+
 def zero_anonymous(arr: np.ndarray) -> None:
     """Zero a C-contiguous uint8 array of this process's own anonymous memory (what aligned_bytes returns):
     its whole pages go back to the OS (MADV_DONTNEED: they read as zeros and take no memory until

@@ -1,7 +1,7 @@
-"""Host memory: populate() makes anonymous pages resident in one call; compute buffers and weight buffers are
-populated when made, other buffers keep faulting their pages in as they are written."""
+"""Host memory helpers: populate() makes anonymous pages resident in one call (compute buffers when designated,
+weight buffers when made; other buffers fault their pages in as written); release_file_pages() hands a read-only
+file mapping's pages back, and nothing else."""
 
-import ctypes
 import mmap
 import sys
 
@@ -9,30 +9,66 @@ import numpy as np
 import pytest
 
 from pyggml.backend import BufferUsage, init_by_name
-from pyggml.core.host_memory import aligned_bytes, populate
+from pyggml.core.host_memory import aligned_bytes, populate, release_file_pages
+from tests.support.resident import mapping_of, resident_share
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mincore(2) and MADV_POPULATE_WRITE")
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/smaps and madvise are Linux's")
+PAGES = 64
+
+
+def resident_kib(arr: np.ndarray) -> int:
+    return mapping_of(arr).rss_kib
+
+
+@pytest.fixture
+def data_file(tmp_path):
+    path = tmp_path / "weights.bin"
+    path.write_bytes(np.arange(PAGES * mmap.PAGESIZE, dtype=np.uint8).tobytes())
+    return path
+
+
+def test_read_only_mapping_pages_go_and_read_back(data_file):
+    with open(data_file, "rb") as f:
+        buf = np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), np.uint8)
+    expected = int(buf.astype(np.int64).sum())                 # every page touched, so resident
+    assert resident_kib(buf) >= PAGES * mmap.PAGESIZE // 1024
+    tensor = buf[100:100 + (PAGES - 2) * mmap.PAGESIZE]        # a view starting inside the first page
+    assert release_file_pages(tensor)
+    # the whole pages inside the view went; the two it only partly covers and the last one, after it, stay
+    assert resident_kib(buf) == 3 * mmap.PAGESIZE // 1024
+    assert int(buf.astype(np.int64).sum()) == expected         # read from the file again, unchanged
+
+
+def test_through_a_memoryview_as_the_gguf_reader_holds_it(data_file):
+    with open(data_file, "rb") as f:
+        view = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+    arr = np.frombuffer(view[mmap.PAGESIZE:], np.uint8)
+    arr.sum()
+    assert release_file_pages(arr)
+    assert resident_kib(arr) <= mmap.PAGESIZE // 1024
+
+
+def test_own_memory_and_writable_mappings_are_left_alone(data_file):
+    own = np.arange(PAGES * mmap.PAGESIZE, dtype=np.uint8)
+    assert not release_file_pages(own) and not release_file_pages(own[mmap.PAGESIZE:])
+    assert (own == np.arange(PAGES * mmap.PAGESIZE, dtype=np.uint8)).all()
+    with open(data_file, "r+b") as f:
+        private = np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY), np.uint8)
+    private[:] = 7                                             # written pages exist only in this process
+    assert not release_file_pages(private)
+    assert (private == 7).all()
+    assert not release_file_pages(np.zeros(0, np.uint8))
+
 
 MIB = 1 << 20
-FRESH = 40 * MIB  # above glibc's largest mmap threshold: always new pages, never a recycled heap chunk
-
-
-def resident_fraction(arr: np.ndarray) -> float:
-    """The share of arr's whole pages that are resident (mincore(2))."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    first = -(-arr.ctypes.data // mmap.PAGESIZE) * mmap.PAGESIZE
-    end = (arr.ctypes.data + arr.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
-    vec = np.zeros((end - first) // mmap.PAGESIZE, np.uint8)
-    assert libc.mincore(first, end - first, vec.ctypes.data) == 0, ctypes.get_errno()
-    return float(np.mean(vec & 1))
+FRESH = 40 * MIB  # above glibc's largest mmap threshold: a mapping of its own, never a recycled heap chunk
 
 
 def test_populate_makes_the_whole_pages_resident():
     arr = aligned_bytes(FRESH, fill=None)
-    assert resident_fraction(arr) < 0.5  # never written: not there yet
+    assert resident_share(arr) < 0.5  # never written: not there yet
     assert populate(arr.ctypes.data, arr.nbytes)
-    assert resident_fraction(arr) == 1.0
+    assert resident_share(arr) == 1.0
     assert populate(arr.ctypes.data, arr.nbytes)  # resident already: a look, still True
 
 
@@ -41,10 +77,9 @@ def test_populate_refuses_a_range_without_a_whole_page():
     assert not populate(arr.ctypes.data + 1, mmap.PAGESIZE - 2)
 
 
-def test_aligned_bytes_resident_and_filled():
-    arr = aligned_bytes(4 * MIB, fill=None, resident=True)
-    assert resident_fraction(arr) == 1.0
-    assert arr.ctypes.data % 64 == 0
+def test_aligned_bytes_resident():
+    arr = aligned_bytes(FRESH, fill=None, resident=True)
+    assert resident_share(arr) == 1.0 and arr.ctypes.data % 64 == 0
 
 
 def test_compute_buffers_are_resident_when_designated_others_are_not():
@@ -52,5 +87,5 @@ def test_compute_buffers_are_resident_when_designated_others_are_not():
     plain = buft.alloc_buffer(FRESH)
     compute = buft.alloc_buffer(FRESH)
     compute.usage = BufferUsage.COMPUTE
-    assert resident_fraction(plain.host_array) < 0.5
-    assert resident_fraction(compute.host_array) == 1.0
+    assert resident_share(plain.host_array) < 0.5
+    assert resident_share(compute.host_array) == 1.0

@@ -38,6 +38,7 @@ from pyggml.backend.cpu.backend import CpuBackend, set_n_threads
 from pyggml.core import Context, GGMLType, Graph, Tensor
 from pyggml.core import ops
 from pyggml.core import types as T
+from pyggml.core.host_memory import release_file_pages
 from pyggml.errors import GGMLError, GGUFError
 from pyggml.models.arch.blocks import Step, attention, layer_norm, linear
 from pyggml.models.gguf_loader import interleave_buffer_type, interleaved_names
@@ -145,6 +146,7 @@ class WhisperWeights:
             if name == HEAD and self.head_padding:   # zero blocks (scale 0): rows of zeros, logits 0 never read
                 data = np.concatenate([data, np.zeros(t.nbytes - data.nbytes, np.uint8)])
             tensor_set(t, data)
+            release_file_pages(w.data)   # copied: the file's pages need not stay resident (peak RSS)
 
     @property
     def nbytes(self) -> int:
