@@ -87,7 +87,7 @@ def worker(engine: str, workdir: Path) -> dict:
             f.setsampwidth(2)
             f.setframerate(SR)
             f.writeframes((np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes())
-    vad = engine.endswith("-vad")
+    vad, stages = engine.endswith("-vad"), {}      # stages: where pyggml's time went
     start = time.perf_counter()
     if engine.startswith("pyggml"):
         from pyggml.models.whisper.transcribe import load_whisper
@@ -97,6 +97,9 @@ def worker(engine: str, workdir: Path) -> dict:
         load_s = time.perf_counter() - start
         start = time.perf_counter()
         text = " ".join(s.text.strip() for s in w.transcribe(audio, vad=vad, temperatures=(0.0,)))
+        t = w.timings
+        stages = {"vad_s": t.vad_s, "mel_s": t.mel_s, "encode_s": t.encode_s, "decode_s": t.decode_s,
+                  "windows": t.windows, "decoder_steps": t.decoder_steps}
     elif engine.startswith("faster-whisper"):
         from faster_whisper import WhisperModel
         fw = WhisperModel(str(peers.ct2_dir("tiny.en", workdir)), device="cpu", compute_type="float32",
@@ -117,7 +120,7 @@ def worker(engine: str, workdir: Path) -> dict:
         load_s = time.perf_counter() - start
         start = time.perf_counter()
         text = peers.join_segments(s.text for s in wc.transcribe(str(wav)))
-    return {"engine": engine, "load_s": load_s, "wall_s": time.perf_counter() - start, "text": text}
+    return {"engine": engine, "load_s": load_s, "wall_s": time.perf_counter() - start, "text": text, "stages": stages}
 
 
 def stream_worker(workdir: Path, seconds: float) -> dict:
@@ -210,6 +213,9 @@ def main() -> None:
             rounds[-1][job] = r
             print(f"{job:<20} load {r['load_s']:6.2f} s  wall {r['wall_s']:7.2f} s  RTF {r['rtf']:.4f}  "
                   f"WER {r['wer']:.3f}  load avg {r['loadavg'][0]}/{r['loadavg'][1]}", flush=True)
+            if r["stages"]:
+                print("    " + "  ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
+                                         for k, v in r["stages"].items()), flush=True)
     print_ratios(rounds)
     results["rounds"] = [{job: {k: r[k] for k in ("rtf", "wer", "loadavg")} for job, r in rd.items()}
                          for rd in rounds]
