@@ -15,7 +15,10 @@ times lie wholly inside a pause (text during silence).
 each engine's error count and words, the errors charged per sentence (whisper_peers.sentence_errors): this is how
 the VAD runs' extra errors were traced to where they fall.
 
-    python -m benchmarks.vad_vs_peers [--engines ...] [--stream-s 120] [--per-sentence] [--json out.json]
+--rounds N runs the engines' list N times in turn (with and without VAD alternating), so that ratios are taken
+between runs under the same load; each round prints pyggml-vad's time over pyggml's and over whisper.cpp-vad's.
+
+    python -m benchmarks.vad_vs_peers [--engines ...] [--rounds 2] [--stream-s 120] [--per-sentence] [--json out.json]
 """
 
 from __future__ import annotations
@@ -84,7 +87,7 @@ def worker(engine: str, workdir: Path) -> dict:
             f.setsampwidth(2)
             f.setframerate(SR)
             f.writeframes((np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes())
-    vad = engine.endswith("-vad")
+    vad, stages = engine.endswith("-vad"), {}      # stages: where pyggml's time went
     start = time.perf_counter()
     if engine.startswith("pyggml"):
         from pyggml.models.whisper.transcribe import load_whisper
@@ -94,6 +97,9 @@ def worker(engine: str, workdir: Path) -> dict:
         load_s = time.perf_counter() - start
         start = time.perf_counter()
         text = " ".join(s.text.strip() for s in w.transcribe(audio, vad=vad, temperatures=(0.0,)))
+        t = w.timings
+        stages = {"vad_s": t.vad_s, "mel_s": t.mel_s, "encode_s": t.encode_s, "decode_s": t.decode_s,
+                  "windows": t.windows, "decoder_steps": t.decoder_steps}
     elif engine.startswith("faster-whisper"):
         from faster_whisper import WhisperModel
         fw = WhisperModel(str(peers.ct2_dir("tiny.en", workdir)), device="cpu", compute_type="float32",
@@ -114,7 +120,7 @@ def worker(engine: str, workdir: Path) -> dict:
         load_s = time.perf_counter() - start
         start = time.perf_counter()
         text = peers.join_segments(s.text for s in wc.transcribe(str(wav)))
-    return {"engine": engine, "load_s": load_s, "wall_s": time.perf_counter() - start, "text": text}
+    return {"engine": engine, "load_s": load_s, "wall_s": time.perf_counter() - start, "text": text, "stages": stages}
 
 
 def stream_worker(workdir: Path, seconds: float) -> dict:
@@ -156,6 +162,7 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--engines", default=",".join(ENGINES), help="comma-separated subset of " + ", ".join(ENGINES))
+    ap.add_argument("--rounds", type=int, default=1, help="run the engines' list this many times, alternating")
     ap.add_argument("--stream-s", type=float, default=120.0, help="seconds streamed at real time (0: none)")
     ap.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "pyggml-vad-bench"))
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -176,9 +183,12 @@ def main() -> None:
           f"tiny.en, {THREADS} threads, greedy")
     env = dict(os.environ, OMP_NUM_THREADS=str(THREADS), GGML_NO_BACKTRACE="1",
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    results = {}
-    jobs = [e for e in args.engines.split(",") if e] + (["stream"] if args.stream_s > 0 else [])
-    for job in jobs:
+    results, rounds = {}, []
+    engines = [e for e in args.engines.split(",") if e]
+    jobs = engines * max(1, args.rounds) + (["stream"] if args.stream_s > 0 else [])
+    for n, job in enumerate(jobs):
+        if engines and n % len(engines) == 0:
+            rounds.append({})
         before = os.getloadavg()[0]
         cmd = [sys.executable, "-m", "benchmarks.vad_vs_peers", "--worker", job, "--workdir", str(workdir),
                "--stream-s", str(args.stream_s)]
@@ -200,12 +210,28 @@ def main() -> None:
                   f"load avg {r['loadavg'][0]}/{r['loadavg'][1]}")
         else:
             r["rtf"], r["wer"] = r["wall_s"] / audio_s, wer(reference, r["text"])
+            rounds[-1][job] = r
             print(f"{job:<20} load {r['load_s']:6.2f} s  wall {r['wall_s']:7.2f} s  RTF {r['rtf']:.4f}  "
                   f"WER {r['wer']:.3f}  load avg {r['loadavg'][0]}/{r['loadavg'][1]}", flush=True)
+            if r["stages"]:
+                print("    " + "  ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
+                                         for k, v in r["stages"].items()), flush=True)
+    print_ratios(rounds)
+    results["rounds"] = [{job: {k: r[k] for k in ("rtf", "wer", "loadavg")} for job, r in rd.items()}
+                         for rd in rounds]
     if args.per_sentence:
         print_sentence_errors(texts, {job: r["text"] for job, r in results.items() if "text" in r})
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+def print_ratios(rounds: list[dict]) -> None:
+    """Per round: pyggml-vad's wall time over pyggml's without VAD and over whisper.cpp's with VAD."""
+    for k, rd in enumerate(rounds):
+        vad = rd.get("pyggml-vad")
+        for other in ("pyggml", "whisper.cpp-vad"):
+            if vad and other in rd:
+                print(f"round {k + 1}: pyggml-vad / {other} wall time {vad['wall_s'] / rd[other]['wall_s']:.3f}")
 
 
 def print_sentence_errors(texts: list[str], outputs: dict[str, str]) -> None:

@@ -1,7 +1,7 @@
-"""The VAD benchmark's per-sentence error attribution: errors land on the sentence they fall in and add up to
-the WER's numerator."""
+"""The VAD benchmark's per-sentence error attribution (errors land on the sentence they fall in and add up to
+the WER's numerator) and its per-round time ratios."""
 
-from benchmarks.vad_vs_peers import print_sentence_errors
+from benchmarks.vad_vs_peers import print_ratios, print_sentence_errors
 from tests.support.whisper_peers import sentence_errors, wer, words
 
 SENTENCES = ["The old bridge was painted green.", "Our neighbour keeps three goats.", "Please send the invoice."]
@@ -34,3 +34,13 @@ def test_print_lists_only_differing_sentences(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("  2 Please send the invoice.")
     assert lines[1].split()[:2] == ["a", "0"] and lines[2].split()[:2] == ["b", "1"] and len(lines) == 3
+
+
+def test_ratios_are_taken_within_each_round(capsys):
+    rounds = [{"pyggml-vad": {"wall_s": 30.0}, "pyggml": {"wall_s": 50.0}, "whisper.cpp-vad": {"wall_s": 60.0}},
+              {"pyggml-vad": {"wall_s": 40.0}, "pyggml": {"wall_s": 80.0}},
+              {"pyggml": {"wall_s": 10.0}}]
+    print_ratios(rounds)
+    assert capsys.readouterr().out.splitlines() == ["round 1: pyggml-vad / pyggml wall time 0.600",
+                                                    "round 1: pyggml-vad / whisper.cpp-vad wall time 0.500",
+                                                    "round 2: pyggml-vad / pyggml wall time 0.500"]

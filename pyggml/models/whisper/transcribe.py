@@ -7,7 +7,9 @@ log-probability is below -1.0, decoding is retried at the next temperature 0.2, 
 seeded generator). A window whose no-speech probability is above 0.6 while its log-probability is low is
 silence and yields nothing (so is a window whose no-speech probability is above 0.9). Segments are cut at
 timestamp pairs; the next window starts at the last complete pair's end (or after the window when it ends with
-a single timestamp), so nothing at a window's edge is lost; the text so far is the next window's prompt
+a single timestamp), so nothing at a window's edge is lost; as in whisper.cpp, a rest of 1 s or less after a
+window is not decoded (a whole encoder pass for at most a word; whisper.cpp also refuses audio of 1 s or less,
+pyggml decodes it). The text so far is the next window's prompt
 (`<|startofprev|>`), reset after a hot fallback.
 """
 
@@ -32,6 +34,7 @@ HOP = 160                                     # samples per mel frame (10 ms)
 FRAMES_PER_TOKEN = round(TIME_PRECISION * SAMPLE_RATE / HOP)   # 2 mel frames per timestamp step
 TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 MAX_SEQUENCES = 16                            # beams or samples decoded together
+MIN_TAIL_FRAMES = 100                         # a rest of 1 s or less after a window is not decoded (whisper.cpp)
 
 
 @dataclass
@@ -220,6 +223,8 @@ class Whisper:
         prompt_start = 0
         seek, language = 0, opts.language
         while seek < content:
+            if seek > 0 and content - seek <= MIN_TAIL_FRAMES:
+                break         # whisper.cpp: "if only 1 second left, then stop"
             window = mel[:, seek:seek + N_FRAMES]
             size = min(N_FRAMES, content - seek)
             offset = seek * HOP / SAMPLE_RATE

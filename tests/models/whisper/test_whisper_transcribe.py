@@ -174,6 +174,23 @@ def test_long_audio_is_cut_into_windows_without_losing_words():
     assert wer(truth, text) <= wer(truth, alone) + 0.03, (text, alone)
 
 
+@pytest.mark.parametrize("seconds, windows", [(31.0, 1), (31.2, 2)])
+def test_a_rest_of_one_second_or_less_is_not_decoded(monkeypatch, seconds, windows):
+    """whisper.cpp's "if only 1 second left, then stop": a window that ends on a lone timestamp moves the seek
+    by 30 s; a rest of 100 frames (1 s) is not encoded again, 120 frames are."""
+    from pyggml.models.whisper.decoding import WindowResult
+
+    w = whisper("tiny.en")
+    tok = w.tokenizer
+    said = WindowResult([tok.timestamp_begin] + tok.encode(" Hello.") + [tok.timestamp_begin + 1500], -1.0, -0.1,
+                        0.0, 0.0)
+    monkeypatch.setattr(w.model, "encode", lambda window: None)
+    monkeypatch.setattr(w, "_decode_with_fallback", lambda *args: said)
+    segments = w.transcribe(np.zeros(int(16000 * seconds), np.float32), **GREEDY)
+    assert w.timings.windows == windows
+    assert [s.start for s in segments] == [30.0 * k for k in range(windows)]
+
+
 def test_silence_gives_no_text():
     w = whisper("tiny.en")
     segments = w.transcribe(np.zeros(16000 * 5, np.float32))
