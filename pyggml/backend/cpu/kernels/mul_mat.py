@@ -5,9 +5,10 @@ pyggml.backend.cpu.interleave) is multiplied in int8 against src1 quantized to Q
 kernels do. A src0 in a block format the compiled kernels decode (F16, BF16, Q4_0 ... Q6_K, IQ4_NL/XS, MXFP4;
 see pyggml.backend.cpu.jit) is read in place: a few columns go through `mul_mat_vec` (rows dequantized in
 registers, threads over rows), many columns through tiles of rows dequantized to float32 on one thread
-and BLAS sgemm. Other sources are float32 (F32, CPU_F32 values, or a cached dequantized copy) and
-go to BLAS directly. ggml converts src1 to src0's vec_dot type (F16, Q8_0, Q8_K) before its dot
-products; here src1 stays float32, which is at least as accurate (within ggml's 5e-4 NMSE for these ops).
+and BLAS sgemm; an F32 src0 is read in place the same way up to GROUPED_COLUMNS columns. Other sources
+(more columns of F32, CPU_F32 values, or a cached dequantized copy) go to BLAS directly. ggml converts src1
+to src0's vec_dot type (F16, Q8_0, Q8_K) before its dot products; here src1 stays float32, which is at least
+as accurate (within ggml's 5e-4 NMSE for these ops).
 """
 
 from __future__ import annotations
@@ -81,6 +82,8 @@ FEW_ROWS = 4 * VEC_COLUMNS  # mul_mat_id: an expert used by up to this many rows
 # products 2-3x, docs/backends.md §7), and each column is summed in the order of that token decoded alone, so a
 # batched sequence gets its logits alone exactly; sgemm's order differs by float32 rounding, which the next
 # product's Q8 activations can turn into a flipped quant (0.9 on Gemma's logits, tests/models/test_batch.py).
+# F32 matrices too: sgemm's column against the kernel's for one token differ by an ulp, which ggml's F16-table
+# GELU can turn into a step of 2^-11 (random F32 Gemma 3: KLD 3e-9 batched against alone, 3e-12 this way).
 GROUPED_COLUMNS = 4 * VEC_COLUMNS
 TILE_BYTES = 2 << 20       # float32 scratch for a tile of dequantized rows
 BANDS_PER_THREAD = 4       # row bands per thread in mul_mat_vec: a busy core delays only a small band
@@ -294,7 +297,7 @@ def mul_mat(dst: Tensor) -> None:
     if a.extra is INTERLEAVED:
         _interleaved_call(dst, _interleaved_rows(dst))()
         return
-    if in_blocks(a):
+    if in_blocks(a) or (b.ne[1] <= GROUPED_COLUMNS and in_blocks(a, f32=True)):
         _mul_mat_blocks(dst)
         return
     if _columns_of_one_product(a, b):  # one BLAS call per plane of a, not one per plane of b
