@@ -87,6 +87,7 @@ FEW_ROWS = 4 * VEC_COLUMNS  # mul_mat_id: an expert used by up to this many rows
 GROUPED_COLUMNS = 4 * VEC_COLUMNS
 TILE_BYTES = 2 << 20       # float32 scratch for a tile of dequantized rows
 BANDS_PER_THREAD = 4       # row bands per thread in mul_mat_vec: a busy core delays only a small band
+FLOAT_ROWS = (T.GGMLType.F32, T.GGMLType.F16)  # matrices of the float rows kernel (mul_mat_float_columns)
 
 
 def _columns_of_one_product(a: Tensor, b: Tensor) -> bool:
@@ -108,13 +109,30 @@ def _planes(first: int, b3: int, b2: int, a3: int, a2: int, nb3: int, nb2: int) 
     return (first + (i3 // (b3 // a3)) * nb3 + (i2 // (b2 // a2)) * nb2).astype(np.uint64)
 
 
+def _columns_by_matrix(planes: np.ndarray, x: np.ndarray, y: np.ndarray):
+    """(planes, x, y) with each run of b's planes over one matrix of a (the query heads of one KV head: GQA
+    broadcasting) taken as the columns of one plane, where x and y allow it as views: the float rows kernel
+    then reads each row of a once for all of them (Llama 3.2 1B's KV products at 16 sequences: each row read
+    once, not 16 times), and every column is still summed as alone. Otherwise the arguments as they are."""
+    group = len(planes) // len(np.unique(planes))
+    if group == 1 or len(planes) % group or not (planes.reshape(-1, group) == planes[::group, None]).all():
+        return planes, x, y
+    try:
+        shape = (len(planes) // group, group * x.shape[1])
+        return planes[::group], np.reshape(x, (*shape, x.shape[2]), copy=False), np.reshape(
+            y, (*shape, y.shape[2]), copy=False)
+    except ValueError:  # not a view of b or dst: multiplied plane by plane
+        return planes, x, y
+
+
 def _matvec_call(a: Tensor, src: np.ndarray, planes: np.ndarray, x: np.ndarray, y: np.ndarray):
     """The compiled matrix-vector call with all its arguments bound (a step's products repeat it token after
     token), on Numba's threads whatever the size: the prange kernel is faster than the same loop compiled
     serially even on one thread (Q4_0 1536 x 576: 56 against 88 us), and two threads win from 164 Ki
     weights on (10 against 17 us). Float matrices (F32, F16: the KV cache) go through the float-rows
     kernel, the others through the blocks."""
-    if a.type in (T.GGMLType.F32, T.GGMLType.F16):
+    if a.type in FLOAT_ROWS:
+        planes, x, y = _columns_by_matrix(planes, x, y)
         size = T.type_size(a.type)
         values = src[: src.size // size * size].view(np.float32 if a.type == T.GGMLType.F32 else np.uint16)
         kernel_, args = mul_mat_float_columns, (values, planes // size, a.nb[1] // size, a.ne[1], a.ne[0], x, y)
@@ -225,8 +243,8 @@ def _interleaved_rows(dst: Tensor) -> np.ndarray:
 
 def _product_on_blocks(a: Tensor, src: np.ndarray, planes: np.ndarray, x: np.ndarray, y: np.ndarray) -> None:
     """y[i] = x[i] · (a's matrix at byte planes[i] of src)ᵀ for float32 x (P, n, k) and y (P, n, a.ne1)."""
-    if x.shape[1] <= VEC_COLUMNS:
-        _matvec_call(a, src, planes, x, y)()
+    if x.shape[1] <= VEC_COLUMNS or (x.shape[1] <= GROUPED_COLUMNS and a.type in FLOAT_ROWS):
+        _matvec_call(a, src, planes, x, y)()  # the float rows kernel takes any number of columns in one pass
         return
     if x.shape[1] <= GROUPED_COLUMNS:  # a few sequences' tokens: the matrix-vector kernel, VEC_COLUMNS at a time
         for c in range(0, x.shape[1], VEC_COLUMNS):
