@@ -5,6 +5,8 @@ import pytest
 from tests.support.opcases_matmul import CASES, QUANT_TYPES, mul_mat_case
 from tests.support.opcheck import check, fill_random
 
+from pyggml.alloc import alloc_ctx_tensors_from_buft
+from pyggml.backend import BufferUsage, cpu
 from pyggml.backend.cpu import kernels
 from pyggml.backend.cpu.kernels._dequant_cache import DequantCache
 from pyggml.core import ops
@@ -26,11 +28,13 @@ def test_mul_mat_with_strided_rows_of_b():
 
 @pytest.mark.parametrize("a_type", [GGMLType.F32, GGMLType.F16, GGMLType.Q4_0], ids=lambda t: t.name)
 def test_up_to_16_columns_each_give_their_product_alone_to_the_bit(a_type):
-    """A step of several sequences' tokens multiplies each column as that token alone would: the same sums in
-    the same order, so batched decoding reproduces single-sequence logits (tests/models/test_batch.py)."""
+    """A step of several sequences' tokens multiplies each column of a weight as that token alone would: the same
+    sums in the same order, so batched decoding reproduces single-sequence logits (tests/models/test_batch.py)."""
     rng = np.random.default_rng(0)
-    ctx = Context()
-    a = ctx.new_tensor(a_type, (128, 24))
+    weights, ctx = Context(no_alloc=True), Context()
+    a = weights.new_tensor(a_type, (128, 24))
+    # F32 is read in place for weights only
+    alloc_ctx_tensors_from_buft(weights, cpu.CPU_REG.device(0).buffer_type).usage = BufferUsage.WEIGHTS
     fill_random(a, rng)
     x = rng.uniform(-1, 1, (16, 128)).astype(np.float32)
 
