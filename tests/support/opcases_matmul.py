@@ -75,6 +75,8 @@ def mul_mat_id_case(name, a_type, k, rows, n_expert, n_used, n_b, n_tok, seed=0)
 CASES = [
     mul_mat_case("mul_mat_f32_2d", GGMLType.F32, (64, 16), (64, 8)),
     mul_mat_case("mul_mat_f32_vec", GGMLType.F32, (64, 16), (64, 1)),
+    mul_mat_case("mul_mat_f32_grouped_columns", GGMLType.F32, (96, 40), (96, 16)),  # in place, 4 columns a pass
+    mul_mat_case("mul_mat_f32_sgemm", GGMLType.F32, (96, 40), (96, 17)),            # one more: BLAS
     mul_mat_case("mul_mat_f32_bcast2", GGMLType.F32, (32, 12, 2, 1), (32, 5, 6, 2)),
     mul_mat_case("mul_mat_f32_bcast3", GGMLType.F32, (32, 7, 1, 2), (32, 3, 3, 4)),
     mul_mat_case("mul_mat_f32_permuted_b", GGMLType.F32, (32, 9, 2), (32, 5, 4), b_axes=(0, 2, 1, 3)),

@@ -242,7 +242,7 @@ def _each_column_alone(ncols: int) -> list[bool]:
     return [all(np.array_equal(t[:, c:c + 1], a[i]) for c, a in enumerate(alone)) for i, t in enumerate(together)]
 
 
-@pytest.mark.parametrize("ncols", [5, 8, 16])
+@pytest.mark.parametrize("ncols", [2, 5, 8, 16])
 def test_kv_cache_products_of_several_sequences_equal_each_alone_bit_for_bit(ncols):
     """A step of several sequences' next tokens (up to GROUPED_COLUMNS query columns) gives each column exactly
     the products of that token decoded alone: the matrix-vector kernel sums every column in one order."""
@@ -257,3 +257,17 @@ def test_kv_cache_products_through_tiles_differ_from_alone_in_rounding_only(monk
     as much as a random 1e-6 relative change of these products does to a sequence decoded alone."""
     monkeypatch.setattr(mul_mat, "GROUPED_COLUMNS", mul_mat.VEC_COLUMNS)
     assert _each_column_alone(8) == [False, False]
+
+
+def test_query_heads_of_one_kv_head_are_taken_as_one_planes_columns():
+    """Runs of b's planes over one matrix of a become the columns of one plane, as views of x and y (the float
+    rows kernel then reads each KV row once for all of them); planes that alternate, or a y whose
+    planes cannot be viewed as one, stay."""
+    x, y = np.zeros((4, 3, 8), np.float32), np.zeros((4, 3, 5), np.float32)
+    planes, mx, my = mul_mat._columns_by_matrix(np.array([0, 0, 64, 64], np.uint64), x, y)
+    assert planes.tolist() == [0, 64] and mx.shape == (2, 6, 8) and my.shape == (2, 6, 5)
+    assert np.shares_memory(mx, x) and np.shares_memory(my, y)
+    alternating = np.array([0, 64, 0, 64], np.uint64)
+    assert mul_mat._columns_by_matrix(alternating, x, y)[0] is alternating
+    apart = np.zeros((4, 4, 5), np.float32)[:, :3]  # a plane's 3 columns, then a gap before the next plane
+    assert mul_mat._columns_by_matrix(np.array([0, 0, 64, 64], np.uint64), x, apart)[2] is apart

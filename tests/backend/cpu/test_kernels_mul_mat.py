@@ -3,8 +3,10 @@
 import numpy as np
 import pytest
 from tests.support.opcases_matmul import CASES, QUANT_TYPES, mul_mat_case
-from tests.support.opcheck import check
+from tests.support.opcheck import check, fill_random
 
+from pyggml.alloc import alloc_ctx_tensors_from_buft
+from pyggml.backend import BufferUsage, cpu
 from pyggml.backend.cpu import kernels
 from pyggml.backend.cpu.kernels._dequant_cache import DequantCache
 from pyggml.core import ops
@@ -22,6 +24,30 @@ def test_matches_reference(case):
 def test_mul_mat_with_strided_rows_of_b():
     """b = a transposed view (ggml's CPU kernel asserts contiguous rows of b; pyggml copies them to BLAS)."""
     check(mul_mat_case("mul_mat_transposed_b", GGMLType.F16, (32, 9, 2), (32, 5, 4), b_axes=(1, 0, 2, 3)))
+
+
+@pytest.mark.parametrize("a_type", [GGMLType.F32, GGMLType.F16, GGMLType.Q4_0], ids=lambda t: t.name)
+def test_up_to_16_columns_each_give_their_product_alone_to_the_bit(a_type):
+    """A step of several sequences' tokens multiplies each column of a weight as that token alone would: the same
+    sums in the same order, so batched decoding reproduces single-sequence logits (tests/models/test_batch.py)."""
+    rng = np.random.default_rng(0)
+    weights, ctx = Context(no_alloc=True), Context()
+    a = weights.new_tensor(a_type, (128, 24))
+    # F32 is read in place for weights only
+    alloc_ctx_tensors_from_buft(weights, cpu.CPU_REG.device(0).buffer_type).usage = BufferUsage.WEIGHTS
+    fill_random(a, rng)
+    x = rng.uniform(-1, 1, (16, 128)).astype(np.float32)
+
+    def product(columns: np.ndarray) -> np.ndarray:
+        b = ctx.new_tensor(GGMLType.F32, (128, len(columns)))
+        host_ndarray(b)[0, 0] = columns
+        out = ops.mul_mat(ctx, a, b)
+        kernels.compute(out)
+        return host_ndarray(out)[0, 0].copy()
+
+    alone = np.concatenate([product(x[c:c + 1]) for c in range(16)])
+    for n in (2, 5, 8, 16):
+        np.testing.assert_array_equal(product(x[:n]), alone[:n])
 
 
 def test_quant_types_covered():

@@ -5,9 +5,10 @@ pyggml.backend.cpu.interleave) is multiplied in int8 against src1 quantized to Q
 kernels do. A src0 in a block format the compiled kernels decode (F16, BF16, Q4_0 ... Q6_K, IQ4_NL/XS, MXFP4;
 see pyggml.backend.cpu.jit) is read in place: a few columns go through `mul_mat_vec` (rows dequantized in
 registers, threads over rows), many columns through tiles of rows dequantized to float32 on one thread
-and BLAS sgemm. Other sources are float32 (F32, CPU_F32 values, or a cached dequantized copy) and
-go to BLAS directly. ggml converts src1 to src0's vec_dot type (F16, Q8_0, Q8_K) before its dot
-products; here src1 stays float32, which is at least as accurate (within ggml's 5e-4 NMSE for these ops).
+and BLAS sgemm; an F32 weight is read in place the same way up to GROUPED_COLUMNS columns. Other sources
+(the F32 KV cache beyond VEC_COLUMNS, CPU_F32 values, or a cached dequantized copy) go to BLAS directly.
+ggml converts src1 to src0's vec_dot type (F16, Q8_0, Q8_K) before its dot products; here src1 stays float32,
+which is at least as accurate (within ggml's 5e-4 NMSE for these ops).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import functools
 
 import numpy as np
 
+from pyggml.backend.base import BufferUsage
 from pyggml.backend.cpu.jit import PARALLEL_LAUNCH
 from pyggml.backend.cpu.jit.mul_mat import dequantize_rows, mul_mat_float_columns, mul_mat_vec
 from pyggml.backend.cpu.jit.ir.vnni_ir import ROWS
@@ -81,9 +83,12 @@ FEW_ROWS = 4 * VEC_COLUMNS  # mul_mat_id: an expert used by up to this many rows
 # products 2-3x, docs/backends.md §7), and each column is summed in the order of that token decoded alone, so a
 # batched sequence gets its logits alone exactly; sgemm's order differs by float32 rounding, which the next
 # product's Q8 activations can turn into a flipped quant (0.9 on Gemma's logits, tests/models/test_batch.py).
+# F32 weights too: sgemm's column against the kernel's for one token differ by an ulp, which ggml's F16-table
+# GELU can turn into a step of 2^-11 (random F32 GPT-2: KLD 2.5e-9 batched against alone, 5e-13 this way).
 GROUPED_COLUMNS = 4 * VEC_COLUMNS
 TILE_BYTES = 2 << 20       # float32 scratch for a tile of dequantized rows
 BANDS_PER_THREAD = 4       # row bands per thread in mul_mat_vec: a busy core delays only a small band
+FLOAT_ROWS = (T.GGMLType.F32, T.GGMLType.F16)  # matrices of the float rows kernel (mul_mat_float_columns)
 
 
 def _columns_of_one_product(a: Tensor, b: Tensor) -> bool:
@@ -105,13 +110,30 @@ def _planes(first: int, b3: int, b2: int, a3: int, a2: int, nb3: int, nb2: int) 
     return (first + (i3 // (b3 // a3)) * nb3 + (i2 // (b2 // a2)) * nb2).astype(np.uint64)
 
 
+def _columns_by_matrix(planes: np.ndarray, x: np.ndarray, y: np.ndarray):
+    """(planes, x, y) with each run of b's planes over one matrix of a (the query heads of one KV head: GQA
+    broadcasting) taken as the columns of one plane, where x and y allow it as views: the float rows kernel
+    then reads each row of a once for all of them (Llama 3.2 1B's KV products at 16 sequences: each row read
+    once, not 16 times), and every column is still summed as alone. Otherwise the arguments as they are."""
+    group = len(planes) // len(np.unique(planes))
+    if group == 1 or len(planes) % group or not (planes.reshape(-1, group) == planes[::group, None]).all():
+        return planes, x, y
+    try:
+        shape = (len(planes) // group, group * x.shape[1])
+        return planes[::group], np.reshape(x, (*shape, x.shape[2]), copy=False), np.reshape(
+            y, (*shape, y.shape[2]), copy=False)
+    except ValueError:  # not a view of b or dst: multiplied plane by plane
+        return planes, x, y
+
+
 def _matvec_call(a: Tensor, src: np.ndarray, planes: np.ndarray, x: np.ndarray, y: np.ndarray):
     """The compiled matrix-vector call with all its arguments bound (a step's products repeat it token after
     token), on Numba's threads whatever the size: the prange kernel is faster than the same loop compiled
     serially even on one thread (Q4_0 1536 x 576: 56 against 88 us), and two threads win from 164 Ki
     weights on (10 against 17 us). Float matrices (F32, F16: the KV cache) go through the float-rows
     kernel, the others through the blocks."""
-    if a.type in (T.GGMLType.F32, T.GGMLType.F16):
+    if a.type in FLOAT_ROWS:
+        planes, x, y = _columns_by_matrix(planes, x, y)
         size = T.type_size(a.type)
         values = src[: src.size // size * size].view(np.float32 if a.type == T.GGMLType.F32 else np.uint16)
         kernel_, args = mul_mat_float_columns, (values, planes // size, a.nb[1] // size, a.ne[1], a.ne[0], x, y)
@@ -222,8 +244,8 @@ def _interleaved_rows(dst: Tensor) -> np.ndarray:
 
 def _product_on_blocks(a: Tensor, src: np.ndarray, planes: np.ndarray, x: np.ndarray, y: np.ndarray) -> None:
     """y[i] = x[i] · (a's matrix at byte planes[i] of src)ᵀ for float32 x (P, n, k) and y (P, n, a.ne1)."""
-    if x.shape[1] <= VEC_COLUMNS:
-        _matvec_call(a, src, planes, x, y)()
+    if x.shape[1] <= VEC_COLUMNS or (x.shape[1] <= GROUPED_COLUMNS and a.type in FLOAT_ROWS):
+        _matvec_call(a, src, planes, x, y)()  # the float rows kernel takes any number of columns in one pass
         return
     if x.shape[1] <= GROUPED_COLUMNS:  # a few sequences' tokens: the matrix-vector kernel, VEC_COLUMNS at a time
         for c in range(0, x.shape[1], VEC_COLUMNS):
@@ -261,6 +283,14 @@ def _vector_operands(dst: Tensor, first: int):
     return planes, x, _out_view(dst, (len(planes), columns, a.ne[1]))
 
 
+def _f32_weights(a: Tensor) -> bool:
+    """Whether a is an F32 weight read in place. Not the F32 KV cache: its sgemm sums for a prompt's columns agree
+    with llama.cpp's to float32 rounding (tests/models/test_llamacpp_parity.py's K-quants case, mean KLD 3e-14),
+    where the float rows kernel's order turned a Q8_K activation's quant over (1.2e-5)."""
+    owner = a.view_src or a
+    return in_blocks(a, f32=True) and owner.buffer is not None and owner.buffer.usage == BufferUsage.WEIGHTS
+
+
 def _mul_mat_blocks(dst: Tensor) -> None:
     """mul_mat with src0 read in its block format (see the module docstring)."""
     src, first = memory_of(dst.src[0])
@@ -294,7 +324,7 @@ def mul_mat(dst: Tensor) -> None:
     if a.extra is INTERLEAVED:
         _interleaved_call(dst, _interleaved_rows(dst))()
         return
-    if in_blocks(a):
+    if in_blocks(a) or (b.ne[1] <= GROUPED_COLUMNS and _f32_weights(a)):
         _mul_mat_blocks(dst)
         return
     if _columns_of_one_product(a, b):  # one BLAS call per plane of a, not one per plane of b
