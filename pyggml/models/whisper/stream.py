@@ -5,7 +5,9 @@ Policy: utterance slices cut by voice activity, as whisper.rn's RealtimeTranscri
 statefully over every 32 ms window, not its ring buffer re-scored each half second). Silero's rules run online: a
 window at or above `threshold` opens an utterance (`speech_pad_ms` before it); while it is open, every
 `partial_every_s` of new audio its audio so far is transcribed again and returned as partial text (`final=False`,
-free to change; not while the audio has turned silent, when the final is due and a partial would delay it); when
+free to change). A partial delays a final that falls due while it runs, so partials start only while the last
+window is speech (never once it fades), and at most every 2x the last partial's wall time (under load they thin
+out instead of keeping the decoder busy when the utterance ends); when
 the probability stays below the negative threshold for `min_silence_ms`, or the utterance reaches
 `max_utterance_s`, it is transcribed once more (from its start to where the silence began, padded by
 `speech_pad_ms`) and that text is final: it is never rewritten, and it joins the prompt of the next utterances
@@ -40,6 +42,7 @@ SAMPLE_RATE = 16000
 WINDOW = 512
 JOIN = SAMPLE_RATE // 10        # silence between the context and the new utterance (transcribe(vad=True)'s gap)
 MAX_DECODE = 29 * SAMPLE_RATE   # context + join + utterance stay inside one 30 s Whisper window
+PARTIAL_SHARE = 0.5             # partials may keep the decoder busy this part of the stream's time, no more
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,8 @@ class Stream:
         self.speech_samples = 0
         self.silence_from: int | None = None
         self.last_partial = 0
+        self.partial_cost = 0.0                 # wall seconds the last partial took
+        self.speaking = False                   # the last window was at or above threshold
         self.utterances = 0
         self.finals: list[StreamSegment] = []
         self.context = np.zeros(0, np.float32)  # the previous final utterance's audio (its last context_s)
@@ -129,10 +134,11 @@ class Stream:
             if self.start is None:
                 if p >= self.opts.threshold:
                     self.start = max(at - pad, self.base, 0)
-                    self.speech_samples, self.silence_from = WINDOW, None
+                    self.speech_samples, self.silence_from, self.speaking = WINDOW, None, True
                     self.last_partial = at
                 continue
-            if p >= self.opts.threshold:
+            self.speaking = p >= self.opts.threshold
+            if self.speaking:
                 self.silence_from = None
                 self.speech_samples += WINDOW
             elif p < self.opts.negative and self.silence_from is None:
@@ -142,10 +148,13 @@ class Stream:
             too_long = at + WINDOW - self.start >= self.opts.max_utterance_s * SAMPLE_RATE
             if silent or too_long:
                 out += self._close(min(self.silence_from + pad, at + WINDOW) if silent else at + WINDOW)
-        if (self.start is not None and self.opts.partial_every_s and self.silence_from is None
-                and self.position - self.last_partial >= self.opts.partial_every_s * SAMPLE_RATE):
+        every = max(self.opts.partial_every_s, self.partial_cost / PARTIAL_SHARE)
+        if (self.start is not None and self.opts.partial_every_s and self.speaking
+                and self.position - self.last_partial >= every * SAMPLE_RATE):
             self.last_partial = self.position
+            t0 = time.perf_counter()
             out += self._partial(self.start, self.position)
+            self.partial_cost = time.perf_counter() - t0
         self._trim()
         return out
 
