@@ -174,8 +174,7 @@ class Stream:
         segments = self._final_in_context(audio, start) or self._final_alone(audio, start)
         self.finals += segments
         self.utterances += 1
-        self.context = audio[-int(self.opts.context_s * SAMPLE_RATE):].copy() if self.opts.context_s else \
-            np.zeros(0, np.float32)
+        self.context = audio[audio.size - min(int(self.opts.context_s * SAMPLE_RATE), audio.size):].copy()
         self.context_prompt = before
         return segments
 
