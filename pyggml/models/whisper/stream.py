@@ -6,7 +6,7 @@ statefully over every 32 ms window, not its ring buffer re-scored each half seco
 window at or above `threshold` opens an utterance (`speech_pad_ms` before it); while it is open, every
 `partial_every_s` of new audio its audio so far is transcribed again and returned as partial text (`final=False`,
 free to change). A partial delays a final that falls due while it runs, so partials start only while the last
-window is speech (never once it fades), and at most every 2x the last partial's wall time (under load they thin
+window is speech (never once it fades), and at most every 4x the last partial's wall time (under load they thin
 out instead of keeping the decoder busy when the utterance ends); when
 the probability stays below the negative threshold for `min_silence_ms`, or the utterance reaches
 `max_utterance_s`, it is transcribed once more (from its start to where the silence began, padded by
@@ -42,7 +42,7 @@ SAMPLE_RATE = 16000
 WINDOW = 512
 JOIN = SAMPLE_RATE // 10        # silence between the context and the new utterance (transcribe(vad=True)'s gap)
 MAX_DECODE = 29 * SAMPLE_RATE   # context + join + utterance stay inside one 30 s Whisper window
-PARTIAL_SHARE = 0.5             # partials may keep the decoder busy this part of the stream's time, no more
+PARTIAL_SHARE = 0.25            # partials may keep the decoder busy this part of the stream's time, no more
 
 
 @dataclass(frozen=True)

@@ -102,7 +102,8 @@ def test_final_decoded_after_previous_utterance(context_s):
 
 
 def test_partials_thin_out_when_decoding_is_slow(monkeypatch):
-    """A partial that takes 2 s (a fake clock) spaces the next ones 4 s of audio apart, not partial_every_s."""
+    """A partial that takes 1 s (a fake clock) spaces the next ones 1 / PARTIAL_SHARE s of audio apart, not
+    partial_every_s."""
     from pyggml.models.whisper import stream as stream_module
 
     w = model_with_vad()
@@ -110,12 +111,13 @@ def test_partials_thin_out_when_decoding_is_slow(monkeypatch):
     clock = [0.0]
     monkeypatch.setattr(stream_module.time, "perf_counter", lambda: clock[0])
     transcribe = w.transcribe
-    monkeypatch.setattr(w, "transcribe", lambda a, **kw: clock.__setitem__(0, clock[0] + 2.0) or transcribe(a, **kw))
-    stream = w.stream(stream_module.StreamOptions(partial_every_s=1.0))
+    monkeypatch.setattr(w, "transcribe", lambda a, **kw: clock.__setitem__(0, clock[0] + 1.0) or transcribe(a, **kw))
+    stream = w.stream(stream_module.StreamOptions(partial_every_s=0.5))
     times = [e.emitted_at for i in range(0, audio.size, SR // 10) for e in stream.feed(audio[i:i + SR // 10])
              if not e.final]
-    assert stream.partials >= 1 and stream.partial_cost == 2.0
-    assert stream.partials <= (t1 - t0) / 4 + 1 and all(b - a >= 4.0 - 1e-9 for a, b in zip(times, times[1:]))
+    gap = 1.0 / stream_module.PARTIAL_SHARE
+    assert len(times) >= 2 and stream.partial_cost == 1.0
+    assert stream.partials <= (t1 - t0) / gap + 1 and all(b - a >= gap - 1e-9 for a, b in zip(times, times[1:]))
 
 
 def test_silence_and_noise_yield_nothing():
