@@ -7,7 +7,9 @@ of which over 40 % is pause. Every engine: tiny.en, 2 threads, greedy without fa
 of its own; RTF = transcription wall time / audio seconds; WER against the sentences in order.
 
 Streaming: the first --stream-s seconds played at real-time pace into Whisper.stream(); latency = wall time
-when an utterance's final text arrives - the moment its speech ended in the played audio (p50, p95); the final
+when an utterance's final text arrives - the moment its speech ended in the played audio (p50, p95), and how much
+of it is audio fed before the final's decode began (the final's `emitted_at`: the closing silence, plus any
+backlog of audio that arrived during earlier decodes); the final
 text's WER against the offline run with VAD on the same audio; partial revisions per second; segments whose
 times lie wholly inside a pause (text during silence).
 
@@ -146,14 +148,16 @@ def stream_worker(workdir: Path, seconds: float) -> dict:
             events.append((time.perf_counter() - t0, e))
         pos = end
     events += [(time.perf_counter() - t0, e) for e in stream.finish()]
-    latencies = []
+    latencies, waits = [], []
     for a, b in spans:   # the first final whose segment reaches into this sentence
-        arrivals = [t for t, e in events if e.final and e.end > a and e.start < b]
+        arrivals = [(t, e) for t, e in events if e.final and e.end > a and e.start < b]
         if arrivals:
-            latencies.append(min(arrivals) - b)
+            t, e = min(arrivals, key=lambda x: x[0])
+            latencies.append(t - b)
+            waits.append(e.emitted_at - b)
     in_pause = sum(1 for _, e in events if not any(e.start < b and e.end > a for a, b in spans))
     return {"audio_s": audio.size / SR, "offline_text": offline, "final_text": stream.final_text,
-            "latencies": latencies, "partials": stream.partials, "in_pause": in_pause,
+            "latencies": latencies, "stream_waits": waits, "partials": stream.partials, "in_pause": in_pause,
             "sentences": len(spans), "decode_s": stream.decode_seconds}
 
 
@@ -203,7 +207,9 @@ def main() -> None:
             lat = np.array(r["latencies"] or [np.nan])
             ref = " ".join(t for t, (a, b) in zip(texts, spans) if b <= r["audio_s"])
             print(f"stream ({r['audio_s']:.0f} s at real time): final-text latency p50 {np.percentile(lat, 50):.2f} s, "
-                  f"p95 {np.percentile(lat, 95):.2f} s over {len(r['latencies'])}/{r['sentences']} sentences; "
+                  f"p95 {np.percentile(lat, 95):.2f} s over {len(r['latencies'])}/{r['sentences']} sentences (of which "
+                  f"p50 {np.median(r['stream_waits'] or [np.nan]):.2f} s of audio fed before the final's decode began, "
+                  f"the rest decoding and any backlog); "
                   f"WER final {wer(ref, r['final_text']):.3f} vs offline {wer(ref, r['offline_text']):.3f} "
                   f"(final vs offline text {wer(r['offline_text'], r['final_text']):.3f}); "
                   f"{r['partials'] / r['audio_s']:.2f} partial revisions/s; {r['in_pause']} segments in pauses; "

@@ -1,5 +1,6 @@
 """Real-time transcription with a scripted stream: partial then final text, finals never rewritten and equal to
-the offline run with VAD, nothing during silence, the final soon after the utterance ends; the CLI on stdin."""
+the offline run with VAD, a final decoded after the previous utterance's audio keeps only its own words, nothing
+during silence, the final soon after the utterance ends; the CLI on stdin."""
 
 from __future__ import annotations
 
@@ -60,6 +61,65 @@ def test_scripted_stream_partials_then_final():
     assert "weather station" in stream.final_text.lower()
 
 
+def two_utterances():
+    """1 s of silence, en1, 1.5 s of faint noise, en2, 1 s of silence: (audio, en2's start and end in seconds)."""
+    from pyggml.models.whisper.audio import load_audio
+
+    first, second = load_audio(SPEECH / "en1.wav"), load_audio(SPEECH / "en2.wav")
+    noise = 0.002 * np.random.default_rng(6).standard_normal(int(1.5 * SR))
+    parts = [np.zeros(SR), first, noise, second, np.zeros(SR)]
+    start = sum(p.size for p in parts[:3]) / SR
+    return np.concatenate(parts).astype(np.float32), start, start + second.size / SR
+
+
+@pytest.mark.parametrize("context_s", [10.0, 0.0])
+def test_final_decoded_after_previous_utterance(context_s):
+    """With context, the second final is a decode of [en1, 0.1 s, en2] whose words past the join are kept: en2's
+    text alone, none of en1's, times inside en2; without, each utterance is decoded alone."""
+    from pyggml.models.whisper.stream import JOIN, StreamOptions
+
+    w = model_with_vad()
+    audio, t0, t1 = two_utterances()
+    stream = w.stream(StreamOptions(partial_every_s=0, context_s=context_s))
+    decoded = []
+    transcribe = w.transcribe
+    w.transcribe = lambda a, **kw: decoded.append(len(a)) or transcribe(a, **kw)
+    try:
+        for i in range(0, audio.size, SR // 4):
+            stream.feed(audio[i:i + SR // 4])
+        stream.finish()
+    finally:
+        del w.transcribe
+    second = [s for s in stream.finals if s.utterance == 1]
+    assert stream.utterances == 2 and len(decoded) == 2 and second
+    own = (t1 - t0) * SR                                            # en2's samples, without the padding
+    assert decoded[1] > decoded[0] + JOIN + own / 2 if context_s else decoded[1] < own + SR
+    text = " ".join(s.text for s in second)
+    assert wer("Please remember to close the kitchen window before you leave the house. The cat likes to climb out "
+               "and chase the birds in the garden.", text) <= 0.1
+    assert "weather" not in text.lower() and "river" not in text.lower()
+    assert all(t0 - 0.3 <= s.start < s.end <= t1 + 0.3 for s in second)
+
+
+def test_partials_thin_out_when_decoding_is_slow(monkeypatch):
+    """A partial that takes 1 s (a fake clock) spaces the next ones 1 / PARTIAL_SHARE s of audio apart, not
+    partial_every_s."""
+    from pyggml.models.whisper import stream as stream_module
+
+    w = model_with_vad()
+    audio, t0, t1 = scripted()
+    clock = [0.0]
+    monkeypatch.setattr(stream_module.time, "perf_counter", lambda: clock[0])
+    transcribe = w.transcribe
+    monkeypatch.setattr(w, "transcribe", lambda a, **kw: clock.__setitem__(0, clock[0] + 1.0) or transcribe(a, **kw))
+    stream = w.stream(stream_module.StreamOptions(partial_every_s=0.5))
+    times = [e.emitted_at for i in range(0, audio.size, SR // 10) for e in stream.feed(audio[i:i + SR // 10])
+             if not e.final]
+    gap = 1.0 / stream_module.PARTIAL_SHARE
+    assert len(times) >= 2 and stream.partial_cost == 1.0
+    assert stream.partials <= (t1 - t0) / gap + 1 and all(b - a >= gap - 1e-9 for a, b in zip(times, times[1:]))
+
+
 def test_silence_and_noise_yield_nothing():
     w = model_with_vad()
     stream = w.stream()
@@ -75,6 +135,8 @@ def test_stream_options_are_checked():
         StreamOptions(max_utterance_s=40).check()
     with pytest.raises(WhisperError, match="threshold"):
         StreamOptions(threshold=0).check()
+    with pytest.raises(WhisperError, match=">= 0"):
+        StreamOptions(context_s=-1).check()
 
 
 def test_cli_streams_pcm_from_stdin(monkeypatch, capsys):
