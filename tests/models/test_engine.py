@@ -209,3 +209,22 @@ def test_top_tokens_and_log_sum_exp_match_a_full_sort_and_softmax():
     x = rng.standard_normal(262144).astype(np.float32) * 8
     z = x.astype(np.float64) - x.max()
     np.testing.assert_allclose(x - log_sum_exp(x), z - np.log(np.exp(z).sum()), atol=1e-5)
+
+
+def test_load_model_runs_on_a_thread_that_ends(tmp_path, monkeypatch):
+    """The compiled kernels' parallel loops of loading run on a thread that is gone afterwards (an idle OpenMP
+    pool left in the caller's thread slowed every step of an engine computing on its own thread)."""
+    from pyggml.models import model as model_module
+
+    seen = []
+    real = model_module.Model.__init__
+
+    def spy(self, *args, **kwargs):
+        seen.append(threading.current_thread())
+        real(self, *args, **kwargs)
+    monkeypatch.setattr(model_module.Model, "__init__", spy)
+    path = tmp_path / "m.gguf"
+    write_llama(path)
+    model_module.load_model(path, n_ctx=64)
+    assert seen and seen[0] is not threading.current_thread() and not seen[0].is_alive()
+    assert seen[0].name.startswith("pyggml-load")
