@@ -61,17 +61,26 @@ def mel_filters(n_mels: int = 80, n_fft: int = N_FFT, sr: int = SAMPLE_RATE) -> 
     return weights.astype(np.float32)
 
 
-def _power_spectrum(audio: np.ndarray) -> np.ndarray:
-    """|STFT|^2 of centred, reflect-padded frames with a periodic Hann window: (n_fft // 2 + 1, n_frames)."""
+FRAMES_PER_BLOCK = 4096  # STFT frames transformed at a time: the FFT's temporaries stay a few MiB, reused
+
+
+def _mel_power(audio: np.ndarray, filters: np.ndarray) -> np.ndarray:
+    """filters @ |STFT|^2 of centred, reflect-padded frames with a periodic Hann window, without the last frame:
+    (n_mels, n_frames). Computed a block of frames at a time: on a whole file at once the FFT's float64
+    temporaries (about 1 GiB for 13 minutes) cost more in fresh pages than the transform itself."""
     if len(audio) <= N_FFT // 2:
         audio = np.pad(audio, (0, N_FFT // 2 + 1 - len(audio)))  # reflect padding needs more samples than it adds
     padded = np.pad(audio, N_FFT // 2, mode="reflect")
-    n_frames = 1 + (len(padded) - N_FFT) // HOP_LENGTH
+    n_frames = (len(padded) - N_FFT) // HOP_LENGTH  # the last frame is dropped, as whisper does
     frames = np.lib.stride_tricks.as_strided(
         padded, (n_frames, N_FFT), (padded.strides[0] * HOP_LENGTH, padded.strides[0]), writeable=False)
     window = (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(N_FFT) / N_FFT)).astype(np.float32)
-    spec = np.fft.rfft(frames * window, axis=-1)
-    return (spec.real ** 2 + spec.imag ** 2).T.astype(np.float32)
+    out = np.empty((filters.shape[0], n_frames), np.float32)
+    for start in range(0, n_frames, FRAMES_PER_BLOCK):
+        spec = np.fft.rfft(frames[start:start + FRAMES_PER_BLOCK] * window, axis=-1)
+        power = (spec.real ** 2 + spec.imag ** 2).astype(np.float32)
+        out[:, start:start + len(power)] = filters @ power.T
+    return out
 
 
 def log_mel_spectrogram(audio, n_mels: int = 80, padding: str = "whisper.cpp",
@@ -90,11 +99,11 @@ def log_mel_spectrogram(audio, n_mels: int = 80, padding: str = "whisper.cpp",
         raise AudioError(f"log-mel wants mono audio (one axis), got shape {audio.shape}")
     if audio.size == 0:
         raise AudioError("log-mel of empty audio")
-    power = _power_spectrum(np.concatenate([audio, np.zeros(_PAD_SAMPLES[padding], np.float32)]))[:, :-1]
     filters = mel_filters(n_mels) if filters is None else np.asarray(filters, dtype=np.float32)
     if filters.shape != (n_mels, N_FFT // 2 + 1):
         raise AudioError(f"mel filters of shape {filters.shape}, expected ({n_mels}, {N_FFT // 2 + 1})")
-    log_spec = np.log10(np.maximum(filters @ power, 1e-10))
+    mel = _mel_power(np.concatenate([audio, np.zeros(_PAD_SAMPLES[padding], np.float32)]), filters)
+    log_spec = np.log10(np.maximum(mel, 1e-10))
     log_spec = np.maximum(log_spec, log_spec.max() - 8.0)
     return ((log_spec + 4.0) / 4.0).astype(np.float32)
 
