@@ -146,9 +146,11 @@ def test_architecture_table_rows_from_the_committed_logits(tmp_path, refs):
 @pytest.mark.skipif(not has_vnni(), reason="the integer products need AVX-512 VNNI")
 def test_the_integer_k_quant_products_give_llamacpps_logits(tmp_path, refs):
     """Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS in one model, multiplied in int8 against Q8_K (Q8_0)
-    activations with ggml's integer sums: llama.cpp's logits to float32 rounding (mean KLD 3e-14 measured),
-    where the float products sat at the F32-weights yardstick (2.7e-3)."""
+    activations with ggml's integer sums: llama.cpp's logits up to float32 rounding that moved one Q8_K quant of
+    an activation (mean KLD 1.2e-5 measured; 3e-14 while the F32 KV cache's 5-16-column products were summed by
+    sgemm, before they were summed per column as for one token alone), where the float products sat at the
+    F32-weights yardstick (2.7e-3)."""
     case = BY_NAME["llama-k-quants"]
     path = write_case(case, tmp_path)
     got = agreement(refs[f"{case.name}/logits"], pyggml_logits(case, path, refs[f"{case.name}/tokens"]))
-    assert got["kld_mean"] < 1e-9 and got["top1"] == 1.0
+    assert got["kld_mean"] < 1e-4 and got["top1"] == 1.0

@@ -5,8 +5,8 @@ pyggml.backend.cpu.interleave) is multiplied in int8 against src1 quantized to Q
 kernels do. A src0 in a block format the compiled kernels decode (F16, BF16, Q4_0 ... Q6_K, IQ4_NL/XS, MXFP4;
 see pyggml.backend.cpu.jit) is read in place: a few columns go through `mul_mat_vec` (rows dequantized in
 registers, threads over rows), many columns through tiles of rows dequantized to float32 on one thread
-and BLAS sgemm; an F32 weight is read in place the same way up to GROUPED_COLUMNS columns. Other sources
-(the F32 KV cache beyond VEC_COLUMNS, CPU_F32 values, or a cached dequantized copy) go to BLAS directly.
+and BLAS sgemm; an F32 matrix (weight or KV cache) is read in place the same way up to GROUPED_COLUMNS columns.
+Other sources (F32 beyond that, CPU_F32 values, or a cached dequantized copy) go to BLAS directly.
 ggml converts src1 to src0's vec_dot type (F16, Q8_0, Q8_K) before its dot products; here src1 stays float32,
 which is at least as accurate (within ggml's 5e-4 NMSE for these ops).
 """
@@ -17,7 +17,6 @@ import functools
 
 import numpy as np
 
-from pyggml.backend.base import BufferUsage
 from pyggml.backend.cpu.jit import PARALLEL_LAUNCH
 from pyggml.backend.cpu.jit.mul_mat import dequantize_rows, mul_mat_float_columns, mul_mat_vec
 from pyggml.backend.cpu.jit.ir.vnni_ir import ROWS
@@ -83,8 +82,9 @@ FEW_ROWS = 4 * VEC_COLUMNS  # mul_mat_id: an expert used by up to this many rows
 # products 2-3x, docs/backends.md §7), and each column is summed in the order of that token decoded alone, so a
 # batched sequence gets its logits alone exactly; sgemm's order differs by float32 rounding, which the next
 # product's Q8 activations can turn into a flipped quant (0.9 on Gemma's logits, tests/models/test_batch.py).
-# F32 weights too: sgemm's column against the kernel's for one token differ by an ulp, which ggml's F16-table
-# GELU can turn into a step of 2^-11 (random F32 GPT-2: KLD 2.5e-9 batched against alone, 5e-13 this way).
+# F32 weights and KV cache too: sgemm's column against the kernel's for one token differ by an ulp, which ggml's
+# F16-table GELU can turn into a step of 2^-11 (random F32 GPT-2: KLD 2.5e-9 batched against alone, 6e-13 this
+# way; random Gemma 3 4.1e-9 with the F32 KV cache still on sgemm).
 GROUPED_COLUMNS = 4 * VEC_COLUMNS
 TILE_BYTES = 2 << 20       # float32 scratch for a tile of dequantized rows
 BANDS_PER_THREAD = 4       # row bands per thread in mul_mat_vec: a busy core delays only a small band
@@ -283,14 +283,6 @@ def _vector_operands(dst: Tensor, first: int):
     return planes, x, _out_view(dst, (len(planes), columns, a.ne[1]))
 
 
-def _f32_weights(a: Tensor) -> bool:
-    """Whether a is an F32 weight read in place. Not the F32 KV cache: its sgemm sums for a prompt's columns agree
-    with llama.cpp's to float32 rounding (tests/models/test_llamacpp_parity.py's K-quants case, mean KLD 3e-14),
-    where the float rows kernel's order turned a Q8_K activation's quant over (1.2e-5)."""
-    owner = a.view_src or a
-    return in_blocks(a, f32=True) and owner.buffer is not None and owner.buffer.usage == BufferUsage.WEIGHTS
-
-
 def _mul_mat_blocks(dst: Tensor) -> None:
     """mul_mat with src0 read in its block format (see the module docstring)."""
     src, first = memory_of(dst.src[0])
@@ -324,7 +316,7 @@ def mul_mat(dst: Tensor) -> None:
     if a.extra is INTERLEAVED:
         _interleaved_call(dst, _interleaved_rows(dst))()
         return
-    if in_blocks(a) or (b.ne[1] <= GROUPED_COLUMNS and _f32_weights(a)):
+    if in_blocks(a) or (b.ne[1] <= GROUPED_COLUMNS and in_blocks(a, f32=True)):
         _mul_mat_blocks(dst)
         return
     if _columns_of_one_product(a, b):  # one BLAS call per plane of a, not one per plane of b
