@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pyggml.backend import BufferUsage, init_by_name
-from pyggml.core.host_memory import aligned_bytes, populate, release_file_pages
+from pyggml.core.host_memory import aligned_bytes, populate, release_file_pages, zero_anonymous
 from tests.support.resident import mapping_of, resident_share
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/smaps and madvise are Linux's")
@@ -61,12 +61,13 @@ def test_own_memory_and_writable_mappings_are_left_alone(data_file):
 
 
 MIB = 1 << 20
-FRESH = 40 * MIB  # above glibc's largest mmap threshold: a mapping of its own, never a recycled heap chunk
+FRESH = 40 * MIB  # cleared by handing its pages back first (a new array may be a recycled, resident heap chunk)
 
 
 def test_populate_makes_the_whole_pages_resident():
     arr = aligned_bytes(FRESH, fill=None)
-    assert resident_share(arr) < 0.5  # never written: not there yet
+    zero_anonymous(arr)
+    assert resident_share(arr) < 0.5  # its pages handed back: not there
     assert populate(arr.ctypes.data, arr.nbytes)
     assert resident_share(arr) == 1.0
     assert populate(arr.ctypes.data, arr.nbytes)  # resident already: a look, still True
@@ -84,8 +85,9 @@ def test_aligned_bytes_resident():
 
 def test_compute_buffers_are_resident_when_designated_others_are_not():
     buft = init_by_name("CPU").default_buffer_type
-    plain = buft.alloc_buffer(FRESH)
-    compute = buft.alloc_buffer(FRESH)
+    plain, compute = buft.alloc_buffer(FRESH), buft.alloc_buffer(FRESH)
+    plain.clear(0)
+    compute.clear(0)  # both without resident pages (a large buffer's clear hands them back)
     compute.usage = BufferUsage.COMPUTE
     assert resident_share(plain.host_array) < 0.5
     assert resident_share(compute.host_array) == 1.0
