@@ -163,6 +163,23 @@ def engine_seconds(metrics: str | None) -> float:
                if line.startswith(("llamacpp:prompt_seconds_total", "llamacpp:tokens_predicted_seconds_total")))
 
 
+async def warm_up(send, concurrency: int, prompts: list) -> None:
+    """`concurrency` requests at once, untimed (compiled kernels and graphs of these batch shapes)."""
+    await asyncio.gather(*[send(p) for p in prompts[:concurrency]])
+
+
+async def timed_run(send, concurrency: int, prompts: list) -> tuple[list[dict], float]:
+    """The rest of the prompts, at most `concurrency` in flight: (each request's timings, wall seconds)."""
+    limit = asyncio.Semaphore(concurrency)
+
+    async def run(p):
+        async with limit:
+            return await send(p)
+    start = time.perf_counter()
+    results = await asyncio.gather(*[run(p) for p in prompts[concurrency:]])
+    return results, time.perf_counter() - start
+
+
 async def level(side: str, concurrency: int, prompts: list, args, eog: list[int], server) -> dict:
     """One concurrency level against a server."""
     import httpx
@@ -174,18 +191,10 @@ async def level(side: str, concurrency: int, prompts: list, args, eog: list[int]
         async def busy() -> float:
             return engine_seconds((await http.get("/metrics")).text if side == "pyggml" else None)
 
-        # warm-up at this concurrency (compiled kernels and graphs of these batch shapes), untimed
-        await asyncio.gather(*[send(p) for p in prompts[:concurrency]])
-        limit = asyncio.Semaphore(concurrency)
-
-        async def run(p):
-            async with limit:
-                return await send(p)
+        await warm_up(send, concurrency, prompts)
         pid = server.proc.pid
         engine0, server0, client0 = await busy(), process_cpu(pid), time.process_time()
-        start = time.perf_counter()
-        results = await asyncio.gather(*[run(p) for p in prompts[concurrency:]])
-        wall = time.perf_counter() - start
+        results, wall = await timed_run(send, concurrency, prompts)
         client_cpu, server_cpu = time.process_time() - client0, process_cpu(pid) - server0
         engine_busy = await busy() - engine0
     return summary(side, concurrency, results, wall, server_cpu, client_cpu, engine_busy)
@@ -193,8 +202,6 @@ async def level(side: str, concurrency: int, prompts: list, args, eog: list[int]
 
 class EngineSide:
     """pyggml's engine in this process, loaded as `pyggml serve` loads it (same context, batch and slots)."""
-
-    side = "engine"
 
     def __init__(self, args):
         self.args = args
@@ -226,16 +233,12 @@ async def engine_request(side: EngineSide, prompt: str, args) -> dict:
 
 async def engine_level(concurrency: int, prompts: list, args, side: EngineSide) -> dict:
     """One concurrency level against the engine in this process (as `level`, without HTTP)."""
-    await asyncio.gather(*[engine_request(side, p, args) for p in prompts[:concurrency]])
-    limit = asyncio.Semaphore(concurrency)
+    def send(p):
+        return engine_request(side, p, args)
 
-    async def run(p):
-        async with limit:
-            return await engine_request(side, p, args)
+    await warm_up(send, concurrency, prompts)
     busy0, cpu0 = side.engine.stats(), time.process_time()
-    start = time.perf_counter()
-    results = await asyncio.gather(*[run(p) for p in prompts[concurrency:]])
-    wall = time.perf_counter() - start
+    results, wall = await timed_run(send, concurrency, prompts)
     busy1 = side.engine.stats()
     busy = busy1.prompt_s + busy1.gen_s - busy0.prompt_s - busy0.gen_s
     return summary("engine", concurrency, results, wall, time.process_time() - cpu0, 0.0, busy)

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
+from pyggml.core.host_memory import whole_pages
 from pyggml.errors import GGUFError
 from pyggml.models.string_table import StringTable
 
@@ -319,8 +320,7 @@ class GGUFFile:
         mapping is read-only, so nothing is lost). Only whole pages inside the range are dropped."""
         if self._mmap is None or not hasattr(mmap, "MADV_DONTNEED"):
             return
-        start = -(-offset // mmap.PAGESIZE) * mmap.PAGESIZE
-        end = min(offset + size, self.file_size) // mmap.PAGESIZE * mmap.PAGESIZE
+        start, end = whole_pages(offset, min(offset + size, self.file_size) - offset)
         if end > start:
             self._mmap.madvise(mmap.MADV_DONTNEED, start, end - start)
 

@@ -398,14 +398,14 @@ def load_model(path=None, backend: str | Backend | list = "CPU", n_ctx: int = 20
     backends = backend_list(backend)
     gguf = GGUFFile.open(path)
     try:
-        return on_a_thread_that_ends(lambda: Model(gguf, backends, n_ctx, n_batch, weights, kv_type, progress,
+        return _on_a_thread_that_ends(lambda: Model(gguf, backends, n_ctx, n_batch, weights, kv_type, progress,
                                                    n_seq_max))
     except BaseException:
         gguf.close()
         raise
 
 
-def on_a_thread_that_ends(fn):
+def _on_a_thread_that_ends(fn):
     """fn()'s result (or exception) from a thread that ends once it returns. Loading runs the compiled kernels'
     parallel loops (the repack), and GNU OpenMP keeps a pool of threads for every thread that ran one while that
     thread lives: with the caller's pool idle beside the engine's (Engine computes on a thread of its own), the

@@ -6,6 +6,7 @@ import mmap
 import numpy as np
 
 from pyggml.backend.cpu.jit.runtime.compiler_pages import Mapping, parse_smaps
+from pyggml.core.host_memory import whole_pages
 
 
 def mapping_of(arr: np.ndarray) -> Mapping:
@@ -19,8 +20,7 @@ def resident_share(arr: np.ndarray) -> float:
     array's smaps mapping may be split (NumPy advises huge pages on its aligned part)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    first = -(-arr.ctypes.data // mmap.PAGESIZE) * mmap.PAGESIZE
-    end = (arr.ctypes.data + arr.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    first, end = whole_pages(arr.ctypes.data, arr.nbytes)
     vec = np.zeros((end - first) // mmap.PAGESIZE, np.uint8)
     if libc.mincore(first, end - first, vec.ctypes.data) != 0:
         raise OSError(ctypes.get_errno(), "mincore")
