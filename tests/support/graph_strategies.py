@@ -166,7 +166,7 @@ def fill(prog: Program, seed: int, write) -> None:
     rng = np.random.default_rng(seed)
     for leaf in prog.leaves:
         t = leaf.tensor
-        shape = tuple(reversed(t.ne[:max(t.n_dims, 1)]))
+        shape = tuple(reversed(t.ne))  # all four: n_dims drops an empty dimension after the first ([1, 0, 1, 1])
         if leaf.kind == "rows":
             values = rng.integers(0, max(leaf.bound, 1), shape).astype(np.int32)
         elif leaf.kind == "pos":
