@@ -13,15 +13,11 @@ HOST_ALIGNMENT = 64  # ggml_aligned_malloc's alignment
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14
 
 
-def aligned_bytes(nbytes: int, alignment: int = HOST_ALIGNMENT, fill: int | None = 0,
-                  resident: bool = False) -> np.ndarray:
-    """A uint8 array of nbytes whose first byte sits at a multiple of alignment; `resident`: its pages are
-    made resident at once (populate), for memory that is about to be written whole (weights)."""
+def aligned_bytes(nbytes: int, alignment: int = HOST_ALIGNMENT, fill: int | None = 0) -> np.ndarray:
+    """A uint8 array of nbytes whose first byte sits at a multiple of alignment."""
     raw = np.empty(nbytes + alignment, dtype=np.uint8)
     start = (-raw.ctypes.data) % alignment
     arr = raw[start: start + nbytes]
-    if resident:
-        populate(arr.ctypes.data, nbytes)
     if fill is not None:
         arr.fill(fill)
     return arr

@@ -78,11 +78,6 @@ def test_populate_refuses_a_range_without_a_whole_page():
     assert not populate(arr.ctypes.data + 1, mmap.PAGESIZE - 2)
 
 
-def test_aligned_bytes_resident():
-    arr = aligned_bytes(FRESH, fill=None, resident=True)
-    assert resident_share(arr) == 1.0 and arr.ctypes.data % 64 == 0
-
-
 def test_compute_buffers_are_resident_when_designated_others_are_not():
     buft = init_by_name("CPU").default_buffer_type
     plain, compute = buft.alloc_buffer(FRESH), buft.alloc_buffer(FRESH)

@@ -68,7 +68,7 @@ class F32ExpandedBufferType(BufferType):
     is_host = False
 
     def _alloc_buffer(self, size: int) -> F32ExpandedBuffer:
-        return F32ExpandedBuffer(self, aligned_bytes(size, fill=None, resident=True))  # weights: written whole at load
+        return F32ExpandedBuffer(self, aligned_bytes(size, fill=None))
 
     def _alloc_size(self, t: Tensor) -> int:
         return max(t.nelements * 4, t.nbytes) if expandable(t.type) else t.nbytes

@@ -96,7 +96,7 @@ class InterleavedBufferType(BufferType):
         return interleavable(type_, ne)
 
     def _alloc_buffer(self, size: int) -> InterleavedBuffer:
-        return InterleavedBuffer(self, aligned_bytes(size, fill=None, resident=True))  # weights: written whole at load
+        return InterleavedBuffer(self, aligned_bytes(size, fill=None))
 
     def _alloc_size(self, t: Tensor) -> int:
         return t.nbytes
