@@ -9,9 +9,10 @@ of its own; RTF = transcription wall time / audio seconds; WER against the sente
 Streaming: the first --stream-s seconds played at real-time pace into Whisper.stream(); latency = wall time
 when an utterance's final text arrives - the moment its speech ended in the played audio (p50, p95), and how much
 of it is audio fed before the final's decode began (the final's `emitted_at`: the closing silence, plus any
-backlog of audio that arrived during earlier decodes); the final
-text's WER against the offline run with VAD on the same audio; partial revisions per second; segments whose
-times lie wholly inside a pause (text during silence).
+backlog of audio that arrived during earlier decodes); the final text's WER against the offline run with VAD on
+the same audio; partial revisions per second; segments whose times lie wholly inside a pause (text during
+silence). `--stream-fast` feeds as fast as it decodes, without partials, for the finals' WER over long audio in
+a fraction of the real time (finals do not depend on the pace; no latencies then).
 
 --per-sentence prints, for every sentence where the engines' word errors differ (or any engine has more than 2),
 each engine's error count and words, the errors charged per sentence (whisper_peers.sentence_errors): this is how
@@ -20,7 +21,8 @@ the VAD runs' extra errors were traced to where they fall.
 --rounds N runs the engines' list N times in turn (with and without VAD alternating), so that ratios are taken
 between runs under the same load; each round prints pyggml-vad's time over pyggml's and over whisper.cpp-vad's.
 
-    python -m benchmarks.vad_vs_peers [--engines ...] [--rounds 2] [--stream-s 120] [--per-sentence] [--json out.json]
+    python -m benchmarks.vad_vs_peers [--engines ...] [--rounds 2] [--stream-s 120 [--stream-fast]]
+        [--per-sentence] [--json out.json]
 """
 
 from __future__ import annotations
@@ -125,8 +127,10 @@ def worker(engine: str, workdir: Path) -> dict:
     return {"engine": engine, "load_s": load_s, "wall_s": time.perf_counter() - start, "text": text, "stages": stages}
 
 
-def stream_worker(workdir: Path, seconds: float) -> dict:
-    """Play the first `seconds` at real-time pace into Whisper.stream(); latencies against the true speech ends."""
+def stream_worker(workdir: Path, seconds: float, fast: bool = False) -> dict:
+    """Play the first `seconds` at real-time pace into Whisper.stream() (`fast`: as fast as decoded, no
+    partials, for the finals' text alone); latencies against the true speech ends."""
+    from pyggml.models.whisper.stream import StreamOptions
     from pyggml.models.whisper.transcribe import load_whisper
 
     audio, _, spans = long_audio(workdir)
@@ -135,11 +139,11 @@ def stream_worker(workdir: Path, seconds: float) -> dict:
     w = load_whisper("tiny.en", n_threads=THREADS)
     w.vad()
     offline = " ".join(s.text.strip() for s in w.transcribe(audio, vad=True, temperatures=(0.0,)))
-    stream = w.stream()
+    stream = w.stream(StreamOptions(partial_every_s=0) if fast else None)
     chunk, pos, events = SR // 10, 0, []
     t0 = time.perf_counter()
     while pos < audio.size:
-        due = int((time.perf_counter() - t0) * SR)
+        due = pos + chunk if fast else int((time.perf_counter() - t0) * SR)
         if due < pos + chunk:
             time.sleep((pos + chunk - due) / SR)
             due = pos + chunk
@@ -156,7 +160,7 @@ def stream_worker(workdir: Path, seconds: float) -> dict:
             latencies.append(t - b)
             waits.append(e.emitted_at - b)
     in_pause = sum(1 for _, e in events if not any(e.start < b and e.end > a for a, b in spans))
-    return {"audio_s": audio.size / SR, "offline_text": offline, "final_text": stream.final_text,
+    return {"audio_s": audio.size / SR, "fast": fast, "offline_text": offline, "final_text": stream.final_text,
             "latencies": latencies, "stream_waits": waits, "partials": stream.partials, "in_pause": in_pause,
             "sentences": len(spans), "decode_s": stream.decode_seconds}
 
@@ -168,6 +172,8 @@ def main() -> None:
     ap.add_argument("--engines", default=",".join(ENGINES), help="comma-separated subset of " + ", ".join(ENGINES))
     ap.add_argument("--rounds", type=int, default=1, help="run the engines' list this many times, alternating")
     ap.add_argument("--stream-s", type=float, default=120.0, help="seconds streamed at real time (0: none)")
+    ap.add_argument("--stream-fast", action="store_true",
+                    help="stream as fast as decoded, without partials: the finals' WER only (no latencies)")
     ap.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "pyggml-vad-bench"))
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--json", help="also write the results to this file")
@@ -176,7 +182,8 @@ def main() -> None:
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     if args.worker:
-        r = stream_worker(workdir, args.stream_s) if args.worker == "stream" else worker(args.worker, workdir)
+        r = (stream_worker(workdir, args.stream_s, args.stream_fast) if args.worker == "stream"
+             else worker(args.worker, workdir))
         print(json.dumps(r))
         return
     audio, texts, spans = long_audio(workdir)
@@ -195,7 +202,7 @@ def main() -> None:
             rounds.append({})
         before = os.getloadavg()[0]
         cmd = [sys.executable, "-m", "benchmarks.vad_vs_peers", "--worker", job, "--workdir", str(workdir),
-               "--stream-s", str(args.stream_s)]
+               "--stream-s", str(args.stream_s)] + (["--stream-fast"] if args.stream_fast else [])
         out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
         if out.returncode != 0:
             print(f"{job}: failed\n{out.stderr[-2000:]}", file=sys.stderr)
@@ -206,14 +213,18 @@ def main() -> None:
         if job == "stream":
             lat = np.array(r["latencies"] or [np.nan])
             ref = " ".join(t for t, (a, b) in zip(texts, spans) if b <= r["audio_s"])
-            print(f"stream ({r['audio_s']:.0f} s at real time): final-text latency p50 {np.percentile(lat, 50):.2f} s, "
-                  f"p95 {np.percentile(lat, 95):.2f} s over {len(r['latencies'])}/{r['sentences']} sentences (of which "
-                  f"p50 {np.median(r['stream_waits'] or [np.nan]):.2f} s of audio fed before the final's decode began, "
-                  f"the rest decoding and any backlog); "
-                  f"WER final {wer(ref, r['final_text']):.3f} vs offline {wer(ref, r['offline_text']):.3f} "
-                  f"(final vs offline text {wer(r['offline_text'], r['final_text']):.3f}); "
-                  f"{r['partials'] / r['audio_s']:.2f} partial revisions/s; {r['in_pause']} segments in pauses; "
-                  f"load avg {r['loadavg'][0]}/{r['loadavg'][1]}")
+            quality = (f"WER final {wer(ref, r['final_text']):.3f} vs offline {wer(ref, r['offline_text']):.3f} "
+                       f"(final vs offline text {wer(r['offline_text'], r['final_text']):.3f}); "
+                       f"{r['in_pause']} segments in pauses; load avg {r['loadavg'][0]}/{r['loadavg'][1]}")
+            if r["fast"]:
+                print(f"stream ({r['audio_s']:.0f} s as fast as decoded, {r['decode_s']:.0f} s decoding): {quality}")
+            else:
+                print(f"stream ({r['audio_s']:.0f} s at real time): final-text latency p50 "
+                      f"{np.percentile(lat, 50):.2f} s, p95 {np.percentile(lat, 95):.2f} s over "
+                      f"{len(r['latencies'])}/{r['sentences']} sentences (of which p50 "
+                      f"{np.median(r['stream_waits'] or [np.nan]):.2f} s of audio fed before the final's decode "
+                      f"began, the rest decoding and any backlog); {r['partials'] / r['audio_s']:.2f} partial "
+                      f"revisions/s; {quality}")
         else:
             r["rtf"], r["wer"] = r["wall_s"] / audio_s, wer(reference, r["text"])
             rounds[-1][job] = r

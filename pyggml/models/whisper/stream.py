@@ -15,13 +15,15 @@ the probability stays below the negative threshold for `min_silence_ms`, or the 
 `min_speech_ms` of speech are dropped undecoded, and nothing is decoded while no utterance is open, so silence
 yields no text.
 
-The final decode hears the previous utterance too: up to `context_s` seconds of its audio, 0.1 s of silence
-(as transcribe(vad=True) lays speech end to end), then the new utterance, with the text before the previous
-utterance as prompt; the words whose time (word timestamps) lies past the join are the new final text. An offline
-run with VAD decodes each utterance after the ones before it in the same window; decoded alone, tiny.en misheard
-far more (on the long benchmark's first 300 s, final WER 0.160 alone against 0.128 with context and 0.119
-offline): "let me cut my hand" for "the baker sells fresh bread". If no word lands past the join (the model
-stopped after the context), the utterance is decoded alone.
+The final decode hears the previous utterances too: as many of the last ones as fit in `context_s` (15) seconds
+laid end to end with 0.1 s of silence between (as transcribe(vad=True) lays speech), then the new utterance,
+with the final text before them as prompt; the words whose time (word timestamps) lies past the join are the new
+final text. An offline run with VAD decodes each utterance after the ones before it in the same window; decoded
+alone, tiny.en misheard far more: "let me cut my hand" for "the baker sells fresh bread". Finals' WER on the long
+benchmark's 813 s (offline with VAD 0.113): alone 0.16 (first 300 s), the previous utterance only 0.136, the last
+utterances within 10 s 0.123, 15 s 0.112, 20 s 0.124; on a second long audio of other voices, speeds and pauses
+(offline 0.116), 15 s gives 0.112 (docs/whisper.md). If no word lands past the join (the model stopped after
+the context), the utterance is decoded alone.
 
 Why this and not LocalAgreement-2 (ufal's whisper_streaming: commit the longest common prefix of the last two
 hypotheses): a final here is one decode of the utterance in the context an offline run with VAD gives it, and the
@@ -56,7 +58,7 @@ class StreamOptions:
     partial_every_s: float = 1.0            # new audio between partial transcriptions (0: no partials)
     max_utterance_s: float = 25.0           # an utterance this long is cut (kept under Whisper's 30 s window)
     prompt_chars: int = 200                 # how much of the final text so far prompts the next utterance
-    context_s: float = 10.0                 # previous utterance's audio decoded before a final (0: alone)
+    context_s: float = 15.0                 # the last utterances' audio decoded before a final (0: alone)
 
     def check(self) -> StreamOptions:
         if not 0.0 < self.threshold < 1.0:
@@ -105,8 +107,7 @@ class Stream:
         self.speaking = False                   # the last window was at or above threshold
         self.utterances = 0
         self.finals: list[StreamSegment] = []
-        self.context = np.zeros(0, np.float32)  # the previous final utterance's audio (its last context_s)
-        self.context_prompt = ""                # the final text before it
+        self.history: list[tuple[int, np.ndarray]] = []   # (utterance, audio): the finals in context
         self.partials = 0
         self.decode_seconds = 0.0
 
@@ -174,19 +175,29 @@ class Stream:
         segments = self._final_in_context(audio, start) or self._final_alone(audio, start)
         self.finals += segments
         self.utterances += 1
-        self.context = audio[audio.size - min(int(self.opts.context_s * SAMPLE_RATE), audio.size):].copy()
-        self.context_prompt = before
+        self._remember(audio)
         return segments
+
+    def _remember(self, audio: np.ndarray) -> None:
+        """Keep the last utterances whose audio, laid end to end with JOIN between, fits in context_s (the last
+        one cut to context_s when it alone is longer)."""
+        limit = int(self.opts.context_s * SAMPLE_RATE)
+        self.history.append((self.utterances - 1, audio[audio.size - min(limit, audio.size):].copy()))
+        while len(self.history) > 1 and sum(a.size + JOIN for _, a in self.history) - JOIN > limit:
+            self.history.pop(0)
+        if not limit:
+            self.history.clear()
 
     def _final_in_context(self, audio: np.ndarray, start: int) -> list[StreamSegment]:
         """The new words of a decode of [previous utterance, 0.1 s silence, this utterance] ([] if none)."""
         room = MAX_DECODE - JOIN - audio.size
-        if not self.context.size or room < SAMPLE_RATE // 2 or not self.whisper.file.alignment_heads:
+        if not self.history or room < SAMPLE_RATE // 2 or not self.whisper.file.alignment_heads:
             return []
-        context = self.context[-room:]
+        gap = np.zeros(JOIN, np.float32)
+        context = np.concatenate([x for _, a in self.history for x in (a, gap)][:-1])[-room:]
         join = (context.size + JOIN) / SAMPLE_RATE
-        decoded = self._transcribe(np.concatenate([context, np.zeros(JOIN, np.float32), audio]),
-                                   self.context_prompt, word_timestamps=True)
+        prompt = " ".join(s.text.strip() for s in self.finals if s.utterance < self.history[0][0] and s.text.strip())
+        decoded = self._transcribe(np.concatenate([context, gap, audio]), prompt, word_timestamps=True)
         offset, end = start / SAMPLE_RATE - join, (start + audio.size) / SAMPLE_RATE
         out = []
         for s in decoded:

@@ -101,6 +101,29 @@ def test_final_decoded_after_previous_utterance(context_s):
     assert all(t0 - 0.3 <= s.start < s.end <= t1 + 0.3 for s in second)
 
 
+def test_context_is_the_last_utterances_that_fit():
+    """The context is as many of the last final utterances as fit in context_s laid end to end (JOIN between),
+    the last one cut to context_s when it alone is longer; the prompt is the final text before the context."""
+    from pyggml.models.whisper.stream import JOIN, StreamOptions, StreamSegment
+
+    w = model_with_vad()
+    stream = w.stream(StreamOptions(partial_every_s=0, context_s=10.0))
+    calls = []
+    stream._transcribe = lambda audio, prompt, **kw: calls.append((audio.size, prompt)) or []
+    kept = []
+    for n, seconds in enumerate([4.0, 4.0, 3.0, 12.0]):
+        stream.finals.append(StreamSegment(0.0, 1.0, f"utterance{n}.", True, 0.0, n))
+        stream.utterances = n + 1
+        stream._remember(np.ones(int(seconds * SR), np.float32))
+        kept.append([(i, a.size / SR) for i, a in stream.history])
+        stream._final_in_context(np.zeros(SR, np.float32), 0)
+    assert kept == [[(0, 4.0)], [(0, 4.0), (1, 4.0)], [(1, 4.0), (2, 3.0)], [(3, 10.0)]]
+    audio_sizes = [size for size, _ in calls]
+    assert audio_sizes == [int((4 + 1) * SR) + JOIN, int((8 + 1) * SR) + 2 * JOIN, int((7 + 1) * SR) + 2 * JOIN,
+                           int((10 + 1) * SR) + JOIN]
+    assert [prompt for _, prompt in calls] == ["", "", "utterance0.", "utterance0. utterance1. utterance2."]
+
+
 def test_partials_thin_out_when_decoding_is_slow(monkeypatch):
     """A partial that takes 1 s (a fake clock) spaces the next ones 1 / PARTIAL_SHARE s of audio apart, not
     partial_every_s."""
