@@ -19,7 +19,8 @@ each engine's error count and words, the errors charged per sentence (whisper_pe
 the VAD runs' extra errors were traced to where they fall.
 
 --rounds N runs the engines' list N times in turn (with and without VAD alternating), so that ratios are taken
-between runs under the same load; each round prints pyggml-vad's time over pyggml's and over whisper.cpp-vad's.
+between runs under the same load; each round prints every engine's time with VAD over its own without, and
+pyggml-vad's over whisper.cpp-vad's.
 
     python -m benchmarks.vad_vs_peers [--engines ...] [--rounds 2] [--stream-s 120 [--stream-fast]]
         [--per-sentence] [--json out.json]
@@ -243,12 +244,13 @@ def main() -> None:
 
 
 def print_ratios(rounds: list[dict]) -> None:
-    """Per round: pyggml-vad's wall time over pyggml's without VAD and over whisper.cpp's with VAD."""
+    """Per round: each engine's wall time with VAD over its own without, and pyggml-vad's over whisper.cpp-vad's."""
     for k, rd in enumerate(rounds):
-        vad = rd.get("pyggml-vad")
-        for other in ("pyggml", "whisper.cpp-vad"):
-            if vad and other in rd:
-                print(f"round {k + 1}: pyggml-vad / {other} wall time {vad['wall_s'] / rd[other]['wall_s']:.3f}")
+        pairs = [(e + "-vad", e) for e in ("pyggml", "whisper.cpp", "faster-whisper")] + [("pyggml-vad",
+                                                                                          "whisper.cpp-vad")]
+        for vad, other in pairs:
+            if vad in rd and other in rd:
+                print(f"round {k + 1}: {vad} / {other} wall time {rd[vad]['wall_s'] / rd[other]['wall_s']:.3f}")
 
 
 def print_sentence_errors(texts: list[str], outputs: dict[str, str]) -> None:
