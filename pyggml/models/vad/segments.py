@@ -153,7 +153,7 @@ class SpeechAudio:
                 parts.append(np.zeros(gap, np.float32))
                 points += [(offset, b), (offset + gap, segments[i + 1][0])]
                 offset += gap
-        self.audio = np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, np.float32)
+        self.audio = np.concatenate(parts, dtype=np.float32) if parts else np.zeros(0, np.float32)
         table = sorted(dict(points).items())          # one point per processed time, in order
         self._processed = np.array([p for p, _ in table], np.float64) / SAMPLE_RATE
         self._original = np.array([o for _, o in table], np.float64) / SAMPLE_RATE
