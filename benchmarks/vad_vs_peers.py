@@ -44,6 +44,7 @@ SENTENCES = REPO / "benchmarks" / "data" / "vad_sentences.txt"
 SR = 16000
 THREADS = 2
 ENGINES = ("pyggml", "pyggml-vad", "whisper.cpp", "whisper.cpp-vad", "faster-whisper", "faster-whisper-vad")
+RATIOS = [(e + "-vad", e) for e in ("pyggml", "whisper.cpp", "faster-whisper")] + [("pyggml-vad", "whisper.cpp-vad")]
 VOICES = ("en-us", "en-gb", "en-us+m3", "en-gb+f2")
 SPEEDS = (135, 150, 165, 175)
 
@@ -246,9 +247,7 @@ def main() -> None:
 def print_ratios(rounds: list[dict]) -> None:
     """Per round: each engine's wall time with VAD over its own without, and pyggml-vad's over whisper.cpp-vad's."""
     for k, rd in enumerate(rounds):
-        pairs = [(e + "-vad", e) for e in ("pyggml", "whisper.cpp", "faster-whisper")] + [("pyggml-vad",
-                                                                                          "whisper.cpp-vad")]
-        for vad, other in pairs:
+        for vad, other in RATIOS:
             if vad in rd and other in rd:
                 print(f"round {k + 1}: {vad} / {other} wall time {rd[vad]['wall_s'] / rd[other]['wall_s']:.3f}")
 

@@ -171,7 +171,6 @@ class Stream:
         audio = self.audio[start - self.base:end - self.base]
         if audio.size < SAMPLE_RATE // 10:
             return []
-        before = self.final_text
         segments = self._final_in_context(audio, start) or self._final_alone(audio, start)
         self.finals += segments
         self.utterances += 1
@@ -182,14 +181,14 @@ class Stream:
         """Keep the last utterances whose audio, laid end to end with JOIN between, fits in context_s (the last
         one cut to context_s when it alone is longer)."""
         limit = int(self.opts.context_s * SAMPLE_RATE)
-        self.history.append((self.utterances - 1, audio[audio.size - min(limit, audio.size):].copy()))
+        if not limit:
+            return
+        self.history.append((self.utterances - 1, audio[-limit:].copy()))
         while len(self.history) > 1 and sum(a.size + JOIN for _, a in self.history) - JOIN > limit:
             self.history.pop(0)
-        if not limit:
-            self.history.clear()
 
     def _final_in_context(self, audio: np.ndarray, start: int) -> list[StreamSegment]:
-        """The new words of a decode of [previous utterance, 0.1 s silence, this utterance] ([] if none)."""
+        """The new words of a decode of [the utterances in context, 0.1 s silence, this utterance] ([] if none)."""
         room = MAX_DECODE - JOIN - audio.size
         if not self.history or room < SAMPLE_RATE // 2 or not self.whisper.file.alignment_heads:
             return []
