@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from pyggml.models import load_model
-from pyggml.models.gguf_file import GGUFFile
+from pyggml.models.gguf.gguf_file import GGUFFile
 from pyggml.testing.agreement import agreement
 from pyggml.testing.synthetic import write_f32_copy
 

@@ -77,7 +77,7 @@ def n_cells(args) -> int:
 def run_pyggml(args) -> dict:
     from pyggml.backend.cpu.backend import set_n_threads
     from pyggml.models import load_model
-    from pyggml.models.batch import Batch
+    from pyggml.models.llm.batch import Batch
 
     model = load_model(args.model, n_ctx=n_cells(args), n_batch=args.batch, n_seq_max=max(args.npl))
     set_n_threads(model.backend, args.threads)
@@ -152,7 +152,7 @@ def main() -> None:
         scratch = tempfile.TemporaryDirectory(prefix="batched_vs_llamacpp_")
         args.model = written_apart(write_synthetic, args.synthetic, scratch.name)
     if args.model is None:
-        from pyggml.models.model import default_model_path
+        from pyggml.models.llm.model import default_model_path
 
         args.model = default_model_path()
     if args.side:

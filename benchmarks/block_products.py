@@ -25,8 +25,8 @@ from pyggml.core import ops
 from pyggml.core import types as T
 from pyggml.core.context import Context
 from pyggml.core.tensor import host_ndarray
-from pyggml.models.gguf_file import GGUFFile
-from pyggml.models.model import default_model_path
+from pyggml.models.gguf.gguf_file import GGUFFile
+from pyggml.models.llm.model import default_model_path
 
 MATRICES = ("token_embd.weight", "blk.0.attn_q.weight", "blk.0.attn_v.weight", "blk.0.attn_output.weight",
             "blk.0.ffn_up.weight", "blk.0.ffn_down.weight", "blk.2.ffn_down.weight")

@@ -178,7 +178,7 @@ def write_synthetic(name: str, directory: str) -> str:
 def weight_bytes_per_token(path: str) -> int:
     """The bytes of the weights one generation step reads: every matrix but an untied token embedding (of which
     GET_ROWS reads one row), so the layers and the output head."""
-    from pyggml.models.gguf_file import GGUFFile
+    from pyggml.models.gguf.gguf_file import GGUFFile
 
     infos = GGUFFile.open(path).tensors
     tied = all(t.name != "output.weight" for t in infos)
@@ -275,7 +275,7 @@ def main() -> None:
                 os.replace(args.model, kept)
                 args.model = str(kept)
     if args.model is None:
-        from pyggml.models.model import default_model_path
+        from pyggml.models.llm.model import default_model_path
 
         args.model = default_model_path()
     if args.side:

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from pyggml.models import load_model
-from pyggml.models.model import default_model_path
+from pyggml.models.llm.model import default_model_path
 from pyggml.testing.agreement import F32_BOUND, Agreement, within_yardstick
 from pyggml.testing.llamacpp import LlamaCpp
 from pyggml.testing.synthetic import write_f32_copy

@@ -1,6 +1,6 @@
 """Gemma 3 270M with its layers split across the local CPU backend and two RPC servers, through the scheduler.
 
-As llama.cpp's `--rpc` (and `pyggml generate --rpc`, through pyggml.models.runner): every layer's weights
+As llama.cpp's `--rpc` (and `pyggml generate --rpc`, through pyggml.models.llm.runner): every layer's weights
 and KV cache live on one backend, dealt out by the devices' free memory (the token embedding and output
 head stay local), and the scheduler runs each op where its weights are, copying activations between
 backends. The greedy tokens must equal a purely local run's. Reports tokens/s for both, the

@@ -103,8 +103,8 @@ def random_prompts(model_path: str, count: int, length: int, rng: random.Random)
     """`count` texts of `length` random normal tokens each, and the file's end-of-generation ids. A text whose
     tokens re-tokenize to more than `length` (a padded vocabulary's filler tokens read back as many bytes) is
     cut to the first `length` of its re-tokenized ids, until it holds: both servers get about `length` tokens."""
-    from pyggml.models.gguf_file import GGUFFile
-    from pyggml.models.tokenizer import TokenAttr, load_tokenizer
+    from pyggml.models.gguf.gguf_file import GGUFFile
+    from pyggml.models.text.tokenizer import TokenAttr, load_tokenizer
 
     tok = load_tokenizer(GGUFFile.open(model_path))
     normal = [i for i, a in enumerate(tok.attrs) if a == TokenAttr.NORMAL and i not in tok.eog_ids]
@@ -209,7 +209,7 @@ class EngineSide:
     def __enter__(self) -> "EngineSide":
         from pyggml.backend.cpu.backend import set_n_threads
         from pyggml.models import load_model
-        from pyggml.models.engine import Engine
+        from pyggml.models.llm.engine import Engine
 
         self.model = load_model(self.args.model, n_ctx=self.args.ctx, n_batch=self.args.batch)
         set_n_threads(self.model.backend, self.args.threads)
@@ -221,8 +221,8 @@ class EngineSide:
 
 
 async def engine_request(side: EngineSide, prompt: str, args) -> dict:
-    from pyggml.models.engine import Request, Token
-    from pyggml.models.generate import SamplingParams
+    from pyggml.models.llm.engine import Request, Token
+    from pyggml.models.llm.generate import SamplingParams
 
     start = time.perf_counter()
     ids = side.model.tokenize(prompt, add_special=True, parse_special=True)
@@ -310,7 +310,7 @@ def main(argv=None) -> int:
         from benchmarks.batched_vs_llamacpp import write_synthetic
         args.model = write_synthetic(args.synthetic, scratch.name)
     elif args.model is None:
-        from pyggml.models.model import default_model_path
+        from pyggml.models.llm.model import default_model_path
         args.model = default_model_path()
     rng = random.Random(args.seed)
     needed = args.input_len + args.output_len

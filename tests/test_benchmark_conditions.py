@@ -68,7 +68,7 @@ def test_the_generate_benchmark_counts_the_weights_a_step_reads(tmp_path):
     """Every matrix a step multiplies (the layers and the output head), not an untied token embedding, which
     GET_ROWS reads a row of; a tied embedding is the head."""
     from benchmarks import generate_vs_llamacpp as generate
-    from pyggml.models.gguf_file import GGUFFile
+    from pyggml.models.gguf.gguf_file import GGUFFile
     from pyggml.testing.synthetic import write_llama
 
     for tied in (False, True):

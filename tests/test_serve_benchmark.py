@@ -41,8 +41,8 @@ def test_engine_side_measures_the_same_requests_without_http(tmp_path):
 def test_prompts_re_tokenize_to_at_most_their_length(tmp_path):
     """On the padded GPT-2 vocabulary of the random-weight 1B files, random tokens' text re-tokenized ran ~10x
     longer; the prompts are cut until they hold."""
-    from pyggml.models.gguf_file import GGUFFile
-    from pyggml.models.tokenizer import load_tokenizer
+    from pyggml.models.gguf.gguf_file import GGUFFile
+    from pyggml.models.text.tokenizer import load_tokenizer
     from pyggml.testing.synthetic import Vocab, write_llama
 
     vocab = Vocab.from_gguf("tests/models/data/bpe_vocabs/gpt-2.gguf")

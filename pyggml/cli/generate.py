@@ -42,8 +42,8 @@ def run(args) -> int:
     from pyggml.backend.cpu.jit.runtime.compile_cache import is_cold
     from pyggml.backend.registry import load_all
     from pyggml.models import load_model
-    from pyggml.models.generate import SamplingParams, check_n_predict
-    from pyggml.models.model import check_sizes
+    from pyggml.models.llm.generate import SamplingParams, check_n_predict
+    from pyggml.models.llm.model import check_sizes
 
     check_n_predict(args.n)  # nonsense counts and thresholds fail before the model loads
     SamplingParams(args.temp, args.top_k, args.top_p, args.min_p, args.repeat_penalty, seed=args.seed)

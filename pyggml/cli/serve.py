@@ -55,7 +55,7 @@ def loader(args):
     from pathlib import Path
 
     from pyggml.models import load_model
-    from pyggml.models.engine import Engine
+    from pyggml.models.llm.engine import Engine
     from pyggml.serve.state import Loaded
 
     def load():

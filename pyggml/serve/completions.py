@@ -11,8 +11,8 @@ import uuid
 from dataclasses import dataclass, field
 
 from pyggml.errors import GGUFError, ParameterError
-from pyggml.models.engine import Done, Request
-from pyggml.models.generate import SamplingParams
+from pyggml.models.llm.engine import Done, Request
+from pyggml.models.llm.generate import SamplingParams
 from pyggml.serve.params import GenerationParams, read_generation
 from pyggml.serve.protocol import APIError, Fields, error_body
 from pyggml.serve.state import ServerState, run_blocking

@@ -9,7 +9,7 @@ import threading
 
 import numpy as np
 
-from pyggml.models.tokenizer import TokenAttr
+from pyggml.models.text.tokenizer import TokenAttr
 from pyggml.serve.protocol import APIError
 
 _CONTROL, _USER_DEFINED = int(TokenAttr.CONTROL), int(TokenAttr.USER_DEFINED)  # what llguidance treats as special

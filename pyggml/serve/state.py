@@ -28,7 +28,7 @@ class Loaded:
     """What the loader produced (the loader runs in a thread at start-up; /health is 503 until it is done)."""
 
     model: object = None            # pyggml.models.Model
-    engine: object = None           # pyggml.models.engine.Engine
+    engine: object = None           # pyggml.models.llm.engine.Engine
     model_id: str = ""
     whisper: dict = field(default_factory=dict)   # name -> Whisper
     whisper_default: str | None = None

@@ -9,7 +9,7 @@ from gguf import GGMLQuantizationType
 from pyggml.core import GGMLType
 from pyggml.errors import AllocationError, ParameterError
 from pyggml.models import load_model
-from pyggml.models.batch import Batch
+from pyggml.models.llm.batch import Batch
 
 from tests.support.tiny_models import write_gemma3, write_gpt2, write_llama
 

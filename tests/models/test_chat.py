@@ -3,7 +3,7 @@
 import pytest
 
 from pyggml.errors import GGUFError
-from pyggml.models.chat import detect_template, format_chat
+from pyggml.models.text.chat import detect_template, format_chat
 
 GEMMA_JINJA = "{{ bos_token }}{% for message in messages %}<start_of_turn>{{ role }}\n{{ message['content'] }}"
 

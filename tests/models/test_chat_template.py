@@ -10,8 +10,8 @@ import pytest
 
 from pyggml.errors import GGUFError, ParameterError
 from pyggml.models import load_model
-from pyggml.models.chat import format_chat
-from pyggml.models.chat_template import ChatTemplate
+from pyggml.models.text.chat import format_chat
+from pyggml.models.text.chat_template import ChatTemplate
 from tests.support.serve import write_chat_model
 from tests.support.tiny_models import gemma3_vocab, write_gemma3
 

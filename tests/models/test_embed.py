@@ -1,4 +1,4 @@
-"""Model.embed (pyggml.models.embed) and the bert / nomic-bert encoders: agreement with llama.cpp's embeddings
+"""Model.embed (pyggml.models.llm.embed) and the bert / nomic-bert encoders: agreement with llama.cpp's embeddings
 (committed references, and the live library as `peer`), pooling and normalization semantics, inputs, errors,
 and that embedding leaves a decoder's generation state alone."""
 
@@ -11,7 +11,7 @@ import pytest
 from pyggml.backend import tensor_get
 from pyggml.errors import GGMLError, GGUFError, ParameterError
 from pyggml.models import load_model
-from pyggml.models.embed import batches, normalize
+from pyggml.models.llm.embed import batches, normalize
 from pyggml.testing.synthetic import write_bert, write_nomic_bert
 
 from tests.support.embedding_cases import BY_NAME, CASES, N_CTX, TEXTS, bge_vocab, write_case

@@ -12,8 +12,8 @@ import pytest
 from pyggml.core import GGMLType
 from pyggml.errors import GGMLError, ParameterError
 from pyggml.models import load_model
-from pyggml.models.engine import Done, Engine, Request, Token, log_sum_exp, top_tokens
-from pyggml.models.generate import SamplingParams
+from pyggml.models.llm.engine import Done, Engine, Request, Token, log_sum_exp, top_tokens
+from pyggml.models.llm.generate import SamplingParams
 
 from tests.support.tiny_models import bpe_vocab, write_llama
 

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from pyggml.errors import ParameterError
-from pyggml.models.generate import (Sampler, SamplingParams, apply_repeat_penalty, keep_min_p, keep_top_k,
+from pyggml.models.llm.generate import (Sampler, SamplingParams, apply_repeat_penalty, keep_min_p, keep_top_k,
                                     keep_top_p)
 
 LOGITS = st.integers(2, 50).flatmap(

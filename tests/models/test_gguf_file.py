@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pyggml.errors import GGUFError
-from pyggml.models.gguf_file import GGUFFile
+from pyggml.models.gguf.gguf_file import GGUFFile
 
 CORPUS = Path(__file__).parent / "data" / "gguf_corpus"
 

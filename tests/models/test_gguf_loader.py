@@ -10,8 +10,8 @@ from pyggml.backend.cpu.interleave import has_vnni
 from pyggml.core import GGMLType
 from pyggml.errors import GGMLError, GGUFError
 from pyggml.models import load_model
-from pyggml.models.gguf_file import GGUFFile
-from pyggml.models.gguf_loader import load_weights
+from pyggml.models.gguf.gguf_file import GGUFFile
+from pyggml.models.gguf.gguf_loader import load_weights
 from pyggml.testing.synthetic import q4_k_m_mix, write_gpt_oss
 
 from tests.support.tiny_models import write_gemma3, write_llama
@@ -80,7 +80,7 @@ def test_a_tensor_of_the_wrong_shape_is_named(tmp_path):
     path = write_llama(tmp_path / "bad.gguf", n_ff=96)
     gguf = GGUFFile.open(path)
     gguf.metadata["llama.feed_forward_length"] = 128
-    from pyggml.models.model import Model
+    from pyggml.models.llm.model import Model
     with pytest.raises(GGUFError, match=r"'blk.0.ffn_gate.weight' has shape \[64, 96\], expected \[64, 128\]"):
         Model(gguf, [init_by_name("CPU")], 16, 4, "f32", GGMLType.F16, None)
 
@@ -116,7 +116,7 @@ def test_truncated_file_is_refused(tmp_path, q8_file):
 
 
 def test_a_type_without_dequantization_cannot_be_expanded(tmp_path, q8_file, monkeypatch):
-    import pyggml.models.gguf_loader as loader
+    import pyggml.models.gguf.gguf_loader as loader
     from pyggml.errors import UnsupportedTypeError
 
     def refuse(type_, data):
@@ -200,7 +200,7 @@ def test_a_tied_embedding_goes_with_the_layers_and_its_rows_still_read(tmp_path,
         ("Q6_K", "CPU_INTERLEAVED") and w.nbytes == w.file_tensor_bytes
     ids = load_model(path, n_ctx=64).tokenize("hello world")
     logits = load_model(path, n_ctx=64).decode(ids)
-    monkeypatch.setattr("pyggml.models.gguf_loader.OUTPUT", "token_embd.weight")  # as if untied: left in the file
+    monkeypatch.setattr("pyggml.models.gguf.gguf_loader.OUTPUT", "token_embd.weight")  # as if untied: left in the file
     assert load_weights(GGUFFile.open(path), init_by_name("CPU")).tensors["token_embd.weight"].buffer.buft.name \
         == "CPU_Mapped"
     in_file = load_model(path, n_ctx=64).decode(ids)

@@ -3,8 +3,8 @@
 import numpy as np
 
 from pyggml.backend import init_by_name
-from pyggml.models.kv_cache import KVCache, causal_mask
-from pyggml.models.kv_cells import KVCells
+from pyggml.models.llm.kv_cache import KVCache, causal_mask
+from pyggml.models.llm.kv_cells import KVCells
 
 
 def test_causal_mask_lets_each_query_see_itself_and_earlier_cells():

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pyggml.errors import ParameterError
-from pyggml.models.kv_cells import KVCells
+from pyggml.models.llm.kv_cells import KVCells
 
 from tests.models.data.make_llamacpp_seq_ops import N_CTX, N_SEQ, apply_op, positions, random_ops
 

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from pyggml.models.pre_tokenizer import PRE_TOKENIZERS, _collapse, _translate
+from pyggml.models.text.pre_tokenizer import PRE_TOKENIZERS, _collapse, _translate
 
 
 def split(name, text):

@@ -9,7 +9,7 @@ import pytest
 
 from pyggml.errors import GGUFError
 from pyggml.models.arch.blocks import ROPE_NORMAL, Decoder, Rope, hparam_per_layer, swa_layers
-from pyggml.models.gguf_file import GGUFFile
+from pyggml.models.gguf.gguf_file import GGUFFile
 from pyggml.testing.synthetic import llama3_rope_freqs, write_llama
 
 from tests.support.tiny_models import write_gemma3

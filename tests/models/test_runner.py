@@ -6,7 +6,7 @@ from gguf import GGMLQuantizationType
 
 import pyggml as gg
 from pyggml.models import load_model
-from pyggml.models.runner import Scheduled, SingleBackend, layer_counts
+from pyggml.models.llm.runner import Scheduled, SingleBackend, layer_counts
 
 from tests.support.tiny_models import write_llama
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from pyggml.models.string_table import StringTable
+from pyggml.models.gguf.string_table import StringTable
 
 WORDS = ["<s>", "▁héllo", "日本", "", "a", "ab", "▁", "<0x0A>"]
 

@@ -8,7 +8,7 @@ from gguf.quants import dequantize
 from tests.support.parity_cases import plain
 
 from pyggml.errors import GGMLError
-from pyggml.models.gguf_file import GGUFFile
+from pyggml.models.gguf.gguf_file import GGUFFile
 from pyggml.testing.synthetic import q4_k_m_mix, random_weight, write_f32_copy
 
 from tests.support.tiny_models import gemma3_vocab, write_llama

@@ -2,7 +2,7 @@
 
 import unicodedata
 
-from pyggml.models import unicode_data as ud
+from pyggml.models.text import unicode_data as ud
 
 
 def test_categories_follow_llama_cpp_not_the_interpreter():

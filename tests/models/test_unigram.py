@@ -5,7 +5,7 @@ import pytest
 from gguf import TokenType
 
 from pyggml.errors import GGUFError
-from pyggml.models.unigram import CharsMap, UGMTokenizer
+from pyggml.models.text.unigram import CharsMap, UGMTokenizer
 from tests.support.vocab_files import write_vocab
 
 TOKENS = [("<pad>", TokenType.CONTROL, 0.0), ("</s>", TokenType.CONTROL, 0.0), ("<unk>", TokenType.UNKNOWN, 0.0),

@@ -4,7 +4,7 @@ import pytest
 from gguf import TokenType
 
 from pyggml.errors import GGUFError
-from pyggml.models.wordpiece import WPMTokenizer
+from pyggml.models.text.wordpiece import WPMTokenizer
 from tests.support.vocab_files import write_vocab
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

@@ -20,8 +20,8 @@ from pyggml.core.types import GGMLType
 from pyggml.backend import init_by_name
 from pyggml.errors import GGUFError
 from pyggml.models import load_model
-from pyggml.models.gguf_file import GGUFFile
-from pyggml.models.model import Model
+from pyggml.models.gguf.gguf_file import GGUFFile
+from pyggml.models.llm.model import Model
 
 from tests.support.tiny_models import write_llama  # noqa: E402 - the models tests' small random GGUF writer
 

@@ -137,5 +137,5 @@ def _cells_not_explained_by_slots(model) -> int:
 def _engine_of(model):
     import gc
 
-    from pyggml.models.engine import Engine
+    from pyggml.models.llm.engine import Engine
     return next(o for o in gc.get_referrers(model) if isinstance(o, Engine))

@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from pyggml.models import load_model
-from pyggml.models.generate import SamplingParams
+from pyggml.models.llm.generate import SamplingParams
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
 TOOLS = [{"type": "function", "function": {

@@ -12,7 +12,7 @@ import math
 import numpy as np
 from gguf.quants import dequantize
 
-from pyggml.models.gguf_file import GGUFFile
+from pyggml.models.gguf.gguf_file import GGUFFile
 
 
 def load_arrays(path) -> tuple[dict, dict]:

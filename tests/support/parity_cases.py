@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-from pyggml.models.gguf_file import GGUFFile
+from pyggml.models.gguf.gguf_file import GGUFFile
 from pyggml.testing.agreement import F32_BOUND
 from pyggml.testing.synthetic import (llama3_rope_freqs, write_gpt_oss, write_mixtral, write_olmo2, write_qwen2moe,
                                       write_qwen3moe)

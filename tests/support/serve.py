@@ -66,7 +66,7 @@ class ServerThread:
 def make_state(path, limits: Limits = Limits(), n_ctx: int = 256, whisper=None) -> ServerState:
     """A server's state that loads the file with the real engine (and serves `whisper` as tiny.en)."""
     from pyggml.models import load_model
-    from pyggml.models.engine import Engine
+    from pyggml.models.llm.engine import Engine
 
     def load():
         model = load_model(path, n_ctx=n_ctx)

@@ -3,7 +3,7 @@
 Token, token-type (row 0, "sentence A", as llama.cpp) and learned position embeddings, a LayerNorm over
 them, then per layer: attention over the whole text (no causal mask, no KV cache), the residual and a
 post-LayerNorm, a GELU FFN, the residual and another post-LayerNorm; every norm and projection has a bias.
-The result is the last layer's output for every token (llama.cpp's t_embd); pyggml.models.embed pools it
+The result is the last layer's output for every token (llama.cpp's t_embd); pyggml.models.llm.embed pools it
 (rerankers: with their `cls` / `cls.output` head, arch/classifier.py).
 Q, K and V are three matrices or one fused `attn_qkv` (llama.cpp's create_tensor_qkv takes either).
 `nomic-bert` changes the positions and the FFN through the hooks `add_positions`, `rope_qk` and `ffn`.
@@ -120,7 +120,7 @@ class Bert(Decoder):
                 ops.view_3d(ctx, qkv, hd, n_kv, n, row, qkv.nb[1], row * (n_q + n_kv)))
 
     def build(self, step: Step, kv) -> Tensor:
-        """The last layer's output [n_embd, n_tokens]; `kv` is pyggml.models.embed's NoCache (no cells: each
+        """The last layer's output [n_embd, n_tokens]; `kv` is pyggml.models.llm.embed's NoCache (no cells: each
         step attends to its own tokens, which the step's mask keeps within their text)."""
         ctx, eps = step.ctx, self.eps
         x = ops.get_rows(ctx, self.tok_embd, step.tokens)

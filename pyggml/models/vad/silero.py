@@ -23,7 +23,7 @@ from pyggml.backend import Backend, BufferUsage, tensor_get, tensor_set
 from pyggml.core import Context, GGMLType, Graph, Tensor
 from pyggml.core import ops
 from pyggml.errors import AudioError
-from pyggml.models.runner import SingleBackend
+from pyggml.models.llm.runner import SingleBackend
 from pyggml.models.vad.files import CONTEXT, CONV_STRIDES, HIDDEN, WINDOW, load_silero
 
 SAMPLE_RATE = 16000

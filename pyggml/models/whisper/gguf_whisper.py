@@ -21,7 +21,7 @@ from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 from pyggml.core import types as T
 from pyggml.core.types import GGMLType
 from pyggml.errors import GGUFError, WhisperFileError
-from pyggml.models.gguf_file import GGUFFile
+from pyggml.models.gguf.gguf_file import GGUFFile
 from pyggml.models.whisper.files import FTYPE_OF_TYPE, Weight, WhisperFile, check_tensors, expected_tensors
 from pyggml.models.whisper.ggml_bin import tensors_as
 from pyggml.models.whisper.hparams import WhisperHParams

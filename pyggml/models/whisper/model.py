@@ -4,7 +4,7 @@ As whisper.cpp builds them: the encoder is two 1-D convolutions (im2col + one ma
 GELU, the positional embedding and pre-norm blocks over the 1500 frames of a 30 s window; at its end the
 cross-attention keys and values of every decoder layer are computed once and copied into buffers of
 their own (whisper.cpp's kv_cross). The decoder is a causal text transformer whose self-attention keys and
-values go to a KV cache (pyggml.models.kv_cache); a step's tokens may belong to different sequences (beam
+values go to a KV cache (pyggml.models.llm.kv_cache); a step's tokens may belong to different sequences (beam
 search keeps one sequence per beam in its own block of cells), so the cells written and the mask are
 inputs. A step of the same shape as the previous one reuses its graph and plan, as the LLM models do.
 
@@ -41,9 +41,9 @@ from pyggml.core import types as T
 from pyggml.core.host_memory import release_file_pages
 from pyggml.errors import GGMLError, GGUFError
 from pyggml.models.arch.blocks import Step, attention, layer_norm, linear
-from pyggml.models.gguf_loader import interleave_buffer_type, interleaved_names
-from pyggml.models.kv_cache import KVCache
-from pyggml.models.runner import Scheduled, SingleBackend, move_tensors, plan_layers
+from pyggml.models.gguf.gguf_loader import interleave_buffer_type, interleaved_names
+from pyggml.models.llm.kv_cache import KVCache
+from pyggml.models.llm.runner import Scheduled, SingleBackend, move_tensors, plan_layers
 from pyggml.models.whisper.files import is_conv_kernel, is_matrix
 
 N_FRAMES = 3000          # mel frames of a 30 s window (hop 10 ms)

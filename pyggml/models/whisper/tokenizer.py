@@ -18,8 +18,8 @@ from __future__ import annotations
 from functools import cached_property
 
 from pyggml.errors import WhisperError
-from pyggml.models.pre_tokenizer import GPT2_WORDS
-from pyggml.models.tokenizer import _bytes_to_unicode
+from pyggml.models.text.pre_tokenizer import GPT2_WORDS
+from pyggml.models.text.tokenizer import _bytes_to_unicode
 from pyggml.models.whisper.hparams import MULTILINGUAL_MIN_VOCAB
 
 # Whisper's languages in token order; the first 99 are in every model, "yue" only in large-v3's vocabulary.

@@ -26,7 +26,7 @@ from pyggml.errors import AudioError, WhisperError
 from pyggml.models.whisper.alignment import word_timestamps
 from pyggml.models.whisper.decoding import (TIME_PRECISION, LogitFilter, WindowResult, compression_ratio,
                                             decode_window, log_softmax)
-from pyggml.models.runner import backend_list
+from pyggml.models.llm.runner import backend_list
 from pyggml.models.whisper.model import AUDIO_CTX_PAD, N_FRAMES, WhisperModel, with_cpu_fallback
 
 SAMPLE_RATE = 16000

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pyggml.models.kv_cells import KVCells
+from pyggml.models.llm.kv_cells import KVCells
 from pyggml.testing.llamacpp_batched import LlamaCppSequences
 from pyggml.testing.synthetic import write_llama
 

@@ -1,4 +1,4 @@
-"""Write pyggml/models/unicode_data.npz from llama.cpp's src/unicode-data.cpp (generated from the Unicode
+"""Write pyggml/models/text/unicode_data.npz from llama.cpp's src/unicode-data.cpp (generated from the Unicode
 Character Database by llama.cpp's scripts/gen-unicode-data.py; MIT, see tests/models/data/llama_cpp_vocabs/LICENSE).
 
 The tokenizers need llama.cpp's own tables, not Python's unicodedata: the interpreter's Unicode version is older

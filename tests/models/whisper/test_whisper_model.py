@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from pyggml.core.types import GGMLType
-from pyggml.models.runner import backend_list
+from pyggml.models.llm.runner import backend_list
 from pyggml.models.whisper import load_whisper_file
 from pyggml.models.whisper.ggml_bin import write_ggml_bin
 from pyggml.models.whisper.model import WhisperWeights

@@ -7,8 +7,8 @@ and continuation pieces bare (HF's ``##`` removed), so detokenizing is SentenceP
 """
 
 from pyggml.errors import GGUFError
-from pyggml.models import unicode_data as ud
-from pyggml.models.tokenizer import SPACE_ESCAPE, Tokenizer, _flag, unescape_whitespace
+from pyggml.models.text import unicode_data as ud
+from pyggml.models.text.tokenizer import SPACE_ESCAPE, Tokenizer, _flag, unescape_whitespace
 
 
 def _is_cjk(cp):

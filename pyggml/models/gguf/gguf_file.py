@@ -22,7 +22,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from pyggml.core.host_memory import whole_pages
 from pyggml.errors import GGUFError
-from pyggml.models.string_table import StringTable
+from pyggml.models.gguf.string_table import StringTable
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from pyggml.errors import ParameterError
-from pyggml.models.kv_cache import N_KV_PAD
+from pyggml.models.llm.kv_cache import N_KV_PAD
 
 NO_LIMIT = np.iinfo(np.int64).max
 

@@ -10,7 +10,7 @@ import numpy as np
 from gguf import GGUFValueType
 
 from pyggml.errors import GGUFError
-from pyggml.models.tokenizer import SPACE_ESCAPE, Tokenizer, TokenType, _array, _flag, unescape_whitespace
+from pyggml.models.text.tokenizer import SPACE_ESCAPE, Tokenizer, TokenType, _array, _flag, unescape_whitespace
 
 _UNKNOWN_PENALTY = 10.0
 _MATCHED_TYPES = {TokenType.NORMAL, TokenType.USER_DEFINED, TokenType.UNUSED}

@@ -3,7 +3,7 @@
 immutable jinja2 environment with trim_blocks and lstrip_blocks, loop controls, `{% generation %}` blocks,
 `tojson` without HTML escaping, `raise_exception`, `strftime_now`, the special tokens, `add_generation_prompt`,
 `tools` and any extra keyword. A file without a template falls back to the hand-written families of
-pyggml.models.chat (the architecture's default format)."""
+pyggml.models.text.chat (the architecture's default format)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from datetime import datetime
 from functools import lru_cache
 
 from pyggml.errors import GGUFError, ParameterError
-from pyggml.models.chat import detect_template, format_chat
+from pyggml.models.text.chat import detect_template, format_chat
 
 TEMPLATE_KEY = "tokenizer.chat_template"
 

@@ -24,7 +24,7 @@ from pyggml.core import GGMLType, Op, Tensor
 from pyggml.core import ops
 from pyggml.errors import GGMLError, GGUFError, ParameterError
 from pyggml.models.arch.blocks import Step
-from pyggml.models.runner import Scheduled, SingleBackend
+from pyggml.models.llm.runner import Scheduled, SingleBackend
 
 POOLINGS = ("none", "mean", "cls", "last", "rank")
 GGUF_POOLINGS = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}  # llama.cpp's enum llama_pooling_type

@@ -38,8 +38,8 @@ from typing import AsyncIterator, Callable, Iterator, Sequence, TypeVar, Union
 import numpy as np
 
 from pyggml.errors import GGMLError, ParameterError
-from pyggml.models.batch import Batch
-from pyggml.models.generate import Sampler, SamplingParams
+from pyggml.models.llm.batch import Batch
+from pyggml.models.llm.generate import Sampler, SamplingParams
 
 T = TypeVar("T")
 

@@ -5,11 +5,11 @@ that was reserved once for the worst case (n_batch tokens over a full n_ctx cach
 steps never allocate; logits are computed only for the rows asked for (the last token by default).
 Positions, masks and the KV cells written are inputs, so a step of the shape of one of the last two
 reuses its graph and plan (a prompt's and a token's: generation rebuilds once every 256 tokens);
-with n_seq_max > 1 the worst case also has one output row per sequence (pyggml.models.batch: several
-sequences decoded in one step over the unified cache of pyggml.models.kv_cells);
+with n_seq_max > 1 the worst case also has one output row per sequence (pyggml.models.llm.batch: several
+sequences decoded in one step over the unified cache of pyggml.models.llm.kv_cells);
 `Model.reuse_graphs = False` builds and plans every step afresh. On one backend
 a GraphAllocator plans the steps; on several, the layers are split and the scheduler runs them
-(pyggml.models.runner).
+(pyggml.models.llm.runner).
 """
 
 from __future__ import annotations
@@ -31,16 +31,16 @@ from pyggml.core import types as T
 from pyggml.errors import AllocationError, GGMLError, GGUFError, ParameterError
 from pyggml.models.arch import architecture_of
 from pyggml.models.arch.blocks import MAX_LAYERS, Step, hparam_count
-from pyggml.models.batch import Batch
-from pyggml.models.chat_template import ChatTemplate
-from pyggml.models.embed import Embedder
-from pyggml.models.generate import Sampler, SamplingParams, check_n_predict
-from pyggml.models.gguf_file import GGUFFile
-from pyggml.models.gguf_loader import load_weights
-from pyggml.models.kv_cache import KVCache
-from pyggml.models.kv_cells import KVCells
-from pyggml.models.runner import SingleBackend, backend_list, plan_layers, remote_prefixes, split_layers
-from pyggml.models.tokenizer import load_tokenizer
+from pyggml.models.llm.batch import Batch
+from pyggml.models.text.chat_template import ChatTemplate
+from pyggml.models.llm.embed import Embedder
+from pyggml.models.llm.generate import Sampler, SamplingParams, check_n_predict
+from pyggml.models.gguf.gguf_file import GGUFFile
+from pyggml.models.gguf.gguf_loader import load_weights
+from pyggml.models.llm.kv_cache import KVCache
+from pyggml.models.llm.kv_cells import KVCells
+from pyggml.models.llm.runner import SingleBackend, backend_list, plan_layers, remote_prefixes, split_layers
+from pyggml.models.text.tokenizer import load_tokenizer
 
 
 @dataclass
@@ -171,7 +171,7 @@ class Model:
         """Forget every sequence (llama.cpp's memory clear; the cells' contents are overwritten later)."""
         self.cells.clear()
 
-    # ----- llama.cpp's sequence operations (see pyggml.models.kv_cells) --------------------------------
+    # ----- llama.cpp's sequence operations (see pyggml.models.llm.kv_cells) --------------------------------
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
         return self.cells.seq_rm(seq_id, p0, p1)
 

@@ -15,7 +15,7 @@ from functools import cache
 
 import numpy as np
 
-from pyggml.models import unicode_data as ud
+from pyggml.models.text import unicode_data as ud
 
 # collapsed stand-ins for non-ASCII codepoints (k_ucat_cpt), and the ASCII members of each class (k_ucat_map)
 _OTHER, _SPACE = 0xD0, 0x0B

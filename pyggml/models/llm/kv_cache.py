@@ -1,6 +1,6 @@
 """The KV cache: per layer, the keys and values of every position seen so far, in a buffer of its own.
 
-A step writes its tokens' K and V into the cells it was given (pyggml.models.kv_cells decides which) with
+A step writes its tokens' K and V into the cells it was given (pyggml.models.llm.kv_cells decides which) with
 `set_rows`, the cell numbers being inputs of the step (as in llama.cpp, so that a graph does not depend
 on pos0 and serves the next step too), and its queries read cells [0, n_kv). K rows are positions ([n_embd_k, size]);
 V is stored transposed ([size, n_embd_v]) so that softmax(KQ)·V is a plain mul_mat, as in llama.cpp

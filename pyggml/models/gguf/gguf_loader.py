@@ -26,7 +26,7 @@ from pyggml.alloc import alloc_ctx_tensors_from_buft
 from pyggml.core import Context, Tensor
 from pyggml.core import types as T
 from pyggml.errors import GGMLError, GGUFError
-from pyggml.models.gguf_file import GGUFFile
+from pyggml.models.gguf.gguf_file import GGUFFile
 
 
 CONVERT_ROWS = 16384  # rows a slab written into a converting buffer type

@@ -24,8 +24,8 @@ import numpy as np
 from gguf import GGUFValueType
 
 from pyggml.errors import GGUFError, TokenizerError
-from pyggml.models.pre_tokenizer import PRE_TOKENIZERS
-from pyggml.models.string_table import StringTable
+from pyggml.models.text.pre_tokenizer import PRE_TOKENIZERS
+from pyggml.models.gguf.string_table import StringTable
 
 SPACE_ESCAPE = "\u2581"  # ▁, SentencePiece's visible space
 C_SPACES = " \t\n\v\f\r"  # what C's isspace() accepts, used by lstrip/rstrip
@@ -578,8 +578,8 @@ class Gemma4Tokenizer(BPETokenizer):
 
 def load_tokenizer(gguf):
     """The tokenizer a GGUF file's ``tokenizer.ggml.model`` names."""
-    from pyggml.models.unigram import UGMTokenizer  # they build on this module's Tokenizer
-    from pyggml.models.wordpiece import WPMTokenizer
+    from pyggml.models.text.unigram import UGMTokenizer  # they build on this module's Tokenizer
+    from pyggml.models.text.wordpiece import WPMTokenizer
 
     models = {"llama": SPMTokenizer, "gpt2": BPETokenizer, "gemma4": Gemma4Tokenizer, "bert": WPMTokenizer,
               "t5": UGMTokenizer}
