@@ -131,8 +131,9 @@ def test_the_weights_not_the_integer_products_move_the_words(type_name, name, qu
 
 @pytest.mark.skipif(not has_vnni(), reason="the near-tie is the integer path's")
 def test_q8_0_en3_is_a_near_tie(quantized):
-    """NEAR_TIE: where pyggml's Q8_0 text on en3 parts from whisper.cpp's, its two best tokens are " Village"
-    and " village", 0.05 apart in log-probability (whisper.cpp's are the same two, 0.02 apart)."""
+    """NEAR_TIE: where pyggml's Q8_0 text on en3 may part from whisper.cpp's, its two best tokens are " Village"
+    and " village", under 0.1 apart in log-probability (whisper.cpp's are the same two, 0.02 apart): on one CPU
+    pyggml's choice is " Village" (0.05 ahead), on another " village"."""
     from tests.support.whisper_peers import greedy_tokens, teacher_forced_logits
     from pyggml.models.whisper.audio import load_audio
     from pyggml.models.whisper.decoding import log_softmax
@@ -140,10 +141,11 @@ def test_q8_0_en3_is_a_near_tie(quantized):
     w = quantized("q8_0")
     samples = load_audio(SPEECH / "en3.wav")
     tokens, n_prefix = greedy_tokens(w, samples), len(w.tokenizer.sot_sequence(None))
-    step = next(i for i, t in enumerate(tokens[n_prefix:]) if w.tokenizer.decode([t]) == " Village")
+    tie = {" Village", " village"}
+    step = next(i for i, t in enumerate(tokens[n_prefix:]) if w.tokenizer.decode([t]) in tie)
     logp = log_softmax(teacher_forced_logits(w, samples, tokens[:n_prefix + step], n_prefix)[-1])
     best = np.argsort(logp)[::-1][:2]
-    assert [w.tokenizer.decode([int(t)]) for t in best] == [" Village", " village"]
+    assert {w.tokenizer.decode([int(t)]) for t in best} == tie  # which side wins varies with the CPU's kernels
     assert logp[best[0]] - logp[best[1]] < 0.1
 
 
