@@ -2,8 +2,8 @@
 
 The same files serve the tests (small models against NumPy and llama.cpp) and the benchmarks (a
 realistic-size llama model, an F32 copy of a quantized model): one writer per architecture pyggml
-supports (llama / qwen2 / qwen3 / smollm3 / granite, gemma2, gemma3, phi3, gpt2) with the keys and tensor
-names llama.cpp expects.
+supports (llama / qwen2 / qwen3 / smollm3 / granite, gemma2, gemma3, phi3, gpt2, starcoder2, ...) with the
+keys and tensor names llama.cpp expects.
 
 Weights are quantized with `gguf.quants` where it can (F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0); for
 the types it can only read (Q2_K..Q6_K, IQ4_NL, IQ4_XS) the blocks themselves are drawn at random:
@@ -589,6 +589,35 @@ def write_gpt2(path, n_vocab: int = 64, n_embd: int = 64, n_head: int = 4, n_ff:
             w.vector(p + norm + ".bias", n_embd)
         for name, n_out, n_in in (("attn_qkv", 3 * n_embd, n_embd), ("attn_output", n_embd, n_embd),
                                   ("ffn_up", n_ff, n_embd), ("ffn_down", n_embd, n_ff)):
+            w.matrix(p + name + ".weight", n_out, n_in)
+            w.vector(p + name + ".bias", n_out)
+    _finish(w)
+    return path
+
+
+def write_starcoder2(path, n_vocab: int = 64, n_embd: int = 96, n_head: int = 6, n_head_kv: int = 2, n_ff: int = 192,
+                     n_layer: int = 2, n_ctx: int = 128, tied: bool = True, fused_qkv: bool = False, qtype=None,
+                     seed: int = 0, vocab: Vocab | None = None, output_std: float | None = None):
+    """A StarCoder 2 file as the converter writes one (StarCoder2-15B's layout scaled down: GQA 3:1, NeoX RoPE
+    over the whole head, tied output): LayerNorms with biases, q/k/v (fused_qkv: one attn_qkv with its bias) and
+    attention output with biases, a GELU FFN (up, down) with biases."""
+    hd = n_embd // n_head
+    n_kv = n_head_kv * hd
+    w = _Writer(path, "starcoder2", seed, qtype)
+    w.hparams("starcoder2", context_length=n_ctx, embedding_length=n_embd, block_count=n_layer,
+              feed_forward_length=n_ff, attention__head_count=n_head, attention__head_count_kv=n_head_kv,
+              attention__layer_norm_epsilon=1e-5, rope__freq_base=100000.0, rope__dimension_count=hd)
+    w.vocab_and_head(vocab, n_vocab, n_embd, tied, output_std)
+    w.vector("output_norm.bias", n_embd)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        for norm in ("attn_norm", "ffn_norm"):
+            w.vector(p + norm + ".weight", n_embd, 1.0)
+            w.vector(p + norm + ".bias", n_embd)
+        attention = (("attn_qkv", n_embd + 2 * n_kv, n_embd),) if fused_qkv else (
+            ("attn_q", n_embd, n_embd), ("attn_k", n_kv, n_embd), ("attn_v", n_kv, n_embd))
+        for name, n_out, n_in in attention + (("attn_output", n_embd, n_embd), ("ffn_up", n_ff, n_embd),
+                                              ("ffn_down", n_embd, n_ff)):
             w.matrix(p + name + ".weight", n_out, n_in)
             w.vector(p + name + ".bias", n_out)
     _finish(w)
