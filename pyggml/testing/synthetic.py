@@ -17,6 +17,7 @@ from a real model's GGUF (all its tokenizer.* keys, truncated or padded to the m
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping
 
 import numpy as np
@@ -682,6 +683,32 @@ def write_nomic_bert(path, **kw):
     """A nomic-bert file (see write_bert), mean pooling as nomic-embed-text."""
     kw.setdefault("pooling", "mean")
     return write_bert(path, "nomic-bert", **kw)
+
+
+# ----- adapters -------------------------------------------------------------------------------------
+LORA_TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down", "output")
+
+
+def write_lora(path, base, rank: int = 4, alpha: float = 8.0, targets=LORA_TARGETS, seed: int = 0, qtype=None,
+               std: float = 0.5) -> Path:
+    """A LoRA adapter for the model file `base` as convert_lora_to_gguf.py writes one: general.type "adapter",
+    adapter.type "lora", adapter.lora.alpha, and for each of base's matrices whose name has a part in `targets`
+    `<name>.lora_a` (NumPy [rank, n_in]) and `<name>.lora_b` ([n_out, rank]), both random (B not zero as a
+    freshly initialised adapter's, so that the adapter moves the logits); qtype: their type (None: F32)."""
+    reader = GGUFReader(str(base))
+    arch = reader.fields["general.architecture"].contents()
+    w = _Writer(path, arch, seed, qtype)
+    w.add_type("adapter")
+    w.add_string("adapter.type", "lora")
+    w.add_float32("adapter.lora.alpha", alpha)
+    for t in reader.tensors:
+        part = t.name.split(".")[-2] if t.name.startswith("blk.") else t.name.split(".")[0]
+        if part in targets and t.name.endswith(".weight") and len(t.shape) == 2:
+            n_in, n_out = (int(n) for n in t.shape)
+            w.matrix(t.name + ".lora_a", rank, n_in, std=std / np.sqrt(n_in))
+            w.matrix(t.name + ".lora_b", n_out, rank, std=std / np.sqrt(rank))
+    _finish(w)
+    return Path(path)
 
 
 # ----- conversion -----------------------------------------------------------------------------------
