@@ -221,7 +221,8 @@ class Model:
 
     def set_lora_scales(self, scales: dict[int, float]) -> None:
         """Change the scales of loaded LoRA adapters by id (pyggml.models.llm.lora) without reloading: the step
-        graphs built with the old scales are dropped, the next steps build with the new ones."""
+        graphs built with the old scales are dropped, the next steps build with the new ones (cells already in the
+        KV cache keep what the old scales computed, as in llama.cpp: reset or seq_rm them to recompute)."""
         if self.loras.set_scales(scales) and self.cells is not None:
             for step, _ in self._steps.values():
                 self.runner.forget(step.graph)
