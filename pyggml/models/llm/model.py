@@ -41,7 +41,7 @@ from pyggml.models.llm.kv_cache import KVCache
 from pyggml.models.llm.kv_cells import KVCells
 from pyggml.models.llm.lora import LoraSet
 from pyggml.models.llm.runner import SingleBackend, backend_list, plan_layers, remote_prefixes, split_layers
-from pyggml.models.text.tokenizer import load_tokenizer
+from pyggml.models.text.load import load_tokenizer
 
 
 @dataclass
