@@ -3,6 +3,7 @@
 graph lines up with llama.cpp's GGML_SCHED debug names."""
 
 import re
+from functools import partial
 
 import pytest
 
@@ -10,11 +11,11 @@ from pyggml.models import load_model
 from pyggml.models.arch import ARCHITECTURES
 from pyggml.models.llm.embed import NoCache
 from pyggml.models.arch.blocks import Step
-from pyggml.testing.synthetic import write_bert, write_nomic_bert
+from pyggml.testing.synthetic import write_bert, write_nomic_bert, write_starcoder2
 
 from tests.support.parity_cases import CASES, write_case
 
-ENCODERS = {"bert": write_bert, "nomic-bert": write_nomic_bert}
+WRITERS = {"bert": write_bert, "nomic-bert": write_nomic_bert, "starcoder2": partial(write_starcoder2, fused_qkv=True)}
 DECODER_CASE = {"llama": "llama-f32-spm", "qwen2": "qwen2-f32-bpe", "qwen3": "qwen3-f32-bpe",
                 "smollm3": "smollm3-f32-spm", "granite": "granite-f32-bpe", "granitemoe": "granitemoe-f32-shared",
                 "gemma2": "gemma2-f32-spm", "gemma3": "gemma3-f32-spm", "phi3": "phi3-f32-longrope-short",
@@ -35,14 +36,14 @@ def _named_nodes(model, n_tokens=5):
 
 
 def _load(arch, tmp_path):
-    if arch in ENCODERS:
-        return load_model(ENCODERS[arch](tmp_path / f"{arch}.gguf"), n_ctx=32)
+    if arch in WRITERS:
+        return load_model(WRITERS[arch](tmp_path / f"{arch}.gguf"), n_ctx=32)
     case = next(c for c in CASES if c.name == DECODER_CASE[arch])
     return load_model(write_case(case, tmp_path), n_ctx=32, n_batch=8)
 
 
 def test_every_architecture_has_a_case():
-    assert set(DECODER_CASE) | set(ENCODERS) == set(ARCHITECTURES)
+    assert set(DECODER_CASE) | set(WRITERS) == set(ARCHITECTURES)
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
