@@ -3,15 +3,21 @@ matrices are W + s·alpha/rank·B·A (the adapter merged into the weights, as ll
 scales change without reloading; adapters llama.cpp refuses are refused, naming what is wrong. The agreement
 with llama.cpp's own logits for the same adapter is in test_llamacpp_parity.py."""
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 from gguf import GGUFReader
 
 from pyggml.errors import GGUFError, ParameterError
 from pyggml.models import load_model
-from pyggml.testing.synthetic import write_llama, write_lora, write_starcoder2
+from pyggml.testing.agreement import F32_BOUND, agreement, within_yardstick
+from pyggml.testing.synthetic import write_f32_copy, write_llama, write_lora, write_starcoder2
 
 from tests.support.gguf_rewrite import rewrite
+from tests.support.lora_cases import LORA_CASES
+from tests.support.parity_cases import sha256
 
 TOKENS = [1, 5, 9, 14, 3, 22, 7]
 
@@ -111,3 +117,48 @@ def test_bad_scales_and_ids_are_refused(files):
     model = load_model(base, n_ctx=16, lora=[adapter])
     with pytest.raises(ParameterError, match="lora id 3 is not one of the 1 loaded adapters"):
         model.set_lora_scales({3: 1.0})
+
+
+LORA_DATA = Path(__file__).parent / "data"
+
+
+@pytest.mark.parametrize("case", LORA_CASES, ids=[c.name for c in LORA_CASES])
+def test_adapters_give_llamacpps_logits(tmp_path, case):
+    """llama.cpp's logits with the same random-weight adapter at the same scale (committed): mean KLD <= 1e-6 for
+    an F32 adapter; an F16 one within llama.cpp's own distance from its F32 copy (the yardstick, 2.2e-6 here:
+    ggml rounds the activations of an F16 product to F16, pyggml multiplies them in F32)."""
+    summary = json.loads((LORA_DATA / "llamacpp_lora.json").read_text())["cases"][case.name]
+    base, adapter = case.write(tmp_path)
+    assert (sha256(base), sha256(adapter)) == (summary["base_sha256"], summary["adapter_sha256"]), (
+        f"{case.name}: the files differ from those llama.cpp ran on; rerun make_llamacpp_refs.py lora")
+    with np.load(LORA_DATA / "llamacpp_lora.npz") as f:
+        reference = f[f"{case.name}/logits"]
+    got = load_model(base, n_ctx=64, n_batch=12, kv_type="F32", lora=[(adapter, case.scale)]).decode(
+        case.tokens(), all_logits=True)
+    plain = agreement(reference, load_model(base, n_ctx=64, n_batch=12, kv_type="F32").decode(case.tokens(),
+                                                                                               all_logits=True))
+    measured = agreement(reference, got)
+    assert plain["kld_mean"] > 10 * F32_BOUND   # the adapter matters (7.5e-5 for the smallest case)
+    if "yardstick" not in summary:
+        assert measured["kld_mean"] <= F32_BOUND
+    for what, holds in within_yardstick(measured, summary["yardstick"]) if "yardstick" in summary else ():
+        assert holds, f"{case.name}: {what}"
+
+
+@pytest.mark.peer
+@pytest.mark.parametrize("case", LORA_CASES, ids=[c.name for c in LORA_CASES])
+def test_adapters_give_live_llamacpps_logits(tmp_path, case):
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
+    from pyggml.testing.llamacpp import llamacpp_logits
+
+    base, adapter = case.write(tmp_path)
+    reference = llamacpp_logits(base, case.tokens(), lora=(adapter, case.scale))
+    got = agreement(reference, load_model(base, n_ctx=64, n_batch=12, kv_type="F32", lora=[(adapter, case.scale)])
+                    .decode(case.tokens(), all_logits=True))
+    if case.qtype is None:
+        assert got["kld_mean"] <= F32_BOUND
+        return
+    write_f32_copy(adapter, tmp_path / "f32.gguf")
+    yardstick = agreement(reference, llamacpp_logits(base, case.tokens(), lora=(tmp_path / "f32.gguf", case.scale)))
+    for what, holds in within_yardstick(got, yardstick):
+        assert holds, f"{case.name}: {what}"
