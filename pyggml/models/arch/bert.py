@@ -21,6 +21,7 @@ from pyggml.models.arch.layers import Layer, build_ffn, build_qkv, cb, declare_f
 
 class Bert(Decoder):
     encoder = True
+    shiftable = False       # no KV cache: nothing cached to move
     POSITIONS = "learned"   # position_embd added to the input, or "rope" (NeoX on q and k: nomic-bert)
     FFN_GATE = False        # a SwiGLU FFN without biases (nomic-bert) instead of a GELU one with them
     CLASSIFIER = dict(dense=True, softmax=False)   # Classifier.load's arguments (None: the loader takes none)
