@@ -93,6 +93,8 @@ def test_every_projection_of_a_fused_qkv_architecture_is_adapted(tmp_path):
                 "blk.9.attn_q.weight.lora_b": t["blk.0.attn_q.weight.lora_b"]}, "does not exist in the base model"),
     (lambda t: {**t, "blk.0.attn_q.weight.lora_b": t["blk.0.attn_k.weight.lora_b"]}, "do not fit"),
     (lambda t: {**t, "blk.0.attn_q.weight.extra": t["blk.0.attn_q.weight.lora_a"]}, "unexpected suffix"),
+    (lambda t: {**t, "token_embd.weight.lora_a": np.zeros((2, 64), np.float32),
+                "token_embd.weight.lora_b": np.zeros((64, 2), np.float32)}, "'token_embd.weight' is not supported"),
 ])
 def test_adapters_llamacpp_refuses_are_refused(files, change, message):
     base, adapter, tmp = files

@@ -7,6 +7,7 @@ active adapter that adapts its matrix, scale = alpha / rank · the adapter's sca
 
 The scales can change between steps without reloading (`Model.set_lora_scales`: llama-server's
 /lora-adapters and per-request `lora`); an adapter of scale 0 is left out of the graph, as llama.cpp leaves it.
+Adapters of the token embeddings, of mixture-of-experts routers and experts, or of a reranker's head are refused.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from pyggml.models.gguf.gguf_file import GGUFFile
 from pyggml.models.gguf.gguf_loader import load_weights
 
 SUFFIXES = (".lora_a", ".lora_b")
-UNSUPPORTED = "token_embd.weight"   # llama.cpp adapts the embedding's rows (build_inp_embd); pyggml does not yet
+# what llama.cpp adapts and pyggml does not yet: the embedding's rows (build_inp_embd), the router, the experts
+# (build_lora_mm_id) and shared experts of MoE layers, a reranker's head
+UNSUPPORTED = ("token_embd.", "ffn_gate_inp", "_exps.", "_shexp.", "cls.")
 
 
 @dataclass
@@ -78,8 +81,9 @@ def _pairs(path, tensors: dict, base: dict) -> dict:
             raise GGUFError(f"{path}: LoRA tensor pair for '{name}' is missing one component")
         if name not in base:
             raise GGUFError(f"{path}: LoRA tensor '{name}' does not exist in the base model (wrong base model?)")
-        if name == UNSUPPORTED:
-            raise GGUFError(f"{path}: a LoRA of '{name}' (the token embeddings) is not supported")
+        if any(part in name for part in UNSUPPORTED):
+            raise GGUFError(f"{path}: a LoRA of '{name}' is not supported (pyggml adapts the attention, dense FFN "
+                            f"and output matrices)")
         a, b, w = half[".lora_a"], half[".lora_b"], base[name]
         if w.ne[0] != a.ne[0] or w.ne[1] != b.ne[1]:
             raise GGUFError(f"{path}: LoRA tensors of '{name}' have shapes {a.ne[:2]} and {b.ne[:2]}, which do not "
