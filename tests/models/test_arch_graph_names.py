@@ -21,7 +21,7 @@ DECODER_CASE = {"llama": "llama-f32-spm", "qwen2": "qwen2-f32-bpe", "qwen3": "qw
                 "gemma2": "gemma2-f32-spm", "gemma3": "gemma3-f32-spm", "phi3": "phi3-f32-longrope-short",
                 "gpt2": "gpt2-f32-bpe-tied", "qwen3moe": "qwen3moe-f32-bpe", "gpt-oss": "gpt-oss-f32-bpe",
                 "olmo2": "olmo2-f32-spm", "qwen2moe": "qwen2moe-f32-bpe"}
-LAYER_NAMES = ("Qcur", "Kcur", "Vcur", "kq", "kq_soft_max", "kqv_out", "ffn_out", "l_out")
+LAYER_NAMES = ("Qcur", "Kcur", "Vcur", "kq", "kq_soft_max", "kqv_out", "l_out")
 CB_NAME = re.compile(r"^[A-Za-z_]+(?:-(\d+))?$")
 
 
@@ -51,8 +51,10 @@ def test_graph_nodes_are_named_as_llamacpp_names_them(tmp_path, arch):
     model = _load(arch, tmp_path)
     names = _named_nodes(model)
     n_layer = model.arch.n_layer
+    ffn = ("ffn_moe_logits", "ffn_moe_topk", "ffn_moe_weights", "ffn_moe_weighted", "ffn_moe_out") \
+        if getattr(model.arch, "n_expert", 0) else ("ffn_out",)   # a layer of experts' branch, or a dense FFN's
     for il in range(n_layer):
-        missing = [n for n in LAYER_NAMES if f"{n}-{il}" not in names]
+        missing = [n for n in LAYER_NAMES + ffn if f"{n}-{il}" not in names]
         if model.arch.encoder and il == n_layer - 1:  # llama.cpp renames the last layer's output result_embd
             missing.remove("l_out")
         assert not missing, f"{arch}: layer {il} has no node named {missing}"

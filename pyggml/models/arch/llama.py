@@ -96,9 +96,10 @@ class Llama(Decoder):
         return attention(step, kv, il, q, k, v, self.kq_scale)
 
     def ffn(self, step: Step, il: int, layer, cur: Tensor) -> Tensor:
+        """The FFN branch: "ffn_moe_out" in a layer of experts, else "ffn_out" (llama.cpp's names)."""
         if layer.moe is not None:
-            return cb(moe_ffn(step.ctx, layer.moe, cur), "ffn_moe_out", il)
-        return build_ffn(step, layer, cur, il)
+            return cb(moe_ffn(step.ctx, layer.moe, cur, il), "ffn_moe_out", il)
+        return cb(build_ffn(step, layer, cur, il), "ffn_out", il)
 
     def logits(self, step: Step, x: Tensor) -> Tensor:
         x = cb(rms_norm(step.ctx, x, self.output_norm, self.eps), "result_norm")
@@ -117,7 +118,7 @@ class Llama(Decoder):
                 cur, x = step.select_outputs(cur, x)
             ffn_inp = cb(ops.add(ctx, self.residual(step, cur), x), "ffn_inp", il)
             cur = cb(rms_norm(ctx, ffn_inp, layer.ffn_norm, eps), "ffn_norm", il)
-            cur = cb(self.ffn(step, il, layer, cur), "ffn_out", il)
+            cur = self.ffn(step, il, layer, cur)
             x = cb(ops.add(ctx, self.residual(step, cur), ffn_inp), "l_out", il)
         return self.logits(step, x)
 
