@@ -104,7 +104,8 @@ def random_prompts(model_path: str, count: int, length: int, rng: random.Random)
     tokens re-tokenize to more than `length` (a padded vocabulary's filler tokens read back as many bytes) is
     cut to the first `length` of its re-tokenized ids, until it holds: both servers get about `length` tokens."""
     from pyggml.models.gguf.gguf_file import GGUFFile
-    from pyggml.models.text.tokenizer import TokenAttr, load_tokenizer
+    from pyggml.models.text.tokenizer import TokenAttr
+    from pyggml.models.text.load import load_tokenizer
 
     tok = load_tokenizer(GGUFFile.open(model_path))
     normal = [i for i, a in enumerate(tok.attrs) if a == TokenAttr.NORMAL and i not in tok.eog_ids]

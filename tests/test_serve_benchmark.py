@@ -42,7 +42,7 @@ def test_prompts_re_tokenize_to_at_most_their_length(tmp_path):
     """On the padded GPT-2 vocabulary of the random-weight 1B files, random tokens' text re-tokenized ran ~10x
     longer; the prompts are cut until they hold."""
     from pyggml.models.gguf.gguf_file import GGUFFile
-    from pyggml.models.text.tokenizer import load_tokenizer
+    from pyggml.models.text.load import load_tokenizer
     from pyggml.testing.synthetic import Vocab, write_llama
 
     vocab = Vocab.from_gguf("tests/models/data/bpe_vocabs/gpt-2.gguf")

@@ -23,7 +23,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    from pyggml.models.whisper.files import load_whisper_file
+    from pyggml.models.whisper.reader import load_whisper_file
     from pyggml.models.whisper.ggml_bin import write_ggml_bin
     from pyggml.models.whisper.gguf_whisper import write_gguf
 

@@ -6,6 +6,8 @@ import resource
 import sys
 import time
 
+from pyggml.cli.lora import add_lora_options, lora_specs
+
 MIB = 1024 * 1024
 
 
@@ -35,6 +37,7 @@ def add_parser(subparsers) -> None:
                         "float32 at load (4 bytes a weight)")
     p.add_argument("--kv-type", default="F16", choices=["F32", "F16"],
                    help="KV cache type (default F16, as llama.cpp; F32: twice the memory, no rounding)")
+    add_lora_options(p)
     p.set_defaults(run=run)
 
 
@@ -62,7 +65,7 @@ def run(args) -> int:
         backend = args.backend or [dev.init_backend() for dev in devices] + ["CPU"]
     start = time.perf_counter()
     model = load_model(args.model, backend=backend, n_ctx=args.ctx, n_batch=args.batch,
-                       weights=args.weights, kv_type=args.kv_type)
+                       weights=args.weights, kv_type=args.kv_type, lora=lora_specs(args))
     load_s = time.perf_counter() - start
     print(args.prompt, end="", flush=True)
     model.generate(args.prompt, n=args.n, temperature=args.temp, top_k=args.top_k, top_p=args.top_p,

@@ -16,7 +16,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from pyggml.serve import audio, completions, metrics
+from pyggml.serve import audio, completions, lora, metrics
 from pyggml.serve.protocol import APIError, Fields, error_body
 from pyggml.serve.state import ServerState, run_blocking
 
@@ -95,14 +95,24 @@ def create_app(state: ServerState, api_key: str | None = None, cors_origins: lis
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions")
     async def chat(request: Request):
-        job = await completions.read_chat(state, await _json(request))
-        return await _generate(state, job, request)
+        body = await _json(request)
+        job = await completions.read_chat(state, body)
+        return await lora.gated(state, body, lambda: _generate(state, job, request))
 
     @app.post("/v1/completions")
     @app.post("/completions")
     async def complete(request: Request):
-        job = await completions.read_completion(state, await _json(request))
-        return await _generate(state, job, request)
+        body = await _json(request)
+        job = await completions.read_completion(state, body)
+        return await lora.gated(state, body, lambda: _generate(state, job, request))
+
+    @app.get("/lora-adapters")
+    async def get_lora_adapters():
+        return lora.list_adapters(state)
+
+    @app.post("/lora-adapters")
+    async def post_lora_adapters(request: Request):
+        return lora.set_adapters(state, await _json(request))
 
     @app.post("/v1/embeddings")
     @app.post("/embeddings")

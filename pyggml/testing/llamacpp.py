@@ -41,7 +41,8 @@ def no_extra_buffer_types(bindings):
 class LlamaCpp:
     """One llama.cpp model and context, evaluated on whole sequences from an empty cache."""
 
-    def __init__(self, path, n_ctx: int, n_batch: int = 512, n_threads: int = 2, kv_type: str = "F32"):
+    def __init__(self, path, n_ctx: int, n_batch: int = 512, n_threads: int = 2, kv_type: str = "F32",
+                 lora: tuple | None = None):
         try:
             import llama_cpp
         except ImportError:
@@ -53,7 +54,7 @@ class LlamaCpp:
             self.llm = llama_cpp.Llama(model_path=os.fspath(path), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
                                        n_threads=n_threads, n_threads_batch=n_threads, logits_all=True,
                                        type_k=_GGML_TYPE[kv_type], type_v=_GGML_TYPE[kv_type], flash_attn=False,
-                                       verbose=False)
+                                       verbose=False, **_lora_args(lora))
 
     @property
     def n_vocab(self) -> int:
@@ -72,9 +73,16 @@ class LlamaCpp:
         self.llm.close()
 
 
-def llamacpp_logits(path, tokens, n_threads: int = 2, kv_type: str = "F32") -> np.ndarray:
-    """llama.cpp's logits for one sequence (a context just long enough, one batch)."""
-    llm = LlamaCpp(path, n_ctx=max(len(tokens), 8), n_batch=max(len(tokens), 8), n_threads=n_threads, kv_type=kv_type)
+def _lora_args(lora: tuple | None) -> dict:
+    """Llama's arguments for one LoRA adapter (path, scale)."""
+    return {} if lora is None else dict(lora_path=os.fspath(lora[0]), lora_scale=float(lora[1]))
+
+
+def llamacpp_logits(path, tokens, n_threads: int = 2, kv_type: str = "F32", lora: tuple | None = None) -> np.ndarray:
+    """llama.cpp's logits for one sequence (a context just long enough, one batch), with a LoRA adapter
+    (path, scale) if given."""
+    llm = LlamaCpp(path, n_ctx=max(len(tokens), 8), n_batch=max(len(tokens), 8), n_threads=n_threads, kv_type=kv_type,
+                   lora=lora)
     try:
         return llm.logits(tokens)
     finally:

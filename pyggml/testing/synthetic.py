@@ -2,8 +2,8 @@
 
 The same files serve the tests (small models against NumPy and llama.cpp) and the benchmarks (a
 realistic-size llama model, an F32 copy of a quantized model): one writer per architecture pyggml
-supports (llama / qwen2 / qwen3 / smollm3 / granite, gemma2, gemma3, phi3, gpt2) with the keys and tensor
-names llama.cpp expects.
+supports (llama / qwen2 / qwen3 / smollm3 / granite, gemma2, gemma3, phi3, gpt2, starcoder2, ...) with the
+keys and tensor names llama.cpp expects.
 
 Weights are quantized with `gguf.quants` where it can (F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0); for
 the types it can only read (Q2_K..Q6_K, IQ4_NL, IQ4_XS) the blocks themselves are drawn at random:
@@ -17,6 +17,7 @@ from a real model's GGUF (all its tokenizer.* keys, truncated or padded to the m
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping
 
 import numpy as np
@@ -595,6 +596,35 @@ def write_gpt2(path, n_vocab: int = 64, n_embd: int = 64, n_head: int = 4, n_ff:
     return path
 
 
+def write_starcoder2(path, n_vocab: int = 64, n_embd: int = 96, n_head: int = 6, n_head_kv: int = 2, n_ff: int = 192,
+                     n_layer: int = 2, n_ctx: int = 128, tied: bool = True, fused_qkv: bool = False, qtype=None,
+                     seed: int = 0, vocab: Vocab | None = None, output_std: float | None = None):
+    """A StarCoder 2 file as the converter writes one (StarCoder2-15B's layout scaled down: GQA 3:1, NeoX RoPE
+    over the whole head, tied output): LayerNorms with biases, q/k/v (fused_qkv: one attn_qkv with its bias) and
+    attention output with biases, a GELU FFN (up, down) with biases."""
+    hd = n_embd // n_head
+    n_kv = n_head_kv * hd
+    w = _Writer(path, "starcoder2", seed, qtype)
+    w.hparams("starcoder2", context_length=n_ctx, embedding_length=n_embd, block_count=n_layer,
+              feed_forward_length=n_ff, attention__head_count=n_head, attention__head_count_kv=n_head_kv,
+              attention__layer_norm_epsilon=1e-5, rope__freq_base=100000.0, rope__dimension_count=hd)
+    w.vocab_and_head(vocab, n_vocab, n_embd, tied, output_std)
+    w.vector("output_norm.bias", n_embd)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        for norm in ("attn_norm", "ffn_norm"):
+            w.vector(p + norm + ".weight", n_embd, 1.0)
+            w.vector(p + norm + ".bias", n_embd)
+        attention = (("attn_qkv", n_embd + 2 * n_kv, n_embd),) if fused_qkv else (
+            ("attn_q", n_embd, n_embd), ("attn_k", n_kv, n_embd), ("attn_v", n_kv, n_embd))
+        for name, n_out, n_in in attention + (("attn_output", n_embd, n_embd), ("ffn_up", n_ff, n_embd),
+                                              ("ffn_down", n_embd, n_ff)):
+            w.matrix(p + name + ".weight", n_out, n_in)
+            w.vector(p + name + ".bias", n_out)
+    _finish(w)
+    return path
+
+
 POOLING_TYPES = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}  # `<arch>.pooling_type` (llama.cpp's enum)
 
 
@@ -653,6 +683,32 @@ def write_nomic_bert(path, **kw):
     """A nomic-bert file (see write_bert), mean pooling as nomic-embed-text."""
     kw.setdefault("pooling", "mean")
     return write_bert(path, "nomic-bert", **kw)
+
+
+# ----- adapters -------------------------------------------------------------------------------------
+LORA_TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down", "output")
+
+
+def write_lora(path, base, rank: int = 4, alpha: float = 8.0, targets=LORA_TARGETS, seed: int = 0, qtype=None,
+               std: float = 0.5) -> Path:
+    """A LoRA adapter for the model file `base` as convert_lora_to_gguf.py writes one: general.type "adapter",
+    adapter.type "lora", adapter.lora.alpha, and for each of base's matrices whose name has a part in `targets`
+    `<name>.lora_a` (NumPy [rank, n_in]) and `<name>.lora_b` ([n_out, rank]), both random (B not zero as a
+    freshly initialised adapter's, so that the adapter moves the logits); qtype: their type (None: F32)."""
+    reader = GGUFReader(str(base))
+    arch = reader.fields["general.architecture"].contents()
+    w = _Writer(path, arch, seed, qtype)
+    w.add_type("adapter")
+    w.add_string("adapter.type", "lora")
+    w.add_float32("adapter.lora.alpha", alpha)
+    for t in reader.tensors:
+        part = t.name.split(".")[-2] if t.name.startswith("blk.") else t.name.split(".")[0]
+        if part in targets and t.name.endswith(".weight") and len(t.shape) == 2:
+            n_in, n_out = (int(n) for n in t.shape)
+            w.matrix(t.name + ".lora_a", rank, n_in, std=std / np.sqrt(n_in))
+            w.matrix(t.name + ".lora_b", n_out, rank, std=std / np.sqrt(rank))
+    _finish(w)
+    return Path(path)
 
 
 # ----- conversion -----------------------------------------------------------------------------------

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from pyggml.errors import GGUFError, TokenizerError
 from pyggml.models.gguf.gguf_file import GGUFFile
-from pyggml.models.text.tokenizer import BPETokenizer, SPMTokenizer, _bytes_to_unicode, _clean_spaces, load_tokenizer
+from pyggml.models.text.tokenizer import BPETokenizer, SPMTokenizer, _bytes_to_unicode, _clean_spaces
+from pyggml.models.text.load import load_tokenizer
 from tests.support.vocab_files import write_vocab
 
 DATA = Path(__file__).parent / "data"

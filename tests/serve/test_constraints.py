@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from pyggml.models.gguf.gguf_file import GGUFFile
-from pyggml.models.text.tokenizer import load_tokenizer
+from pyggml.models.text.load import load_tokenizer
 from pyggml.serve.constraints import JSON_STYLE, ConstraintFactory
 from pyggml.serve.protocol import APIError
 from tests.support.serve import write_chat_model

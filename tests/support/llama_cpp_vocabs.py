@@ -10,7 +10,7 @@ from functools import cache
 from pathlib import Path
 
 from pyggml.models.gguf.gguf_file import GGUFFile
-from pyggml.models.text.tokenizer import load_tokenizer
+from pyggml.models.text.load import load_tokenizer
 
 VOCAB_DIR = Path(__file__).resolve().parents[1] / "models" / "data" / "llama_cpp_vocabs"
 ARCHIVE = VOCAB_DIR / "vocabs.tar.xz"

@@ -20,7 +20,7 @@ from gguf import GGMLQuantizationType as Q
 from pyggml.models.gguf.gguf_file import GGUFFile
 from pyggml.testing.agreement import F32_BOUND
 from pyggml.testing.synthetic import (llama3_rope_freqs, write_gpt_oss, write_mixtral, write_olmo2, write_qwen2moe,
-                                      write_qwen3moe)
+                                      write_qwen3moe, write_starcoder2)
 
 from tests.support.tiny_models import (bpe_vocab, gemma3_vocab, write_gemma2, write_gemma3, write_gpt2, write_granite,
                                       write_llama, write_phi3, write_qwen3, write_smollm3)
@@ -235,6 +235,16 @@ CASES += [
                                           n_ctx=N_CTX, n_embd=96, n_head=6, n_head_kv=2, n_ff=160,
                                           biases=("output",), seed=43),
          bos=BPE_BOS, n_vocab=BPE_N, notes="q/k/v biases and output.bias on the logits"),
+]
+# StarCoder 2: LayerNorms and every projection with biases, GELU, NeoX RoPE; tied with separate q/k/v, and
+# untied with one fused attn_qkv
+CASES += [
+    Case("starcoder2-f32-bpe", partial(write_starcoder2, vocab=bpe_vocab("starcoder"), n_vocab=BPE_N, n_ctx=N_CTX,
+                                       seed=44),
+         bos=BPE_BOS, n_vocab=BPE_N, notes="LayerNorms, q/k/v/o and FFN biases, GELU, tied"),
+    Case("starcoder2-f32-fused-qkv", partial(write_starcoder2, vocab=bpe_vocab("starcoder"), n_vocab=BPE_N,
+                                             n_ctx=N_CTX, tied=False, fused_qkv=True, seed=45),
+         bos=BPE_BOS, n_vocab=BPE_N, notes="one attn_qkv with its bias, separate output"),
 ]
 BY_NAME = {c.name: c for c in CASES}
 

@@ -3,7 +3,7 @@
 from gguf import GGUFWriter
 
 from pyggml.models.gguf.gguf_file import GGUFFile
-from pyggml.models.text.tokenizer import load_tokenizer
+from pyggml.models.text.load import load_tokenizer
 
 
 def write_vocab(path, model, tokens, types, scores=None, merges=None, pre=None, extra=None, **flags):

@@ -63,7 +63,7 @@ def ggml_bin(model: str, workdir: Path, type_name: str = "F16") -> Path:
     """whisper.cpp's legacy ggml file of the model's weights (F16, or one of the quantized types `pyggml convert`
     writes), written once into workdir."""
     from pyggml.core import GGMLType
-    from pyggml.models.whisper.files import load_whisper_file
+    from pyggml.models.whisper.reader import load_whisper_file
     from pyggml.models.whisper.ggml_bin import write_ggml_bin
 
     out = workdir / f"ggml-{model}-{type_name.lower()}.bin"

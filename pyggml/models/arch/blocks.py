@@ -38,16 +38,19 @@ class Step:
     masks: dict = field(default_factory=dict)  # window (None = full causal) -> F32 [n_kv, n_tokens] input
     kv_cells: tuple | None = None              # I64 inputs: the KV cache rows this step writes (kv_cache.store)
     n_ctx: int = 0
+    loras: tuple = ()                          # (adapter, scale) pairs that layers.lora_mm adds to projections
 
     @classmethod
-    def new(cls, n_tokens: int, n_outputs: int, n_kv: int, graph_size: int = 8192, n_ctx: int = 0) -> Step:
+    def new(cls, n_tokens: int, n_outputs: int, n_kv: int, graph_size: int = 8192, n_ctx: int = 0,
+            loras: tuple = ()) -> Step:
         ctx = Context(no_alloc=True)
         tokens = ctx.new_tensor_1d(GGMLType.I32, n_tokens, "inp_tokens").set_input()
         positions = ctx.new_tensor_1d(GGMLType.I32, n_tokens, "inp_pos").set_input()
         out_ids = None
         if n_outputs < n_tokens:
             out_ids = ctx.new_tensor_1d(GGMLType.I32, n_outputs, "inp_out_ids").set_input()
-        return cls(ctx, Graph(graph_size), n_tokens, n_outputs, n_kv, tokens, positions, out_ids, n_ctx=n_ctx)
+        return cls(ctx, Graph(graph_size), n_tokens, n_outputs, n_kv, tokens, positions, out_ids, n_ctx=n_ctx,
+                   loras=tuple(loras))
 
     def mask(self, window: int | None = None) -> Tensor:
         """The attention mask input for a layer with this sliding window (one tensor per distinct window)."""
@@ -165,31 +168,20 @@ def attention(step: Step, kv, il: int, q: Tensor, k: Tensor, v: Tensor, kq_scale
     kv.store(step, il, k, v)
     k_all, v_all = kv.views(ctx, il, step.n_kv)
     q = ops.permute(ctx, q, 0, 2, 1, 3)                       # [head_dim, n_tokens, n_head]
-    kq = ops.mul_mat(ctx, k_all, q)                           # [n_kv, n_tokens, n_head]
+    kq = ops.mul_mat(ctx, k_all, q).set_name(f"kq-{il}")     # [n_kv, n_tokens, n_head]
     if softcap:
         kq = soft_cap(ctx, kq, softcap)
-    kq = ops.soft_max_ext(ctx, kq, step.mask(window), kq_scale, 0.0)
+    kq = ops.soft_max_ext(ctx, kq, step.mask(window), kq_scale, 0.0).set_name(f"kq_soft_max-{il}")
     if sinks is not None:
         ops.soft_max_add_sinks(kq, sinks)
     kqv = ops.mul_mat(ctx, v_all, kq)                         # [head_dim, n_tokens, n_head]
     out = ops.permute(ctx, kqv, 0, 2, 1, 3)                   # [head_dim, n_head, n_tokens]
-    return ops.cont_2d(ctx, out, q.ne[0] * q.ne[2], step.n_tokens)
+    return ops.cont_2d(ctx, out, q.ne[0] * q.ne[2], step.n_tokens).set_name(f"kqv_out-{il}")
 
 
 def soft_cap(ctx: Context, x: Tensor, cap: float) -> Tensor:
     """cap·tanh(x / cap), as llama.cpp builds it (scale, tanh, scale)."""
     return ops.scale(ctx, ops.tanh(ctx, ops.scale(ctx, x, 1.0 / cap)), cap)
-
-
-def split_qkv(ctx: Context, qkv: Tensor, head_dim: int, n_head: int, n_head_kv: int, n_tokens: int) -> list:
-    """q [head_dim, n_head, n_tokens], k and v [head_dim, n_head_kv, n_tokens] from a fused projection whose
-    rows hold q, then k, then v (llama.cpp's build_qkv views them; here they are copied out contiguous)."""
-    out, offset = [], 0
-    for heads in (n_head, n_head_kv, n_head_kv):
-        part = ops.view_2d(ctx, qkv, head_dim * heads, n_tokens, qkv.nb[1], offset * qkv.nb[0])
-        out.append(ops.cont_3d(ctx, part, head_dim, heads, n_tokens))
-        offset += head_dim * heads
-    return out
 
 
 def default_kq_scale(head_dim: int) -> float:
@@ -257,14 +249,21 @@ def swa_layers(gguf, n_layer: int, n_pattern: int, dense_first: bool = False) ->
 
 
 class Decoder:
-    """What every decoder reads the same way: sizes from `<arch>.*` keys, the embeddings and the output head
-    (output.weight, or the token embeddings when they are tied). Encoders (bert) read the same sizes and set
+    """What every architecture reads the same way, in the two phases every architecture has: `read_hparams`
+    (sizes from `<arch>.*` keys) and `declare` (the embeddings, the output head: output.weight as `OUTPUT`
+    says, and each layer's tensors); then `build` adds one step's graph. Subclasses extend each phase
+    (calling super() first) and set class attributes where llama.cpp's builders differ. Encoders (bert) set
     `encoder`: they have no output head and no KV cache, and attend both ways."""
 
     encoder = False
-    classifier = None  # a reranker's head (arch/classifier.py), for Model.embed's "rank" pooling
+    classifier = None   # a reranker's head (arch/classifier.py), for Model.embed's "rank" pooling
+    OUTPUT = "optional"  # output.weight: "optional" (tied to the embeddings when absent), "required" or "tied"
 
     def __init__(self, gguf, w):
+        self.read_hparams(gguf)
+        self.declare(gguf, w)
+
+    def read_hparams(self, gguf) -> None:
         self.n_layer = hparam_count(gguf, "block_count", limit=MAX_LAYERS)
         self.n_embd = hparam_count(gguf, "embedding_length")
         self.n_ff_arr = hparam_per_layer(gguf, "feed_forward_length", self.n_layer)
@@ -280,6 +279,8 @@ class Decoder:
                     else "attention.head_count", self.head_dim, what="a head size of at least 1")
         self.n_ctx_train = hparam(gguf, "context_length")
         self.n_embd_k_gqa = self.n_embd_v_gqa = self.head_dim * self.n_head_kv
+
+    def declare(self, gguf, w) -> None:
         self.tok_embd = w.get("token_embd.weight", (self.n_embd, None))
         self.n_vocab = self.tok_embd.ne[1]
         if not self.encoder:
@@ -289,6 +290,10 @@ class Decoder:
     def output_matrix(self, w) -> Tensor:
         """output.weight, or the token embeddings when the file ties them (an architecture that always ties
         does not look output.weight up, so a file holding one is refused as llama.cpp refuses it)."""
+        if self.OUTPUT == "tied":
+            return self.tok_embd
+        if self.OUTPUT == "required":
+            return w.get("output.weight", (self.n_embd, self.n_vocab))
         return w.optional("output.weight", (self.n_embd, self.n_vocab)) or self.tok_embd
 
     @property
@@ -299,8 +304,17 @@ class Decoder:
         return type(self).layer_rope is not Decoder.layer_rope
 
     def layer_rope(self, il: int) -> Rope | None:
-        """The RoPE applied to layer il's keys (None: none, its cached keys do not depend on position)."""
+        """The RoPE applied to layer il's q and keys (None: none, its cached keys do not depend on position)."""
         return None
+
+    def rope_qk(self, step: Step, il: int, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """q and k rotated by layer il's RoPE (as they are where it has none)."""
+        rope = self.layer_rope(il)
+        return (q, k) if rope is None else (rope.apply(step, q), rope.apply(step, k))
+
+    def norm_qk(self, step: Step, il: int, layer, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """q and k before RoPE ([head_dim, heads, n_tokens]); architectures with q/k norms normalize them here."""
+        return q, k
 
     @staticmethod
     def uniform(gguf, key: str, values: list):
@@ -309,21 +323,3 @@ class Decoder:
             raise GGUFError(f"{gguf.path}: metadata key '{gguf.architecture}.{key}' differs between layers "
                             f"({values}); pyggml's {gguf.architecture} takes one value for every layer")
         return values[0]
-
-    def projections(self, w, il: int) -> dict:
-        """Layer il's attention and gated-FFN matrices and their pre-norms by their field names (shapes checked)."""
-        e, p = self.n_embd, f"blk.{il}."
-        return dict(attn_norm=w.get(p + "attn_norm.weight", (e,)), **self.attention_projections(w, il),
-                    ffn_norm=w.get(p + "ffn_norm.weight", (e,)), **self.ffn_projections(w, il))
-
-    def attention_projections(self, w, il: int) -> dict:
-        """Layer il's q, k, v and output matrices."""
-        e, q, kv, p = self.n_embd, self.head_dim * self.n_head, self.n_embd_k_gqa, f"blk.{il}."
-        return dict(wq=w.get(p + "attn_q.weight", (e, q)), wk=w.get(p + "attn_k.weight", (e, kv)),
-                    wv=w.get(p + "attn_v.weight", (e, kv)), wo=w.get(p + "attn_output.weight", (q, e)))
-
-    def ffn_projections(self, w, il: int) -> dict:
-        """Layer il's gate, up and down matrices."""
-        e, f, p = self.n_embd, self.n_ff_arr[il], f"blk.{il}."
-        return dict(ffn_gate=w.get(p + "ffn_gate.weight", (e, f)), ffn_up=w.get(p + "ffn_up.weight", (e, f)),
-                    ffn_down=w.get(p + "ffn_down.weight", (f, e)))

@@ -11,51 +11,46 @@ chosen experts' logits (top-k first), activated by SwiGLU-OAI (alpha 1.702, clam
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from pyggml.core import Tensor
 from pyggml.models.arch.blocks import ROPE_NEOX, Rope, Step, attention, hparam, hparam_per_layer, swa_layers
-from pyggml.models.arch.llama import Llama, LlamaLayer
+from pyggml.models.arch.layers import Layer
+from pyggml.models.arch.llama import Llama
 from pyggml.models.arch.moe import Experts
 
 SWA_PATTERN = 2   # llama.cpp's load_swa_pattern(ml, 2): layer il uses the window unless il % 2 == 1
 
 
-@dataclass
-class GptOssLayer(LlamaLayer):
-    sinks: Tensor
-
-
 class GptOss(Llama):
+    ROPE_MODE = ROPE_NEOX
+    ATTN_OUT_BIAS = FFN_BIASES = False   # its attn_output.bias is required (declare_layer)
     FFN_NORM = "post_attention_norm"
     MOE_ONLY = True
+    OUTPUT = "required"
 
-    def __init__(self, gguf, w):
-        n_layer = hparam(gguf, "block_count")
-        self.n_ff_exp = hparam_per_layer(gguf, "expert_feed_forward_length", n_layer)[0]  # required, as llama.cpp
-        super().__init__(gguf, w)
+    def read_hparams(self, gguf) -> None:
+        super().read_hparams(gguf)
+        self.n_ff_exp = hparam_per_layer(gguf, "expert_feed_forward_length", self.n_layer)[0]  # required
         self.n_swa = hparam(gguf, "attention.sliding_window")
         self.swa = swa_layers(gguf, self.n_layer, SWA_PATTERN)
-        self.rope_swa = Rope.from_gguf(gguf, w, self.rope.n_dims, ROPE_NEOX,
+        self.kq_scale = 1.0 / self.n_rot ** 0.5
+
+    def declare(self, gguf, w) -> None:
+        super().declare(gguf, w)
+        self.rope_swa = Rope.from_gguf(gguf, w, self.n_rot, ROPE_NEOX,
                                        freq_base=hparam(gguf, "rope.freq_base_swa", self.rope.freq_base))
-        self.kq_scale = 1.0 / self.rope.n_dims ** 0.5
-        self.output = w.get("output.weight", (self.n_embd, self.n_vocab))
 
-    def new_layer(self, w, i: int) -> GptOssLayer:
-        layer = vars(super().new_layer(w, i))
-        layer["bo"] = w.get(f"blk.{i}.attn_output.bias", (self.n_embd,))
-        return GptOssLayer(**layer, sinks=w.get(f"blk.{i}.attn_sinks.weight", (self.n_head,)))
+    def declare_layer(self, w, il: int) -> Layer:
+        layer = super().declare_layer(w, il)
+        layer.bo = w.get(f"blk.{il}.attn_output.bias", (self.n_embd,))
+        layer.sinks = w.get(f"blk.{il}.attn_sinks.weight", (self.n_head,))
+        return layer
 
-    def experts(self, w, i: int) -> Experts:
-        return Experts.load(w, i, self.n_embd, self.n_ff_exp, self.n_expert, self.n_expert_used, biases=True,
+    def experts(self, w, il: int) -> Experts:
+        return Experts.load(w, il, self.n_embd, self.n_ff_exp, self.n_expert, self.n_expert_used, biases=True,
                             gating="softmax_weight", activation="swiglu_oai")
 
     def layer_rope(self, il: int) -> Rope:
         return self.rope_swa if self.swa[il] else self.rope
-
-    def rope_qk(self, step: Step, il: int, layer, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-        rope = self.layer_rope(il)
-        return rope.apply(step, q), rope.apply(step, k)
 
     def attend(self, step: Step, kv, il: int, layer, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         return attention(step, kv, il, q, k, v, self.kq_scale, self.n_swa if self.swa[il] else None,

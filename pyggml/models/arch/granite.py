@@ -10,13 +10,14 @@ from __future__ import annotations
 from pyggml.core import Tensor
 from pyggml.core import ops
 from pyggml.models.arch.blocks import Rope, Step, hparam
+from pyggml.models.arch.layers import cb
 from pyggml.models.arch.llama import Llama
 from pyggml.models.arch.moe import Experts, SharedExpert
 
 
 class Granite(Llama):
-    def __init__(self, gguf, w):
-        super().__init__(gguf, w)
+    def read_hparams(self, gguf) -> None:
+        super().read_hparams(gguf)
         self.embedding_scale = hparam(gguf, "embedding_scale", 0.0)
         self.residual_scale = hparam(gguf, "residual_scale", 0.0)
         self.logit_scale = hparam(gguf, "logit_scale")
@@ -28,9 +29,6 @@ class Granite(Llama):
         x = super().embed(step)
         return ops.scale(step.ctx, x, self.embedding_scale) if self.embedding_scale else x
 
-    def rope_qk(self, step: Step, il: int, layer, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-        return super().rope_qk(step, il, layer, q, k) if self.has_rope else (q, k)
-
     def layer_rope(self, il: int) -> Rope | None:
         return self.rope if self.has_rope else None
 
@@ -38,16 +36,16 @@ class Granite(Llama):
         return ops.scale(step.ctx, branch, self.residual_scale) if self.residual_scale else branch
 
     def logits(self, step: Step, x: Tensor) -> Tensor:
-        return ops.scale(step.ctx, super().logits(step, x), 1.0 / self.logit_scale)
+        return cb(ops.scale(step.ctx, super().logits(step, x), 1.0 / self.logit_scale), "result_output")
 
 
 class GraniteMoE(Granite):
-    def __init__(self, gguf, w):
+    def read_hparams(self, gguf) -> None:
+        super().read_hparams(gguf)
         self.n_ff_shexp = hparam(gguf, "expert_shared_feed_forward_length", 0)
-        super().__init__(gguf, w)
 
-    def experts(self, w, i: int) -> Experts:
-        experts = super().experts(w, i)
+    def experts(self, w, il: int) -> Experts:
+        experts = super().experts(w, il)
         if self.n_ff_shexp:
-            experts.shared = SharedExpert.load(w, i, self.n_embd, self.n_ff_shexp)
+            experts.shared = SharedExpert.load(w, il, self.n_embd, self.n_ff_shexp)
         return experts

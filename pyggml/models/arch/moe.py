@@ -18,6 +18,7 @@ from pyggml.core import Context, Tensor
 from pyggml.core import ops
 from pyggml.errors import GGUFError
 from pyggml.models.arch.blocks import Decoder, hparam, hparam_per_layer, linear
+from pyggml.models.arch.layers import cb
 
 GATINGS = ("softmax", "sigmoid", "softmax_weight")
 ACTIVATIONS = ("silu", "swiglu_oai")
@@ -100,18 +101,20 @@ def expert_counts(gguf, n_layer: int) -> tuple[int, int]:
     return n_expert, n_used
 
 
-def moe_ffn(ctx: Context, ex: Experts, cur: Tensor) -> Tensor:
-    """cur [n_embd, n_tokens] through the n_used experts the router picks for each token -> [n_embd, n_tokens]."""
+def moe_ffn(ctx: Context, ex: Experts, cur: Tensor, il: int = -1) -> Tensor:
+    """cur [n_embd, n_tokens] through the n_used experts the router picks for each token -> [n_embd, n_tokens];
+    the intermediates named as llama.cpp's build_moe_ffn names them in layer il."""
     n_embd, n_tokens, n_expert, k = cur.ne[0], cur.ne[1], ex.gate_inp.ne[1], ex.n_used
     x = cur
-    logits = linear(ctx, ex.gate_inp, cur, ex.gate_inp_b)                        # [n_expert, n_tokens]
+    logits = cb(linear(ctx, ex.gate_inp, cur, ex.gate_inp_b), "ffn_moe_logits", il)   # [n_expert, n_tokens]
     if ex.gating == "softmax":
         probs = ops.soft_max(ctx, logits)
     elif ex.gating == "sigmoid":
         probs = ops.sigmoid(ctx, logits)
     else:
         probs = logits
-    selected = ops.argsort_top_k(ctx, probs, k)                                  # [k, n_tokens] I32
+    probs = cb(probs, "ffn_moe_probs", il) if probs is not logits else probs
+    selected = cb(ops.argsort_top_k(ctx, probs, k), "ffn_moe_topk", il)         # [k, n_tokens] I32
     weights = ops.get_rows(ctx, ops.reshape_3d(ctx, probs, 1, n_expert, n_tokens), selected)   # [1, k, n_tokens]
     if ex.gating == "softmax_weight":
         weights = ops.reshape_3d(ctx, ops.soft_max(ctx, ops.reshape_2d(ctx, weights, k, n_tokens)), 1, k, n_tokens)
@@ -121,9 +124,10 @@ def moe_ffn(ctx: Context, ex: Experts, cur: Tensor) -> Tensor:
         weights = ops.reshape_3d(ctx, ops.div(ctx, flat, total), 1, k, n_tokens)
     if ex.w_scale not in (0.0, 1.0):
         weights = ops.scale(ctx, weights, ex.w_scale)
+    weights = cb(weights, "ffn_moe_weights", il)
 
     cur = ops.reshape_3d(ctx, cur, n_embd, 1, n_tokens)
-    up = _biased(ctx, ops.mul_mat_id(ctx, ex.up, cur, selected), ex.up_b, selected)   # [n_ff, k, n_tokens]
+    up = cb(_biased(ctx, ops.mul_mat_id(ctx, ex.up, cur, selected), ex.up_b, selected), "ffn_moe_up", il)
     if ex.activation == "swiglu_oai":
         gate = _biased(ctx, ops.mul_mat_id(ctx, ex.gate, cur, selected), ex.gate_b, selected)
         act = ops.swiglu_oai(ctx, gate, up, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT)
@@ -132,8 +136,9 @@ def moe_ffn(ctx: Context, ex: Experts, cur: Tensor) -> Tensor:
         act = ops.swiglu_split(ctx, gate, up)
     else:
         act = ops.silu(ctx, up)
-    out = _biased(ctx, ops.mul_mat_id(ctx, ex.down, act, selected), ex.down_b, selected)    # [n_embd, k, n_tokens]
-    out = ops.mul(ctx, out, weights)
+    act = cb(act, "ffn_moe_act", il)
+    out = _biased(ctx, ops.mul_mat_id(ctx, ex.down, act, selected), ex.down_b, selected)
+    out = cb(ops.mul(ctx, cb(out, "ffn_moe_down", il), weights), "ffn_moe_weighted", il)   # [n_embd, k, n_tokens]
     # the experts' views summed in order, as llama.cpp adds them
     total = ops.view_2d(ctx, out, n_embd, n_tokens, out.nb[2], 0)
     for i in range(1, k):

@@ -1,20 +1,16 @@
 """SmolLM3 (llama.cpp's llm_build_smollm3): the llama layout with no RoPE on every 4th layer (NoPE:
-layer il rotates unless (il + 1) % 4 == 0)."""
+layer il rotates unless (il + 1) % 4 == 0) and no attention output or FFN biases."""
 
 from __future__ import annotations
 
-from pyggml.core import Tensor
-from pyggml.models.arch.blocks import Rope, Step
+from pyggml.models.arch.blocks import Rope
 from pyggml.models.arch.llama import Llama
 
 NO_ROPE_LAYER_STEP = 4  # llama.cpp's n_no_rope_layer_step for smollm3 (not a key of the file)
 
 
 class SmolLM3(Llama):
-    def rope_qk(self, step: Step, il: int, layer, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-        if (il + 1) % NO_ROPE_LAYER_STEP == 0:
-            return q, k
-        return super().rope_qk(step, il, layer, q, k)
+    ATTN_OUT_BIAS = FFN_BIASES = False
 
     def layer_rope(self, il: int) -> Rope | None:
         return None if (il + 1) % NO_ROPE_LAYER_STEP == 0 else self.rope

@@ -220,7 +220,7 @@ class Embedder:
         their scores [n_texts, n_cls_out])."""
         arch, lengths = self.model.arch, [len(t) for t in texts]
         n = sum(lengths)
-        step = Step.new(n, n, n, n_ctx=self.model.n_ctx)
+        step = Step.new(n, n, n, n_ctx=self.model.n_ctx, loras=self.model.loras.active())
         out = arch.build(step, NoCache())
         hidden = out if arch.encoder else head_input(out, arch.output)
         head = arch.classifier if pooling == "rank" else None

