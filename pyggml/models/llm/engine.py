@@ -40,6 +40,7 @@ import numpy as np
 from pyggml.errors import GGMLError, ParameterError
 from pyggml.models.llm.batch import Batch
 from pyggml.models.llm.generate import Sampler, SamplingParams
+from pyggml.models.llm.text_output import TextOutput
 
 T = TypeVar("T")
 
@@ -153,7 +154,7 @@ class Slot:
     generated: list[int] = field(default_factory=list)
     pending: int | None = None      # the last sampled token, fed with the next step
     sampler: Sampler | None = None
-    sent: int = 0                   # characters of the generated text streamed
+    output: TextOutput | None = None  # the generated text as it is streamed
 
     @property
     def prompt(self) -> list[int]:
@@ -392,7 +393,7 @@ class Engine:
                            key=lambda s: s.last_used)
         while True:
             need = len(prompt) - reuse + max_new - 1
-            freed = self._exclusive_cells(target.seq_id, reuse if in_place else 0)
+            freed = cells.exclusive(target.seq_id, reuse if in_place else 0)
             if cells.size - cells.used + freed - outstanding >= need:
                 break
             if evictable:
@@ -408,17 +409,12 @@ class Engine:
             self.model.seq_cp(best.seq_id, target.seq_id, 0, reuse)
         target.cached = prompt[:reuse]
         target.handle, target.fed, target.n_cached, target.max_new = handle, reuse, reuse, max_new
-        target.cells_left, target.generated, target.pending, target.sent = need, [], None, 0
+        target.cells_left, target.generated, target.pending = need, [], None
         target.sampler = Sampler(request.sampling)
+        target.output = TextOutput(self.model.tokenizer, request.stop)
         for t in prompt:
             target.sampler.accept(t)
         return True
-
-    def _exclusive_cells(self, seq_id: int, p0: int) -> int:
-        """Cells that removing seq_id's positions >= p0 would free (no other sequence uses them)."""
-        cells = self.model.cells
-        mine = cells.seq[:, seq_id] & (cells.pos >= p0)
-        return int((mine & (cells.seq.sum(axis=1) == 1)).sum())
 
     def _forget(self, slot: Slot) -> None:
         self.model.seq_rm(slot.seq_id)
@@ -489,34 +485,17 @@ class Engine:
         eos = tokenizer.is_eog(token) and not request.ignore_eos
         if not eos:
             slot.generated.append(token)
-        text, stopped = self._new_text(slot, final=eos or len(slot.generated) == slot.max_new)
+        text = slot.output.add([] if eos else [token], final=eos or len(slot.generated) == slot.max_new)
         slot.handle._push(Token(token, text, float(row_raw[token]) - norm, top))
         if eos:
             slot.generated.append(token)
             self._finish(slot, "stop")
-        elif stopped:
+        elif slot.output.stopped:
             self._finish(slot, "stop")
         elif len(slot.generated) == slot.max_new:
             self._finish(slot, "length")
         else:
             slot.pending = token
-
-    def _new_text(self, slot: Slot, final: bool) -> tuple[str, bool]:
-        """The text this token adds, and whether a stop string ended it. Text that may begin a stop string,
-        and the bytes of an incomplete UTF-8 character, wait for the next token (unless final)."""
-        full = self.model.detokenize(slot.generated)
-        stops = slot.handle.request.stop
-        hits = [i for i in (full.find(s, max(slot.sent - len(s), 0)) for s in stops) if i >= 0]
-        if hits:
-            end, stopped = min(hits), True
-        elif final:
-            end, stopped = len(full), False
-        else:
-            held = max((k for s in stops for k in range(1, len(s)) if full.endswith(s[:k])), default=0)
-            end, stopped = len(full.rstrip("\ufffd")) - held, False
-        text = full[slot.sent:end] if end > slot.sent else ""
-        slot.sent = max(slot.sent, end)
-        return text, stopped
 
     def _finish(self, slot: Slot, reason: str, error: str | None = None) -> None:
         handle = slot.handle

@@ -39,6 +39,7 @@ from pyggml.models.gguf.gguf_file import GGUFFile
 from pyggml.models.gguf.gguf_loader import load_weights
 from pyggml.models.llm.kv_cache import KVCache
 from pyggml.models.llm.kv_cells import KVCells
+from pyggml.models.llm.text_output import TextOutput
 from pyggml.models.llm.runner import SingleBackend, backend_list, plan_layers, remote_prefixes, split_layers
 from pyggml.models.text.tokenizer import load_tokenizer
 
@@ -151,13 +152,9 @@ class Model:
         would be dropped still has cells."""
         if isinstance(n_seq_max, bool) or not isinstance(n_seq_max, Integral) or n_seq_max <= 0:
             raise ParameterError(f"n_seq_max must be a positive integer, got {n_seq_max!r}")
-        if self.cells.seq[:, n_seq_max:].any():
+        if self.cells.seqs_beyond(n_seq_max):
             raise ParameterError(f"n_seq_max {n_seq_max}: sequences >= {n_seq_max} still have cells (seq_rm them)")
-        cells = KVCells(self.n_ctx, n_seq_max)
-        n_keep = min(n_seq_max, self.cells.n_seq_max)
-        cells.pos[:], cells.shift[:] = self.cells.pos, self.cells.shift
-        cells.seq[:, :n_keep] = self.cells.seq[:, :n_keep]
-        self.cells = cells
+        self.cells = self.cells.resized(n_seq_max)
         for n_outputs in sorted({1, min(self.n_batch, n_seq_max)}):
             self.runner.reserve(self._build(self.n_batch, n_outputs, self.kv.n_kv(self.n_ctx))[0].graph)
         self.reserved_plan = self.runner.plan
@@ -352,20 +349,17 @@ class Model:
         check_n_predict(n)
         text_prompt = self.chat_prompt(prompt) if chat else prompt
         ids = self.tokenize(text_prompt, add_special=True, parse_special=chat)
-        out: list[int] = []
-        shown = ""
+        output, pieces = TextOutput(self.tokenizer), []
         for token in self.generate_tokens(ids, n, params):
             if self.tokenizer.is_eog(token):
                 break
-            out.append(token)
-            text = self.detokenize(out)
-            if stream is not None and not text.endswith("\ufffd"):  # wait for the rest of a UTF-8 character
-                stream(text[len(shown):])
-                shown = text
-        text = self.detokenize(out)
-        if stream is not None and len(text) > len(shown):
-            stream(text[len(shown):])
-        return text
+            pieces.append(output.add([token]))
+            if stream is not None and pieces[-1]:
+                stream(pieces[-1])
+        pieces.append(output.add([], final=True))
+        if stream is not None and pieces[-1]:
+            stream(pieces[-1])
+        return "".join(pieces)
 
 
 KV_TYPES = (GGMLType.F16, GGMLType.F32)  # the cache types the attention kernels read
