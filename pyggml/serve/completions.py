@@ -351,9 +351,13 @@ def _response(job: Job, model_id: str, outputs: list[ChoiceOutput]) -> dict:
             choices.append({"index": o.index, "text": echo + o.text,
                             "logprobs": o.legacy_logprobs(o.logprobs, len(echo)) if job.gen.logprobs else None,
                             "finish_reason": o.finish_reason})
-    return {"id": _new_id(job), "object": "chat.completion" if job.chat else "text_completion",
-            "created": int(time.time()), "model": model_id, "system_fingerprint": None, "choices": choices,
-            "usage": _usage(job, outputs)}
+    response = {"id": _new_id(job), "object": "chat.completion" if job.chat else "text_completion",
+                "created": int(time.time()), "model": model_id, "system_fingerprint": None, "choices": choices,
+                "usage": _usage(job, outputs)}
+    drafted = sum(o.done.draft_tokens for o in outputs)
+    if drafted:  # llama-server's timings.draft_n / draft_n_accepted, there only when something was drafted
+        response["timings"] = {"draft_n": drafted, "draft_n_accepted": sum(o.done.draft_accepted for o in outputs)}
+    return response
 
 
 def _new_id(job: Job) -> str:

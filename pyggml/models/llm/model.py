@@ -340,6 +340,11 @@ class Model:
             self.timings.gen_tokens += 1
             self.timings.gen_s += time.perf_counter() - start
 
+    def prompt_ids(self, prompt: str, chat: bool = False) -> list[int]:
+        """The tokens of a prompt (`chat`: wrapped in the model's chat template, its special tokens parsed)."""
+        text_prompt = self.chat_prompt(prompt) if chat else prompt
+        return self.tokenize(text_prompt, add_special=True, parse_special=chat)
+
     def generate(self, prompt: str, n: int = 32, temperature: float = 0.0, top_k: int = 40, top_p: float = 0.95,
                  min_p: float = 0.05, repeat_penalty: float = 1.0, seed: int | None = None,
                  stream: Callable[[str], None] | None = None, chat: bool = False) -> str:
@@ -347,8 +352,7 @@ class Model:
         `chat` wraps the prompt in the model's chat template. The end-of-generation token is not included."""
         params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, seed=seed)  # checks them first
         check_n_predict(n)
-        text_prompt = self.chat_prompt(prompt) if chat else prompt
-        ids = self.tokenize(text_prompt, add_special=True, parse_special=chat)
+        ids = self.prompt_ids(prompt, chat)
         output, pieces = TextOutput(self.tokenizer), []
         for token in self.generate_tokens(ids, n, params):
             if self.tokenizer.is_eog(token):
