@@ -188,6 +188,8 @@ class Engine:
         self.scheduler = Scheduler(model, n_slots)
         self.slots = self.scheduler.slots
         self.drafter = drafter
+        if drafter is not None:
+            drafter.prepare(n_slots)
         self._queue: deque[Handle] = deque()
         self._calls: deque = deque()
         self._cv = threading.Condition()

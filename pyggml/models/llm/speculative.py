@@ -56,6 +56,9 @@ class NgramDrafter:
     def __init__(self, params: SpecParams = SpecParams()):
         self.params = params
 
+    def prepare(self, n_seq: int) -> None:
+        """Nothing is kept per sequence."""
+
     def draft(self, seq_id: int, context: list[int], n_max: int) -> list[int]:
         ctx = np.asarray(context, dtype=np.int64)
         for n in range(min(self.params.ngram, len(ctx) - 1), 0, -1):
@@ -66,9 +69,6 @@ class NgramDrafter:
                 return _at_least(ctx[start:start + n_max].tolist(), self.params.n_min)
         return []
 
-    def forget(self, seq_id: int) -> None:
-        """Nothing is kept per sequence."""
-
 
 class ModelDrafter:
     """A draft model generating greedily in the same sequence ids as the target (its own KV cache)."""
@@ -77,6 +77,13 @@ class ModelDrafter:
         self.model = model
         self.params = params
         self._cached: dict[int, list[int]] = {}  # seq id -> the tokens in the draft model's cells
+
+    def prepare(self, n_seq: int) -> None:
+        """Serve sequence ids [0, n_seq) from an empty cache."""
+        self.model.reset()
+        self._cached.clear()
+        if self.model.n_seq_max < n_seq:
+            self.model.set_n_seq_max(n_seq)
 
     def draft(self, seq_id: int, context: list[int], n_max: int) -> list[int]:
         try:
