@@ -1,6 +1,8 @@
 """`pyggml serve` with prompt lookup: greedy responses as without it, llama-server's timings.draft_n and
 draft_n_accepted in the response, the acceptance counters in /metrics; the CLI flags reach the engine."""
 
+import json
+
 import httpx
 import pytest
 
@@ -38,6 +40,17 @@ def test_greedy_response_is_the_same_and_reports_drafts(servers):
                 if line.startswith("llamacpp:n_draft")}
     assert counters["llamacpp:n_draft_total"] >= timings["draft_n"]
     assert counters["llamacpp:n_draft_accepted_total"] >= timings["draft_n_accepted"]
+
+
+def test_stream_ends_with_the_draft_timings(servers):
+    plain, spec = servers
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 24, "temperature": 0, "stream": True}
+    with httpx.stream("POST", spec.base_url + "/v1/completions", json=body, timeout=120) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    text = "".join(e["choices"][0]["text"] for e in events if e.get("choices"))
+    assert text == _complete(plain)["choices"][0]["text"]
+    assert events[-1]["choices"][0]["finish_reason"] and events[-1]["timings"]["draft_n"] > 0
+    assert all("timings" not in e for e in events[:-1])
 
 
 def test_cli_flags_make_the_drafter(model_path):
