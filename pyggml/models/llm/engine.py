@@ -403,7 +403,7 @@ class Engine:
         draft, slot.draft = slot.draft, []
         base = len(slot.cached) - len(rows)  # the position of the pending token fed
         n = 0
-        for i, row in enumerate(rows):
+        for i, row in enumerate(rows if slot.handle is not None else ()):
             guess = draft[i] if i < len(draft) else None
             try:
                 token = self._sample(slot, row, guess)
