@@ -6,7 +6,8 @@ sequence in one batch. Reported per npl: aggregate prompt tokens/s (npl·npp / p
 generation tokens/s (npl·ntg / generation time) and the time per generation step, then pyggml / llama.cpp.
 Tokens are fixed pseudo-random ids (no sampling, as llama-batched-bench). llama.cpp runs through
 llama-cpp-python's low-level API (llama_batch_init, one sequence id per token, n_seq_max = the largest
-npl, kv_unified, flash attention off); both sides use an F16 KV cache of npl_max·(npp + ntg) cells. Each
+npl, kv_unified, flash attention off, its extra buffer types on: CPU_REPACK's kernels, the buffer types it
+used are printed); both sides use an F16 KV cache of npl_max·(npp + ntg) cells. Each
 side runs in its own subprocess; the load average at each side's start is printed (the machine may be
 shared: a run above load 1.0 per core is marked noisy, and its figures are rough).
 
@@ -94,7 +95,7 @@ def run_llama(args) -> dict:
     from pyggml.testing.llamacpp_batched import LlamaCppSequences
 
     llm = LlamaCppSequences(args.model, n_ctx=n_cells(args), n_batch=args.batch, n_seq_max=max(args.npl),
-                            n_threads=args.threads, quiet=False)
+                            n_threads=args.threads, quiet=False, extra_bufts=not args.llama_no_extra_bufts)
 
     def decode(entries):
         llm.decode(*(list(column) for column in zip(*entries)))
@@ -103,10 +104,12 @@ def run_llama(args) -> dict:
 
 
 def llama_log_facts(log: str) -> dict:
+    from pyggml.testing.llamacpp import buffer_types
+
     sizes = re.findall(r"compute buffer size\s*=\s*([\d.]+) MiB", log)
     outputs = re.search(r"n_outputs_max\s*=\s*(\d+)", log)
     return {"compute_buffer": sum(float(x) for x in sizes) * MIB if sizes else None,
-            "outputs_reserved": int(outputs.group(1)) if outputs else "?"}
+            "outputs_reserved": int(outputs.group(1)) if outputs else "?", "buffer_types": buffer_types(log)}
 
 
 def write_synthetic(kind: str, directory: str) -> str:
@@ -127,6 +130,7 @@ def _side(python: str, side: str, args) -> dict:
     cmd = [python, "-m", "benchmarks.batched_vs_llamacpp", "--side", side, "--model", args.model,
            "--npp", str(args.npp), "--ntg", str(args.ntg), "--npl", ",".join(map(str, args.npl)),
            "--batch", str(args.batch), "--threads", str(args.threads)]
+    cmd += ["--llama-no-extra-bufts"] if args.llama_no_extra_bufts else []
     result, log = run_side(cmd, side, args.threads, REPO)
     if side == "llama":
         result.update(llama_log_facts(log))
@@ -144,6 +148,10 @@ def main() -> None:
                    help="parallel sequences, comma-separated")
     p.add_argument("--batch", type=int, default=512)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--llama-no-extra-bufts", action="store_true",
+                   help="llama.cpp without its extra buffer types (CPU_REPACK, AMX): only for a llama.cpp built "
+                        "with AMX on a machine where its AMX kernels crash; the comparison is then not against "
+                        "llama.cpp at its best")
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--side", choices=["pyggml", "llama"], help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -178,6 +186,7 @@ def main() -> None:
             f"npl {r['npl']} {r['tg_tps'] / single:.2f}x" for r in ours["rows"]))
     buffers = (ours["compute_buffer"] / MIB, (theirs["compute_buffer"] or float("nan")) / MIB)
     print(f"compute buffer MiB: pyggml {buffers[0]:.2f}, llama.cpp {buffers[1]:.2f}")
+    print(f"llama.cpp buffer types: {theirs['buffer_types']}")
     print(differences([("KV cache type", ours["kv_type"], theirs["kv_type"]),
                        ("output rows reserved", str(ours["outputs_reserved"]), str(theirs["outputs_reserved"])),
                        ("flash attention", "disabled", "disabled")], ("pyggml", "llama.cpp")))

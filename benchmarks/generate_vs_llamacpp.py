@@ -127,6 +127,8 @@ def run_llama(args) -> dict:
 
 def llama_log_facts(log: str) -> dict:
     """From llama.cpp's log of run_llama: the first context's settings and both contexts' compute buffers."""
+    from pyggml.testing.llamacpp import buffer_types
+
     contexts = log.split("constructing llama_context")[1:]
 
     def compute_buffer(text):
@@ -143,7 +145,8 @@ def llama_log_facts(log: str) -> dict:
             "kv_type": setting(r"K \((\w+)\)").upper(), "outputs_reserved": setting(r"n_outputs_max\s*=\s*(\d+)"),
             "flash_attn": setting(r"flash_attn\s*=\s*(\w+)"),
             "weights_kind": "quantized, repacked (CPU_REPACK)" if "CPU_REPACK model buffer size" in log
-            else "quantized, repacked (AMX)" if "AMX model buffer size" in log else "as in the file"}
+            else "quantized, repacked (AMX)" if "AMX model buffer size" in log else "as in the file",
+            "buffer_types": buffer_types(log)}
 
 
 SYNTHETIC = (["q4_0", "q4_1", "q8_0"] + [f"{size}-{q}" for size in ("1b", "8b") for q in ("q4_k_m", "q4_0", "q8_0")]
@@ -312,6 +315,7 @@ def main() -> None:
         ratio = f"{a / b:8.3f}" if b else f"{'n/a':>8}"
         print(f"{label:{width}}{a / unit:12.2f}{(b / unit if b else float('nan')):12.2f}{ratio}")
     print("(out rows: the output rows llama.cpp reserves in its compute buffer; pyggml always reserves 1)")
+    print(f"llama.cpp buffer types: {theirs['buffer_types']}")
     print(f"pyggml compute buffer with ggml's planner: {ours['compute_buffer_ggml_planner'] / MIB:.2f} MiB")
     print(f"pyggml weights in memory {ours['weights'] / MIB:.2f} MiB, GGUF tensor bytes "
           f"{ours['gguf_tensor_bytes'] / MIB:.2f} MiB: {ours['weights'] / ours['gguf_tensor_bytes']:.3f}x")

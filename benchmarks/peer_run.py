@@ -18,6 +18,7 @@ import multiprocessing
 import os
 import subprocess
 import platform
+import signal
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
@@ -127,6 +128,16 @@ def differences(rows: list[tuple[str, str, str]], sides: tuple[str, str]) -> str
     return "\n".join(lines)
 
 
+def exit_reason(returncode: int) -> str:
+    """A process's exit status in words: a signal by name (SIGILL: the program uses instructions this CPU lacks,
+    e.g. a llama.cpp built with GGML_AVX_VNNI on a CPU without AVX-VNNI), else the code."""
+    signum = -returncode if returncode < 0 else returncode - 128 if returncode > 128 else 0
+    try:
+        return f"killed by {signal.Signals(signum).name}" if signum else f"exit code {returncode}"
+    except ValueError:
+        return f"exit code {returncode}"
+
+
 def run_side(cmd: list[str], side: str, threads: int, repo) -> tuple[dict, str]:
     """Run one side of a benchmark in its own process with the thread count set for every pool (OpenMP,
     OpenBLAS, MKL) and the repository on the path; (the JSON of its last stdout line, its stderr)."""
@@ -134,6 +145,6 @@ def run_side(cmd: list[str], side: str, threads: int, repo) -> tuple[dict, str]:
                MKL_NUM_THREADS=str(threads), PYTHONPATH=os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=repo)
     if done.returncode != 0:
-        raise SystemExit(f"{side} side failed:\n{done.stderr[-4000:]}")
+        raise SystemExit(f"{side} side failed ({exit_reason(done.returncode)}):\n{done.stderr[-4000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
 

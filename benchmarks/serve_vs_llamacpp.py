@@ -54,11 +54,12 @@ def server_command(side: str, args, port: int) -> list[str]:
         return [sys.executable, "-m", "pyggml.cli.main", "serve", "--model", args.model, "--port", str(port),
                 "--ctx", str(args.ctx), "--parallel", str(max(args.concurrency)), "--whisper-model", "none",
                 "--max-queue", "1024", "--alias", "bench", "--batch", str(args.batch)]
-    # llama.cpp's extra buffer types off (they crash on CPUs that report AMX), n_batch as pyggml's
+    # llama.cpp's extra buffer types on (CPU_REPACK: its best), n_batch as pyggml's
     return [args.llama_python, "-m", "pyggml.testing.llamacpp_server", "--model", args.model, "--host", "127.0.0.1",
             "--port", str(port), "--n_ctx", str(args.ctx), "--n_threads", str(args.threads),
             "--n_threads_batch", str(args.threads), "--n_batch", str(args.batch), "--n_ubatch", str(args.batch),
-            "--model_alias", "bench", "--interrupt_requests", "False"]
+            "--model_alias", "bench", "--interrupt_requests", "False"] + \
+        (["--no-extra-bufts"] if args.llama_no_extra_bufts else [])
 
 
 class Server:
@@ -83,11 +84,21 @@ class Server:
                 raise RuntimeError(f"{self.side} server exited: {self.log.read()[-2000:]}")
             try:
                 if httpx.get(self.url + "/v1/models", timeout=5).status_code == 200:
+                    if self.side != "pyggml":
+                        print(f"{self.side} buffer types: {self.buffer_types()}", flush=True)
                     return self
             except httpx.TransportError:
                 pass
             time.sleep(0.5)
         raise TimeoutError(f"{self.side} server did not start")
+
+    def buffer_types(self) -> str:
+        from pyggml.testing.llamacpp import buffer_types
+
+        self.log.seek(0)
+        text = self.log.read()
+        self.log.seek(0, os.SEEK_END)
+        return buffer_types(text)
 
     def __exit__(self, *exc) -> None:
         self.proc.send_signal(signal.SIGINT)
@@ -302,6 +313,9 @@ def main(argv=None) -> int:
                    "(batched_vs_llamacpp.py) to print the server's ratio to")
     p.add_argument("--batched-pp-tok-s", type=float, help="the engine's prompt tok/s at 8 sequences (the same run)")
     p.add_argument("--llama-python", default=sys.executable, help="a Python with llama-cpp-python[server]")
+    p.add_argument("--llama-no-extra-bufts", action="store_true",
+                   help="llama.cpp without its extra buffer types (CPU_REPACK, AMX): only for a llama.cpp built "
+                        "with AMX on a machine where its AMX kernels crash; not llama.cpp at its best")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="also write the rows here")
     args = p.parse_args(argv)

@@ -59,9 +59,21 @@ def test_the_generate_benchmark_reads_both_llama_contexts_from_the_log():
     facts = generate.llama_log_facts(LLAMA_LOG)
     assert facts == {"compute_buffer": 514.50 * 2**20, "compute_buffer_1_output": 21.76 * 2**20, "kv_type": "F16",
                      "outputs_reserved": "512", "flash_attn": "disabled",
-                     "weights_kind": "quantized, repacked (CPU_REPACK)"}
+                     "weights_kind": "quantized, repacked (CPU_REPACK)", "buffer_types": "CPU_REPACK 12.66 MiB"}
     older = LLAMA_LOG.replace("n_outputs_max         = 1\n", "")  # a llama.cpp that ignores n_outputs_max
     assert generate.llama_log_facts(older)["compute_buffer_1_output"] is None
+
+
+def test_the_peers_buffer_types_are_read_from_its_load_log():
+    from pyggml.testing.llamacpp import buffer_types
+
+    log = ("load_tensors:   CPU_Mapped model buffer size =   469.12 MiB\n"
+           "load_tensors:   CPU_REPACK model buffer size =   401.06 MiB\n"
+           "repack: repack tensor blk.0.attn_q.weight with q4_K_8x8\n"
+           "repack: repack tensor blk.0.attn_k.weight with q4_K_8x8\n"
+           "repack: repack tensor blk.0.ffn_down.weight with q6_K_8x8\n")
+    assert buffer_types(log) == "CPU_Mapped 469.12 MiB, CPU_REPACK 401.06 MiB; repacked: q4_K_8x8 x2, q6_K_8x8 x1"
+    assert buffer_types("no load log") == "unknown (no verbose load log)"
 
 
 def test_the_generate_benchmark_counts_the_weights_a_step_reads(tmp_path):

@@ -7,6 +7,7 @@ import sys
 import time
 
 from pyggml.cli.lora import add_lora_options, lora_specs
+from pyggml.cli.speculative import add_arguments as add_speculative_arguments
 
 MIB = 1024 * 1024
 
@@ -38,18 +39,21 @@ def add_parser(subparsers) -> None:
     p.add_argument("--kv-type", default="F16", choices=["F32", "F16"],
                    help="KV cache type (default F16, as llama.cpp; F32: twice the memory, no rounding)")
     add_lora_options(p)
+    add_speculative_arguments(p)
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
     from pyggml.backend.cpu.jit.runtime.compile_cache import is_cold
     from pyggml.backend.registry import load_all
+    from pyggml.cli.speculative import generate as speculative_generate
+    from pyggml.cli.speculative import open_drafter
     from pyggml.models import load_model
     from pyggml.models.llm.generate import SamplingParams, check_n_predict
     from pyggml.models.llm.model import check_sizes
 
     check_n_predict(args.n)  # nonsense counts and thresholds fail before the model loads
-    SamplingParams(args.temp, args.top_k, args.top_p, args.min_p, args.repeat_penalty, seed=args.seed)
+    sampling = SamplingParams(args.temp, args.top_k, args.top_p, args.min_p, args.repeat_penalty, seed=args.seed)
     check_sizes(n_ctx=args.ctx, n_batch=args.batch)
     if is_cold():
         print("compiling CPU kernels, once", file=sys.stderr, flush=True)
@@ -67,10 +71,15 @@ def run(args) -> int:
     model = load_model(args.model, backend=backend, n_ctx=args.ctx, n_batch=args.batch,
                        weights=args.weights, kv_type=args.kv_type, lora=lora_specs(args))
     load_s = time.perf_counter() - start
+    drafter = open_drafter(args, model, 1)
     print(args.prompt, end="", flush=True)
-    model.generate(args.prompt, n=args.n, temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
-                   min_p=args.min_p, repeat_penalty=args.repeat_penalty, seed=args.seed, chat=args.chat,
-                   stream=lambda piece: print(piece, end="", flush=True))
+    if drafter is None:
+        model.generate(args.prompt, n=args.n, temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
+                       min_p=args.min_p, repeat_penalty=args.repeat_penalty, seed=args.seed, chat=args.chat,
+                       stream=lambda piece: print(piece, end="", flush=True))
+    else:
+        speculative_generate(model, drafter, model.prompt_ids(args.prompt, args.chat), args.n, sampling,
+                             lambda piece: print(piece, end="", flush=True))
     print()
     for line in report_lines(model, load_s):
         print(line, file=sys.stderr)

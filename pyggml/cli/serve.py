@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 from pyggml.cli.lora import add_lora_options, lora_specs
+from pyggml.cli.speculative import add_arguments as add_speculative_arguments
 
 DEFAULT_WHISPER = "tiny.en"
 
@@ -29,6 +30,7 @@ def add_parser(subparsers) -> None:
                                                              "(default 64)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds a request may take (default 600)")
     add_lora_options(p)
+    add_speculative_arguments(p)
     p.set_defaults(run=run)
 
 
@@ -57,13 +59,15 @@ def loader(args):
     """The start-up work, run in the server's loading thread: the model, its engine, the Whisper models."""
     from pathlib import Path
 
+    from pyggml.cli.speculative import open_drafter
     from pyggml.models import load_model
     from pyggml.models.llm.engine import Engine
     from pyggml.serve.state import Loaded
 
     def load():
         model = load_model(args.model, n_ctx=args.ctx, n_batch=args.batch, lora=lora_specs(args))
-        loaded = Loaded(model=model, engine=Engine(model, n_slots=args.parallel),
+        drafter = open_drafter(args, model, args.parallel)
+        loaded = Loaded(model=model, engine=Engine(model, n_slots=args.parallel, drafter=drafter),
                         model_id=args.alias or Path(model.gguf.path).name)
         loaded.whisper, loaded.whisper_default = load_whispers(args.whisper_model)
         return loaded

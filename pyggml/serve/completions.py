@@ -351,9 +351,17 @@ def _response(job: Job, model_id: str, outputs: list[ChoiceOutput]) -> dict:
             choices.append({"index": o.index, "text": echo + o.text,
                             "logprobs": o.legacy_logprobs(o.logprobs, len(echo)) if job.gen.logprobs else None,
                             "finish_reason": o.finish_reason})
-    return {"id": _new_id(job), "object": "chat.completion" if job.chat else "text_completion",
-            "created": int(time.time()), "model": model_id, "system_fingerprint": None, "choices": choices,
-            "usage": _usage(job, outputs)}
+    response = {"id": _new_id(job), "object": "chat.completion" if job.chat else "text_completion",
+                "created": int(time.time()), "model": model_id, "system_fingerprint": None, "choices": choices,
+                "usage": _usage(job, outputs)}
+    return {**response, **_draft_timings([o.done for o in outputs])}
+
+
+def _draft_timings(dones: list) -> dict:
+    """llama-server's timings.draft_n / draft_n_accepted, there only when something was drafted."""
+    drafted = sum(d.draft_tokens for d in dones)
+    return {"timings": {"draft_n": drafted, "draft_n_accepted": sum(d.draft_accepted for d in dones)}} \
+        if drafted else {}
 
 
 def _new_id(job: Job) -> str:
@@ -380,12 +388,12 @@ async def _stream(state: ServerState, job: Job, model_id: str):
             "model": model_id, "system_fingerprint": None}
     usage_field = {"usage": None} if job.gen.include_usage else {}
 
-    def chunk(index, delta=None, text=None, logprobs=None, finish=None):
+    def chunk(index, delta=None, text=None, logprobs=None, finish=None, extra=None):
         if job.chat:
             choice = {"index": index, "delta": delta or {}, "logprobs": logprobs, "finish_reason": finish}
         else:
             choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
-        return sse({**head, "choices": [choice], **usage_field})
+        return sse({**head, "choices": [choice], **usage_field, **(extra or {})})
 
     admitted = False
     try:
@@ -404,7 +412,7 @@ async def _stream(state: ServerState, job: Job, model_id: str):
                         yield chunk(i, **_piece(job, o, rest))
                     for delta in deltas:
                         yield chunk(i, {"tool_calls": [delta]})
-                    yield chunk(i, finish=reason)
+                    yield chunk(i, finish=reason, extra=_draft_timings([event]))
                 else:
                     text = o.add(event)
                     if text or (job.gen.logprobs and not job.tools):

@@ -47,6 +47,11 @@ def _engine_metrics(s):
                             value=s.kv_cells_used / s.kv_cells_total if s.kv_cells_total else 0.0)
     yield CounterMetricFamily("pyggml:prompt_tokens_cached", "prompt tokens reused from the cache",
                               value=s.cached_tokens)
+    # llama-server's slot statistics n_draft_total and n_draft_accepted, as Prometheus counters (…_total)
+    yield CounterMetricFamily("llamacpp:n_draft", "speculative decoding: draft tokens fed to the model",
+                              value=s.draft_tokens)
+    yield CounterMetricFamily("llamacpp:n_draft_accepted", "speculative decoding: draft tokens the model kept",
+                              value=s.draft_accepted)
 
 
 def render(state: ServerState) -> bytes:

@@ -10,7 +10,9 @@ a container that does not grant the tile state.
 
 from __future__ import annotations
 
+import collections
 import os
+import re
 from contextlib import contextmanager
 
 import numpy as np
@@ -36,6 +38,18 @@ def no_extra_buffer_types(bindings):
         yield
     finally:
         bindings.llama_model_default_params = default
+
+
+def buffer_types(log: str) -> str:
+    """The buffer types llama.cpp's verbose load log names for the model's weights ("CPU_REPACK model buffer
+    size = ...", "CPU_Mapped model buffer size = ...") and the repacked layouts it chose ("repack tensor ...
+    with q4_K_8x8"), counted: which kernels the peer ran with."""
+    sizes = dict(re.findall(r"(\w+) model buffer size\s*=\s*([\d.]+ MiB)", log))
+    layouts = collections.Counter(re.findall(r"repack tensor .* with (\w+)", log))
+    if not sizes:
+        return "unknown (no verbose load log)"
+    text = ", ".join(f"{name} {size}" for name, size in sizes.items())
+    return text + (f"; repacked: {', '.join(f'{k} x{n}' for k, n in sorted(layouts.items()))}" if layouts else "")
 
 
 class LlamaCpp:

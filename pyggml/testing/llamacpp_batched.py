@@ -1,8 +1,10 @@
 """llama.cpp with several sequences in one context, through llama-cpp-python's low-level API (an optional peer,
 imported on use): llama_batch with sequence ids per token, n_seq_max sequences over a unified KV cache, and
 the llama_memory_seq_* operations. The reference for pyggml's batched decoding (tests/models/test_kv_cells.py,
-benchmarks/batched_vs_llamacpp.py). Flash attention and the CPU's extra buffer types stay off, as in
-pyggml.testing.llamacpp.
+benchmarks/batched_vs_llamacpp.py). Flash attention stays off. The CPU's extra buffer types (CPU_REPACK's
+interleaved kernels) are off for references, as in pyggml.testing.llamacpp, and on for speed
+(`extra_bufts=True`: llama.cpp at its best; its AMX type needs a llama.cpp built without AMX on machines
+that do not grant the tile state).
 """
 
 from __future__ import annotations
@@ -32,13 +34,13 @@ def _quiet(level, text, user_data):
 
 class LlamaCppSequences:
     def __init__(self, path, n_ctx: int, n_batch: int, n_seq_max: int, n_threads: int = 2, kv_type: str = "F16",
-                 quiet: bool = True):
+                 quiet: bool = True, extra_bufts: bool = False):
         lib = self.lib = _bindings()
         if quiet:
             lib.llama_log_set(_quiet, None)
         lib.llama_backend_init()
         mparams = lib.llama_model_default_params()
-        mparams.use_extra_bufts = False
+        mparams.use_extra_bufts = extra_bufts
         self.model = lib.llama_model_load_from_file(os.fspath(path).encode(), mparams)
         if not self.model:
             raise GGMLError(f"llama.cpp could not load {path}")

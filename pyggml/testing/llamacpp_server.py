@@ -1,14 +1,20 @@
 """llama-cpp-python's OpenAI server (`python -m llama_cpp.server`, the peer of `pyggml serve`) with llama.cpp's
-extra buffer types off, as every other llama.cpp peer here: on a CPU that reports AMX, the repacked weights
-crashed libggml-cpu when the server decoded. Same command line as llama_cpp.server:
+extra buffer types on (CPU_REPACK's kernels: llama.cpp at its best), or off with --no-extra-bufts (a
+llama.cpp built with AMX crashes decoding on a CPU that reports AMX without granting its tile state). Same
+command line as llama_cpp.server otherwise:
 
     python -m pyggml.testing.llamacpp_server --model FILE --n_threads 2 --n_batch 512 --port 8001
 """
 
 from __future__ import annotations
 
+import contextlib
+import sys
+
 from pyggml.errors import GGMLError
 from pyggml.testing.llamacpp import no_extra_buffer_types
+
+NO_EXTRA_BUFTS = "--no-extra-bufts"
 
 
 def main() -> None:
@@ -17,7 +23,10 @@ def main() -> None:
         from llama_cpp.server.__main__ import main as serve
     except ImportError:
         raise GGMLError("llama-cpp-python's server needs: pip install 'llama-cpp-python[server]'") from None
-    with no_extra_buffer_types(llama_cpp.llama_cpp):  # the model loads inside serve(), before uvicorn starts
+    plain = NO_EXTRA_BUFTS in sys.argv
+    sys.argv = [a for a in sys.argv if a != NO_EXTRA_BUFTS]
+    # the model loads inside serve(), before uvicorn starts
+    with no_extra_buffer_types(llama_cpp.llama_cpp) if plain else contextlib.nullcontext():
         serve()
 
 

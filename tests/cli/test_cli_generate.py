@@ -92,3 +92,26 @@ def test_generate_names_the_supported_architectures_for_another(tmp_path, capsys
     err = capsys.readouterr().err
     from pyggml.models.arch import ARCHITECTURES
     assert f"architecture 'mistral' is not supported (supported: {', '.join(sorted(ARCHITECTURES))})" in err
+
+
+@pytest.mark.parametrize("spec", [["--spec-type", "ngram", "--draft-max", "4"], ["--model-draft", "SELF"]])
+def test_generate_speculative_prints_the_plain_greedy_text_and_the_acceptance(tmp_path, capsys, spec):
+    path = write_llama(tmp_path / "tiny.gguf")
+    prompt = "the a the a the a the a the"
+    assert main(["generate", prompt, "--model", str(path), "-n", "12", "--ctx", "64"]) == 0
+    plain = capsys.readouterr().out
+    spec = [str(path) if a == "SELF" else a for a in spec]
+    assert main(["generate", prompt, "--model", str(path), "-n", "12", "--ctx", "64", *spec]) == 0
+    out, err = capsys.readouterr()
+    assert out == plain
+    assert "draft:" in err and "accepted" in err and "eval:" in err
+
+
+def test_generate_refuses_a_draft_model_of_another_vocabulary(tmp_path, capsys):
+    from tests.support.tiny_models import bpe_vocab
+
+    path, other = write_llama(tmp_path / "tiny.gguf"), tmp_path / "bpe.gguf"
+    vocab = bpe_vocab("gpt-2")
+    write_llama(other, n_vocab=vocab.n_tokens, vocab=vocab)
+    assert main(["generate", "x", "--model", str(path), "--model-draft", str(other)]) == 2
+    assert "draft model" in capsys.readouterr().err

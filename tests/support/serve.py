@@ -63,14 +63,16 @@ class ServerThread:
         self.sock.close()
 
 
-def make_state(path, limits: Limits = Limits(), n_ctx: int = 256, whisper=None) -> ServerState:
-    """A server's state that loads the file with the real engine (and serves `whisper` as tiny.en)."""
+def make_state(path, limits: Limits = Limits(), n_ctx: int = 256, whisper=None, drafter=None) -> ServerState:
+    """A server's state that loads the file with the real engine (and serves `whisper` as tiny.en; `drafter`:
+    speculative decoding)."""
     from pyggml.models import load_model
     from pyggml.models.llm.engine import Engine
 
     def load():
         model = load_model(path, n_ctx=n_ctx)
-        loaded = Loaded(model=model, engine=Engine(model, n_slots=limits.parallel), model_id="tiny")
+        loaded = Loaded(model=model, engine=Engine(model, n_slots=limits.parallel, drafter=drafter),
+                        model_id="tiny")
         if whisper is not None:
             loaded.whisper, loaded.whisper_default = {"tiny.en": whisper}, "tiny.en"
         return loaded

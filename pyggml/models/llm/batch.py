@@ -67,3 +67,10 @@ class Batch:
                                      f"position is {last}; positions must stay consecutive (Y = X + 1)")
             if max(pos) - min(pos) + 1 != len(pos) or len(set(pos)) != len(pos):
                 raise ParameterError(f"Batch: the positions of sequence {s} are not consecutive: {sorted(pos)}")
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens a and b share."""
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0]) if diff.size else n

@@ -6,17 +6,18 @@ chunks of the prompts being read (up to n_batch tokens in all), then samples eac
 its own sampler (parameters and seed of its request), streams the token out, and stops a slot on EOS, a stop
 string, its token limit or a cancel.
 
-Prefix reuse (llama-server's cache_prompt): a finished slot keeps its cells; a new request starts from the
-longest prefix of its prompt held by any slot, busy or idle (an idle slot's own cells are reused in place,
-another's are shared with seq_cp), and reads only the rest. Idle slots' cells are given up (least recently
-used first) when a request needs room.
+Split by concern as llama-server (queue and slots) and vLLM (scheduler, runner, output processor): the
+scheduler (pyggml.models.llm.scheduler) admits requests from the longest cached prefix, promises their cells
+up front and builds each batch; this module runs the steps and samples; each request's text comes from
+its TextOutput (pyggml.models.llm.text_output). A request waits in the queue (first in, first out;
+`stats().waiting_for_cells` says so) until the cache has room for all it may write, so no result is cut
+short by another request. `max_tokens = -1` runs until EOS or the request's share of the context,
+max(n_ctx / n_slots, prompt + 1) tokens in all (llama-server's per-slot context).
 
-Cells are promised up front: a request is admitted only when the cache has room for the rest of its prompt
-and for every token it may still generate, counting what the running requests may still write; otherwise it
-waits in the queue (first in, first out; `stats().waiting_for_cells` says so). So a running request never
-finds the cache full, and no result is cut short by another request. `max_tokens = -1` runs until EOS or
-the request's share of the context, max(n_ctx / n_slots, prompt + 1) tokens in all (llama-server's
-per-slot context).
+With a drafter (pyggml.models.llm.speculative) each generating slot also feeds a draft of the tokens after
+its pending one in the same step, with logits for each; its tokens are sampled row by row against the draft
+(Sampler.sample_against) while they agree, and the cells of the rejected rest are given back. Greedy output
+is the same as without a drafter; sampled output is distributed as the target's.
 
 Every sampled token is streamed as a Token event, the end-of-generation token too (its text is what was
 still held back, usually ""); the texts of a request's Token events add up to its output text, stop string
@@ -38,8 +39,8 @@ from typing import AsyncIterator, Callable, Iterator, Sequence, TypeVar, Union
 import numpy as np
 
 from pyggml.errors import GGMLError, ParameterError
-from pyggml.models.llm.batch import Batch
-from pyggml.models.llm.generate import Sampler, SamplingParams
+from pyggml.models.llm.generate import SamplingParams
+from pyggml.models.llm.scheduler import Scheduler, Slot
 
 T = TypeVar("T")
 
@@ -71,6 +72,8 @@ class Done:
     cached_tokens: int
     completion_tokens: int
     error: str | None = None
+    draft_tokens: int = 0             # speculative decoding: draft tokens fed to the target
+    draft_accepted: int = 0           # of which the target kept
 
 
 Event = Union[Token, Done]
@@ -90,6 +93,8 @@ class EngineStats:
     gen_tokens: int = 0
     gen_s: float = 0.0
     requests_finished: int = 0
+    draft_tokens: int = 0             # speculative decoding: draft tokens fed, and kept by the target
+    draft_accepted: int = 0
 
 
 class Handle:
@@ -139,27 +144,6 @@ class Handle:
         self._engine._wake()
 
 
-@dataclass
-class Slot:
-    seq_id: int
-    cached: list[int] = field(default_factory=list)  # the tokens in this sequence's cells, positions 0, 1, ...
-    handle: Handle | None = None
-    last_used: float = 0.0
-    # the running request's state
-    fed: int = 0                    # prompt tokens in the cache
-    n_cached: int = 0               # of which reused
-    max_new: int = 0
-    cells_left: int = 0             # cells it may still write
-    generated: list[int] = field(default_factory=list)
-    pending: int | None = None      # the last sampled token, fed with the next step
-    sampler: Sampler | None = None
-    sent: int = 0                   # characters of the generated text streamed
-
-    @property
-    def prompt(self) -> list[int]:
-        return self.handle.request.prompt
-
-
 def _deliver_soon(loop, items: list) -> None:
     try:
         loop.call_soon_threadsafe(_deliver, items)
@@ -170,12 +154,6 @@ def _deliver_soon(loop, items: list) -> None:
 def _deliver(items: list) -> None:
     for aqueue, event in items:
         aqueue.put_nowait(event)
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
-    return int(diff[0]) if diff.size else n
 
 
 def log_sum_exp(x: np.ndarray) -> float:
@@ -199,7 +177,7 @@ def top_tokens(x: np.ndarray, n: int) -> np.ndarray:
 class Engine:
     """Owns `model` on a thread of its own and serves submitted requests in n_slots parallel sequences."""
 
-    def __init__(self, model, n_slots: int = 4):
+    def __init__(self, model, n_slots: int = 4, drafter=None):
         if isinstance(n_slots, bool) or not isinstance(n_slots, Integral) or n_slots < 1:
             raise ParameterError(f"n_slots must be a positive integer, got {n_slots!r}")
         model.reset()
@@ -207,7 +185,11 @@ class Engine:
             model.set_n_seq_max(n_slots)
         self.model = model
         self.n_slots = n_slots
-        self.slots = [Slot(i) for i in range(n_slots)]
+        self.scheduler = Scheduler(model, n_slots)
+        self.slots = self.scheduler.slots
+        self.drafter = drafter
+        if drafter is not None:
+            drafter.prepare(n_slots)
         self._queue: deque[Handle] = deque()
         self._calls: deque = deque()
         self._cv = threading.Condition()
@@ -296,7 +278,7 @@ class Engine:
 
     # ----- the engine thread ---------------------------------------------------------------------------
     def _busy(self) -> list[Slot]:
-        return [s for s in self.slots if s.handle is not None]
+        return self.scheduler.busy()
 
     def _loop(self) -> None:
         while True:
@@ -360,8 +342,8 @@ class Engine:
                     self._stats.waiting_for_cells = False
                     return
                 handle = self._queue[0]
-            idle = [s for s in self.slots if s.handle is None]
-            placed = bool(idle) and self._place(handle, idle)
+            idle = self.scheduler.idle()
+            placed = bool(idle) and self._start(handle, idle)
             with self._cv:
                 self._stats.waiting_for_cells = bool(idle) and not placed  # a free slot, but not the cells
             if not placed:
@@ -369,79 +351,28 @@ class Engine:
             with self._cv:
                 self._queue.popleft()
 
-    def _max_new(self, request: Request) -> int:
-        if request.max_tokens >= 0:
-            return request.max_tokens
-        n_ctx = self.model.n_ctx
-        return min(n_ctx, max(n_ctx // self.n_slots, len(request.prompt) + 1)) - len(request.prompt)
-
-    def _place(self, handle: Handle, idle: list[Slot]) -> bool:
-        """Start the request in a slot, from the longest cached prefix of its prompt, if the cells it may
-        need are free (after giving up idle slots' caches); False when it has to wait."""
-        request, cells = handle.request, self.model.cells
-        prompt, max_new = list(request.prompt), self._max_new(request)
-        if max_new == 0:
-            handle._push(Done("length", len(prompt), 0, 0))
+    def _start(self, handle: Handle, idle: list[Slot]) -> bool:
+        if self.scheduler.max_new(handle.request) == 0:
+            handle._push(Done("length", len(handle.request.prompt), 0, 0))
             return True
-        best = max(self.slots, key=lambda s: (common_prefix(prompt, s.cached), s.handle is None))
-        reuse = min(common_prefix(prompt, best.cached), len(prompt) - 1)  # the last prompt token gives logits
-        in_place = reuse > 0 and best.handle is None  # an idle slot holding the prefix serves it itself
-        target = best if in_place else min(idle, key=lambda s: (bool(s.cached), s.last_used))
-        outstanding = sum(s.cells_left for s in self._busy())
-        evictable = sorted((s for s in idle if s is not target and not (reuse and s is best) and s.cached),
-                           key=lambda s: s.last_used)
-        while True:
-            need = len(prompt) - reuse + max_new - 1
-            freed = self._exclusive_cells(target.seq_id, reuse if in_place else 0)
-            if cells.size - cells.used + freed - outstanding >= need:
-                break
-            if evictable:
-                self._forget(evictable.pop(0))
-            elif reuse and in_place:
-                reuse = 0
-            else:
-                return False
-        if in_place:
-            self.model.seq_rm(target.seq_id, reuse, -1)
-        else:
-            self.model.seq_rm(target.seq_id)
-            self.model.seq_cp(best.seq_id, target.seq_id, 0, reuse)
-        target.cached = prompt[:reuse]
-        target.handle, target.fed, target.n_cached, target.max_new = handle, reuse, reuse, max_new
-        target.cells_left, target.generated, target.pending, target.sent = need, [], None, 0
-        target.sampler = Sampler(request.sampling)
-        for t in prompt:
-            target.sampler.accept(t)
-        return True
+        return self.scheduler.place(handle, idle)
 
-    def _exclusive_cells(self, seq_id: int, p0: int) -> int:
-        """Cells that removing seq_id's positions >= p0 would free (no other sequence uses them)."""
-        cells = self.model.cells
-        mine = cells.seq[:, seq_id] & (cells.pos >= p0)
-        return int((mine & (cells.seq.sum(axis=1) == 1)).sum())
-
-    def _forget(self, slot: Slot) -> None:
-        self.model.seq_rm(slot.seq_id)
-        slot.cached = []
+    def _draft(self) -> None:
+        """Each generating slot's guess of the tokens after its pending one (speculative decoding)."""
+        for slot in self.scheduler.busy():
+            room = min(self.drafter.params.n_max, slot.draft_room) if slot.pending is not None else 0
+            if room > 0:
+                slot.draft = self.drafter.draft(slot.seq_id, slot.cached + [slot.pending], room)
+                slot.n_drafted += len(slot.draft)
 
     def _step(self) -> None:
-        """One decode: every generating slot's pending token, then prompt chunks while n_batch allows."""
-        batch, outputs, n_prompt = Batch(), [], 0
-        for slot in self._busy():
-            if slot.pending is not None:
-                batch.add(slot.pending, len(slot.cached), slot.seq_id, True)
-                outputs.append(slot)
-        room = max(self.model.n_batch - len(batch), 0)
-        for slot in self._busy():
-            if slot.pending is None and room > 0:
-                chunk = slot.prompt[slot.fed:slot.fed + room]
-                last = slot.fed + len(chunk) == len(slot.prompt)
-                for i, t in enumerate(chunk):
-                    batch.add(t, slot.fed + i, slot.seq_id, last and i == len(chunk) - 1)
-                room -= len(chunk)
-                n_prompt += len(chunk)
-                if last:
-                    outputs.append(slot)
+        """One decode: every generating slot's pending token and draft, then prompt chunks while n_batch
+        allows; then each slot's tokens from its logits rows."""
+        start = time.perf_counter()
+        if self.drafter is not None:
+            self._draft()
+        draft_s = time.perf_counter() - start
+        batch, outputs, n_prompt = self.scheduler.next_batch()
         if not len(batch):
             return
         start = time.perf_counter()
@@ -449,39 +380,58 @@ class Engine:
             logits = self.model.decode_batch(batch)
         except Exception as e:  # a failed step fails the requests in it, never the engine
             for slot in {id(s): s for s in self._busy() if s.seq_id in {ids[0] for ids in batch.seq_ids}}.values():
+                slot.draft = []
                 self._finish(slot, "error", f"{type(e).__name__}: {e}")
             return
         seconds = time.perf_counter() - start
-        for t, ids in zip(batch.tokens, batch.seq_ids):
-            slot = self.slots[ids[0]]
-            slot.cached.append(t)
-            slot.cells_left -= 1
-            if slot.pending is None:
-                slot.fed += 1
-        for slot in self._busy():
-            slot.pending = None
+        self.scheduler.fed(batch)
+        row, n_gen = 0, 0
+        for slot, n_rows, generating in outputs:
+            n = self._tokens_from(slot, logits[row:row + n_rows])
+            n_gen += n if generating else 0
+            row += n_rows
         with self._cv:
             st, n = self._stats, len(batch)
             st.prompt_tokens += n_prompt
             st.prompt_s += seconds * n_prompt / n
-            st.gen_tokens += n - n_prompt
-            st.gen_s += seconds * (n - n_prompt) / n
-        for slot, row in zip(outputs, logits):
-            if slot.handle is not None:
-                try:
-                    self._sample(slot, row)
-                except Exception as e:  # the request's own callbacks
-                    self._finish(slot, "error", f"{type(e).__name__}: {e}")
+            st.gen_tokens += n_gen
+            st.gen_s += seconds * (n - n_prompt) / n + draft_s
 
-    def _sample(self, slot: Slot, row_raw: np.ndarray) -> None:
-        """Sample the slot's next token from its logits row (left as it is: log-probabilities are the raw softmax)."""
+    def _tokens_from(self, slot: Slot, rows: np.ndarray) -> int:
+        """Sample the slot's tokens from its rows: one per row while the draft fed after its pending token
+        agrees, then give back the cells of the rejected draft; how many tokens it got."""
+        draft, slot.draft = slot.draft, []
+        base = len(slot.cached) - len(rows)  # the position of the pending token fed
+        n = 0
+        for i, row in enumerate(rows if slot.handle is not None else ()):
+            guess = draft[i] if i < len(draft) else None
+            try:
+                token = self._sample(slot, row, guess)
+            except Exception as e:  # the request's own callbacks
+                self._finish(slot, "error", f"{type(e).__name__}: {e}")
+                break
+            n += 1
+            slot.n_accepted += token == guess
+            with self._cv:
+                self._stats.draft_accepted += token == guess
+            if slot.handle is None or token != guess:
+                break
+        if draft:
+            with self._cv:
+                self._stats.draft_tokens += len(draft)
+            self.scheduler.roll_back(slot, base + max(n, 1))
+        return n
+
+    def _sample(self, slot: Slot, row_raw: np.ndarray, guess: int | None = None) -> int:
+        """Sample the slot's next token from its logits row (left as it is: log-probabilities are the raw
+        softmax), against the draft's guess for this position if there is one; stream it out."""
         request, tokenizer = slot.handle.request, self.model.tokenizer
         norm, row = log_sum_exp(row_raw), row_raw.copy()
         if request.ignore_eos:
             row[[t for t in tokenizer.eog_ids if t < row.size]] = -np.inf
         if request.logits_processor is not None:
             request.logits_processor(list(slot.generated), row)
-        token = slot.sampler.sample(row)
+        token = slot.sampler.sample(row) if guess is None else slot.sampler.sample_against(row, guess)
         slot.sampler.accept(token)
         if request.on_token is not None:
             request.on_token(token)
@@ -489,42 +439,27 @@ class Engine:
         eos = tokenizer.is_eog(token) and not request.ignore_eos
         if not eos:
             slot.generated.append(token)
-        text, stopped = self._new_text(slot, final=eos or len(slot.generated) == slot.max_new)
+        text = slot.output.add([] if eos else [token], final=eos or len(slot.generated) == slot.max_new)
         slot.handle._push(Token(token, text, float(row_raw[token]) - norm, top))
         if eos:
             slot.generated.append(token)
             self._finish(slot, "stop")
-        elif stopped:
+        elif slot.output.stopped:
             self._finish(slot, "stop")
         elif len(slot.generated) == slot.max_new:
             self._finish(slot, "length")
         else:
             slot.pending = token
-
-    def _new_text(self, slot: Slot, final: bool) -> tuple[str, bool]:
-        """The text this token adds, and whether a stop string ended it. Text that may begin a stop string,
-        and the bytes of an incomplete UTF-8 character, wait for the next token (unless final)."""
-        full = self.model.detokenize(slot.generated)
-        stops = slot.handle.request.stop
-        hits = [i for i in (full.find(s, max(slot.sent - len(s), 0)) for s in stops) if i >= 0]
-        if hits:
-            end, stopped = min(hits), True
-        elif final:
-            end, stopped = len(full), False
-        else:
-            held = max((k for s in stops for k in range(1, len(s)) if full.endswith(s[:k])), default=0)
-            end, stopped = len(full.rstrip("\ufffd")) - held, False
-        text = full[slot.sent:end] if end > slot.sent else ""
-        slot.sent = max(slot.sent, end)
-        return text, stopped
+        return token
 
     def _finish(self, slot: Slot, reason: str, error: str | None = None) -> None:
         handle = slot.handle
         completion = len(slot.generated)
         if reason in ("cancelled", "error"):
-            self._forget(slot)
-        slot.handle, slot.pending, slot.cells_left, slot.last_used = None, None, 0, time.monotonic()
+            self.scheduler.forget(slot)
+        slot.stop()
         with self._cv:
             self._stats.requests_finished += 1
             self._stats.cached_tokens += slot.n_cached
-        handle._push(Done(reason, len(handle.request.prompt), slot.n_cached, completion, error))
+        handle._push(Done(reason, len(handle.request.prompt), slot.n_cached, completion, error, slot.n_drafted,
+                          slot.n_accepted))

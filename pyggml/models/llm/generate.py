@@ -160,12 +160,34 @@ class Sampler:
         keep = self.params.repeat_last_n
         self.recent = (self.recent + [int(token)])[-keep:] if keep > 0 else []
 
-    def sample(self, logits: np.ndarray) -> int:
+    def distribution(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """The logits after bias and penalties, and the probabilities a draw picks from (None when greedy:
+        the token is their argmax)."""
         p = self.params
         x = apply_logit_bias(np.asarray(logits, dtype=np.float32).ravel(), p.logit_bias)
         x = apply_repeat_penalty(x, self.recent, p.repeat_penalty, p.frequency_penalty, p.presence_penalty)
         if p.temperature <= 0.0:
-            return int(np.argmax(x))
+            return x, None
         x = keep_min_p(keep_top_p(keep_typical(keep_top_k(x, p.top_k), p.typical_p), p.top_p), p.min_p)
-        probs = _softmax(x.astype(np.float64) / p.temperature)
+        return x, _softmax(x.astype(np.float64) / p.temperature)
+
+    def sample(self, logits: np.ndarray) -> int:
+        x, probs = self.distribution(logits)
+        if probs is None:
+            return int(np.argmax(x))
         return int(self.rng.choice(probs.size, p=probs))
+
+    def sample_against(self, logits: np.ndarray, draft: int) -> int:
+        """A token distributed exactly as sample(logits)'s, drawn by speculative sampling's rule for a draft
+        token: keep the draft with probability min(1, p/q), else draw from norm(max(0, p - q)). Drafts here
+        are deterministic (n-gram lookup, a greedy draft model), so q is a point mass on the draft: keep it
+        with probability p(draft), else draw from p without it. Greedy: the argmax, as sample gives."""
+        x, probs = self.distribution(logits)
+        if probs is None:
+            return int(np.argmax(x))
+        if self.rng.random() < probs[draft]:
+            return int(draft)
+        rest = probs.copy()
+        rest[draft] = 0.0
+        total = rest.sum()
+        return int(self.rng.choice(rest.size, p=rest / total)) if total > 0 else int(draft)

@@ -69,6 +69,23 @@ class KVCells:
     def seq_cells(self, seq_id: int) -> int:
         return int(self.seq[:, self.check_seq(seq_id)].sum())
 
+    def exclusive(self, seq_id: int, p0: int = 0) -> int:
+        """Cells that removing seq_id's positions >= p0 would free (no other sequence uses them)."""
+        mine = self.seq[:, self.check_seq(seq_id)] & (self.pos >= p0)
+        return int((mine & (self.seq.sum(axis=1) == 1)).sum())
+
+    def seqs_beyond(self, n_seq_max: int) -> bool:
+        """Whether a sequence id >= n_seq_max still has cells."""
+        return bool(self.seq[:, n_seq_max:].any())
+
+    def resized(self, n_seq_max: int) -> KVCells:
+        """The same cells for sequence ids [0, n_seq_max) (the ids beyond must hold no cell)."""
+        cells = KVCells(self.size, n_seq_max)
+        n_keep = min(n_seq_max, self.n_seq_max)
+        cells.pos[:], cells.shift[:] = self.pos, self.shift
+        cells.seq[:, :n_keep] = self.seq[:, :n_keep]
+        return cells
+
     # ----- placing a batch -----------------------------------------------------------------------------
     def find_slot(self, n_tokens: int) -> np.ndarray | None:
         """The n lowest free cells, None if there are fewer."""

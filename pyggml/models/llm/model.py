@@ -40,6 +40,7 @@ from pyggml.models.gguf.gguf_loader import load_weights
 from pyggml.models.llm.kv_cache import KVCache
 from pyggml.models.llm.kv_cells import KVCells
 from pyggml.models.llm.lora import LoraSet
+from pyggml.models.llm.text_output import TextOutput
 from pyggml.models.llm.runner import SingleBackend, backend_list, plan_layers, remote_prefixes, split_layers
 from pyggml.models.text.load import load_tokenizer
 
@@ -153,13 +154,9 @@ class Model:
         would be dropped still has cells."""
         if isinstance(n_seq_max, bool) or not isinstance(n_seq_max, Integral) or n_seq_max <= 0:
             raise ParameterError(f"n_seq_max must be a positive integer, got {n_seq_max!r}")
-        if self.cells.seq[:, n_seq_max:].any():
+        if self.cells.seqs_beyond(n_seq_max):
             raise ParameterError(f"n_seq_max {n_seq_max}: sequences >= {n_seq_max} still have cells (seq_rm them)")
-        cells = KVCells(self.n_ctx, n_seq_max)
-        n_keep = min(n_seq_max, self.cells.n_seq_max)
-        cells.pos[:], cells.shift[:] = self.cells.pos, self.cells.shift
-        cells.seq[:, :n_keep] = self.cells.seq[:, :n_keep]
-        self.cells = cells
+        self.cells = self.cells.resized(n_seq_max)
         for n_outputs in sorted({1, min(self.n_batch, n_seq_max)}):
             self.runner.reserve(self._build(self.n_batch, n_outputs, self.kv.n_kv(self.n_ctx),
                                             self.loras.every())[0].graph)
@@ -356,6 +353,11 @@ class Model:
             self.timings.gen_tokens += 1
             self.timings.gen_s += time.perf_counter() - start
 
+    def prompt_ids(self, prompt: str, chat: bool = False) -> list[int]:
+        """The tokens of a prompt (`chat`: wrapped in the model's chat template, its special tokens parsed)."""
+        text_prompt = self.chat_prompt(prompt) if chat else prompt
+        return self.tokenize(text_prompt, add_special=True, parse_special=chat)
+
     def generate(self, prompt: str, n: int = 32, temperature: float = 0.0, top_k: int = 40, top_p: float = 0.95,
                  min_p: float = 0.05, repeat_penalty: float = 1.0, seed: int | None = None,
                  stream: Callable[[str], None] | None = None, chat: bool = False) -> str:
@@ -363,22 +365,18 @@ class Model:
         `chat` wraps the prompt in the model's chat template. The end-of-generation token is not included."""
         params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, seed=seed)  # checks them first
         check_n_predict(n)
-        text_prompt = self.chat_prompt(prompt) if chat else prompt
-        ids = self.tokenize(text_prompt, add_special=True, parse_special=chat)
-        out: list[int] = []
-        shown = ""
+        ids = self.prompt_ids(prompt, chat)
+        output, pieces = TextOutput(self.tokenizer), []
         for token in self.generate_tokens(ids, n, params):
             if self.tokenizer.is_eog(token):
                 break
-            out.append(token)
-            text = self.detokenize(out)
-            if stream is not None and not text.endswith("\ufffd"):  # wait for the rest of a UTF-8 character
-                stream(text[len(shown):])
-                shown = text
-        text = self.detokenize(out)
-        if stream is not None and len(text) > len(shown):
-            stream(text[len(shown):])
-        return text
+            pieces.append(output.add([token]))
+            if stream is not None and pieces[-1]:
+                stream(pieces[-1])
+        pieces.append(output.add([], final=True))
+        if stream is not None and pieces[-1]:
+            stream(pieces[-1])
+        return "".join(pieces)
 
 
 KV_TYPES = (GGMLType.F16, GGMLType.F32)  # the cache types the attention kernels read

@@ -1,0 +1,163 @@
+"""The engine's scheduler: which request gets which slot, from which cached prefix, and what the next batch
+holds (llama-server's slot assignment and batch building; vLLM's scheduler). It decides; the engine runs
+the batch and turns its logits into tokens and text.
+
+Prefix reuse (llama-server's cache_prompt): a finished slot keeps its cells; a new request starts from the
+longest prefix of its prompt held by any slot, busy or idle (an idle slot's own cells are reused in place,
+another's are shared with seq_cp), and reads only the rest. Idle slots' cells are given up (least recently
+used first) when a request needs room.
+
+Cells are promised up front: a request is admitted only when the cache has room for the rest of its prompt
+and for every token it may still generate, counting what the running requests may still write; otherwise it
+waits. So a running request never finds the cache full. A speculative draft only borrows cells from its own
+promise (a draft is never longer than the tokens the request may still write) and gives back what the
+target rejects.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from pyggml.models.llm.batch import Batch, common_prefix
+from pyggml.models.llm.generate import Sampler
+from pyggml.models.llm.text_output import TextOutput
+
+
+@dataclass
+class Slot:
+    seq_id: int
+    cached: list[int] = field(default_factory=list)  # the tokens in this sequence's cells, positions 0, 1, ...
+    handle: object | None = None    # the running request's Handle
+    last_used: float = 0.0
+    # the running request's state
+    fed: int = 0                    # prompt tokens in the cache
+    n_cached: int = 0               # of which reused
+    max_new: int = 0
+    cells_left: int = 0             # cells it may still write
+    generated: list[int] = field(default_factory=list)
+    pending: int | None = None      # the last sampled token, fed with the next step
+    draft: list[int] = field(default_factory=list)  # tokens guessed after pending, fed with it
+    n_drafted: int = 0
+    n_accepted: int = 0
+    sampler: Sampler | None = None
+    output: TextOutput | None = None  # the generated text as it is streamed
+
+    @property
+    def prompt(self) -> list[int]:
+        return self.handle.request.prompt
+
+    def start(self, handle, reuse: int, max_new: int, cells: int, tokenizer) -> None:
+        request = handle.request
+        self.cached = list(request.prompt[:reuse])
+        self.handle, self.fed, self.n_cached, self.max_new, self.cells_left = handle, reuse, reuse, max_new, cells
+        self.generated, self.pending, self.draft, self.n_drafted, self.n_accepted = [], None, [], 0, 0
+        self.sampler = Sampler(request.sampling)
+        for t in request.prompt:
+            self.sampler.accept(t)
+        self.output = TextOutput(tokenizer, request.stop)
+
+    def stop(self) -> None:
+        self.handle, self.pending, self.draft, self.cells_left, self.last_used = None, None, [], 0, time.monotonic()
+
+    @property
+    def draft_room(self) -> int:
+        """Draft tokens that fit its promise: fed after pending, each may become a generated token."""
+        return max(min(self.cells_left, self.max_new - len(self.generated)) - 1, 0)
+
+
+class Scheduler:
+    def __init__(self, model, n_slots: int):
+        self.model = model
+        self.n_slots = n_slots
+        self.slots = [Slot(i) for i in range(n_slots)]
+
+    def busy(self) -> list[Slot]:
+        return [s for s in self.slots if s.handle is not None]
+
+    def idle(self) -> list[Slot]:
+        return [s for s in self.slots if s.handle is None]
+
+    def max_new(self, request) -> int:
+        if request.max_tokens >= 0:
+            return request.max_tokens
+        n_ctx = self.model.n_ctx
+        return min(n_ctx, max(n_ctx // self.n_slots, len(request.prompt) + 1)) - len(request.prompt)
+
+    def place(self, handle, idle: list[Slot]) -> bool:
+        """Start the request in a slot, from the longest cached prefix of its prompt, if the cells it may
+        need are free (after giving up idle slots' caches); False when it has to wait."""
+        request, cells = handle.request, self.model.cells
+        prompt, max_new = list(request.prompt), self.max_new(request)
+        best = max(self.slots, key=lambda s: (common_prefix(prompt, s.cached), s.handle is None))
+        reuse = min(common_prefix(prompt, best.cached), len(prompt) - 1)  # the last prompt token gives logits
+        in_place = reuse > 0 and best.handle is None  # an idle slot holding the prefix serves it itself
+        target = best if in_place else min(idle, key=lambda s: (bool(s.cached), s.last_used))
+        outstanding = sum(s.cells_left for s in self.busy())
+        evictable = sorted((s for s in idle if s is not target and not (reuse and s is best) and s.cached),
+                           key=lambda s: s.last_used)
+        while True:
+            need = len(prompt) - reuse + max_new - 1
+            freed = cells.exclusive(target.seq_id, reuse if in_place else 0)
+            if cells.size - cells.used + freed - outstanding >= need:
+                break
+            if evictable:
+                self.forget(evictable.pop(0))
+            elif reuse and in_place:
+                reuse = 0
+            else:
+                return False
+        if in_place:
+            self.model.seq_rm(target.seq_id, reuse, -1)
+        else:
+            self.model.seq_rm(target.seq_id)
+            self.model.seq_cp(best.seq_id, target.seq_id, 0, reuse)
+        target.start(handle, reuse, max_new, need, self.model.tokenizer)
+        return True
+
+    def forget(self, slot: Slot) -> None:
+        self.model.seq_rm(slot.seq_id)
+        slot.cached = []
+
+    def next_batch(self) -> tuple[Batch, list[tuple[Slot, int, bool]], int]:
+        """Every generating slot's pending token and draft (logits for each), then prompt chunks while n_batch
+        allows; with the slots that get logits (how many rows each, whether it is generating: not a prompt's
+        end) and the count of prompt tokens."""
+        batch, outputs, n_prompt = Batch(), [], 0
+        for slot in self.busy():
+            if slot.pending is not None:
+                for i, t in enumerate([slot.pending] + slot.draft):
+                    batch.add(t, len(slot.cached) + i, slot.seq_id, True)
+                outputs.append((slot, 1 + len(slot.draft), True))
+        room = max(self.model.n_batch - len(batch), 0)
+        for slot in self.busy():
+            if slot.pending is None and room > 0:
+                chunk = slot.prompt[slot.fed:slot.fed + room]
+                last = slot.fed + len(chunk) == len(slot.prompt)
+                for i, t in enumerate(chunk):
+                    batch.add(t, slot.fed + i, slot.seq_id, last and i == len(chunk) - 1)
+                room -= len(chunk)
+                n_prompt += len(chunk)
+                if last:
+                    outputs.append((slot, 1, False))
+        return batch, outputs, n_prompt
+
+    def fed(self, batch: Batch) -> None:
+        """The batch is in the cache."""
+        for t, ids in zip(batch.tokens, batch.seq_ids, strict=True):
+            slot = self.slots[ids[0]]
+            slot.cached.append(t)
+            slot.cells_left -= 1
+            if slot.pending is None:
+                slot.fed += 1
+        for slot in self.busy():
+            slot.pending = None
+
+    def roll_back(self, slot: Slot, keep: int) -> None:
+        """Give back the cells of the slot's positions >= keep (draft tokens the target rejected)."""
+        n = len(slot.cached) - keep
+        if n > 0:
+            self.model.seq_rm(slot.seq_id, keep, -1)
+            del slot.cached[keep:]
+            if slot.handle is not None:
+                slot.cells_left += n
