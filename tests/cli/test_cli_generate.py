@@ -57,8 +57,6 @@ def test_generate_on_the_cpu_loads_no_plugin_backend(tmp_path):
     (["--temp", "nan"], "temperature must be"),
     (["--repeat-penalty", "0"], "repeat_penalty must be a finite number in (0.0, inf]"),
     (["--seed", "-3"], "seed must be an integer >= 0"),
-    (["--ctx", "0"], "n_ctx must be a positive integer, got 0"),
-    (["--batch", "-2"], "n_batch must be a positive integer, got -2"),
 ])
 def test_generate_refuses_nonsense_arguments_in_one_line(tmp_path, capsys, argv, fragment):
     path = write_llama(tmp_path / "tiny.gguf")
@@ -92,3 +90,24 @@ def test_generate_names_the_supported_architectures_for_another(tmp_path, capsys
     err = capsys.readouterr().err
     from pyggml.models.arch import ARCHITECTURES
     assert f"architecture 'mistral' is not supported (supported: {', '.join(sorted(ARCHITECTURES))})" in err
+
+
+def test_generate_reads_the_prompt_from_p_or_a_file(tmp_path, capsys):
+    path = write_llama(tmp_path / "tiny.gguf")
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("the a b", encoding="utf-8")
+    assert main(["generate", "-p", "the b", "--model", str(path), "-n", "1", "--ctx", "32"]) == 0
+    assert capsys.readouterr().out.startswith("the b")
+    assert main(["generate", "-f", str(prompt), "--model", str(path), "-n", "1", "--ctx", "32", "-t", "1"]) == 0
+    assert capsys.readouterr().out.startswith("the a b")
+    assert main(["generate", "x", "-p", "y", "--model", str(path)]) == 2
+    assert "give the prompt once" in capsys.readouterr().err
+    assert main(["generate", "-f", str(tmp_path / "none.txt"), "--model", str(path)]) == 2
+    assert "none.txt: cannot read the prompt" in capsys.readouterr().err
+
+
+def test_load_model_threads_reach_the_cpu_backend(tmp_path):
+    from pyggml.models import load_model
+
+    model = load_model(write_llama(tmp_path / "tiny.gguf"), n_ctx=32, n_threads=1)
+    assert model.backend.n_threads == 1

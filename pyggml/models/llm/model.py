@@ -28,7 +28,7 @@ from pyggml.backend import Backend, tensor_get, tensor_set
 from pyggml.backend.cpu.jit.runtime.compile_cache import load_cached
 from pyggml.core import Context, GGMLType, Graph, ops
 from pyggml.core import types as T
-from pyggml.errors import AllocationError, GGMLError, GGUFError, ParameterError
+from pyggml.errors import AllocationError, GGMLError, ParameterError
 from pyggml.models.arch import architecture_of
 from pyggml.models.arch.blocks import MAX_LAYERS, Step, hparam_count
 from pyggml.models.llm.batch import Batch
