@@ -6,8 +6,9 @@ How the blocks map onto this test's run (everything else runs as written):
   to be venv and pip commands, nothing else is skipped). The test suite's command (CMD = pytest) is not run from
   inside the suite; it must be `.ci/run`'s, verbatim.
 - `pyggml chat` reads one typed question from its standard input, then the end of input (Ctrl-D).
-- The server block and the `openai` snippet use a free port instead of 8080 (servers bind 127.0.0.1 only); the
-  server the block starts in the background is stopped with SIGTERM when the snippets are done.
+- The server block and the `openai` snippet use a free port instead of 8080 (`pyggml serve` is given `--port`; it
+  binds 127.0.0.1 only); the server the block starts in the background is stopped with SIGTERM when the snippets
+  are done.
 - The files the commands read (test speech, a graph) are copied into the temporary directory at the same paths.
 """
 
@@ -107,7 +108,8 @@ def test_the_python_snippets_and_the_server_run(workdir):
                               text=True, timeout=600)
         assert done.returncode == 0 and done.stdout.strip(), done.stderr
     with open(workdir / "server.out", "w") as out, open(workdir / "server.err", "w") as err:
-        shell = subprocess.Popen(["bash", "-c", server_block.replace("8080", port)], cwd=workdir, env=env(),
+        block = server_block.replace("8080", port).replace("pyggml serve", f"pyggml serve --port {port}")
+        shell = subprocess.Popen(["bash", "-c", block], cwd=workdir, env=env(),
                                  stdout=out, stderr=err, text=True, start_new_session=True)
         try:
             assert shell.wait(600) == 0, (workdir / "server.err").read_text()
@@ -124,6 +126,7 @@ def test_the_python_snippets_and_the_server_run(workdir):
             os.killpg(shell.pid, signal.SIGTERM)   # the server the block left running in the background
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
+                shell.poll()   # the shell itself, when it was not waited for, is no process left running
                 try:
                     os.killpg(shell.pid, 0)
                 except ProcessLookupError:
