@@ -50,6 +50,6 @@ def open_model(args, **kwargs):
         from pyggml.backend import rpc
 
         devices = [dev for endpoint in args.rpc.split(",") for dev in rpc.add_server(endpoint.strip())]
-        backend = [dev.init_backend() for dev in devices] + [backend]
+        backend = [dev.init_backend() for dev in devices] + backend.split(",")
     return load_model(args.model, backend=backend, n_ctx=args.ctx, n_batch=args.batch, weights=args.weights,
                       kv_type=args.kv_type, n_threads=args.threads, **kwargs)

@@ -111,3 +111,14 @@ def test_load_model_threads_reach_the_cpu_backend(tmp_path):
 
     model = load_model(write_llama(tmp_path / "tiny.gguf"), n_ctx=32, n_threads=1)
     assert model.backend.n_threads == 1
+
+
+def test_generate_splits_the_layers_over_an_rpc_server(tmp_path, capsys):
+    from pyggml.backend.cpu import CPU_REG
+    from pyggml.backend.rpc import RPCServer
+
+    path = write_llama(tmp_path / "tiny.gguf")
+    with RPCServer([CPU_REG.device(0)]).start() as server:
+        assert main(["generate", "the a", "--model", str(path), "-n", "2", "--ctx", "32",
+                     "--rpc", server.endpoint]) == 0
+    assert "RPC" in capsys.readouterr().err
