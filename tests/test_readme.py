@@ -93,8 +93,10 @@ def test_the_commands_in_the_text_run(workdir):
     text = README.read_text(encoding="utf-8")
     planners = re.search(r"\[--planner ([\w|]+)\]", text).group(1).split("|")
     example = re.search(r"e\.g\. `(pyggml plan [^`]+)`", text).group(1)
+    assert "chosen order" in run(example, workdir)
+    graph = example.split()[2]
     for planner in planners:
-        assert f"planner {planner}" in run(f"{example} --planner {planner}", workdir)
+        assert f"planner {planner}" in run(f"pyggml plan {graph} --planner {planner}", workdir)
     assert run("pyggml --version", workdir).startswith("pyggml ")
 
 
