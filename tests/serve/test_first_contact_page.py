@@ -106,3 +106,31 @@ def test_markdown_renders_code_and_escapes_html(server, browser):
     assert '<pre><code class="language-python">print(&#39;&lt;b&gt;&#39;)</code></pre>' in html
     assert "<img" not in html and "&lt;img src=x onerror=alert(1)&gt;" in html
     assert 'href="javascript' not in html and 'href="https://example.org"' in html
+
+
+@pytest.fixture(scope="module")
+def whisper_server(tmp_path_factory):
+    from pyggml.errors import WhisperFileError
+    from pyggml.models.whisper.transcribe import load_whisper
+
+    try:
+        whisper = load_whisper("tiny.en")
+    except (WhisperFileError, ImportError) as e:
+        pytest.skip(f"Whisper tiny.en is not installed (the whisper extra): {e}")
+    path = write_chat_model(tmp_path_factory.mktemp("page-audio") / "tiny.gguf")
+    with ServerThread(create_app(make_state(path, whisper=whisper))) as srv:
+        yield srv
+
+
+def test_an_audio_upload_is_transcribed_into_the_message_box(whisper_server, browser):
+    from pathlib import Path
+
+    from selenium.webdriver.common.by import By
+
+    browser.get(whisper_server.base_url + "/")
+    wait(browser, "return !document.getElementById('audio-button').hidden")
+    speech = Path(__file__).resolve().parents[1] / "data" / "speech" / "en1.wav"
+    browser.execute_script("document.getElementById('audio-input').hidden = false")
+    browser.find_element(By.ID, "audio-input").send_keys(str(speech))
+    wait(browser, "return document.getElementById('input').value.length > 0", 120)
+    assert "rain" in browser.find_element(By.ID, "input").get_attribute("value").lower()
