@@ -26,7 +26,7 @@ from pyggml.core import types as T
 from pyggml.core.context import Context
 from pyggml.core.tensor import host_ndarray
 from pyggml.models.gguf.gguf_file import GGUFFile
-from pyggml.models.llm.model import default_model_path
+from pyggml.models.llm.known_models import model_path
 
 MATRICES = ("token_embd.weight", "blk.0.attn_q.weight", "blk.0.attn_v.weight", "blk.0.attn_output.weight",
             "blk.0.ffn_up.weight", "blk.0.ffn_down.weight", "blk.2.ffn_down.weight")
@@ -64,7 +64,7 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="3 rounds, two matrices (a smoke test)")
     args = p.parse_args()
     if args.model is None:
-        args.model = default_model_path()
+        args.model = model_path("gemma3-270m")
     names, rounds = (MATRICES[1:3], 3) if args.quick else (MATRICES, args.rounds)
     gguf = GGUFFile.open(args.model)
     rng = np.random.default_rng(0)

@@ -278,9 +278,9 @@ def main() -> None:
                 os.replace(args.model, kept)
                 args.model = str(kept)
     if args.model is None:
-        from pyggml.models.llm.model import default_model_path
+        from pyggml.models.llm.known_models import model_path
 
-        args.model = default_model_path()
+        args.model = model_path("gemma3-270m")
     if args.side:
         print(json.dumps((run_pyggml if args.side == "pyggml" else run_llama)(args)))
         return

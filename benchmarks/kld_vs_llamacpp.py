@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from pyggml.models import load_model
-from pyggml.models.llm.model import default_model_path
+from pyggml.models.llm.known_models import model_path
 from pyggml.testing.agreement import F32_BOUND, Agreement, within_yardstick
 from pyggml.testing.llamacpp import LlamaCpp
 from pyggml.testing.synthetic import write_f32_copy
@@ -120,7 +120,7 @@ def main() -> None:
     p.add_argument("--json", help="also write the figures to this file")
     args = p.parse_args()
     if args.model is None:
-        args.model = default_model_path()
+        args.model = model_path("gemma3-270m")
     text = Path(args.text).read_text(encoding="utf-8")
     loads = {"start": os.getloadavg()}
 

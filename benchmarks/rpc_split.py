@@ -59,11 +59,11 @@ def servers(kind: str, count: int):
 
 
 def run(kind: str, n: int, n_servers: int = 2, n_ctx: int = 64):
-    local = load_model(backend="CPU", n_ctx=n_ctx, n_batch=32, progress=False)
+    local = load_model("gemma3-270m", backend="CPU", n_ctx=n_ctx, n_batch=32, progress=False)
     local_tokens, local_tps, _ = timed_tokens(local, n)
     with servers(kind, n_servers) as endpoints:
         remote = [rpc.add_server(ep, timeout=300.0)[0].init_backend() for ep in endpoints]
-        model = load_model(backend=[*remote, "CPU"], n_ctx=n_ctx, n_batch=32, progress=False)
+        model = load_model("gemma3-270m", backend=[*remote, "CPU"], n_ctx=n_ctx, n_batch=32, progress=False)
         sched = model.runner.sched
         conns = [rpc.connection(ep) for ep in endpoints]
         tokens, tps, per_token = timed_tokens(model, n, conns)

@@ -325,8 +325,8 @@ def main(argv=None) -> int:
         from benchmarks.batched_vs_llamacpp import write_synthetic
         args.model = write_synthetic(args.synthetic, scratch.name)
     elif args.model is None:
-        from pyggml.models.llm.model import default_model_path
-        args.model = default_model_path()
+        from pyggml.models.llm.known_models import model_path
+        args.model = model_path("gemma3-270m")
     rng = random.Random(args.seed)
     needed = args.input_len + args.output_len
     args.ctx = max(args.ctx, 2 * needed * max(args.concurrency))  # pyggml's cache is shared by the slots (the

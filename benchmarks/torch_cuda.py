@@ -85,7 +85,7 @@ def bench_transfers(backend, mib: int, repeat: int) -> None:
 def bench_model(device: str, n_tokens: int) -> None:
     try:
         from pyggml.models import load_model
-        model = load_model(backend=device, n_ctx=512)
+        model = load_model("gemma3-270m", backend=device, n_ctx=512)
     except Exception as e:  # the model package is optional (the `model` extra)
         print(f"  (no Gemma 3 270M run: {e})")
         return

@@ -22,4 +22,16 @@ from pyggml import models  # noqa: E402
 __version__ = "0.1.0"
 __all__ = ["alloc", "backend", "models", "ops", "sched", "BufferUsage", "DeviceType", "Status", "Context", "EvalOrder",
            "GGMLType", "Graph", "GluOp", "LoadedGraph", "Op", "Tensor", "TensorFlag", "UnaryOp", "errors",
-           "load_graph_json", "save_graph_json"]
+           "load_graph_json", "load_model", "load_whisper", "save_graph_json"]
+
+
+def __getattr__(name: str):
+    """`pyggml.load_model` and `pyggml.load_whisper`, imported when first asked for (Whisper's modules are not
+    loaded by `import pyggml`)."""
+    if name == "load_model":
+        from pyggml.models import load_model
+        return load_model
+    if name == "load_whisper":
+        from pyggml.models.whisper.transcribe import load_whisper
+        return load_whisper
+    raise AttributeError(f"module 'pyggml' has no attribute {name!r}")

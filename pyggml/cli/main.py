@@ -5,16 +5,44 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from importlib.metadata import PackageNotFoundError, version
 
 from pyggml.errors import GGMLError
 
 # module names under pyggml.cli, one per command
-COMMANDS = ["convert", "demo", "devices", "generate", "plan", "rpc_server", "serve", "transcribe", "vad"]
+COMMANDS = ["chat", "convert", "demo", "devices", "generate", "plan", "rpc_server", "serve", "transcribe", "vad"]
+INTERRUPTED = 130  # a shell's status for a process ended by SIGINT
+
+
+class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default, unless the help already says it or there is none to say."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, argparse.SUPPRESS):
+            return text
+        return super()._get_help_string(action)
+
+
+class Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", DefaultsFormatter)
+        super().__init__(*args, **kwargs)
+
+
+def package_version() -> str:
+    try:
+        return version("pyggml")
+    except PackageNotFoundError:  # run from a source tree that was not installed
+        from pyggml import __version__
+
+        return __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pyggml", description="ggml's tensor runtime in Python")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = Parser(prog="pyggml", description="ggml's tensor runtime in Python")
+    parser.add_argument("--version", action="version", version=f"pyggml {package_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for name in COMMANDS:
         importlib.import_module(f"pyggml.cli.{name}").add_parser(sub)
     return parser
@@ -27,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     except GGMLError as e:
         print(f"pyggml {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"pyggml {args.command}: interrupted", file=sys.stderr)
+        return INTERRUPTED
 
 
 if __name__ == "__main__":

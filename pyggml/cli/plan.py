@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pyggml.alloc import GraphAllocator, alloc_ctx_tensors_from_buft
 from pyggml.alloc.plan import plot_plans
+from pyggml.alloc.gallocr import PLANNERS
 from pyggml.backend.base import Buffer, BufferType
 from pyggml.core.graph_json import load_graph_json
 
@@ -27,7 +28,8 @@ class AddressOnlyBufferType(BufferType):
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("plan", help="plan a graph file's compute buffer and compare planners")
     p.add_argument("graph", help="a ggml-graph-json/1 file (see tests/data/graphs/FORMAT.md)")
-    p.add_argument("--planner", choices=["best", "ggml"], default="best", help="offset planner (default: best)")
+    p.add_argument("--planner", choices=PLANNERS, default="best",
+                   help="offset planner: ggml's own, or best (never worse than ggml's; --reorder adds a timed search)")
     p.add_argument("--reorder", action="store_true",
                    help="also let the planner choose the node order (memory-aware) and report both orders")
     p.add_argument("--plot", metavar="PNG", help="draw the plan (tensors over step and offset) to this file; "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 from pyggml.cli.args import positive_int
+from pyggml.cli.model_options import add_backend_options
 from pyggml.cli.vad import add_vad_options, vad_options
 
 MIB = 1024 * 1024
@@ -28,9 +29,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--output-format", "-f", default="console", choices=["console", "txt", "srt", "vtt", "json"],
                    help="what is printed for each file: console (default) = one line per segment with its times, "
                         "as whisper.cpp prints; txt = plain text, one line per segment, as whisper.cpp's -otxt")
-    p.add_argument("--backend", default="CPU", help="backend name, or several comma-separated (CPU,TORCH_CPU) "
-                                                   "to split the layers across them with the scheduler")
-    p.add_argument("--threads", "-t", type=positive_int, default=None, help="CPU threads (default: all)")
+    add_backend_options(p)
     p.add_argument("--f32", action="store_true", help="expand F16/quantized weights to F32 at load (float products)")
     p.add_argument("--gelu", default="erf", choices=["erf", "tanh"],
                    help="GELU form: erf (default, as the weights were trained) or tanh (whisper.cpp's)")

@@ -10,8 +10,8 @@ def add_vad_options(p, defaults: str = "whisper.cpp") -> None:
     """The --vad-* arguments; `defaults` names the segment rules used when --vad-defaults is not given
     (transcribe: faster-whisper's, whose 400 ms padding keeps segments' first sounds)."""
     p.add_argument("--vad-model", default=None,
-                   help="Silero VAD weights: a .onnx or whisper.cpp ggml VAD file (default: faster-whisper's "
-                        "bundled silero_vad_v6.onnx)")
+                   help="Silero VAD weights: a .npz as shipped, a .onnx or a whisper.cpp ggml VAD file (default: the "
+                        "Silero VAD v6 weights shipped with pyggml)")
     p.add_argument("--vad-defaults", default=defaults, choices=["whisper.cpp", "faster-whisper"],
                    help="segment defaults: whisper.cpp's (min speech 250 ms, min silence 100 ms, pad 30 ms) or "
                         f"faster-whisper's vad_filter (0 ms, 2000 ms, 400 ms); default {defaults}")

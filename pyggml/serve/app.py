@@ -9,22 +9,28 @@ import logging
 import secrets
 import time
 from contextlib import asynccontextmanager
+from importlib import resources
+from typing import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from pyggml.serve import audio, completions, lora, metrics
+from pyggml.serve.access_log import AccessLog
 from pyggml.serve.protocol import APIError, Fields, error_body
 from pyggml.serve.state import ServerState, run_blocking
 
 log = logging.getLogger("pyggml.serve")
-PUBLIC_PATHS = ("/health", "/v1/health")  # answered without an API key, as llama.cpp's server does
+PUBLIC_PATHS = ("/", "/health", "/v1/health")  # answered without an API key, as llama.cpp's server does (the
+                                               # page asks for the key itself)
+CHAT_PAGE = resources.files("pyggml.serve") / "static" / "chat.html"
 
 
-def create_app(state: ServerState, api_key: str | None = None, cors_origins: list[str] | None = None) -> FastAPI:
+def create_app(state: ServerState, api_key: str | None = None, cors_origins: list[str] | None = None,
+               access_log: Callable[[dict], None] | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app):
         if state.loaded is None and state.load_error is None:
@@ -40,6 +46,8 @@ def create_app(state: ServerState, api_key: str | None = None, cors_origins: lis
 
     if api_key is not None:
         app.add_middleware(KeyCheck, api_key=api_key)
+    if access_log is not None:  # outermost: refused requests get their line too
+        app.add_middleware(AccessLog, write=access_log)
 
     @app.exception_handler(APIError)
     async def api_error(request, e: APIError):
@@ -61,6 +69,10 @@ def create_app(state: ServerState, api_key: str | None = None, cors_origins: lis
     async def unexpected(request, e: Exception):
         log.exception("unexpected error on %s", request.url.path)
         return JSONResponse(error_body(f"internal error: {type(e).__name__}: {e}", "server_error", code=500), 500)
+
+    @app.get("/")
+    async def chat_page():
+        return HTMLResponse(CHAT_PAGE.read_text(encoding="utf-8"))
 
     # ----- status ---------------------------------------------------------------------------------
     @app.get("/health")

@@ -14,6 +14,7 @@ from pyggml.errors import GGUFError, ParameterError
 from pyggml.models.llm.engine import Done, Request
 from pyggml.models.llm.generate import SamplingParams
 from pyggml.serve.params import GenerationParams, read_generation
+from pyggml.serve.access_log import count_tokens
 from pyggml.serve.protocol import APIError, Fields, error_body
 from pyggml.serve.state import ServerState, run_blocking
 from pyggml.serve.tool_calls import ToolCallStream, ToolSpec, parse_tool_calls, read_tools, tool_call_start
@@ -200,7 +201,9 @@ class Run:
                     i, event = queue.get_nowait()
                 except asyncio.QueueEmpty:
                     i, event = await asyncio.wait_for(queue.get(), max(0.0, deadline - loop.time()))
-                left -= _is_done(event)
+                if _is_done(event):
+                    left -= 1
+                    count_tokens(event.prompt_tokens, event.completion_tokens)
                 yield i, event
         finally:
             for t in tasks:

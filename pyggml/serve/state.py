@@ -52,14 +52,18 @@ class ServerState:
         self._thread = threading.Thread(target=self._load_now, name="pyggml-serve-load", daemon=True)
         self._thread.start()
 
-    def _load_now(self) -> None:
+    def load(self) -> None:
+        """Load now, on this thread; what fails is raised (`pyggml serve` loads so, before it binds the port)."""
         from pyggml.serve.constraints import ConstraintFactory
 
+        loaded = self._load()
+        if loaded.model is not None:
+            self.constraints = ConstraintFactory(loaded.model.tokenizer, loaded.model.n_vocab)
+        self.loaded = loaded
+
+    def _load_now(self) -> None:
         try:
-            loaded = self._load()
-            if loaded.model is not None:
-                self.constraints = ConstraintFactory(loaded.model.tokenizer, loaded.model.n_vocab)
-            self.loaded = loaded
+            self.load()
         except Exception as e:  # reported by /health and every request, the process stays up to say so
             self.load_error = f"{type(e).__name__}: {e}"
 

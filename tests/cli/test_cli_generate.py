@@ -57,8 +57,6 @@ def test_generate_on_the_cpu_loads_no_plugin_backend(tmp_path):
     (["--temp", "nan"], "temperature must be"),
     (["--repeat-penalty", "0"], "repeat_penalty must be a finite number in (0.0, inf]"),
     (["--seed", "-3"], "seed must be an integer >= 0"),
-    (["--ctx", "0"], "n_ctx must be a positive integer, got 0"),
-    (["--batch", "-2"], "n_batch must be a positive integer, got -2"),
 ])
 def test_generate_refuses_nonsense_arguments_in_one_line(tmp_path, capsys, argv, fragment):
     path = write_llama(tmp_path / "tiny.gguf")
@@ -115,3 +113,35 @@ def test_generate_refuses_a_draft_model_of_another_vocabulary(tmp_path, capsys):
     write_llama(other, n_vocab=vocab.n_tokens, vocab=vocab)
     assert main(["generate", "x", "--model", str(path), "--model-draft", str(other)]) == 2
     assert "draft model" in capsys.readouterr().err
+
+
+def test_generate_reads_the_prompt_from_p_or_a_file(tmp_path, capsys):
+    path = write_llama(tmp_path / "tiny.gguf")
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("the a b", encoding="utf-8")
+    assert main(["generate", "-p", "the b", "--model", str(path), "-n", "1", "--ctx", "32"]) == 0
+    assert capsys.readouterr().out.startswith("the b")
+    assert main(["generate", "-f", str(prompt), "--model", str(path), "-n", "1", "--ctx", "32", "-t", "1"]) == 0
+    assert capsys.readouterr().out.startswith("the a b")
+    assert main(["generate", "x", "-p", "y", "--model", str(path)]) == 2
+    assert "give the prompt once" in capsys.readouterr().err
+    assert main(["generate", "-f", str(tmp_path / "none.txt"), "--model", str(path)]) == 2
+    assert "none.txt: cannot read the prompt" in capsys.readouterr().err
+
+
+def test_load_model_threads_reach_the_cpu_backend(tmp_path):
+    from pyggml.models import load_model
+
+    model = load_model(write_llama(tmp_path / "tiny.gguf"), n_ctx=32, n_threads=1)
+    assert model.backend.n_threads == 1
+
+
+def test_generate_splits_the_layers_over_an_rpc_server(tmp_path, capsys):
+    from pyggml.backend.cpu import CPU_REG
+    from pyggml.backend.rpc import RPCServer
+
+    path = write_llama(tmp_path / "tiny.gguf")
+    with RPCServer([CPU_REG.device(0)]).start() as server:
+        assert main(["generate", "the a", "--model", str(path), "-n", "2", "--ctx", "32",
+                     "--rpc", server.endpoint]) == 0
+    assert "RPC" in capsys.readouterr().err

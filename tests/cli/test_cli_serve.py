@@ -11,8 +11,6 @@ import time
 
 import httpx
 import openai
-import pytest
-
 from pyggml.cli.main import main
 from pyggml.cli.serve import bind_warning
 from tests.support.serve import write_chat_model
@@ -47,14 +45,12 @@ def test_serve_process_answers_and_stops(tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) in (0, -signal.SIGTERM)  # uvicorn shuts down, then re-raises the signal
-    assert f"http://127.0.0.1:{port}/v1" in proc.stderr.read()
+    assert f"listening on http://127.0.0.1:{port} " in proc.stderr.read()
 
 
-@pytest.mark.parametrize("args, message", [(["--port", "70000"], "--port"), (["--parallel", "0"], "--parallel"),
-                                           (["--ctx", "0"], "--ctx"), (["--timeout", "0"], "--timeout")])
-def test_bad_arguments_fail_before_loading(args, message, capsys):
-    assert main(["serve", *args]) == 2
-    assert message in capsys.readouterr().err
+def test_bad_arguments_fail_before_loading(capsys):
+    assert main(["serve", "--timeout", "0"]) == 2
+    assert "--timeout" in capsys.readouterr().err
 
 
 def test_warns_only_off_loopback_without_a_key():

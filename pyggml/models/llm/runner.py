@@ -184,6 +184,18 @@ def split_layers(weights, kv, placement) -> Scheduled:
     return Scheduled([backend for backend, _ in placement], [(b.name, layers) for b, layers in placement])
 
 
+def set_threads(backends: list[Backend], n_threads: int | None) -> None:
+    """Give every backend that takes a thread count (ggml's `set_n_threads` extension) n_threads; None leaves
+    their defaults."""
+    if n_threads is None:
+        return
+    for backend in backends:
+        reg = getattr(backend.device, "reg", None)
+        set_n_threads = reg.get_proc_address("set_n_threads") if reg is not None else None
+        if set_n_threads is not None:
+            set_n_threads(backend, n_threads)
+
+
 def backend_list(backend) -> list[Backend]:
     """Backends from a registered name, a comma-separated string of names, a Backend or a list of these;
     with several, a CPU backend (the list's first, else a new one) goes last, as the scheduler needs."""
@@ -191,6 +203,11 @@ def backend_list(backend) -> list[Backend]:
         items = backend.split(",")
     else:
         items = backend if isinstance(backend, (list, tuple)) else [backend]
+    if any(isinstance(b, str) and b.strip().upper() != "CPU" for b in items):
+        from pyggml.backend.registry import load_all
+
+        load_all()  # installed plugin backends register their devices; not for CPU alone (torch's import alone
+                    # took 180 MiB of RSS)
     backends = [init_by_name(b.strip()) if isinstance(b, str) else b for b in items]
     if backends[-1].device.type != DeviceType.CPU and len(backends) > 1:
         cpus = [b for b in backends if b.device.type == DeviceType.CPU]

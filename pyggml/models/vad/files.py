@@ -1,5 +1,7 @@
-"""Silero VAD v6 weights: read from faster-whisper's bundled ONNX (with `onnx`, no onnxruntime) or from
-whisper.cpp's ggml VAD file, and written as that ggml file so whisper.cpp runs pyggml's conversion.
+"""Silero VAD v6 weights (MIT): shipped with pyggml as `silero_vad_v6.npz` (converted once from faster-whisper's
+bundled ONNX by tests/models/vad/make_silero_weights.py, so `--vad` needs neither faster-whisper nor onnx), or read
+from an ONNX file (with `onnx`, no onnxruntime) or whisper.cpp's ggml VAD file, and written as that ggml file so
+whisper.cpp runs pyggml's conversion.
 
 In memory the weights are NumPy float32 arrays in PyTorch's layout and gate order (what whisper.cpp's
 converter writes from silero-vad's state dict):
@@ -31,6 +33,7 @@ WINDOW, CONTEXT, HIDDEN = 512, 64, 128
 CONV_CHANNELS = ((129, 128), (128, 64), (64, 64), (64, 128))
 CONV_STRIDES = (1, 2, 2, 1)
 _PREFIX = "_model."
+SHIPPED = Path(__file__).with_name("silero_vad_v6.npz")
 
 
 @dataclass
@@ -71,22 +74,47 @@ def faster_whisper_onnx() -> Path | None:
 
 
 def load_silero(source=None) -> SileroWeights:
-    """Silero VAD weights from `source`: a SileroWeights, a .onnx file, a whisper.cpp ggml VAD .bin, or None
-    for faster-whisper's bundled ONNX."""
+    """Silero VAD weights from `source`: a SileroWeights, a .npz as shipped, a .onnx file, a whisper.cpp ggml VAD
+    .bin, or None for the weights shipped with pyggml."""
     if isinstance(source, SileroWeights):
         return source
-    if source is None:
-        source = faster_whisper_onnx()
-        if source is None:
-            raise WhisperFileError("no Silero VAD weights: install faster-whisper (its silero_vad_v6.onnx is read) "
-                                   "or give a .onnx or whisper.cpp ggml VAD file")
-    path = Path(source)
+    path = Path(SHIPPED if source is None else source)
     if not path.is_file():
         raise WhisperFileError(f"Silero VAD weights {path}: no such file")
     head = path.read_bytes()[:4]
     if len(head) == 4 and struct.unpack("<I", head)[0] == GGML_MAGIC:
         return read_ggml_vad(path)
+    if head == b"PK\x03\x04":  # a zip: NumPy's .npz
+        return read_npz(path)
     return read_silero_onnx(path)
+
+
+# ----- the shipped .npz ----------------------------------------------------------------------------------
+
+def _arrays(w: SileroWeights) -> dict[str, np.ndarray]:
+    arrays = {name: getattr(w, name) for name in ("stft_basis", "w_ih", "w_hh", "b_ih", "b_hh", "dec_w", "dec_b")}
+    for i in range(len(CONV_CHANNELS)):
+        arrays[f"conv_w{i}"], arrays[f"conv_b{i}"] = w.conv_w[i], w.conv_b[i]
+    return {**arrays, "version": np.array(w.version, np.int32)}
+
+
+def write_npz(w: SileroWeights, path) -> None:
+    """The weights as float32 arrays in one compressed .npz (what pyggml ships)."""
+    np.savez_compressed(path, **_arrays(w))
+
+
+def read_npz(path) -> SileroWeights:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            a = {name: z[name].astype(np.float32) for name in z.files if name != "version"}
+            version = tuple(int(v) for v in z["version"])
+        n = len(CONV_CHANNELS)
+        return SileroWeights(stft_basis=a["stft_basis"], conv_w=[a[f"conv_w{i}"] for i in range(n)],
+                             conv_b=[a[f"conv_b{i}"] for i in range(n)], w_ih=a["w_ih"], w_hh=a["w_hh"],
+                             b_ih=a["b_ih"], b_hh=a["b_hh"], dec_w=a["dec_w"], dec_b=a["dec_b"], version=version,
+                             source=str(path)).check()
+    except (KeyError, ValueError, OSError) as e:
+        raise WhisperFileError(f"Silero VAD weights {path}: not a Silero VAD .npz ({e})") from None
 
 
 # ----- ONNX ----------------------------------------------------------------------------------------------

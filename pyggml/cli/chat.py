@@ -1,0 +1,124 @@
+"""`pyggml chat`: a conversation in the terminal, as `llama-cli -cnv` or `ollama run`: the answer streams as it
+is made, the model's chat template renders the history, the oldest turns are dropped (with a note) when the
+context fills. Ctrl-C stops an answer and keeps the session; Ctrl-D or /exit ends it."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from pyggml.cli.model_options import add_model_options, open_model
+
+HELP = """commands:
+  /help          this text
+  /clear         forget the conversation (the system prompt stays)
+  /stats         load time and the last answer's speed
+  /exit, /quit   end the session (or Ctrl-D)
+input: end a line with \\ to go on to the next; or put the message between lines of \"\"\".
+Ctrl-C stops the answer being written and keeps the session."""
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("chat", help="chat with a GGUF model in the terminal")
+    add_model_options(p)
+    p.add_argument("--system", "-sys", default=None, help="system prompt")
+    p.add_argument("-n", "--max-tokens", dest="reply_room", type=int, default=-1,
+                   help="tokens an answer may take, kept free in the context (-1: a quarter of the context)")
+    p.add_argument("--temp", type=float, default=0.7, help="temperature; 0 = greedy")
+    p.add_argument("--top-k", type=int, default=40, help="keep the k most likely tokens (0: all)")
+    p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling threshold")
+    p.add_argument("--min-p", type=float, default=0.05, help="drop tokens below this share of the most likely")
+    p.add_argument("--repeat-penalty", type=float, default=1.0, help="penalty on repeated tokens (1: none)")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+    p.add_argument("--verbose", "-v", action="store_true", help="print the speed after every answer")
+    p.set_defaults(run=run)
+
+
+def read_message(read=input) -> str | None:
+    """One message from the user: a line, lines joined by a trailing backslash, or a block between lines of
+    \"\"\". None at the end of input (Ctrl-D)."""
+    try:
+        line = read("> ")
+        if line.strip() == '"""':
+            lines = []
+            while (line := read("... ")).strip() != '"""':
+                lines.append(line)
+            return "\n".join(lines)
+        lines = []
+        while line.endswith("\\"):
+            lines.append(line[:-1])
+            line = read("... ")
+        return "\n".join(lines + [line])
+    except EOFError:
+        return None
+
+
+def speed(conv, load_s: float) -> str:
+    s = conv.last
+    prompt = s["prompt_tokens"] / s["prompt_s"] if s["prompt_s"] else 0.0
+    gen = s["gen_tokens"] / s["gen_s"] if s["gen_s"] else 0.0
+    return (f"[load {load_s:.2f} s; prompt {s['prompt_tokens']} tokens at {prompt:.1f} tokens/s; answer "
+            f"{s['gen_tokens']} tokens at {gen:.1f} tokens/s; context {len(conv.cached)}/{conv.model.n_ctx}]")
+
+
+def answer(conv, text: str) -> None:
+    """Stream the answer to stdout; Ctrl-C ends it early, keeping what was said."""
+    pieces = conv.reply(text)
+    try:
+        for piece in pieces:
+            print(piece, end="", flush=True)
+    except KeyboardInterrupt:
+        pieces.close()
+        print(" [stopped]", end="")
+    finally:
+        print(flush=True)
+    if conv.dropped:
+        print(f"[the context was full: the {conv.dropped} oldest message(s) were dropped]", file=sys.stderr)
+
+
+def run(args) -> int:
+    from pyggml.errors import ParameterError
+    from pyggml.models.llm.conversation import Conversation
+    from pyggml.models.llm.generate import SamplingParams
+
+    try:
+        import readline  # noqa: F401 - line editing and history for input() where the platform has it
+    except ImportError:
+        pass
+    params = SamplingParams(args.temp, args.top_k, args.top_p, args.min_p, args.repeat_penalty, seed=args.seed)
+    print(f"loading {args.model} ...", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    model = open_model(args)
+    load_s = time.perf_counter() - start
+    conv = Conversation(model, system=args.system, params=params, reply_room=args.reply_room)
+    print(f"{model.gguf.path} ({model.architecture}, context {model.n_ctx}) loaded in {load_s:.1f} s. "
+          f"/help for commands, Ctrl-D to leave.", file=sys.stderr, flush=True)
+    while True:
+        try:
+            text = read_message()
+        except KeyboardInterrupt:
+            print("\n(Ctrl-D or /exit to leave)", file=sys.stderr)
+            continue
+        if text is None:
+            print(file=sys.stderr)
+            return 0
+        command = text.strip()
+        if command in ("/exit", "/quit", "/bye"):
+            return 0
+        if command == "/help":
+            print(HELP, file=sys.stderr)
+        elif command == "/clear":
+            conv.clear()
+            print("[conversation cleared]", file=sys.stderr)
+        elif command == "/stats":
+            print(speed(conv, load_s), file=sys.stderr)
+        elif command.startswith("/") and "\n" not in command and " " not in command:
+            print(f"unknown command {command}; /help lists them", file=sys.stderr)
+        elif command:
+            try:
+                answer(conv, text)
+            except ParameterError as e:
+                print(f"[{e}]", file=sys.stderr)
+                continue
+            if args.verbose:
+                print(speed(conv, load_s), file=sys.stderr)

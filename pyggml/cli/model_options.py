@@ -1,0 +1,57 @@
+"""The model options every command that loads a language model takes (generate, chat, serve), added and opened
+in one place so they mean the same everywhere: --model/-m, --threads/-t, --ctx/-c, --batch/-b, --backend,
+--rpc, --weights, --kv-type."""
+
+from __future__ import annotations
+
+from pyggml.cli.args import positive_int
+from pyggml.cli.lora import add_lora_options, lora_specs
+
+DEFAULT_CTX = 4096  # one default for every command (llama.cpp's CLI and server took 4096 too)
+
+
+def kv_type_names() -> list[str]:
+    from pyggml.models.llm.model import KV_TYPES
+
+    return [t.name for t in KV_TYPES]
+
+
+def add_backend_options(p) -> None:
+    """--backend and --threads/-t, which Whisper's commands take too."""
+    p.add_argument("--backend", default="CPU",
+                   help="backend name, or several comma-separated (CPU,TORCH_CPU,...) to split the layers across "
+                        "them with the scheduler")
+    p.add_argument("--threads", "-t", type=positive_int, default=None, help="CPU threads (default: all cores)")
+
+
+def add_model_options(p) -> None:
+    from pyggml.models.llm.known_models import DEFAULT_MODEL, KNOWN_MODELS
+
+    p.add_argument("--model", "-m", default=DEFAULT_MODEL,
+                   help=f"GGUF file, or an installed model's name ({', '.join(KNOWN_MODELS)})")
+    add_backend_options(p)
+    p.add_argument("--ctx", "-c", type=positive_int, default=DEFAULT_CTX, help="context size in tokens")
+    p.add_argument("--batch", "-b", type=positive_int, default=512, help="prompt tokens per step")
+    p.add_argument("--rpc", help="RPC servers host:port[,host:port...] (pyggml or ggml rpc-server): the layers are "
+                                 "split across their devices and the local CPU by free memory, as llama.cpp's --rpc "
+                                 "(the weights go as the file holds them)")
+    p.add_argument("--weights", default="quantized", choices=["quantized", "f32"],
+                   help="quantized: weights stay in the file's block formats, mapped; f32: expanded to float32 at "
+                        "load (4 bytes a weight)")
+    p.add_argument("--kv-type", default="F16", choices=kv_type_names(),
+                   help="KV cache type (F16 as llama.cpp; F32: twice the memory, no rounding)")
+    add_lora_options(p)
+
+
+def open_model(args, **kwargs):
+    """load_model with the options' values (keywords such as n_seq_max go through)."""
+    from pyggml.models import load_model
+
+    backend = args.backend
+    if args.rpc:
+        from pyggml.backend import rpc
+
+        devices = [dev for endpoint in args.rpc.split(",") for dev in rpc.add_server(endpoint.strip())]
+        backend = [dev.init_backend() for dev in devices] + backend.split(",")
+    return load_model(args.model, backend=backend, n_ctx=args.ctx, n_batch=args.batch, weights=args.weights,
+                      kv_type=args.kv_type, n_threads=args.threads, lora=lora_specs(args), **kwargs)

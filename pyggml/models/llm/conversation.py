@@ -1,0 +1,106 @@
+"""A conversation with one model, turn by turn, as llama.cpp's `llama-cli -cnv` holds it: the whole history is
+rendered by the model's chat template each turn, and only what changed since the last turn is decoded (the KV
+cache keeps the common prefix). When history and a reply's room no longer fit the context, the oldest turns are
+dropped (the system message stays)."""
+
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+from pyggml.errors import ParameterError
+from pyggml.models.llm.generate import Sampler, SamplingParams
+
+
+class Conversation:
+    """`reply(text)` yields the answer's pieces as they are made; `messages` is the history the model sees.
+    `reply_room` tokens are kept free for each answer (and bound its length; -1: a quarter of the context)."""
+
+    def __init__(self, model, system: str | None = None, params: SamplingParams = SamplingParams(),
+                 reply_room: int = -1):
+        self.model, self.params, self.system = model, params, system
+        self.reply_room = model.n_ctx // 4 if reply_room == -1 else reply_room
+        if not 0 < self.reply_room < model.n_ctx:
+            raise ParameterError(f"the reply's room must be 1 to {model.n_ctx - 1} tokens, got {self.reply_room}")
+        self.turns: list[dict] = []   # user and assistant messages, oldest first
+        self.cached: list[int] = []   # the tokens in the KV cache (sequence 0), from position 0
+        self.dropped = 0              # turns dropped by the last reply to fit the context
+        self.last = {"prompt_tokens": 0, "prompt_s": 0.0, "gen_tokens": 0, "gen_s": 0.0}
+
+    @property
+    def messages(self) -> list[dict]:
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        return head + self.turns
+
+    def clear(self) -> None:
+        self.turns = []
+
+    def _prompt_ids(self) -> list[int]:
+        """The history's tokens, after dropping the oldest turns (a user message and its answer) that do not fit
+        beside the reply's room."""
+        self.dropped = 0
+        while True:
+            text = self.model.chat_prompt(self.messages)
+            ids = self.model.tokenize(text, add_special=True, parse_special=True)
+            if len(ids) + self.reply_room <= self.model.n_ctx:
+                return ids
+            if len(self.turns) <= 1:
+                raise ParameterError(f"the message takes {len(ids)} tokens; with {self.reply_room} for the reply it "
+                                     f"does not fit the context of {self.model.n_ctx} tokens")
+            drop = 2 if self.turns[1]["role"] == "assistant" else 1
+            self.turns = self.turns[drop:]
+            self.dropped += drop
+
+    def reply(self, text: str) -> Iterator[str]:
+        """Add the user's message and yield the answer's text as it is made. Closing the iterator early (or an
+        interruption) keeps what was said so far as the answer."""
+        self.turns.append({"role": "user", "content": text})
+        try:
+            ids = self._prompt_ids()
+        except ParameterError:
+            self.turns.pop()
+            raise
+        answer: list[int] = []
+        shown = ""
+        try:
+            for token in self._generate(ids, answer):
+                answer.append(token)
+                text_so_far = self.model.detokenize(answer)
+                if not text_so_far.endswith("\ufffd"):   # wait for the rest of a UTF-8 character
+                    yield text_so_far[len(shown):]
+                    shown = text_so_far
+        except BaseException:
+            self.model.reset()  # an interrupted step may have left cells half written: decode afresh next turn
+            self.cached = []
+            raise
+        finally:
+            self.turns.append({"role": "assistant", "content": self.model.detokenize(answer)})
+        rest = self.model.detokenize(answer)[len(shown):]
+        if rest:
+            yield rest
+
+    def _generate(self, ids: list[int], answer: list[int]) -> Iterator[int]:
+        model, last = self.model, self.last
+        keep = 0
+        while keep < min(len(self.cached), len(ids) - 1) and self.cached[keep] == ids[keep]:
+            keep += 1
+        model.seq_rm(0, keep, -1)
+        self.cached = ids[:keep]
+        sampler = Sampler(self.params)
+        for t in ids:
+            sampler.accept(t)
+        start = time.perf_counter()
+        logits = model.decode(ids[keep:])
+        self.cached = list(ids)
+        last.update(prompt_tokens=len(ids) - keep, prompt_s=time.perf_counter() - start, gen_tokens=0, gen_s=0.0)
+        for _ in range(self.reply_room):
+            token = sampler.sample(logits)
+            if model.tokenizer.is_eog(token):
+                return
+            sampler.accept(token)
+            yield token
+            start = time.perf_counter()
+            logits = model.decode([token])
+            self.cached.append(token)
+            last["gen_tokens"] += 1
+            last["gen_s"] += time.perf_counter() - start
