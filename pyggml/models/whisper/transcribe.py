@@ -147,7 +147,15 @@ class Whisper:
         ranked = {tok.languages[i]: float(probs[i]) for i in np.argsort(-probs, kind="stable")}
         return next(iter(ranked)), ranked
 
-    # ----- transcription ---------------------------------------------------------------------------
+    def language_probabilities(self, audio, padding: str = "whisper.cpp") -> dict[str, float]:
+        """{language: probability} for the first 30 s of `audio` (a path or samples), most likely first: as
+        whisper.cpp's --detect-language (whisper_lang_auto_detect) and faster-whisper's detect_language, one
+        decoder step on <|startoftranscript|> after encoding that window. English-only models: {"en": 1.0}."""
+        if not self.tokenizer.is_multilingual:
+            return {"en": 1.0}
+        mel, _ = self.log_mel(audio, padding)
+        return self.detect_language(mel[:, :N_FRAMES])[1]
+
     # ----- voice activity detection ----------------------------------------------------------------
     def vad(self, weights=None):
         """The Silero VAD this model uses with vad=True (made on first use; `weights` as load_silero takes:
@@ -185,7 +193,7 @@ class Whisper:
         samples = _samples(audio)
         start = time.perf_counter()
         speech = SpeechAudio(samples, speech_segments(self.vad().probs(samples), samples.size, vopts),
-                             vopts.samples_overlap)
+                             vopts.samples_overlap, vopts.speech_pad_ms / 1000)
         vad_s = time.perf_counter() - start
         if speech.audio.size >= HOP:
             segments = self._transcribe(speech.audio, padding, options)
@@ -193,9 +201,9 @@ class Whisper:
             segments, self.timings = [], Timings(load_s=self.timings.load_s)
         self.timings.vad_s, self.timings.audio_s = vad_s, samples.size / SAMPLE_RATE
         for s in segments:
-            s.start, s.end = speech.original_time(s.start), speech.original_time(s.end)
+            s.start, s.end = speech.original_span(s.start, s.end)
             for word in s.words or []:
-                word.start, word.end = speech.original_time(word.start), speech.original_time(word.end)
+                word.start, word.end = speech.original_span(word.start, word.end)
         return segments
 
     def _transcribe(self, audio, padding: str, options: dict) -> list[Segment]:

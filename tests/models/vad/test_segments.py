@@ -63,14 +63,16 @@ def test_bad_options():
 
 
 def test_speech_audio_maps_times_back():
-    """Segments laid end to end with 0.1 s overlap and 0.1 s of zeros; times map back piecewise linearly."""
+    """Segments laid end to end with 0.1 s overlap and 0.1 s of zeros; times map back piecewise linearly, and a
+    time between two segments is the next one's start as a start, the previous one's end as an end."""
     audio = np.arange(10 * 16000, dtype=np.float32)
     sa = SpeechAudio(audio, [(16000, 32000), (80000, 96000)], samples_overlap=0.1)
     assert sa.audio.size == 16000 + 1600 + 1600 + 16000
     assert sa.audio[0] == 16000 and sa.audio[16000 + 1600 + 1600] == 80000
     assert np.all(sa.audio[17600:19200] == 0)
     assert sa.original_time(0.0) == 1.0 and sa.original_time(0.5) == 1.5
-    assert sa.original_time(1.05) == 2.0                 # inside the overlap: the segment's end
+    assert sa.original_time(1.05, end=True) == 2.0 and sa.original_time(1.15, end=True) == 2.0
+    assert sa.original_time(1.05) == 5.0 and sa.original_time(1.15) == 5.0
     assert sa.original_time(1.2) == 5.0 and sa.original_time(1.7) == 5.5
     assert SpeechAudio(audio, []).audio.size == 0
 
