@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pyggml import backend
+from pyggml.errors import GGMLError
 
 MIB = 1024 * 1024
 
@@ -15,7 +16,10 @@ def add_parser(subparsers) -> None:
 
 
 def describe(dev: backend.Device) -> str:
-    props = dev.props()
+    try:
+        props = dev.props()
+    except GGMLError as e:  # e.g. an RPC server that went away: the other devices are still listed
+        return f"  {dev.name}: unreachable ({e})"
     caps = [name.rstrip("_") for name, on in vars(props.caps).items() if on] or ["none"]
     return (f"  {props.name}: {props.type.name}, {props.description}\n"
             f"    memory: {props.memory_free // MIB} MiB free / {props.memory_total // MIB} MiB total\n"

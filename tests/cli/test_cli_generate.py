@@ -141,7 +141,12 @@ def test_generate_splits_the_layers_over_an_rpc_server(tmp_path, capsys):
     from pyggml.backend.rpc import RPCServer
 
     path = write_llama(tmp_path / "tiny.gguf")
+    from pyggml.backend.rpc import RPC_REG
+
     with RPCServer([CPU_REG.device(0)]).start() as server:
-        assert main(["generate", "the a", "--model", str(path), "-n", "2", "--ctx", "32",
-                     "--rpc", server.endpoint]) == 0
+        try:
+            assert main(["generate", "the a", "--model", str(path), "-n", "2", "--ctx", "32",
+                         "--rpc", server.endpoint]) == 0
+        finally:
+            RPC_REG.remove_server(server.endpoint)  # the registry outlives the server: later tests list devices
     assert "RPC" in capsys.readouterr().err
