@@ -31,7 +31,7 @@ from typing import Hashable, Sequence
 import numpy as np
 
 from pyggml.alloc import canonical
-from pyggml.backend.cpu.jit import jit
+from pyggml.core.jit import jit
 from pyggml.errors import AllocationError
 
 __all__ = ["DynAllocator", "Interval", "PLANNERS", "PlanResult", "load_csv", "lower_bound", "plan_offsets",

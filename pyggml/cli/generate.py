@@ -39,8 +39,8 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    from pyggml.backend.cpu.jit.runtime.compile_cache import is_cold
     from pyggml.backend.registry import load_all
+    from pyggml.core.jit import compile_seconds, when_compiling
     from pyggml.models import load_model
     from pyggml.models.llm.generate import SamplingParams, check_n_predict
     from pyggml.models.llm.model import check_sizes
@@ -48,8 +48,8 @@ def run(args) -> int:
     check_n_predict(args.n)  # nonsense counts and thresholds fail before the model loads
     SamplingParams(args.temp, args.top_k, args.top_p, args.min_p, args.repeat_penalty, seed=args.seed)
     check_sizes(n_ctx=args.ctx, n_batch=args.batch)
-    if is_cold():
-        print("compiling CPU kernels, once", file=sys.stderr, flush=True)
+    when_compiling(lambda: print("compiling kernels (once: they are cached for later runs)", file=sys.stderr,
+                                 flush=True))
 
     backend = args.backend or "CPU"
     if any(name.strip().upper() != "CPU" for name in backend.split(",")):
@@ -60,22 +60,25 @@ def run(args) -> int:
 
         devices = [dev for endpoint in args.rpc.split(",") for dev in rpc.add_server(endpoint.strip())]
         backend = args.backend or [dev.init_backend() for dev in devices] + ["CPU"]
-    start = time.perf_counter()
+    start, compiled = time.perf_counter(), compile_seconds()
     model = load_model(args.model, backend=backend, n_ctx=args.ctx, n_batch=args.batch,
                        weights=args.weights, kv_type=args.kv_type)
-    load_s = time.perf_counter() - start
+    load_compile_s = compile_seconds() - compiled
+    load_s = time.perf_counter() - start - load_compile_s
     print(args.prompt, end="", flush=True)
     model.generate(args.prompt, n=args.n, temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
                    min_p=args.min_p, repeat_penalty=args.repeat_penalty, seed=args.seed, chat=args.chat,
                    stream=lambda piece: print(piece, end="", flush=True))
     print()
-    for line in report_lines(model, load_s):
+    for line in report_lines(model, load_s, load_compile_s):
         print(line, file=sys.stderr)
     return 0
 
 
-def report_lines(model, load_s: float) -> list[str]:
+def report_lines(model, load_s: float, load_compile_s: float = 0.0) -> list[str]:
+    """llama.cpp's timings, with the seconds spent compiling kernels (a first run's) on a line of their own."""
     t = model.timings
+    compile_s = load_compile_s + t.compile_s
     plan = model.reserved_plan
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
     return [
@@ -83,6 +86,8 @@ def report_lines(model, load_s: float) -> list[str]:
         f"{model.runner.describe()})",
         f"prompt:  {t.prompt_tokens:5d} tokens in {t.prompt_s:7.2f} s = {t.prompt_tps:8.2f} tokens/s",
         f"eval:    {t.gen_tokens:5d} tokens in {t.gen_s:7.2f} s = {t.gen_tps:8.2f} tokens/s",
+        *([f"compile: {compile_s:8.2f} s  (kernels compiled in this run, counted in neither load nor prompt; "
+           f"cached for later runs)"] if compile_s else []),
         f"weights: {model.weights.nbytes / MIB:10.2f} MiB "
         f"(GGUF tensors {model.weights.file_tensor_bytes / MIB:.2f} MiB)",
         f"KV cache:{model.kv.nbytes / MIB:10.2f} MiB",

@@ -24,10 +24,10 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from pyggml.backend import Backend, tensor_get, tensor_set
-from pyggml.backend.cpu.jit.runtime.compile_cache import load_cached
+from pyggml.backend import Backend, load_kernels, tensor_get, tensor_set
 from pyggml.core import Context, GGMLType, Graph, ops
 from pyggml.core import types as T
+from pyggml.core.jit import compile_seconds
 from pyggml.errors import AllocationError, GGMLError, GGUFError, ParameterError
 from pyggml.models.arch import architecture_of
 from pyggml.models.arch.blocks import MAX_LAYERS, Step, hparam_count
@@ -45,12 +45,29 @@ from pyggml.models.text.tokenizer import load_tokenizer
 
 @dataclass
 class Timings:
-    """Tokens and seconds spent on prompts (batched steps) and on generated tokens (single-token steps)."""
+    """Tokens and seconds spent on prompts (batched steps) and on generated tokens (single-token steps), and the
+    seconds those steps spent compiling kernels (a first run's), counted apart from either."""
 
     prompt_tokens: int = 0
     prompt_s: float = 0.0
     gen_tokens: int = 0
     gen_s: float = 0.0
+    compile_s: float = 0.0
+
+    def step(self, model: Model, ids: list[int], prompt: bool) -> np.ndarray:
+        """model.decode(ids), its tokens and time counted as a prompt's or as a generated token's."""
+        start, compiled = time.perf_counter(), compile_seconds()
+        logits = model.decode(ids)
+        compiling = compile_seconds() - compiled
+        seconds = time.perf_counter() - start - compiling
+        self.compile_s += compiling
+        if prompt:
+            self.prompt_tokens += len(ids)
+            self.prompt_s += seconds
+        else:
+            self.gen_tokens += 1
+            self.gen_s += seconds
+        return logits
 
     @property
     def prompt_tps(self) -> float:
@@ -84,7 +101,8 @@ class Model:
         self.backend = backend = backends[-1]
         arch_class = architecture_of(gguf)  # refuse an unknown architecture before reading any weight
         self.tokenizer = load_tokenizer(gguf)
-        load_cached()  # the CPU kernels load now, while the weights are still unread (see load_cached)
+        for b in backends:  # the kernels of the file's types load now, while the weights are still unread
+            load_kernels(b, {info.type for info in gguf.tensors})
         n_layer = hparam_count(gguf, "block_count", limit=MAX_LAYERS)
         placement = plan_layers(n_layer, backends) if len(backends) > 1 else None
         self.weights = load_weights(gguf, backend, weights=weights, progress=progress,
@@ -326,10 +344,7 @@ class Model:
         sampler = Sampler(params)
         for t in prompt_ids:
             sampler.accept(t)
-        start = time.perf_counter()
-        logits = self.decode(prompt_ids)
-        self.timings.prompt_tokens += len(prompt_ids)
-        self.timings.prompt_s += time.perf_counter() - start
+        logits = self.timings.step(self, prompt_ids, prompt=True)
         for i in range(n):
             if logits_callback is not None:
                 logits_callback(logits)
@@ -338,10 +353,7 @@ class Model:
             yield token
             if self.tokenizer.is_eog(token) or i == n - 1 or self.n_past >= self.n_ctx:
                 return
-            start = time.perf_counter()
-            logits = self.decode([token])
-            self.timings.gen_tokens += 1
-            self.timings.gen_s += time.perf_counter() - start
+            logits = self.timings.step(self, [token], prompt=False)
 
     def generate(self, prompt: str, n: int = 32, temperature: float = 0.0, top_k: int = 40, top_p: float = 0.95,
                  min_p: float = 0.05, repeat_penalty: float = 1.0, seed: int | None = None,
