@@ -33,8 +33,13 @@ def add_parser(subparsers) -> None:
     p.add_argument("--weights", default="quantized", choices=["quantized", "f32"],
                    help="quantized: weights stay in the file's block formats, mapped (default); f32: expanded to "
                         "float32 at load (4 bytes a weight)")
-    p.add_argument("--kv-type", default="F16", choices=["F32", "F16"],
-                   help="KV cache type (default F16, as llama.cpp; F32: twice the memory, no rounding)")
+    p.add_argument("--kv-type", default="F16", type=str.upper, choices=["F32", "F16", "Q8_0", "Q4_0"],
+                   help="KV cache type of K and V (default F16, as llama.cpp; F32: twice the memory, no rounding; "
+                        "Q8_0, Q4_0: 0.53x and 0.28x of F16's memory, attended with flash attention)")
+    p.add_argument("--cache-type-k", "-ctk", type=str.upper, choices=["F32", "F16", "Q8_0", "Q4_0"],
+                   help="KV cache type of K alone (default: --kv-type)")
+    p.add_argument("--cache-type-v", "-ctv", type=str.upper, choices=["F32", "F16", "Q8_0", "Q4_0"],
+                   help="KV cache type of V alone (default: --kv-type)")
     p.set_defaults(run=run)
 
 
@@ -62,7 +67,8 @@ def run(args) -> int:
         backend = args.backend or [dev.init_backend() for dev in devices] + ["CPU"]
     start, compiled = time.perf_counter(), compile_seconds()
     model = load_model(args.model, backend=backend, n_ctx=args.ctx, n_batch=args.batch,
-                       weights=args.weights, kv_type=args.kv_type)
+                       weights=args.weights, kv_type=args.kv_type, kv_type_k=args.cache_type_k,
+                       kv_type_v=args.cache_type_v)
     load_compile_s = compile_seconds() - compiled
     load_s = time.perf_counter() - start - load_compile_s
     print(args.prompt, end="", flush=True)

@@ -20,6 +20,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--parallel", "-np", type=int, default=4, help="sequences decoded together (default 4)")
     p.add_argument("--ctx", "-c", type=int, default=4096, help="context size in tokens (default 4096)")
     p.add_argument("--batch", type=int, default=512, help="prompt tokens per step (default 512)")
+    p.add_argument("--cache-type-k", "-ctk", default="f16", type=str.upper, choices=["F32", "F16", "Q8_0", "Q4_0"],
+                   help="KV cache type for K (default f16); a quantized cache is attended with flash attention")
+    p.add_argument("--cache-type-v", "-ctv", default="f16", type=str.upper, choices=["F32", "F16", "Q8_0", "Q4_0"],
+                   help="KV cache type for V (default f16)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (not on /health)")
     p.add_argument("--cors-origin", action="append", default=None,
                    help="allowed browser origin (repeatable; '*' for any); default: no CORS headers")
@@ -59,7 +63,8 @@ def loader(args):
     from pyggml.serve.state import Loaded
 
     def load():
-        model = load_model(args.model, n_ctx=args.ctx, n_batch=args.batch)
+        model = load_model(args.model, n_ctx=args.ctx, n_batch=args.batch, kv_type_k=args.cache_type_k,
+                           kv_type_v=args.cache_type_v)
         loaded = Loaded(model=model, engine=Engine(model, n_slots=args.parallel),
                         model_id=args.alias or Path(model.gguf.path).name)
         loaded.whisper, loaded.whisper_default = load_whispers(args.whisper_model)

