@@ -29,7 +29,7 @@ def compiled_and_numpy(build, seed=0, ulps=0, rel=0.0):
     node = build(ctx)
     rng = np.random.default_rng(seed)
     for s in node.srcs:
-        if s.view_src is None and s.type in (G.F32, G.F16) and not host_ndarray(s).any():
+        if s.view_src is None and (s.type in (G.F32, G.F16, G.Q8_0, G.Q4_0)) and not host_ndarray(s).any():
             fill_random(s, rng)
     kernel = kernels.KERNELS[node.op]
     call = kernels.bound(node, kernel)
@@ -248,16 +248,20 @@ def test_set_rows_out_of_range_raises_and_writes_nothing():
     dict(d=32, n_head=6, n_head_kv=2, n_kv=24, n_tok=20, kv_type=G.F16, q_type=G.F16),
     dict(d=16, n_head=4, n_head_kv=2, n_kv=12, n_tok=12, softcap=20.0, max_bias=8.0, sinks=True, ne3=2),
     dict(d=16, n_head=4, n_head_kv=4, n_kv=12, n_tok=12, fully_masked_row=True),
-    dict(d=64, n_head=6, n_head_kv=6, n_kv=1100, n_tok=1, mask=False, kv_type=G.F16, permuted=True)], ids=str)
+    dict(d=64, n_head=6, n_head_kv=6, n_kv=1100, n_tok=1, mask=False, kv_type=G.F16, permuted=True),
+    # a quantized KV cache (llama.cpp's -ctk / -ctv): rows dequantized by the type's compiled kernel first
+    dict(d=64, n_head=4, n_head_kv=2, n_kv=40, n_tok=1, kv_type=G.Q8_0),
+    dict(d=32, n_head=2, n_head_kv=1, n_kv=17, n_tok=3, kv_type=G.Q4_0, sinks=True),
+    dict(d=64, n_head=4, n_head_kv=4, n_kv=9, n_tok=2, kv_type=G.Q8_0, v_type=G.F16)], ids=str)
 def test_flash_attn_ext(case):
     def build(ctx, d, n_head, n_head_kv, n_kv, n_tok, kv_type=G.F32, q_type=G.F32, mask=True, ne3=1,
-              softcap=0.0, max_bias=0.0, sinks=False, permuted=False, fully_masked_row=False):
+              softcap=0.0, max_bias=0.0, sinks=False, permuted=False, fully_masked_row=False, v_type=None):
         q = ctx.new_tensor(q_type, (d, n_tok, n_head, ne3))
         if permuted:  # K and V as views of [d, head, kv] memory (a cross-attention cache): rows strided by heads
             k, v = (ops.permute(ctx, ctx.new_tensor(kv_type, (d, n_head_kv, n_kv, ne3)), 0, 2, 1, 3) for _ in "kv")
         else:
             k = ctx.new_tensor(kv_type, (d, n_kv, n_head_kv, ne3))
-            v = ctx.new_tensor(kv_type, (d, n_kv, n_head_kv, ne3))
+            v = ctx.new_tensor(v_type or kv_type, (d, n_kv, n_head_kv, ne3))
         m = None
         if mask:
             m = ctx.new_tensor(G.F16, (n_kv, n_tok))
