@@ -41,8 +41,7 @@ llm = Llama(path, n_ctx=int(ctx), n_batch=int(ctx), n_ubatch=int(ctx), n_threads
             verbose=False)
 out = np.lib.format.open_memmap(out_file, "w+", np.float32, (len(chunks), int(ctx), llm.n_vocab()))
 for i, chunk in enumerate(chunks):
-    llm.reset()
-    llm._ctx.memory_clear(True)
+    llm.reset()  # eval then drops the cache from position 0 on
     llm.eval(chunk.tolist())
     out[i] = np.asarray(llm.scores[:len(chunk)], np.float32)
 out.flush()
