@@ -226,6 +226,33 @@ def test_set_rows(dst_type, ids_type, row):
     compiled_and_numpy(build)
 
 
+@pytest.mark.parametrize("dst_type", [G.Q8_0, G.Q4_0], ids=str)
+def test_set_rows_into_quantized_rows_is_ggmls_quantize_row(dst_type):
+    """The compiled quantize_row_q8_0 / quantize_row_q4_0 (a quantized KV cache write) against the NumPy
+    kernel's (gguf's reference quantizers): the same blocks, but for a quant that a tie or the last bit of the
+    scale's reciprocal rounds the other way (one step of d)."""
+    from pyggml.core import types as T
+
+    ctx = Context()
+    dst = ctx.new_tensor(dst_type, (64, 10))
+    src = ctx.new_tensor(G.F32, (64, 4))
+    host_ndarray(src)[...] = np.random.default_rng(1).normal(0, 2, (4, 64)).astype(np.float32)
+    ids = ctx.tensor_from_numpy(np.array([7, 0, 3, 9], np.int64))
+    node = ops.set_rows(ctx, dst, src, ids)
+    call = kernels.bound(node, kernels.KERNELS[node.op])
+    assert not isinstance(call, functools.partial), "not bound to a compiled call"
+    call()
+    got = host_ndarray(dst).reshape(10, -1).copy()
+    host_ndarray(dst)[...] = 0
+    kernels.KERNELS[node.op].fn(node)
+    want = host_ndarray(dst).reshape(10, -1).copy()
+    assert not got[[1, 2, 4, 5, 6, 8]].any()
+    got_values, want_values = (T.to_float(dst_type, x).reshape(10, 64) for x in (got, want))
+    step = np.repeat(np.abs(want_values).reshape(-1, 32).max(-1) / (127 if dst_type == G.Q8_0 else 8), 32)
+    assert np.all(np.abs(got_values - want_values).reshape(-1) <= step * 1.001)
+    assert np.mean(got_values == want_values) > 0.99
+
+
 def test_set_rows_out_of_range_raises_and_writes_nothing():
     ctx = Context()
     dst = ctx.new_tensor(G.F32, (4, 3))

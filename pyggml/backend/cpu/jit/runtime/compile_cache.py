@@ -16,7 +16,7 @@ def shared_kernels() -> list:
     return [mul_mat.mul_mat_float_columns, repack.quantize_q8_0_rows, repack.quantize_q8_0_parallel,
             repack.quantize_q8_K_rows, repack.quantize_q8_K_parallel, softmax.soft_max_rows, rope.rope_rows,
             attention.exp_score_rows, attention.flash_attn_rows, glu.glu_rows, glu.unary_rows, norm.norm_rows,
-            norm.rms_norm_rows, rows.set_rows_f16, rows.set_rows_f32]
+            norm.rms_norm_rows, rows.set_rows_f16, rows.set_rows_f32, rows.set_rows_q8_0, rows.set_rows_q4_0]
 
 
 def type_kernels(qtypes: Iterable[int] | None) -> list:
