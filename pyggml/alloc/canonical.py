@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pyggml.backend.cpu.jit import jit
+from pyggml.core.jit import jit
 
 FOUND, EXHAUSTED, PAUSED = 1, 0, -1
 

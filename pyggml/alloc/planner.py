@@ -31,7 +31,7 @@ from typing import Hashable, Sequence
 import numpy as np
 
 from pyggml.alloc import canonical
-from pyggml.backend.cpu.jit import jit
+from pyggml.core.jit import jit
 from pyggml.errors import AllocationError
 
 __all__ = ["DynAllocator", "Interval", "PLANNERS", "PlanResult", "load_csv", "lower_bound", "plan_offsets",
@@ -428,7 +428,8 @@ def _place_in_order(order, kept, start, end, size, offset, chunk, capacities, he
     n = start.shape[0]
     by_offset = np.empty(n, np.int64)  # placed intervals, sorted by offset
     placed = kept.shape[0]
-    by_offset[:placed] = kept
+    for at in range(placed):  # not a slice assignment: its shape check compiles Numba's string formatting (2 s)
+        by_offset[at] = kept[at]
     for i in order:
         z = size[i]
         c, o = 0, -1

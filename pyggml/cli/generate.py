@@ -50,19 +50,20 @@ def read_prompt(args) -> str:
 
 
 def run(args) -> int:
-    from pyggml.backend.cpu.jit.runtime.compile_cache import is_cold
     from pyggml.cli.speculative import generate as speculative_generate
     from pyggml.cli.speculative import open_drafter
+    from pyggml.core.jit import compile_seconds, when_compiling
     from pyggml.models.llm.generate import SamplingParams, check_n_predict
 
     prompt = read_prompt(args)
     check_n_predict(args.n)  # nonsense counts and thresholds fail before the model loads
     sampling = SamplingParams(args.temp, args.top_k, args.top_p, args.min_p, args.repeat_penalty, seed=args.seed)
-    if is_cold():
-        print("compiling CPU kernels, once", file=sys.stderr, flush=True)
-    start = time.perf_counter()
+    when_compiling(lambda: print("compiling kernels (once: they are cached for later runs)", file=sys.stderr,
+                                 flush=True))
+    start, compiled = time.perf_counter(), compile_seconds()
     model = open_model(args)
-    load_s = time.perf_counter() - start
+    load_compile_s = compile_seconds() - compiled
+    load_s = time.perf_counter() - start - load_compile_s
     drafter = open_drafter(args, model, 1)
     print(prompt, end="", flush=True)
     if drafter is None:
@@ -73,13 +74,15 @@ def run(args) -> int:
         speculative_generate(model, drafter, model.prompt_ids(prompt, args.chat), args.n, sampling,
                              lambda piece: print(piece, end="", flush=True))
     print()
-    for line in report_lines(model, load_s):
+    for line in report_lines(model, load_s, load_compile_s):
         print(line, file=sys.stderr)
     return 0
 
 
-def report_lines(model, load_s: float) -> list[str]:
+def report_lines(model, load_s: float, load_compile_s: float = 0.0) -> list[str]:
+    """llama.cpp's timings, with the seconds spent compiling kernels (a first run's) on a line of their own."""
     t = model.timings
+    compile_s = load_compile_s + t.compile_s
     plan = model.reserved_plan
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
     return [
@@ -87,6 +90,8 @@ def report_lines(model, load_s: float) -> list[str]:
         f"{model.runner.describe()})",
         f"prompt:  {t.prompt_tokens:5d} tokens in {t.prompt_s:7.2f} s = {t.prompt_tps:8.2f} tokens/s",
         f"eval:    {t.gen_tokens:5d} tokens in {t.gen_s:7.2f} s = {t.gen_tps:8.2f} tokens/s",
+        *([f"compile: {compile_s:8.2f} s  (kernels compiled in this run, counted in neither load nor prompt; "
+           f"cached for later runs)"] if compile_s else []),
         f"weights: {model.weights.nbytes / MIB:10.2f} MiB "
         f"(GGUF tensors {model.weights.file_tensor_bytes / MIB:.2f} MiB)",
         f"KV cache:{model.kv.nbytes / MIB:10.2f} MiB",

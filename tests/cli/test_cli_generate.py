@@ -73,8 +73,8 @@ def test_generate_n_minus_one_runs_to_the_end_of_the_context(tmp_path, capsys):
 
 def test_generate_refuses_an_unknown_choice(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
-        main(["generate", "hi", "--kv-type", "Q4_0"])
-    assert e.value.code == 2 and "invalid choice: 'Q4_0'" in capsys.readouterr().err
+        main(["generate", "hi", "--kv-type", "Q5_1"])
+    assert e.value.code == 2 and "invalid choice: 'Q5_1'" in capsys.readouterr().err
 
 
 def test_generate_names_the_supported_architectures_for_another(tmp_path, capsys):

@@ -53,6 +53,29 @@ def test_every_layer_imports_only_the_layers_to_its_right():
     assert wrong == []
 
 
+def imported_pyggml_modules(path: Path) -> set[str]:
+    """Every pyggml module the file imports, dotted (absolute imports; `from pyggml.x import y` gives pyggml.x.y
+    too, as y may be a module)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return {name for name in found if name.startswith("pyggml.")}
+
+
+def test_only_the_backend_layer_imports_the_cpu_backend():
+    """Above the backend layer, threads and kernel loading go through a backend's extension functions
+    (pyggml.backend.extensions), and compiling through pyggml.core.jit: no reach into the CPU backend."""
+    wrong = [f"{path.relative_to(PACKAGE.parent)} imports {name}"
+             for path in sorted(PACKAGE.rglob("*.py")) if layer_of(path) != "backend"
+             for name in sorted(imported_pyggml_modules(path))
+             if name == "pyggml.backend.cpu" or name.startswith("pyggml.backend.cpu.")]
+    assert wrong == []
+
+
 def test_no_layer_imports_the_testing_helpers():
     users = [str(p.relative_to(PACKAGE.parent)) for p in PACKAGE.rglob("*.py")
              if layer_of(p) in LAYERS and "testing" in imported_pyggml_packages(p)]
@@ -60,10 +83,12 @@ def test_no_layer_imports_the_testing_helpers():
 
 
 def test_the_checker_sees_a_wrong_import(tmp_path):
-    """The check itself: an upward import, absolute or relative, is found."""
+    """The check itself: an upward import, absolute or relative, is found; so is a reach into the CPU backend."""
     fake = PACKAGE / "core" / "__layering_probe__.py"
-    fake.write_text("from pyggml.models import load_model\nfrom ..sched import Scheduler\n")
+    fake.write_text("from pyggml.models import load_model\nfrom ..sched import Scheduler\n"
+                    "from pyggml.backend import cpu\nimport pyggml.backend.cpu.jit\n")
     try:
-        assert imported_pyggml_packages(fake) == {"models", "sched"}
+        assert imported_pyggml_packages(fake) == {"models", "sched", "backend"}
+        assert {"pyggml.backend.cpu", "pyggml.backend.cpu.jit"} <= imported_pyggml_modules(fake)
     finally:
         fake.unlink()

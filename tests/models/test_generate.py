@@ -100,5 +100,7 @@ def test_sampling_params_accept_the_edges():
 def test_load_model_refuses_a_kv_type_the_attention_cannot_read_before_opening_the_file():
     from pyggml.models import load_model
 
-    with pytest.raises(ParameterError, match="kv_type must be one of F16, F32, got 'Q4_0'"):
-        load_model("/nonexistent.gguf", kv_type="Q4_0")
+    with pytest.raises(ParameterError, match="kv_type_k must be one of F32, F16, Q8_0, Q4_0, got 'Q5_1'"):
+        load_model("/nonexistent.gguf", kv_type="Q5_1")
+    with pytest.raises(ParameterError, match="kv_type_v must be one of .*, got 'BF16'"):
+        load_model("/nonexistent.gguf", kv_type_v="BF16")

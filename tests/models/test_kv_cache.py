@@ -31,3 +31,59 @@ def test_one_sequence_in_the_unified_cells_has_the_causal_mask():
     for window in (None, 3):
         got = cells.mask(np.arange(4, 7), np.ones(3, dtype=int), 16, window)
         np.testing.assert_array_equal(got, causal_mask(4, 3, window, 16))
+
+
+def _kld(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
+    """KL(p || q) of the softmaxes, nats, averaged over rows."""
+    p = np.exp(p_logits - p_logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    log_q = q_logits - q_logits.max(-1, keepdims=True)
+    log_q -= np.log(np.exp(log_q).sum(-1, keepdims=True))
+    return float(np.mean(np.sum(p * (np.log(p) - log_q), -1)))
+
+
+def test_quantized_caches_take_llama_cpps_share_of_f16_memory():
+    def nbytes(type_):
+        return KVCache(init_by_name("CPU"), n_layer=2, n_head_kv=2, n_embd_k=128, n_embd_v=128, size=256,
+                       type_=type_, flash_attn=True).nbytes
+
+    f16 = nbytes("F16")
+    assert round(nbytes("Q8_0") / f16, 2) == 0.53 and round(nbytes("Q4_0") / f16, 2) == 0.28
+
+
+def test_a_quantized_v_needs_flash_attention():
+    import pytest
+
+    from pyggml.errors import ParameterError
+
+    with pytest.raises(ParameterError, match="flash attention"):
+        KVCache(init_by_name("CPU"), n_layer=1, n_head_kv=1, n_embd_k=64, n_embd_v=64, size=32, type_v="Q8_0")
+    with pytest.raises(ParameterError, match="Q5_1"):
+        KVCache(init_by_name("CPU"), n_layer=1, n_head_kv=1, n_embd_k=64, n_embd_v=64, size=32, type_="Q5_1")
+
+
+def test_quantized_kv_caches_stay_close_to_the_f16_run(tmp_path):
+    """Q8_0 and Q4_0 K/V (flash attention) against the F16 cache: the same prompt's logits, KLD ordered as
+    llama.cpp's (q8_0 well below q4_0), and F16 through flash attention equal to F16 without it."""
+    from pyggml.models import load_model
+    from pyggml.testing.synthetic import write_llama
+
+    path = write_llama(tmp_path / "m.gguf", n_embd=128, n_head=2, n_head_kv=1, n_layer=2, n_vocab=64)
+    prompt = list(range(1, 40))
+
+    def logits(**kv):
+        model = load_model(str(path), n_ctx=64, **kv)
+        rows = [model.decode(prompt[:30])]
+        rows += [model.decode([t]) for t in prompt[30:]]
+        return np.stack([np.asarray(r).reshape(-1) for r in rows]), model
+
+    f16, plain = logits()
+    assert not plain.kv.flash_attn
+    f16_flash, flash = logits(flash_attn=True)
+    assert flash.kv.flash_attn
+    q8, model_q8 = logits(kv_type="Q8_0")
+    q4, _ = logits(kv_type_k="Q4_0", kv_type_v="Q4_0")
+    assert model_q8.kv.flash_attn and model_q8.kv.k[0].type.name == "Q8_0"
+    assert np.allclose(f16, f16_flash, atol=1e-4) or _kld(f16, f16_flash) < 1e-7
+    kld_q8, kld_q4 = _kld(f16, q8), _kld(f16, q4)
+    assert kld_q8 < 1e-3 and kld_q8 < kld_q4 < 5e-2

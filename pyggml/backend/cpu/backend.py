@@ -319,6 +319,16 @@ def set_abort_callback(backend: Backend, callback: Callable[[], bool] | None) ->
     _cpu_backend(backend, "set_abort_callback").abort_callback = callback
 
 
+def load_kernels(backend: Backend, types=None) -> int:
+    """Load the compiled kernels this backend's computes over tensors of these ggml types call (None: every
+    type), from the disk cache, now rather than at each one's first call (see jit.runtime.compile_cache);
+    returns how many."""
+    from pyggml.backend.cpu.jit.runtime.compile_cache import load_kernels as load
+
+    _cpu_backend(backend, "load_kernels")
+    return load(types)
+
+
 def get_features() -> list[tuple[str, str]]:
     """ggml_backend_get_features: what this CPU backend is built on."""
     return [("NUMPY", np.__version__), ("BLAS_THREADS_MAX", str(AVAILABLE_CPUS))]
@@ -334,7 +344,7 @@ class CpuReg(BackendReg):
 
     def _proc_addresses(self) -> dict:
         return {"set_n_threads": set_n_threads, "set_abort_callback": set_abort_callback,
-                "get_features": get_features}
+                "get_features": get_features, "load_kernels": load_kernels}
 
 
 CPU_REG = CpuReg()

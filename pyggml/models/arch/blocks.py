@@ -168,6 +168,12 @@ def attention(step: Step, kv, il: int, q: Tensor, k: Tensor, v: Tensor, kq_scale
     kv.store(step, il, k, v)
     k_all, v_all = kv.views(ctx, il, step.n_kv)
     q = ops.permute(ctx, q, 0, 2, 1, 3)                       # [head_dim, n_tokens, n_head]
+    if kv.flash_attn:                                         # llama.cpp's flash attention path (-fa)
+        out = ops.flash_attn_ext(ctx, q, k_all, v_all, ops.cast(ctx, step.mask(window), GGMLType.F16), kq_scale,
+                                 0.0, softcap)                # [head_dim_v, n_head, n_tokens]
+        ops.flash_attn_ext_add_sinks(out, sinks)
+        out.set_name(f"__fattn__-{il}")
+        return ops.reshape_2d(ctx, out, out.ne[0] * out.ne[1], step.n_tokens)
     kq = ops.mul_mat(ctx, k_all, q).set_name(f"kq-{il}")     # [n_kv, n_tokens, n_head]
     if softcap:
         kq = soft_cap(ctx, kq, softcap)

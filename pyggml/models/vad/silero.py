@@ -36,13 +36,12 @@ class SileroVAD:
     a stream: the probabilities of the complete windows so far, the rest kept for the next call."""
 
     def __init__(self, weights=None, backend: Backend | None = None, n_threads: int | None = 1, block: int = BLOCK):
-        from pyggml.backend import init_by_name
-        from pyggml.backend.cpu.backend import CpuBackend, set_n_threads
+        from pyggml.backend import init_by_name, set_n_threads
 
         self.weights = load_silero(weights)
         self.backend = backend if backend is not None else init_by_name("CPU")
-        if n_threads is not None and isinstance(self.backend, CpuBackend):
-            set_n_threads(self.backend, n_threads)
+        if n_threads is not None:
+            set_n_threads(self.backend, n_threads)  # where the backend takes a thread count (the CPU's)
         self.block = block
         self._make_tensors()
         self.runner = SingleBackend(self.backend)

@@ -33,8 +33,7 @@ import math
 import numpy as np
 
 from pyggml.alloc import alloc_ctx_tensors_from_buft
-from pyggml.backend import Backend, BufferUsage, tensor_get, tensor_set
-from pyggml.backend.cpu.backend import CpuBackend, set_n_threads
+from pyggml.backend import Backend, BufferUsage, is_cpu, set_n_threads, tensor_get, tensor_set
 from pyggml.core import Context, GGMLType, Graph, Tensor
 from pyggml.core import ops
 from pyggml.core import types as T
@@ -56,7 +55,7 @@ def with_cpu_fallback(backends: list[Backend]) -> tuple[list[Backend], list | No
     """(backends, placement): one backend other than pyggml's CPU gets a CPU backend after it, for the scheduler
     to run the ops it has no kernel for (TORCH_CPU has no im2col), with every block on the first; otherwise
     the backends as given and no placement (planned by free memory when there are several)."""
-    if len(backends) != 1 or isinstance(backends[0], CpuBackend):
+    if len(backends) != 1 or is_cpu(backends[0]):
         return backends, None
     from pyggml.backend import init_by_name
     return [backends[0], init_by_name("CPU")], [(backends[0], None)]
@@ -278,7 +277,7 @@ class WhisperModel:
         """The decoder's backends: on one CPU, a second CPU backend with its own thread count. A step of a few
         tokens is a handful of matrix-vector products, which BLAS threads slow down (they wait for each
         other, badly so on a busy machine); the encoder's large products keep every thread."""
-        if n_threads is None or len(self.backends) > 1 or not isinstance(self.backends[0], CpuBackend):
+        if n_threads is None or len(self.backends) > 1 or not is_cpu(self.backends[0]):
             return self.backends
         backend = self.backends[0].device.init_backend(None)
         set_n_threads(backend, n_threads)

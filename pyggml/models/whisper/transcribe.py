@@ -357,8 +357,7 @@ def load_whisper(model="tiny.en", backend="CPU", f32: bool = False, gelu: str = 
     CPU backends' threads; `flash_attn=False` attends with mul_mat + soft_max instead of flash_attn_ext;
     `audio_ctx_pad=1` attends over the audio's positions alone instead of whisper.cpp's padded 1536 (see
     pyggml.models.whisper.model); `planner` is the GraphAllocator's ("best" or "ggml")."""
-    from pyggml.backend.cpu.backend import CpuBackend, set_n_threads
-    from pyggml.backend.cpu.jit.runtime.compile_cache import load_cached
+    from pyggml.backend import load_kernels, set_n_threads
     from pyggml.models.whisper.reader import load_whisper_file
 
     start = time.perf_counter()
@@ -368,9 +367,9 @@ def load_whisper(model="tiny.en", backend="CPU", f32: bool = False, gelu: str = 
     backends, placement = with_cpu_fallback(backend_list(backend))
     if n_threads is not None:
         for b in backends:
-            if isinstance(b, CpuBackend):
-                set_n_threads(b, n_threads)
-    load_cached()  # the CPU kernels load before the weights are read (see load_cached)
+            set_n_threads(b, n_threads)
+    for b in backends:  # the kernels load before the weights are read (see CPU's compile_cache.load_cached)
+        load_kernels(b)
     w = Whisper(load_whisper_file(model), backends, f32=f32, gelu=gelu, planner=planner, flash_attn=flash_attn,
                 placement=placement, audio_ctx_pad=audio_ctx_pad)
     w.timings.load_s = time.perf_counter() - start

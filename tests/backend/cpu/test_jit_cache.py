@@ -1,43 +1,71 @@
-"""The compiled kernels' cache: cold detection, and emptied when the package's sources change."""
+"""The compiled kernels' cache (kept in the user's cache directory, stale when the sources change), kernels made
+per ggml type, the compile clock, and a model loading its kernels before its first step."""
 
-from pyggml.backend.cpu.jit.runtime import compile_cache
+import os
+import subprocess
+import sys
 
+import numba
+import numpy as np
 
-class _Dispatcher:
-    """Stands for a Numba dispatcher: only the cache paths are read."""
-
-    def __init__(self, directory, index):
-        self._cache = type("Cache", (), {"_cache_path": str(directory)})()
-        self._cache._cache_file = type("File", (), {"_index_path": str(directory / index)})()
-
-
-def test_a_missing_index_means_cold(tmp_path):
-    (tmp_path / "warm.nbi").write_bytes(b"")
-    assert not compile_cache.is_cold([_Dispatcher(tmp_path, "warm.nbi")])
-    assert compile_cache.is_cold([_Dispatcher(tmp_path, "warm.nbi"), _Dispatcher(tmp_path, "cold.nbi")])
+from pyggml.core import jit as core_jit
 
 
-def test_cache_files_go_when_the_fingerprint_differs(tmp_path):
-    kernel = _Dispatcher(tmp_path, "k.nbi")
-    (tmp_path / "k.nbi").write_bytes(b"index")
-    (tmp_path / "k.1.nbc").write_bytes(b"code")
-    compile_cache.drop_stale(kernel)            # no fingerprint yet: emptied, fingerprint written
-    assert not list(tmp_path.glob("*.nb?")) and (tmp_path / compile_cache.FINGERPRINT).exists()
-    (tmp_path / "k.nbi").write_bytes(b"index")
-    compile_cache.drop_stale(kernel)            # same sources: kept
-    assert (tmp_path / "k.nbi").exists()
-    (tmp_path / compile_cache.FINGERPRINT).write_text("sources of another version")
-    compile_cache.drop_stale(kernel)
-    assert not (tmp_path / "k.nbi").exists()
-
-
-def _run(code: str) -> str:
-    import subprocess
-    import sys
-
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+def _run(code: str, **env) -> str:
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **env})
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+def test_the_package_kernels_cache_under_the_cache_root_and_go_stale_with_their_folder(tmp_path):
+    from pyggml.backend.cpu.jit.norm import rms_norm_rows
+
+    locator = rms_norm_rows._cache._impl._locator
+    assert isinstance(locator, core_jit.PackageCacheLocator)
+    assert locator.get_cache_path() == str(core_jit.cache_root() / "backend" / "cpu" / "jit")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    before = core_jit.sources_digest(tmp_path)
+    (tmp_path / "a.py").write_text("x = 2\n")
+    core_jit.sources_digest.cache_clear()
+    assert core_jit.sources_digest(tmp_path) != before
+
+
+def test_the_user_cache_directory_is_the_default(monkeypatch, tmp_path):
+    monkeypatch.setattr(numba.config, "CACHE_DIR", "")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert core_jit.cache_root() == tmp_path / "pyggml" / "numba"
+
+
+def test_the_compile_clock_counts_compiles_and_says_when_one_starts():
+    calls = []
+    core_jit.when_compiling(lambda: calls.append(1))
+    before = core_jit.compile_seconds()
+
+    @numba.njit
+    def fresh(x):
+        return x * 3 + 1
+
+    assert fresh(np.float32(2)) == 7 and fresh(np.float64(2)) == 7
+    assert core_jit.compile_seconds() > before and calls == [1]
+
+
+def test_a_per_type_kernel_compiles_its_own_type_only(tmp_path):
+    """dequantize_rows[Q8_0] in a fresh cache: no other type's dequantizer is compiled."""
+    out = _run("""
+import numpy as np
+from pyggml.backend.cpu.jit import quants
+from pyggml.backend.cpu.jit.mul_mat import dequantize_rows
+from pyggml.core.types import GGMLType
+raw = np.zeros(34, np.uint8); raw[0:2] = np.frombuffer(np.float16(0.5).tobytes(), np.uint8); raw[2:] = 2
+out = np.empty((1, 32), np.float32)
+dequantize_rows(int(GGMLType.Q8_0), raw, np.zeros(1, np.uint64), 1, out)
+others = [n for n in dir(quants) if n.startswith("dequantize_row_") and n != "dequantize_row_q8_0"
+          and getattr(quants, n).signatures]
+print(out[0, 0], len(others))
+""", NUMBA_CACHE_DIR=str(tmp_path))
+    value, others = out.split()
+    assert float(value) == 1.0 and others == "0"
 
 
 def test_a_model_loads_its_kernels_before_its_first_step(tmp_path):
@@ -64,8 +92,7 @@ class Count(event.Listener):
 
 
 def test_load_cached_loads_what_the_disk_cache_holds_once():
-    out = _run("""
-from pyggml.backend.cpu.jit.runtime import compile_cache
+    _run("""
 from pyggml.backend.cpu.jit.norm import rms_norm_rows
 import numpy as np
 x = np.ones((2, 8), np.float32); rms_norm_rows(x, x, np.float32(1e-5))
@@ -78,3 +105,11 @@ print(first, len(rms_norm_rows.overloads), compile_cache.load_cached([rms_norm_r
 """)
     loaded, overloads, again = map(int, out.split())
     assert loaded >= 1 and overloads == loaded and again == 0
+
+
+def test_the_cpu_backend_offers_threads_and_kernel_loading_as_extensions():
+    from pyggml.backend import init_by_name, load_kernels, set_n_threads
+
+    backend = init_by_name("CPU")
+    assert set_n_threads(backend, 3) and backend.n_threads == 3
+    assert load_kernels(backend, [8]) >= 0

@@ -29,7 +29,7 @@ def compiled_and_numpy(build, seed=0, ulps=0, rel=0.0):
     node = build(ctx)
     rng = np.random.default_rng(seed)
     for s in node.srcs:
-        if s.view_src is None and s.type in (G.F32, G.F16) and not host_ndarray(s).any():
+        if s.view_src is None and (s.type in (G.F32, G.F16, G.Q8_0, G.Q4_0)) and not host_ndarray(s).any():
             fill_random(s, rng)
     kernel = kernels.KERNELS[node.op]
     call = kernels.bound(node, kernel)
@@ -226,6 +226,33 @@ def test_set_rows(dst_type, ids_type, row):
     compiled_and_numpy(build)
 
 
+@pytest.mark.parametrize("dst_type", [G.Q8_0, G.Q4_0], ids=str)
+def test_set_rows_into_quantized_rows_is_ggmls_quantize_row(dst_type):
+    """The compiled quantize_row_q8_0 / quantize_row_q4_0 (a quantized KV cache write) against the NumPy
+    kernel's (gguf's reference quantizers): the same blocks, but for a quant that a tie or the last bit of the
+    scale's reciprocal rounds the other way (one step of d)."""
+    from pyggml.core import types as T
+
+    ctx = Context()
+    dst = ctx.new_tensor(dst_type, (64, 10))
+    src = ctx.new_tensor(G.F32, (64, 4))
+    host_ndarray(src)[...] = np.random.default_rng(1).normal(0, 2, (4, 64)).astype(np.float32)
+    ids = ctx.tensor_from_numpy(np.array([7, 0, 3, 9], np.int64))
+    node = ops.set_rows(ctx, dst, src, ids)
+    call = kernels.bound(node, kernels.KERNELS[node.op])
+    assert not isinstance(call, functools.partial), "not bound to a compiled call"
+    call()
+    got = host_ndarray(dst).reshape(10, -1).copy()
+    host_ndarray(dst)[...] = 0
+    kernels.KERNELS[node.op].fn(node)
+    want = host_ndarray(dst).reshape(10, -1).copy()
+    assert not got[[1, 2, 4, 5, 6, 8]].any()
+    got_values, want_values = (T.to_float(dst_type, x).reshape(10, 64) for x in (got, want))
+    step = np.repeat(np.abs(want_values).reshape(-1, 32).max(-1) / (127 if dst_type == G.Q8_0 else 8), 32)
+    assert np.all(np.abs(got_values - want_values).reshape(-1) <= step * 1.001)
+    assert np.mean(got_values == want_values) > 0.99
+
+
 def test_set_rows_out_of_range_raises_and_writes_nothing():
     ctx = Context()
     dst = ctx.new_tensor(G.F32, (4, 3))
@@ -248,16 +275,20 @@ def test_set_rows_out_of_range_raises_and_writes_nothing():
     dict(d=32, n_head=6, n_head_kv=2, n_kv=24, n_tok=20, kv_type=G.F16, q_type=G.F16),
     dict(d=16, n_head=4, n_head_kv=2, n_kv=12, n_tok=12, softcap=20.0, max_bias=8.0, sinks=True, ne3=2),
     dict(d=16, n_head=4, n_head_kv=4, n_kv=12, n_tok=12, fully_masked_row=True),
-    dict(d=64, n_head=6, n_head_kv=6, n_kv=1100, n_tok=1, mask=False, kv_type=G.F16, permuted=True)], ids=str)
+    dict(d=64, n_head=6, n_head_kv=6, n_kv=1100, n_tok=1, mask=False, kv_type=G.F16, permuted=True),
+    # a quantized KV cache (llama.cpp's -ctk / -ctv): rows dequantized by the type's compiled kernel first
+    dict(d=64, n_head=4, n_head_kv=2, n_kv=40, n_tok=1, kv_type=G.Q8_0),
+    dict(d=32, n_head=2, n_head_kv=1, n_kv=17, n_tok=3, kv_type=G.Q4_0, sinks=True),
+    dict(d=64, n_head=4, n_head_kv=4, n_kv=9, n_tok=2, kv_type=G.Q8_0, v_type=G.F16)], ids=str)
 def test_flash_attn_ext(case):
     def build(ctx, d, n_head, n_head_kv, n_kv, n_tok, kv_type=G.F32, q_type=G.F32, mask=True, ne3=1,
-              softcap=0.0, max_bias=0.0, sinks=False, permuted=False, fully_masked_row=False):
+              softcap=0.0, max_bias=0.0, sinks=False, permuted=False, fully_masked_row=False, v_type=None):
         q = ctx.new_tensor(q_type, (d, n_tok, n_head, ne3))
         if permuted:  # K and V as views of [d, head, kv] memory (a cross-attention cache): rows strided by heads
             k, v = (ops.permute(ctx, ctx.new_tensor(kv_type, (d, n_head_kv, n_kv, ne3)), 0, 2, 1, 3) for _ in "kv")
         else:
             k = ctx.new_tensor(kv_type, (d, n_kv, n_head_kv, ne3))
-            v = ctx.new_tensor(kv_type, (d, n_kv, n_head_kv, ne3))
+            v = ctx.new_tensor(v_type or kv_type, (d, n_kv, n_head_kv, ne3))
         m = None
         if mask:
             m = ctx.new_tensor(G.F16, (n_kv, n_tok))

@@ -16,9 +16,9 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from pyggml.backend.cpu.jit import jit, parallel_jit
-from pyggml.backend.cpu.jit.runtime.compile_cache import drop_stale
+from pyggml.backend.cpu.jit import PerType, jit, parallel_jit
 from pyggml.backend.cpu.jit.f16 import widen
+from pyggml.backend.cpu.jit.reduce import dot_f32
 from pyggml.backend.cpu.jit.quants import _F16, _Q4_0, _Q4_1, _Q4_K, _Q5_0, _Q5_K, _Q6_K, _Q8_0, U, dequantize_row
 from pyggml.backend.cpu.jit.vec_dot import (F32, FASTMATH, vec_dot_f16_f32, vec_dot_q4_0_f32, vec_dot_q4_1_f32,
                                             vec_dot_q4_K_f32, vec_dot_q5_0_f32, vec_dot_q5_K_f32, vec_dot_q6_K_f32,
@@ -35,7 +35,7 @@ def _rows_dot(dot, src, base, row_stride, r0, r1, nb, x, y):
             y[c, r] = dot(src, row, x[c], U(0), U(nb))
 
 
-@jit(fastmath=FASTMATH)
+@jit(inline="always")
 def _dequantized_rows_times_columns(qtype, src, base, row_stride, r0, r1, nb, x, y):
     """The same for a type without a row dot: each row through a float32 row."""
     ncols, k = x.shape
@@ -43,13 +43,10 @@ def _dequantized_rows_times_columns(qtype, src, base, row_stride, r0, r1, nb, x,
     for r in range(U(r0), U(r1)):
         dequantize_row(qtype, src, U(base) + r * U(row_stride), values, U(0), U(nb))
         for c in range(U(ncols)):
-            acc = np.float32(0.0)
-            for j in range(U(k)):
-                acc += values[j] * x[c, j]
-            y[c, r] = acc
+            y[c, r] = dot_f32(x[c], values, U(0))
 
 
-@jit
+@jit(inline="always")
 def _rows_times_columns(qtype, src, base, row_stride, r0, r1, nb, x, y):
     """y[c, r] = dot(row r of ggml type qtype at byte base + r·row_stride of src, x[c]) for r in [r0, r1): in
     registers with the type's row dot (vec_dot.py) where it has one, else through a float32 row. The type is
@@ -75,19 +72,24 @@ def _rows_times_columns(qtype, src, base, row_stride, r0, r1, nb, x, y):
         _dequantized_rows_times_columns(qtype, src, base, row_stride, r0, r1, nb, x, y)
 
 
-@parallel_jit
-def mul_mat_vec(qtype, src, planes, row_stride, nrows, nb, x, y, bands):
-    """y[i, c, r] = dot(row r of weight plane i, x[i, c]) for every plane i, column c and row r < nrows.
+def _mul_mat_vec(qtype: int):
+    @parallel_jit
+    def mul_mat_vec(src, planes, row_stride, nrows, nb, x, y, bands):
+        per = (nrows + bands - 1) // bands
+        for task in prange(planes.shape[0] * bands):
+            plane, band = task // bands, task % bands
+            _rows_times_columns(qtype, src, planes[plane], row_stride, min(nrows, band * per),
+                                min(nrows, (band + 1) * per), nb, x[plane], y[plane])
+    return mul_mat_vec
 
-    Row r of plane i starts at byte planes[i] + r·row_stride of src and holds nb blocks of ggml type qtype;
-    `bands` row bands per plane are shared out over the threads (more bands than threads balances a busy
-    machine).
-    """
-    per = (nrows + bands - 1) // bands
-    for task in prange(planes.shape[0] * bands):
-        plane, band = task // bands, task % bands
-        _rows_times_columns(qtype, src, planes[plane], row_stride, min(nrows, band * per),
-                            min(nrows, (band + 1) * per), nb, x[plane], y[plane])
+
+mul_mat_vec = PerType(_mul_mat_vec)
+"""mul_mat_vec(qtype, src, planes, row_stride, nrows, nb, x, y, bands): y[i, c, r] = dot(row r of weight plane i,
+x[i, c]) for every plane i, column c and row r < nrows.
+
+Row r of plane i starts at byte planes[i] + r·row_stride of src and holds nb blocks of ggml type qtype;
+`bands` row bands per plane are shared out over the threads (more bands than threads balances a busy
+machine)."""
 
 
 @jit(fastmath=FASTMATH)
@@ -128,11 +130,14 @@ def mul_mat_float_columns(a, planes, row_stride, nrows, k, x, y, bands):
                                   min(nrows, (band + 1) * per), k, x[plane], y[plane])
 
 
-@jit
-def dequantize_rows(qtype, src, rows, nb, out):
-    """out[i] = the values of the row at byte rows[i] of src (nb blocks each): tiles and get_rows."""
-    for i in range(U(rows.shape[0])):
-        dequantize_row(qtype, src, U(rows[i]), out[i], U(0), U(nb))
+def _dequantize_rows(qtype: int):
+    @jit
+    def dequantize_rows(src, rows, nb, out):
+        for i in range(U(rows.shape[0])):
+            dequantize_row(qtype, src, U(rows[i]), out[i], U(0), U(nb))
+    return dequantize_rows
 
 
-drop_stale(mul_mat_vec)
+dequantize_rows = PerType(_dequantize_rows)
+"""dequantize_rows(qtype, src, rows, nb, out): out[i] = the values of the row at byte rows[i] of src (nb blocks
+each): tiles and get_rows."""

@@ -296,7 +296,7 @@ _Q2_K, _Q3_K, _Q4_K, _Q5_K, _Q6_K, _IQ4_NL, _IQ4_XS = (int(t) for t in (G.Q2_K, 
 _MXFP4 = int(G.MXFP4)
 
 
-@jit
+@jit(inline="always")
 def dequantize_row(qtype, src, p, dst, o, nb):
     """The values of `nb` blocks of ggml type `qtype` at byte p of src, written to dst from element o."""
     if qtype == _Q8_0:

@@ -26,7 +26,7 @@ import functools
 import numpy as np
 from numba import prange
 
-from pyggml.backend.cpu.jit import PARALLEL_LAUNCH, jit, parallel_jit
+from pyggml.backend.cpu.jit import PARALLEL_LAUNCH, PerType, jit, parallel_jit
 from pyggml.backend.cpu.jit.f16 import f16_bits
 from pyggml.backend.cpu.jit.floatbits import f16_to_f32
 from pyggml.backend.cpu.jit.ir.vnni_ir import (FORMATS, ROWS, tile_iq4_nl, tile_mxfp4, tile_q4_0, tile_q4_1, tile_q5_0,
@@ -190,22 +190,26 @@ def _tile_q8_0(qtype, w, start, nb, xq, xd, xs, xm, n, y, yo, ys):
         tile_iq4_nl(w, start, nb, xq, xd, xs, xm, n, y, yo, ys)
 
 
-@parallel_jit
-def gemm_16x4_q8_0(qtype: np.intp, w: np.ndarray, firsts: np.ndarray, nb: np.intp, n_groups: np.intp,
-                   xq: np.ndarray, xd: np.ndarray, xs: np.ndarray, xm: np.ndarray, starts: np.ndarray,
-                   y: np.ndarray) -> None:
-    """y (starts[-1], n_groups·16): row t in starts[i] .. starts[i+1] - 1 = the 16x4 matrix of qtype at byte
-    firsts[i] of w times Q8_0 token t; the (segment, row group) pairs split over the threads (each group's 16 rows
-    stay in L1 while the segment's tokens pass)."""
-    ys = y.shape[1]
-    flat = y.reshape(-1)
-    group_bytes = nb * ROWS * BLOCK_BYTES[qtype]
-    for task in prange((starts.shape[0] - 1) * n_groups):
-        i, g = task // n_groups, task % n_groups
-        t0, n = starts[i], starts[i + 1] - starts[i]
-        at = t0 * nb
-        _tile_q8_0(qtype, w, firsts[i] + g * group_bytes, nb, xq[at * 32:], xd[at:], xs[at:], xm[at:], n, flat,
-                   t0 * ys + g * ROWS, ys)
+def _gemm_16x4_q8_0(qtype: int):
+    @parallel_jit
+    def gemm_16x4_q8_0(w, firsts, nb, n_groups, xq, xd, xs, xm, starts, y):
+        ys = y.shape[1]
+        flat = y.reshape(-1)
+        group_bytes = nb * ROWS * BLOCK_BYTES[qtype]
+        for task in prange((starts.shape[0] - 1) * n_groups):
+            i, g = task // n_groups, task % n_groups
+            t0, n = starts[i], starts[i + 1] - starts[i]
+            at = t0 * nb
+            _tile_q8_0(qtype, w, firsts[i] + g * group_bytes, nb, xq[at * 32:], xd[at:], xs[at:], xm[at:], n, flat,
+                       t0 * ys + g * ROWS, ys)
+    return gemm_16x4_q8_0
+
+
+gemm_16x4_q8_0 = PerType(_gemm_16x4_q8_0)
+"""gemm_16x4_q8_0(qtype, w, firsts, nb, n_groups, xq, xd, xs, xm, starts, y): y (starts[-1], n_groups·16): row t
+in starts[i] .. starts[i+1] - 1 = the 16x4 matrix of qtype at byte firsts[i] of w times Q8_0 token t; the
+(segment, row group) pairs split over the threads (each group's 16 rows stay in L1 while the segment's tokens
+pass)."""
 
 
 @jit
@@ -279,16 +283,21 @@ def _tile_q8_K(qtype, w, start, nb, xq, xd, xb, n, y, yo, ys):
         tile_iq4_xs(w, start, nb, xq, xd, xb, n, y, yo, ys)
 
 
-@parallel_jit
-def gemm_16x4_q8_K(qtype: np.intp, w: np.ndarray, firsts: np.ndarray, nb: np.intp, n_groups: np.intp,
-                   xq: np.ndarray, xd: np.ndarray, xb: np.ndarray, starts: np.ndarray, y: np.ndarray) -> None:
-    """gemm_16x4_q8_0 for a K-quant qtype against Q8_K tokens (segments as there)."""
-    ys = y.shape[1]
-    flat = y.reshape(-1)
-    group_bytes = nb * K_GROUP_BLOCK[qtype]
-    for task in prange((starts.shape[0] - 1) * n_groups):
-        i, g = task // n_groups, task % n_groups
-        t0, n = starts[i], starts[i + 1] - starts[i]
-        at = t0 * nb
-        _tile_q8_K(qtype, w, firsts[i] + g * group_bytes, nb, xq[at * 256:], xd[at:], xb[at * 16:], n, flat,
-                   t0 * ys + g * ROWS, ys)
+def _gemm_16x4_q8_K(qtype: int):
+    @parallel_jit
+    def gemm_16x4_q8_K(w, firsts, nb, n_groups, xq, xd, xb, starts, y):
+        ys = y.shape[1]
+        flat = y.reshape(-1)
+        group_bytes = nb * K_GROUP_BLOCK[qtype]
+        for task in prange((starts.shape[0] - 1) * n_groups):
+            i, g = task // n_groups, task % n_groups
+            t0, n = starts[i], starts[i + 1] - starts[i]
+            at = t0 * nb
+            _tile_q8_K(qtype, w, firsts[i] + g * group_bytes, nb, xq[at * 256:], xd[at:], xb[at * 16:], n, flat,
+                       t0 * ys + g * ROWS, ys)
+    return gemm_16x4_q8_K
+
+
+gemm_16x4_q8_K = PerType(_gemm_16x4_q8_K)
+"""gemm_16x4_q8_K(qtype, w, firsts, nb, n_groups, xq, xd, xb, starts, y): gemm_16x4_q8_0 for a K-quant qtype
+against Q8_K tokens (segments as there)."""

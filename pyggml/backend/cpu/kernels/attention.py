@@ -12,9 +12,11 @@ import math
 import numpy as np
 
 from pyggml.backend.cpu.jit.attention import exp_score_rows, flash_attn_rows
+from pyggml.backend.cpu.jit.mul_mat import dequantize_rows
 from pyggml.backend.cpu.jit.rope import rope_rows
 from pyggml.backend.cpu.jit.softmax import soft_max_rows
 from pyggml.backend.cpu.kernels import kernel
+from pyggml.backend.cpu.kernels._blocks import blocks_per_row, in_blocks, memory_of
 from pyggml.backend.cpu.kernels._common import as_f32, overlap, store, view
 from pyggml.backend.cpu.kernels._dequant_cache import dequantizable
 from pyggml.core.ops.attention import RopeType, rope_yarn_corr_dims
@@ -308,13 +310,54 @@ COMPILED_ATTN_KEYS = 1024  # more keys than this: BLAS's products too (a reducti
                            # Whisper's cross-attention over 1500 positions, 38 -> 25 ms for 7 s of tiny.en)
 
 
+def _dequantizing(t: Tensor):
+    """For a quantized 3-D K or V view ([d, n_kv, n_head_kv], rows of whole blocks): (a float32 array of its
+    values (1, n_head_kv, n_kv, d), a call that fills it with the tensor's current values through the type's
+    compiled dequantizer), as ggml's flash attention reads a quantized cache row by row in float32."""
+    src, first = memory_of(t)
+    j, h = np.arange(t.ne[1])[None, :], np.arange(t.ne[2])[:, None]
+    rows = (first + j * t.nb[1] + h * t.nb[2]).reshape(-1).astype(np.uint64)
+    values = np.empty((1, t.ne[2], t.ne[1], t.ne[0]), np.float32)
+    fill = functools.partial(dequantize_rows[int(t.type)], src, rows, blocks_per_row(t), values.reshape(-1, t.ne[0]))
+    return values, fill
+
+
+def _bind_quantized_flash_attn(dst: Tensor):
+    """flash_attn_ext over a quantized K or V (a quantized KV cache, as llama.cpp's -ctk / -ctv) for a few
+    query rows (generation): their rows dequantized to float32 first, then the compiled attention."""
+    q, k, v, mask, sinks = dst.src[:5]
+    if (q.ne[1] > COMPILED_ATTN_TOKENS or k.ne[1] > COMPILED_ATTN_KEYS or q.ne[3] != 1
+            or not all(t.type in (F32, F16) or in_blocks(t) for t in (k, v))):
+        return None
+    parts = [_dequantizing(t) if t.type not in (F32, F16) else (_bits_or_f32(t), None) for t in (k, v)]
+    fills = [fill for _, fill in parts if fill is not None]
+    scale, max_bias, softcap = (dst.op_params_f32(i) for i in range(3))
+    qs, out = _bits_or_f32(q), view(dst)
+    m = _bits_or_f32(mask) if mask is not None else NO_MASK
+    sink = view(sinks).reshape(-1) if sinks is not None else NO_SINKS
+    if any(np.may_share_memory(out, x) for x in (qs, m, sink, *(a for a, fill in parts if fill is None))):
+        return None  # planned memory shared with the result: the NumPy kernel
+    bound = functools.partial(flash_attn_rows, qs, *_flat_rows(parts[0][0]), *_flat_rows(parts[1][0]),
+                              np.array([k.ne[2], k.ne[1], v.ne[0]], np.int64), m, sink,
+                              alibi_slopes(q.ne[2], max_bias), out,
+                              np.float32(scale / softcap if softcap != 0.0 else scale), np.float32(softcap))
+
+    def call() -> None:
+        for fill in fills:
+            fill()
+        bound()
+    return call
+
+
 def _bind_flash_attn(dst: Tensor):
     """The compiled attention for F32 or F16 q, K, V and mask: all of it for a few query rows over a few
     keys (generation), else BLAS products around the compiled exp rows, one K/V head at a time (a score
     matrix per head, not per layer)."""
     q, k, v, mask, sinks = dst.src[:5]
-    if any(t is not None and t.type not in (F32, F16) for t in (q, k, v, mask)):
+    if any(t is not None and t.type not in (F32, F16) for t in (q, mask)):
         return None
+    if k.type not in (F32, F16) or v.type not in (F32, F16):
+        return _bind_quantized_flash_attn(dst)
     scale, max_bias, softcap = (dst.op_params_f32(i) for i in range(3))
     pre_scale = np.float32(scale / softcap if softcap != 0.0 else scale)
     out = view(dst)

@@ -175,16 +175,16 @@ def _get_rows_blocks(dst: Tensor, ids: np.ndarray) -> None:
 
 
 def _bind_set_rows(dst: Tensor):
-    """The compiled row scatter for one plane into F32 or F16 rows (a KV cache write)."""
+    """The compiled row scatter for one plane into F32, F16, Q8_0 or Q4_0 rows (a KV cache write)."""
     src, ids = dst.src[0], dst.src[1]
-    if dst.type not in (G.F32, G.F16) or src.ne[2] != 1 or src.ne[3] != 1 or ids.ne[1] != 1 or ids.ne[2] != 1:
+    scatter = _COMPILED_SET_ROWS.get(dst.type)
+    if scatter is None or src.ne[2] != 1 or src.ne[3] != 1 or ids.ne[1] != 1 or ids.ne[2] != 1:
         return None
     rows, out = rows_2d(view(src)), rows_2d(view(dst))
     if rows is None or out is None or np.may_share_memory(out, rows):
         return None
-    scatter = jit_rows.set_rows_f32
     if dst.type == G.F16:
-        out, scatter = out.view(np.uint16), jit_rows.set_rows_f16
+        out = out.view(np.uint16)
     row_ids = view(ids)[0, 0, 0]
 
     def call():
@@ -192,6 +192,10 @@ def _bind_set_rows(dst: Tensor):
             set_rows(dst)  # reports the ids out of range
 
     return call
+
+
+_COMPILED_SET_ROWS = {G.F32: jit_rows.set_rows_f32, G.F16: jit_rows.set_rows_f16, G.Q8_0: jit_rows.set_rows_q8_0,
+                      G.Q4_0: jit_rows.set_rows_q4_0}
 
 
 @kernel(Op.SET_ROWS, supports=lambda t: t.src[0].type == G.F32 and t.src[1].type in (G.I32, G.I64) and (

@@ -138,7 +138,7 @@ def _matvec_call(a: Tensor, src: np.ndarray, planes: np.ndarray, x: np.ndarray, 
         values = src[: src.size // size * size].view(np.float32 if a.type == T.GGMLType.F32 else np.uint16)
         kernel_, args = mul_mat_float_columns, (values, planes // size, a.nb[1] // size, a.ne[1], a.ne[0], x, y)
     else:
-        kernel_, args = mul_mat_vec, (int(a.type), src, planes, a.nb[1], a.ne[1], blocks_per_row(a), x, y)
+        kernel_, args = mul_mat_vec[int(a.type)], (src, planes, a.nb[1], a.ne[1], blocks_per_row(a), x, y)
     on_threads = functools.partial(kernel_, *args, max(1, min(THREADS_MAX * BANDS_PER_THREAD, a.ne[1] // 16)))
 
     def call() -> None:
@@ -206,19 +206,22 @@ def _integer_call(a: Tensor, firsts: np.ndarray, starts: np.ndarray, x: np.ndarr
         held, _Q8.held = _Q8.held, key
         return key is not None and held is not None and held[0] is b and held[1:] == key[1:]
 
+    gemm_q8_0 = gemm_16x4_q8_0[qtype] if qtype not in K_FORMATS else None  # the type's kernel, looked up once
+    gemm_q8_K = gemm_16x4_q8_K[qtype] if qtype in K_FORMATS else None
+
     def call_q8_0() -> None:
         with PARALLEL_LAUNCH:
             xq, xd, xs, xm = _Q8.q8_0(n, k)
             if not quantized("q8_0"):
                 quantize_q8_0(x, xq, xd, xs, xm)
-            gemm_16x4_q8_0(qtype, w, firsts, k // 32, groups, xq, xd, xs, xm, starts, y)
+            gemm_q8_0(w, firsts, k // 32, groups, xq, xd, xs, xm, starts, y)
 
     def call_q8_K() -> None:
         with PARALLEL_LAUNCH:
             xq, xd, xb = _Q8.q8_K(n, k)
             if not quantized("q8_K"):
                 quantize_q8_K(x, xq, xd, xb)
-            gemm_16x4_q8_K(qtype, w, firsts, k // 256, groups, xq, xd, xb, starts, y)
+            gemm_q8_K(w, firsts, k // 256, groups, xq, xd, xb, starts, y)
 
     return call_q8_K if qtype in K_FORMATS else call_q8_0
 

@@ -1,0 +1,160 @@
+"""Compiling with Numba: the decorators every compiled function of the package uses, their on-disk cache, kernels
+made once per ggml type, and a clock of the time spent compiling.
+
+Kernels compile on first call and are cached on disk (`cache=True`), so only the first process pays for them.
+The cache lives in the user's cache directory ($NUMBA_CACHE_DIR, else $XDG_CACHE_HOME/pyggml/numba, else
+~/.cache/pyggml/numba), not beside the installed sources, so that a reinstall of the same sources keeps it. A
+cached kernel is valid for the exact sources of its own folder and of the CPU backend's kernels (a kernel carries
+the code of the functions it calls from other modules: an edit to quants.py must recompile mul_mat.py's kernels
+too), for this Numba and this CPU.
+Division follows C and NumPy (error_model "numpy": x / 0 gives inf or NaN, no exception, no check).
+
+This module is below every layer (core): the memory planner (alloc) and the CPU backend both compile with it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import numba
+from numba.core import caching, config, event
+
+jit = functools.partial(numba.njit, cache=True, nogil=True, error_model="numpy")
+parallel_jit = functools.partial(numba.njit, cache=True, nogil=True, error_model="numpy", parallel=True)
+
+PACKAGE = Path(__file__).resolve().parents[1]
+SHARED_KERNELS = PACKAGE / "backend" / "cpu" / "jit"  # the kernels whose code others inline or call
+
+
+def cache_root() -> Path:
+    """Where compiled kernels are kept: $NUMBA_CACHE_DIR/pyggml if set (the tests' own), else the user's cache."""
+    if config.CACHE_DIR:
+        return Path(config.CACHE_DIR) / "pyggml"
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "pyggml" / "numba"
+
+
+@functools.lru_cache(maxsize=None)
+def sources_digest(folder: Path) -> str:
+    """SHA-1 of every .py file under `folder` (names and contents), once per process."""
+    digest = hashlib.sha1()
+    for source in sorted(folder.rglob("*.py")):
+        digest.update(str(source.relative_to(folder)).encode() + source.read_bytes())
+    return digest.hexdigest()
+
+
+class PackageCacheLocator(caching._CacheLocator):
+    """Numba's cache for this package's functions: a folder per source folder under cache_root(), valid while the
+    sources of the function's folder and of the shared kernels are unchanged (Numba's own stamp covers the
+    function's file alone)."""
+
+    def __init__(self, py_func, py_file: str):
+        self._folder = Path(py_file).resolve().parent
+        self._lineno = py_func.__code__.co_firstlineno
+        self._cache_path = str(cache_root() / self._folder.relative_to(PACKAGE))
+
+    def get_cache_path(self) -> str:
+        return self._cache_path
+
+    def get_source_stamp(self):
+        return sources_digest(self._folder), sources_digest(SHARED_KERNELS)
+
+    def get_disambiguator(self) -> str:
+        return str(self._lineno)
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        try:
+            Path(py_file).resolve().relative_to(PACKAGE)
+        except ValueError:
+            return None  # not this package's: Numba's own locators
+        locator = cls(py_func, py_file)
+        try:
+            locator.ensure_cache_path()
+        except OSError:
+            return None  # an unwritable cache: Numba's own locators, or no cache
+        return locator
+
+
+if PackageCacheLocator not in caching.CacheImpl._locator_classes:
+    caching.CacheImpl._locator_classes.insert(0, PackageCacheLocator)
+
+
+class PerType:
+    """A kernel made and compiled once per ggml type, the type a constant of its code: `make(qtype)` returns a
+    compiled function whose body passes the closure's `qtype` to inlined (inline="always") functions that
+    switch on it. Numba prunes the branches of the other types before it types anything, so a model compiles
+    the dequantizers and dot products of its own types only (all fifteen types' took 8 of a first run's 19
+    seconds of compilation). The closure's constant is part of the cached kernel's key.
+
+    `kernel(qtype, *args)` calls the type's kernel; `kernel[qtype]` is that kernel (a Numba dispatcher)."""
+
+    def __init__(self, make: Callable[[int], Callable]):
+        self._make = make
+        self._made: dict[int, Callable] = {}
+        self._lock = threading.Lock()
+        functools.update_wrapper(self, make)
+
+    def __getitem__(self, qtype: int):
+        try:
+            return self._made[qtype]
+        except KeyError:
+            with self._lock:
+                return self._made.setdefault(int(qtype), self._make(int(qtype)))
+
+    def __call__(self, qtype: int, *args):
+        return self[qtype](*args)
+
+    def made(self) -> list:
+        """The types' kernels made so far."""
+        return list(self._made.values())
+
+
+class CompileClock(event.Listener):
+    """Seconds spent compiling (not loading cached kernels) in this process, outermost compiles only; callbacks
+    asked when a compile starts (so that a command can say, once, why its first step is slow)."""
+
+    def __init__(self):
+        self.seconds = 0.0
+        self.compiles = 0
+        self.on_first_compile: list[Callable[[], None]] = []
+        self._local = threading.local()
+        self._lock = threading.Lock()
+
+    def on_start(self, ev) -> None:
+        depth = getattr(self._local, "depth", 0)
+        self._local.depth = depth + 1
+        if depth == 0:
+            self._local.start = time.perf_counter()
+            with self._lock:
+                callbacks, self.on_first_compile = self.on_first_compile, []
+            for callback in callbacks:
+                callback()
+
+    def on_end(self, ev) -> None:
+        self._local.depth -= 1
+        if self._local.depth == 0:
+            with self._lock:
+                self.seconds += time.perf_counter() - self._local.start
+                self.compiles += 1
+
+
+COMPILE_CLOCK = CompileClock()
+event.register("numba:compile", COMPILE_CLOCK)
+
+
+def compile_seconds() -> float:
+    """Seconds this process has spent compiling kernels so far (cache loads excluded)."""
+    return COMPILE_CLOCK.seconds
+
+
+def when_compiling(callback: Callable[[], None]) -> None:
+    """callback() once, when the next compile starts (never if everything comes from the cache)."""
+    with COMPILE_CLOCK._lock:
+        COMPILE_CLOCK.on_first_compile.append(callback)
