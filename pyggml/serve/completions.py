@@ -321,18 +321,23 @@ async def complete(state: ServerState, job: Job, model_id: str, disconnected) ->
                 else:
                     outputs[i].add(event)
 
-        work, watcher = asyncio.ensure_future(collect()), asyncio.ensure_future(disconnected())
-        try:
-            await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            if not work.done():
-                raise ClientGone()
-            work.result()  # its TimeoutError or APIError
-        finally:
-            for task in (work, watcher):
-                task.cancel()
-            await asyncio.gather(work, watcher, return_exceptions=True)
+        await unless_gone(collect(), disconnected)
         run.outcome = "completed"
     return _response(job, model_id, outputs)
+
+
+async def unless_gone(work, disconnected):
+    """Await `work` unless the client goes away first (then ClientGone); its TimeoutError or APIError pass on."""
+    work, watcher = asyncio.ensure_future(work), asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if not work.done():
+            raise ClientGone()
+        return work.result()
+    finally:
+        for task in (work, watcher):
+            task.cancel()
+        await asyncio.gather(work, watcher, return_exceptions=True)
 
 
 def _response(job: Job, model_id: str, outputs: list[ChoiceOutput]) -> dict:

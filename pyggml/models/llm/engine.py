@@ -202,9 +202,11 @@ class Engine:
     def __init__(self, model, n_slots: int = 4):
         if isinstance(n_slots, bool) or not isinstance(n_slots, Integral) or n_slots < 1:
             raise ParameterError(f"n_slots must be a positive integer, got {n_slots!r}")
-        model.reset()
-        if model.n_seq_max < n_slots:
-            model.set_n_seq_max(n_slots)
+        self.generates = model.kv is not None  # an encoder (an embedder, a reranker) only serves calls
+        if self.generates:
+            model.reset()
+            if model.n_seq_max < n_slots:
+                model.set_n_seq_max(n_slots)
         self.model = model
         self.n_slots = n_slots
         self.slots = [Slot(i) for i in range(n_slots)]
@@ -212,7 +214,7 @@ class Engine:
         self._calls: deque = deque()
         self._cv = threading.Condition()
         self._closed = False
-        self._stats = EngineStats(slots_total=n_slots, kv_cells_total=model.cells.size)
+        self._stats = EngineStats(slots_total=n_slots, kv_cells_total=model.cells.size if self.generates else 0)
         self._outbox: dict = {}  # event loop -> [(asyncio.Queue, event)] of this step (engine thread only)
         self._thread = threading.Thread(target=self._loop, name="pyggml-engine", daemon=True)
         self._thread.start()
@@ -278,6 +280,8 @@ class Engine:
         if not isinstance(r, Request):
             raise ParameterError(f"submit takes a Request, got {type(r).__name__}")
         n_vocab, n_ctx = self.model.n_vocab, self.model.n_ctx
+        if not self.generates:
+            raise ParameterError(f"{self.model.architecture} is an embedding model: it generates no text")
         if not isinstance(r.prompt, (list, tuple)) or not r.prompt:
             raise ParameterError("Request.prompt must be a non-empty list of token ids")
         if not all(isinstance(t, Integral) and not isinstance(t, bool) and 0 <= t < n_vocab for t in r.prompt):
@@ -333,13 +337,14 @@ class Engine:
         for _, future in calls:
             future.cancel()
         self._flush()
-        self.model.reset()  # the kept prefixes too: a closed engine leaves no cell in use
+        if self.generates:
+            self.model.reset()  # the kept prefixes too: a closed engine leaves no cell in use
 
     def _update_stats(self) -> None:
         with self._cv:
             self._stats.slots_busy = len(self._busy())
             self._stats.queued = len(self._queue)
-            self._stats.kv_cells_used = self.model.cells.used
+            self._stats.kv_cells_used = self.model.cells.used if self.generates else 0
 
     def _drop_cancelled(self) -> None:
         with self._cv:
