@@ -18,6 +18,14 @@ finds the cache full, and no result is cut short by another request. `max_tokens
 the request's share of the context, max(n_ctx / n_slots, prompt + 1) tokens in all (llama-server's
 per-slot context).
 
+Context shift (llama-server's --context-shift, `context_shift=True`): a request may generate past its share of
+the context. When its sequence holds share - 1 tokens, the oldest half after its first n_keep tokens (the BOS
+too) is dropped and the later ones move down (seq_rm, then seq_add: their cached keys are rotated to the new
+positions), and generation goes on; `max_tokens = -1` then runs until EOS. A shifting slot never shares cells
+with another (a move would move the other's too): prefixes are reused only from an idle slot's own cells, and
+a shifted sequence's cells are freed when it ends (its moved tokens were computed over the dropped ones, so
+they are no prompt's prefix).
+
 Every sampled token is streamed as a Token event, the end-of-generation token too (its text is what was
 still held back, usually ""); the texts of a request's Token events add up to its output text, stop string
 excluded. A callback (logits_processor, on_token) that raises ends its request with Done("error").
@@ -28,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import queue
+import sys
 import threading
 import time
 from collections import deque
@@ -54,6 +63,7 @@ class Request:
     n_probs: int = 0
     logits_processor: Callable[[list[int], np.ndarray], None] | None = None
     on_token: Callable[[int], None] | None = None
+    n_keep: int = 0                 # context shift: prompt tokens always kept (-1: all), besides the BOS
 
 
 @dataclass
@@ -71,6 +81,7 @@ class Done:
     cached_tokens: int
     completion_tokens: int
     error: str | None = None
+    truncated: bool = False         # the context was shifted: the oldest tokens were dropped
 
 
 Event = Union[Token, Done]
@@ -154,6 +165,8 @@ class Slot:
     pending: int | None = None      # the last sampled token, fed with the next step
     sampler: Sampler | None = None
     sent: int = 0                   # characters of the generated text streamed
+    n_ctx: int = 0                  # context shift: the positions it holds at most before a shift
+    truncated: bool = False
 
     @property
     def prompt(self) -> list[int]:
@@ -199,7 +212,7 @@ def top_tokens(x: np.ndarray, n: int) -> np.ndarray:
 class Engine:
     """Owns `model` on a thread of its own and serves submitted requests in n_slots parallel sequences."""
 
-    def __init__(self, model, n_slots: int = 4):
+    def __init__(self, model, n_slots: int = 4, context_shift: bool = False):
         if isinstance(n_slots, bool) or not isinstance(n_slots, Integral) or n_slots < 1:
             raise ParameterError(f"n_slots must be a positive integer, got {n_slots!r}")
         self.generates = model.kv is not None  # an encoder (an embedder, a reranker) only serves calls
@@ -207,8 +220,12 @@ class Engine:
             model.reset()
             if model.n_seq_max < n_slots:
                 model.set_n_seq_max(n_slots)
+        if context_shift and not model.arch.shiftable:
+            raise ParameterError(f"context shift: {model.architecture} cannot move cached positions (its keys do "
+                                 f"not carry their position as a RoPE rotation)")
         self.model = model
         self.n_slots = n_slots
+        self.context_shift = context_shift
         self.slots = [Slot(i) for i in range(n_slots)]
         self._queue: deque[Handle] = deque()
         self._calls: deque = deque()
@@ -288,7 +305,7 @@ class Engine:
             raise ParameterError(f"Request.prompt holds a token id outside [0, {n_vocab})")
         if isinstance(r.max_tokens, bool) or not isinstance(r.max_tokens, Integral) or r.max_tokens < -1:
             raise ParameterError(f"Request.max_tokens must be an integer >= 0, or -1; got {r.max_tokens!r}")
-        if len(r.prompt) + max(r.max_tokens, 0) > n_ctx or len(r.prompt) >= n_ctx:
+        if (len(r.prompt) + max(r.max_tokens, 0) > n_ctx and not self.context_shift) or len(r.prompt) >= n_ctx:
             raise ParameterError(f"Request: prompt ({len(r.prompt)} tokens) + max_tokens ({r.max_tokens}) is over "
                                  f"the context of {n_ctx}")
         if not isinstance(r.sampling, SamplingParams):
@@ -297,6 +314,8 @@ class Engine:
             raise ParameterError("Request.stop must be a sequence of non-empty strings")
         if isinstance(r.n_probs, bool) or not isinstance(r.n_probs, Integral) or not 0 <= r.n_probs <= n_vocab:
             raise ParameterError(f"Request.n_probs must be an integer in [0, {n_vocab}], got {r.n_probs!r}")
+        if isinstance(r.n_keep, bool) or not isinstance(r.n_keep, Integral) or r.n_keep < -1:
+            raise ParameterError(f"Request.n_keep must be an integer >= 0, or -1; got {r.n_keep!r}")
 
     # ----- the engine thread ---------------------------------------------------------------------------
     def _busy(self) -> list[Slot]:
@@ -377,8 +396,14 @@ class Engine:
     def _max_new(self, request: Request) -> int:
         if request.max_tokens >= 0:
             return request.max_tokens
+        if self.context_shift:
+            return sys.maxsize  # until EOS
+        return self._share(request) - len(request.prompt)
+
+    def _share(self, request: Request) -> int:
+        """The positions a request may hold: its slot's share of the context, at least its prompt and one more."""
         n_ctx = self.model.n_ctx
-        return min(n_ctx, max(n_ctx // self.n_slots, len(request.prompt) + 1)) - len(request.prompt)
+        return min(n_ctx, max(n_ctx // self.n_slots, len(request.prompt) + 1))
 
     def _place(self, handle: Handle, idle: list[Slot]) -> bool:
         """Start the request in a slot, from the longest cached prefix of its prompt, if the cells it may
@@ -388,15 +413,17 @@ class Engine:
         if max_new == 0:
             handle._push(Done("length", len(prompt), 0, 0))
             return True
-        best = max(self.slots, key=lambda s: (common_prefix(prompt, s.cached), s.handle is None))
+        sources = idle if self.context_shift else self.slots  # shifting slots share no cells
+        best = max(sources, key=lambda s: (common_prefix(prompt, s.cached), s.handle is None))
         reuse = min(common_prefix(prompt, best.cached), len(prompt) - 1)  # the last prompt token gives logits
         in_place = reuse > 0 and best.handle is None  # an idle slot holding the prefix serves it itself
         target = best if in_place else min(idle, key=lambda s: (bool(s.cached), s.last_used))
         outstanding = sum(s.cells_left for s in self._busy())
         evictable = sorted((s for s in idle if s is not target and not (reuse and s is best) and s.cached),
                            key=lambda s: s.last_used)
+        cap = self._share(request) - 1 if self.context_shift else sys.maxsize  # cells held at most
         while True:
-            need = len(prompt) - reuse + max_new - 1
+            need = min(len(prompt) + max_new - 1, cap) - reuse
             freed = self._exclusive_cells(target.seq_id, reuse if in_place else 0)
             if cells.size - cells.used + freed - outstanding >= need:
                 break
@@ -414,6 +441,7 @@ class Engine:
         target.cached = prompt[:reuse]
         target.handle, target.fed, target.n_cached, target.max_new = handle, reuse, reuse, max_new
         target.cells_left, target.generated, target.pending, target.sent = need, [], None, 0
+        target.n_ctx, target.truncated = self._share(request), False
         target.sampler = Sampler(request.sampling)
         for t in prompt:
             target.sampler.accept(t)
@@ -433,6 +461,8 @@ class Engine:
         """One decode: every generating slot's pending token, then prompt chunks while n_batch allows."""
         batch, outputs, n_prompt = Batch(), [], 0
         for slot in self._busy():
+            if slot.pending is not None and self.context_shift and len(slot.cached) + 1 >= slot.n_ctx:
+                self._shift(slot)
             if slot.pending is not None:
                 batch.add(slot.pending, len(slot.cached), slot.seq_id, True)
                 outputs.append(slot)
@@ -477,6 +507,20 @@ class Engine:
                     self._sample(slot, row)
                 except Exception as e:  # the request's own callbacks
                     self._finish(slot, "error", f"{type(e).__name__}: {e}")
+
+    def _shift(self, slot: Slot) -> None:
+        """llama-server's context shift: keep n_keep tokens (and the BOS), drop half of the rest, move the later
+        ones down; the freed cells may be written again."""
+        request = slot.handle.request
+        n_keep = len(request.prompt) if request.n_keep < 0 else request.n_keep
+        n_keep = max(0, min(slot.n_ctx - 4, n_keep + int(self.model.tokenizer.add_bos)))
+        n_left = len(slot.cached) - n_keep
+        n_discard = max(0, min(n_left // 2, n_left - 1))
+        self.model.seq_rm(slot.seq_id, n_keep, n_keep + n_discard)
+        self.model.seq_add(slot.seq_id, n_keep + n_discard, len(slot.cached), -n_discard)
+        del slot.cached[n_keep:n_keep + n_discard]
+        slot.cells_left += n_discard
+        slot.truncated = True
 
     def _sample(self, slot: Slot, row_raw: np.ndarray) -> None:
         """Sample the slot's next token from its logits row (left as it is: log-probabilities are the raw softmax)."""
@@ -526,10 +570,10 @@ class Engine:
     def _finish(self, slot: Slot, reason: str, error: str | None = None) -> None:
         handle = slot.handle
         completion = len(slot.generated)
-        if reason in ("cancelled", "error"):
+        if reason in ("cancelled", "error") or slot.truncated:  # a shifted cache is no prompt's prefix any more
             self._forget(slot)
         slot.handle, slot.pending, slot.cells_left, slot.last_used = None, None, 0, time.monotonic()
         with self._cv:
             self._stats.requests_finished += 1
             self._stats.cached_tokens += slot.n_cached
-        handle._push(Done(reason, len(handle.request.prompt), slot.n_cached, completion, error))
+        handle._push(Done(reason, len(handle.request.prompt), slot.n_cached, completion, error, slot.truncated))
