@@ -20,6 +20,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--parallel", "-np", type=int, default=4, help="sequences decoded together (default 4)")
     p.add_argument("--ctx", "-c", type=int, default=4096, help="context size in tokens (default 4096)")
     p.add_argument("--batch", type=int, default=512, help="prompt tokens per step (default 512)")
+    p.add_argument("--context-shift", action="store_true",
+                   help="generate past a request's share of the context by dropping its oldest tokens (as llama.cpp)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (not on /health)")
     p.add_argument("--cors-origin", action="append", default=None,
                    help="allowed browser origin (repeatable; '*' for any); default: no CORS headers")
@@ -60,7 +62,7 @@ def loader(args):
 
     def load():
         model = load_model(args.model, n_ctx=args.ctx, n_batch=args.batch)
-        loaded = Loaded(model=model, engine=Engine(model, n_slots=args.parallel),
+        loaded = Loaded(model=model, engine=Engine(model, n_slots=args.parallel, context_shift=args.context_shift),
                         model_id=args.alias or Path(model.gguf.path).name)
         loaded.whisper, loaded.whisper_default = load_whispers(args.whisper_model)
         return loaded

@@ -119,11 +119,12 @@ def _constraint(f: Fields, tools: ToolSpec | None):
 
 
 def _check_length(state: ServerState, job: Job, param: str) -> None:
-    n_ctx = state.require().model.n_ctx
+    loaded = state.require()
+    n_ctx, shift = loaded.model.n_ctx, loaded.engine.context_shift  # with a shift, max_tokens may go past n_ctx
     for ids in job.prompts:
         if len(ids) >= n_ctx:
             raise APIError(f"the prompt has {len(ids)} tokens; the context holds {n_ctx}", param=param)
-        if job.gen.max_tokens > 0 and len(ids) + job.gen.max_tokens > n_ctx:
+        if job.gen.max_tokens > 0 and len(ids) + job.gen.max_tokens > n_ctx and not shift:
             raise APIError(f"the prompt's {len(ids)} tokens plus max_tokens {job.gen.max_tokens} exceed the "
                            f"context of {n_ctx}", param="max_tokens")
 
@@ -142,6 +143,7 @@ def _requests(state: ServerState, job: Job) -> list:
             params = SamplingParams(**{**sampling, "seed": seed})
             out.append(Request(prompt=ids, max_tokens=job.gen.max_tokens, sampling=params,
                                stop=job.gen.stop, ignore_eos=job.gen.ignore_eos, n_probs=job.gen.top_logprobs,
+                               n_keep=job.gen.n_keep,
                                logits_processor=constraint.logits_processor if constraint else None,
                                on_token=constraint.on_token if constraint else None))
     return out
