@@ -18,6 +18,7 @@ from tests.support.parity_cases import sha256
 from tests.support.rerank_cases import CASES, DOCUMENTS, QUERY, write_case
 from tests.support.serve import ServerThread, make_state, write_chat_model
 
+LOGIT_TOL = 2e-3   # F32 logits of pyggml and llama.cpp differ by about 1e-3 after 55 to 73 tokens
 REFS = json.loads((Path(__file__).parent / "data" / "llamacpp_rerank.json").read_text())
 
 
@@ -43,7 +44,9 @@ def test_scores_and_order_are_llamacpps(case):
     got = np.full(len(DOCUMENTS), np.nan)
     for result in r["results"]:
         got[result["index"]] = result["relevance_score"]
-    assert np.abs(got - expected).max() <= F32_SCORE * np.abs(expected).max(), (got, expected)
+    # Qwen3's scores are probabilities: one near 0 carries the logits' float differences relatively
+    # (dp / p = (1 - p) d logit), hence the rtol beside the embedding tests' bound relative to the largest score
+    np.testing.assert_allclose(got, expected, rtol=LOGIT_TOL, atol=F32_SCORE * np.abs(expected).max())
     assert [x["index"] for x in r["results"]] == np.argsort(-got, kind="stable").tolist()
     n = sum(map(len, ref["tokens"]))
     assert r["usage"] == {"prompt_tokens": n, "total_tokens": n} and r["object"] == "list"
