@@ -19,6 +19,23 @@ from tests.support.tiny_models import bpe_vocab
 QUERY = "Machine learning is"
 DOCUMENTS = ["A machine is a physical system.", "Learning is acquiring knowledge.",
              "Machine learning is a field of study in artificial intelligence.", "Paris, capitale de la France."]
+# llama.cpp's tools/server/tests/unit/test_rerank.py (MIT, The ggml authors): its query and documents, for the
+# ported test (tests/serve/llamacpp_ported_compat/test_rerank.py); scored by llama.cpp on the bert file
+LLAMACPP_TEST_DOCUMENTS = [
+    'A machine is a physical system that uses power to apply forces and control movement to perform an '
+    'action. The term is commonly applied to artificial devices, such as those employing engines or '
+    'motors, but also to natural biological macromolecules, such as molecular machines.',
+    'Learning is the process of acquiring new understanding, knowledge, behaviors, skills, values, '
+    'attitudes, and preferences. The ability to learn is possessed by humans, non-human animals, and some'
+    ' machines; there is also evidence for some kind of learning in certain plants.',
+    'Machine learning is a field of study in artificial intelligence concerned with the development and '
+    'study of statistical algorithms that can learn from data and generalize to unseen data, and thus '
+    'perform tasks without explicit instructions.',
+    "Paris, capitale de la France, est une grande ville européenne et un centre mondial de l'art, de la "
+    'mode, de la gastronomie et de la culture. Son paysage urbain du XIXe siècle est traversé par de '
+    'larges boulevards et la Seine.',
+]
+LLAMACPP_TEST_QUERY = "Machine learning is"
 RERANK_TEMPLATE = "<|im_start|>Q: {query}\nD: {document}<|im_end|>\nA:"  # Qwen3-Reranker's form, shortened
 
 
