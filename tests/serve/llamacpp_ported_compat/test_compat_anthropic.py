@@ -27,8 +27,9 @@
 # (was 8192), max_tokens 48 where llama.cpp asks 100 to 400 (the tests check shapes, not lengths; on 2 CPU
 # cores this keeps the module short); images are refused with 400 (llama.cpp: 500), as /v1/chat/completions
 # refuses them, and an empty `messages` with 400 (llama.cpp answers 200 with defaults; Anthropic's API
-# refuses it too). Not ported: the vision tests (a downloaded multimodal model), the thinking-history tests (a Qwen3 template file through
-# --chat-template-file, and /apply-template) and the reasoning-model test (a 7B download).
+# refuses it too). Not ported: the vision tests (a downloaded multimodal model), the thinking-history tests
+# (a Qwen3 template file through --chat-template-file, and /apply-template) and the reasoning-model test (a
+# 7B download).
 
 import pytest
 
