@@ -206,7 +206,11 @@ async def _events(deltas, job, model_id: str):
                 out.append(_event({"type": "content_block_delta", "index": blocks,
                                    "delta": {"type": "input_json_delta", "partial_json": d.text}}))
             elif isinstance(d, Finished):
-                out = close()
+                if blocks < 0:  # an empty answer is one empty text block, as unstreamed
+                    blocks, open_kind = 0, "text"
+                    out.append(_event({"type": "content_block_start", "index": 0,
+                                       "content_block": {"type": "text", "text": ""}}))
+                out += close()
                 open_kind = None
                 out.append(_event({"type": "message_delta",
                                    "delta": {"stop_reason": _stop_reason(d), "stop_sequence": d.stop_sequence},

@@ -96,6 +96,17 @@ def test_stop_sequence_ends_the_answer_and_is_named(client):
     assert r.content[0].text == free[:free.index(stop)]
 
 
+def test_an_empty_answer_is_one_empty_text_block_streamed_or_not(client):
+    free = client.messages.create(model="m", max_tokens=4, messages=TURNS, extra_body=GREEDY).content[0].text
+    kw = dict(model="m", max_tokens=4, messages=TURNS, stop_sequences=[free[:2]], extra_body=GREEDY)
+    whole = client.messages.create(**kw)
+    with client.messages.stream(**kw) as s:
+        starts = [e.content_block.type for e in s if e.type == "content_block_start"]
+        final = s.get_final_message()
+    assert [(b.type, b.text) for b in whole.content] == [("text", "")] == [(b.type, b.text) for b in final.content]
+    assert starts == ["text"] and whole.stop_reason == final.stop_reason == "stop_sequence"
+
+
 def test_tool_use_then_tool_result(client):
     r = client.messages.create(model="m", max_tokens=60, tools=[TOOL], tool_choice=ONE_CALL,
                                messages=[{"role": "user", "content": "Light the den"}])
