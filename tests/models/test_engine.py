@@ -214,7 +214,7 @@ def test_top_tokens_and_log_sum_exp_match_a_full_sort_and_softmax():
 def test_load_model_runs_on_a_thread_that_ends(tmp_path, monkeypatch):
     """The compiled kernels' parallel loops of loading run on a thread that is gone afterwards (an idle OpenMP
     pool left in the caller's thread slowed every step of an engine computing on its own thread)."""
-    from pyggml.models import model as model_module
+    from pyggml.models.llm import model as model_module
 
     seen = []
     real = model_module.Model.__init__
