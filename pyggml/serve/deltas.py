@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pyggml.serve.completions import ChoiceOutput, Job, Run, _is_done, unless_gone
+from pyggml.models.llm.engine import Done
+from pyggml.serve.completions import ChoiceOutput, Job, Run, unless_gone
 from pyggml.serve.state import ServerState
 
 
@@ -65,7 +66,7 @@ async def _deltas(state: ServerState, job: Job):
         model = state.require().model
         output, sent, ids = ChoiceOutput(0, job, model.tokenizer), "", []
         async for _, event in run.events():
-            if _is_done(event):
+            if isinstance(event, Done):
                 rest, calls, reason = output.finish_stream(event)
                 if rest:
                     yield TextDelta(rest)
