@@ -27,9 +27,10 @@
 # (was 8192), max_tokens 48 where llama.cpp asks 100 to 400 (the tests check shapes, not lengths; on 2 CPU
 # cores this keeps the module short); images are refused with 400 (llama.cpp: 500), as /v1/chat/completions
 # refuses them, and an empty `messages` with 400 (llama.cpp answers 200 with defaults; Anthropic's API
-# refuses it too). Not ported: the vision tests (a downloaded multimodal model), the thinking-history tests
-# (a Qwen3 template file through --chat-template-file, and /apply-template) and the reasoning-model test (a
-# 7B download).
+# refuses it too); the chat request beside a message names the served alias (pyggml's chat endpoint checks
+# `model`; llama.cpp takes any name). Not ported: the vision tests (a downloaded multimodal model), the
+# thinking-history tests (a Qwen3 template file through --chat-template-file, and /apply-template) and the
+# reasoning-model test (a 7B download).
 
 import pytest
 
@@ -797,7 +798,7 @@ def test_anthropic_vs_openai_different_response_format():
 
     # Make OpenAI request
     openai_res = server.make_request("POST", "/v1/chat/completions", data={
-        "model": "test",
+        "model": server.model_alias,  # llama.cpp: "test"; pyggml's chat endpoint checks the name (its messages do not)
         "max_tokens": 50,
         "messages": [
             {"role": "user", "content": "Hello"}
