@@ -28,6 +28,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (loopback only by default)")
     p.add_argument("--port", type=port, default=8080, help="port (0: any free one, printed when ready)")
     p.add_argument("--parallel", "-np", type=positive_int, default=4, help="sequences decoded together")
+    p.add_argument("--context-shift", action="store_true",
+                   help="generate past a request's share of the context by dropping its oldest tokens (as llama.cpp)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (not on /health)")
     p.add_argument("--cors-origin", action="append", default=None,
                    help="allowed browser origin (repeatable; '*' for any); default: no CORS headers")
@@ -68,8 +70,8 @@ def load(args):
         model = open_model(args)
         model.chat_template()  # a template that does not compile fails here, not at the first request
         drafter = open_drafter(args, model, args.parallel)
-        loaded = Loaded(model=model, engine=Engine(model, n_slots=args.parallel, drafter=drafter),
-                        model_id=args.alias or Path(model.gguf.path).name)
+        engine = Engine(model, n_slots=args.parallel, drafter=drafter, context_shift=args.context_shift)
+        loaded = Loaded(model=model, engine=engine, model_id=args.alias or Path(model.gguf.path).name)
     except (GGMLError, OSError) as e:
         raise GGMLError(f"cannot load the model: {e}") from None
     loaded.whisper, loaded.whisper_default = load_whispers(args.whisper_model, args.threads)

@@ -18,7 +18,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from pyggml.serve import audio, completions, lora, metrics
+from pyggml.serve import anthropic, audio, completions, lora, metrics, rerank, responses
 from pyggml.serve.access_log import AccessLog
 from pyggml.serve.protocol import APIError, Fields, error_body
 from pyggml.serve.state import ServerState, run_blocking
@@ -153,6 +153,38 @@ def create_app(state: ServerState, api_key: str | None = None, cors_origins: lis
             raise APIError(f"'tokens' must be token ids in [0, {model.n_vocab})", param="tokens")
         return {"content": model.detokenize(ids)}
 
+    # ----- other APIs: Anthropic's messages, OpenAI's responses, reranking ---------------------------
+    @app.post("/v1/messages")
+    async def anthropic_messages(request: Request):
+        try:
+            return await anthropic.messages(state, await _json(request), lambda: _disconnect(request))
+        except APIError as e:
+            return anthropic.error_response(e)
+
+    @app.post("/v1/messages/count_tokens")
+    async def anthropic_count_tokens(request: Request):
+        try:
+            return await anthropic.count_tokens(state, await _json(request))
+        except APIError as e:
+            return anthropic.error_response(e)
+
+    @app.post("/v1/responses")
+    @app.post("/responses")
+    async def openai_responses(request: Request):
+        return await responses.create(state, await _json(request), lambda: _disconnect(request))
+
+    @app.post("/v1/responses/input_tokens")
+    @app.post("/responses/input_tokens")
+    async def openai_responses_input_tokens(request: Request):
+        return await responses.input_tokens(state, await _json(request))
+
+    @app.post("/v1/rerank")
+    @app.post("/rerank")
+    @app.post("/v1/reranking")
+    @app.post("/reranking")
+    async def rerank_documents(request: Request):
+        return await rerank.rerank(state, await _json(request))
+
     # ----- audio ----------------------------------------------------------------------------------
     @app.post("/v1/audio/transcriptions")
     async def transcriptions(request: Request):
@@ -174,7 +206,8 @@ class KeyCheck:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["method"] != "OPTIONS" and scope["path"] not in PUBLIC_PATHS:
-            given = dict(scope["headers"]).get(b"authorization", b"")
+            headers = dict(scope["headers"])  # Anthropic's clients send x-api-key (llama.cpp's server takes both)
+            given = headers.get(b"authorization") or b"Bearer " + headers.get(b"x-api-key", b"")
             if not secrets.compare_digest(given, self.expected):
                 response = _error(APIError("Invalid API key", status=401, kind="authentication_error"))
                 return await response(scope, receive, send)

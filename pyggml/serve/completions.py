@@ -120,11 +120,12 @@ def _constraint(f: Fields, tools: ToolSpec | None):
 
 
 def _check_length(state: ServerState, job: Job, param: str) -> None:
-    n_ctx = state.require().model.n_ctx
+    loaded = state.require()
+    n_ctx, shift = loaded.model.n_ctx, loaded.engine.context_shift  # with a shift, max_tokens may go past n_ctx
     for ids in job.prompts:
         if len(ids) >= n_ctx:
             raise APIError(f"the prompt has {len(ids)} tokens; the context holds {n_ctx}", param=param)
-        if job.gen.max_tokens > 0 and len(ids) + job.gen.max_tokens > n_ctx:
+        if job.gen.max_tokens > 0 and len(ids) + job.gen.max_tokens > n_ctx and not shift:
             raise APIError(f"the prompt's {len(ids)} tokens plus max_tokens {job.gen.max_tokens} exceed the "
                            f"context of {n_ctx}", param="max_tokens")
 
@@ -143,6 +144,7 @@ def _requests(state: ServerState, job: Job) -> list:
             params = SamplingParams(**{**sampling, "seed": seed})
             out.append(Request(prompt=ids, max_tokens=job.gen.max_tokens, sampling=params,
                                stop=job.gen.stop, ignore_eos=job.gen.ignore_eos, n_probs=job.gen.top_logprobs,
+                               n_keep=job.gen.n_keep,
                                logits_processor=constraint.logits_processor if constraint else None,
                                on_token=constraint.on_token if constraint else None))
     return out
@@ -324,18 +326,23 @@ async def complete(state: ServerState, job: Job, model_id: str, disconnected) ->
                 else:
                     outputs[i].add(event)
 
-        work, watcher = asyncio.ensure_future(collect()), asyncio.ensure_future(disconnected())
-        try:
-            await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            if not work.done():
-                raise ClientGone()
-            work.result()  # its TimeoutError or APIError
-        finally:
-            for task in (work, watcher):
-                task.cancel()
-            await asyncio.gather(work, watcher, return_exceptions=True)
+        await unless_gone(collect(), disconnected)
         run.outcome = "completed"
     return _response(job, model_id, outputs)
+
+
+async def unless_gone(work, disconnected):
+    """Await `work` unless the client goes away first (then ClientGone); its TimeoutError or APIError pass on."""
+    work, watcher = asyncio.ensure_future(work), asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if not work.done():
+            raise ClientGone()
+        return work.result()
+    finally:
+        for task in (work, watcher):
+            task.cancel()
+        await asyncio.gather(work, watcher, return_exceptions=True)
 
 
 def _response(job: Job, model_id: str, outputs: list[ChoiceOutput]) -> dict:

@@ -23,6 +23,7 @@ class GenerationParams:
     top_logprobs: int = 0
     stream: bool = False
     include_usage: bool = False
+    n_keep: int = 0                     # context shift: prompt tokens kept (-1: all; llama.cpp's field)
 
 
 def read_generation(f: Fields, n_vocab: int, chat: bool) -> GenerationParams:
@@ -65,7 +66,8 @@ def read_generation(f: Fields, n_vocab: int, chat: bool) -> GenerationParams:
         raise APIError("'stream_options' is only allowed with 'stream': true", param="stream_options")
     return GenerationParams(sampling, -1 if max_tokens is None else max_tokens, stop,
                             n=f.get("n", int, 1, low=1, high=MAX_N), ignore_eos=f.get("ignore_eos", bool, False),
-                            logprobs=logprobs, top_logprobs=top, stream=stream, include_usage=include_usage)
+                            logprobs=logprobs, top_logprobs=top, stream=stream, include_usage=include_usage,
+                            n_keep=f.get("n_keep", int, 0, low=-1))
 
 
 def read_logit_bias(f: Fields, n_vocab: int) -> dict[int, float]:

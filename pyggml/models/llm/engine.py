@@ -19,6 +19,13 @@ its pending one in the same step, with logits for each; its tokens are sampled r
 (Sampler.sample_against) while they agree, and the cells of the rejected rest are given back. Greedy output
 is the same as without a drafter; sampled output is distributed as the target's.
 
+Context shift (llama-server's --context-shift, `context_shift=True`): a request may generate past its share of
+the context. When its sequence holds share - 1 tokens, the oldest half after its first n_keep tokens (the BOS
+too) is dropped and the later ones move down (their cached keys are rotated to the new positions), and
+generation goes on; `max_tokens = -1` then runs until EOS. The scheduler decides what a shift keeps and moves
+(pyggml.models.llm.scheduler); the engine shifts the slots that are full at the start of a step, before
+drafting, so a draft fits in what the shift freed.
+
 Every sampled token is streamed as a Token event, the end-of-generation token too (its text is what was
 still held back, usually ""); the texts of a request's Token events add up to its output text, stop string
 excluded. A callback (logits_processor, on_token) that raises ends its request with Done("error").
@@ -55,6 +62,7 @@ class Request:
     n_probs: int = 0
     logits_processor: Callable[[list[int], np.ndarray], None] | None = None
     on_token: Callable[[int], None] | None = None
+    n_keep: int = 0                 # context shift: prompt tokens always kept (-1: all), besides the BOS
 
 
 @dataclass
@@ -74,6 +82,7 @@ class Done:
     error: str | None = None
     draft_tokens: int = 0             # speculative decoding: draft tokens fed to the target
     draft_accepted: int = 0           # of which the target kept
+    truncated: bool = False           # the context was shifted: the oldest tokens were dropped
 
 
 Event = Union[Token, Done]
@@ -177,15 +186,23 @@ def top_tokens(x: np.ndarray, n: int) -> np.ndarray:
 class Engine:
     """Owns `model` on a thread of its own and serves submitted requests in n_slots parallel sequences."""
 
-    def __init__(self, model, n_slots: int = 4, drafter=None):
+    def __init__(self, model, n_slots: int = 4, drafter=None, context_shift: bool = False):
         if isinstance(n_slots, bool) or not isinstance(n_slots, Integral) or n_slots < 1:
             raise ParameterError(f"n_slots must be a positive integer, got {n_slots!r}")
-        model.reset()
-        if model.n_seq_max < n_slots:
-            model.set_n_seq_max(n_slots)
+        self.generates = model.kv is not None  # an encoder (an embedder, a reranker) only serves calls
+        if self.generates:
+            model.reset()
+            if model.n_seq_max < n_slots:
+                model.set_n_seq_max(n_slots)
+        if context_shift and not model.arch.shiftable:
+            raise ParameterError(f"context shift: {model.architecture} cannot move cached positions (its keys do "
+                                 f"not carry their position as a RoPE rotation)")
+        if drafter is not None and not self.generates:
+            raise ParameterError(f"{model.architecture} is an embedding model: it generates nothing to draft for")
         self.model = model
         self.n_slots = n_slots
-        self.scheduler = Scheduler(model, n_slots)
+        self.context_shift = context_shift
+        self.scheduler = Scheduler(model, n_slots, context_shift)
         self.slots = self.scheduler.slots
         self.drafter = drafter
         if drafter is not None:
@@ -194,7 +211,7 @@ class Engine:
         self._calls: deque = deque()
         self._cv = threading.Condition()
         self._closed = False
-        self._stats = EngineStats(slots_total=n_slots, kv_cells_total=model.cells.size)
+        self._stats = EngineStats(slots_total=n_slots, kv_cells_total=model.cells.size if self.generates else 0)
         self._outbox: dict = {}  # event loop -> [(asyncio.Queue, event)] of this step (engine thread only)
         self._thread = threading.Thread(target=self._loop, name="pyggml-engine", daemon=True)
         self._thread.start()
@@ -260,13 +277,15 @@ class Engine:
         if not isinstance(r, Request):
             raise ParameterError(f"submit takes a Request, got {type(r).__name__}")
         n_vocab, n_ctx = self.model.n_vocab, self.model.n_ctx
+        if not self.generates:
+            raise ParameterError(f"{self.model.architecture} is an embedding model: it generates no text")
         if not isinstance(r.prompt, (list, tuple)) or not r.prompt:
             raise ParameterError("Request.prompt must be a non-empty list of token ids")
         if not all(isinstance(t, Integral) and not isinstance(t, bool) and 0 <= t < n_vocab for t in r.prompt):
             raise ParameterError(f"Request.prompt holds a token id outside [0, {n_vocab})")
         if isinstance(r.max_tokens, bool) or not isinstance(r.max_tokens, Integral) or r.max_tokens < -1:
             raise ParameterError(f"Request.max_tokens must be an integer >= 0, or -1; got {r.max_tokens!r}")
-        if len(r.prompt) + max(r.max_tokens, 0) > n_ctx or len(r.prompt) >= n_ctx:
+        if (len(r.prompt) + max(r.max_tokens, 0) > n_ctx and not self.context_shift) or len(r.prompt) >= n_ctx:
             raise ParameterError(f"Request: prompt ({len(r.prompt)} tokens) + max_tokens ({r.max_tokens}) is over "
                                  f"the context of {n_ctx}")
         if not isinstance(r.sampling, SamplingParams):
@@ -275,6 +294,8 @@ class Engine:
             raise ParameterError("Request.stop must be a sequence of non-empty strings")
         if isinstance(r.n_probs, bool) or not isinstance(r.n_probs, Integral) or not 0 <= r.n_probs <= n_vocab:
             raise ParameterError(f"Request.n_probs must be an integer in [0, {n_vocab}], got {r.n_probs!r}")
+        if isinstance(r.n_keep, bool) or not isinstance(r.n_keep, Integral) or r.n_keep < -1:
+            raise ParameterError(f"Request.n_keep must be an integer >= 0, or -1; got {r.n_keep!r}")
 
     # ----- the engine thread ---------------------------------------------------------------------------
     def _busy(self) -> list[Slot]:
@@ -315,13 +336,14 @@ class Engine:
         for _, future in calls:
             future.cancel()
         self._flush()
-        self.model.reset()  # the kept prefixes too: a closed engine leaves no cell in use
+        if self.generates:
+            self.model.reset()  # the kept prefixes too: a closed engine leaves no cell in use
 
     def _update_stats(self) -> None:
         with self._cv:
             self._stats.slots_busy = len(self._busy())
             self._stats.queued = len(self._queue)
-            self._stats.kv_cells_used = self.model.cells.used
+            self._stats.kv_cells_used = self.model.cells.used if self.generates else 0
 
     def _drop_cancelled(self) -> None:
         with self._cv:
@@ -367,7 +389,10 @@ class Engine:
 
     def _step(self) -> None:
         """One decode: every generating slot's pending token and draft, then prompt chunks while n_batch
-        allows; then each slot's tokens from its logits rows."""
+        allows; then each slot's tokens from its logits rows. A full slot shifts first (context shift), so its
+        draft has the room the shift freed."""
+        if self.context_shift:
+            self.scheduler.shift_full()
         start = time.perf_counter()
         if self.drafter is not None:
             self._draft()
@@ -455,11 +480,11 @@ class Engine:
     def _finish(self, slot: Slot, reason: str, error: str | None = None) -> None:
         handle = slot.handle
         completion = len(slot.generated)
-        if reason in ("cancelled", "error"):
+        if reason in ("cancelled", "error") or slot.truncated:  # a shifted cache is no prompt's prefix any more
             self.scheduler.forget(slot)
         slot.stop()
         with self._cv:
             self._stats.requests_finished += 1
             self._stats.cached_tokens += slot.n_cached
         handle._push(Done(reason, len(handle.request.prompt), slot.n_cached, completion, error, slot.n_drafted,
-                          slot.n_accepted))
+                          slot.n_accepted, slot.truncated))

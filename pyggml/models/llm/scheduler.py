@@ -12,10 +12,19 @@ and for every token it may still generate, counting what the running requests ma
 waits. So a running request never finds the cache full. A speculative draft only borrows cells from its own
 promise (a draft is never longer than the tokens the request may still write) and gives back what the
 target rejects.
+
+Context shift (llama-server's --context-shift): a request holds at most its share of the context less one
+cell; when it is full, its first n_keep tokens (and the BOS) stay, the oldest half of the rest is dropped and
+the later ones move down (seq_rm, then seq_add: their cached keys are rotated to the new positions), which
+gives the dropped cells back to its promise. A shifting slot never shares cells with another (a move would
+move the other's too): prefixes are reused only from an idle slot's own cells, and a shifted sequence's
+cells are freed when it ends (its moved tokens were computed over the dropped ones, so they are no prompt's
+prefix).
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -42,16 +51,19 @@ class Slot:
     n_accepted: int = 0
     sampler: Sampler | None = None
     output: TextOutput | None = None  # the generated text as it is streamed
+    share: int = 0                  # the positions it may hold (context shift: it shifts before the last one)
+    truncated: bool = False         # context shift: the oldest tokens were dropped
 
     @property
     def prompt(self) -> list[int]:
         return self.handle.request.prompt
 
-    def start(self, handle, reuse: int, max_new: int, cells: int, tokenizer) -> None:
+    def start(self, handle, reuse: int, max_new: int, cells: int, share: int, tokenizer) -> None:
         request = handle.request
         self.cached = list(request.prompt[:reuse])
         self.handle, self.fed, self.n_cached, self.max_new, self.cells_left = handle, reuse, reuse, max_new, cells
         self.generated, self.pending, self.draft, self.n_drafted, self.n_accepted = [], None, [], 0, 0
+        self.share, self.truncated = share, False
         self.sampler = Sampler(request.sampling)
         for t in request.prompt:
             self.sampler.accept(t)
@@ -62,14 +74,17 @@ class Slot:
 
     @property
     def draft_room(self) -> int:
-        """Draft tokens that fit its promise: fed after pending, each may become a generated token."""
+        """Draft tokens that fit its promise: fed after pending, each may become a generated token. With context
+        shift the promise ends at share - 1 cells, so pending and draft never pass its share (a full slot
+        shifts before it drafts, and drafts into the cells the shift gave back)."""
         return max(min(self.cells_left, self.max_new - len(self.generated)) - 1, 0)
 
 
 class Scheduler:
-    def __init__(self, model, n_slots: int):
+    def __init__(self, model, n_slots: int, context_shift: bool = False):
         self.model = model
         self.n_slots = n_slots
+        self.context_shift = context_shift
         self.slots = [Slot(i) for i in range(n_slots)]
 
     def busy(self) -> list[Slot]:
@@ -81,23 +96,31 @@ class Scheduler:
     def max_new(self, request) -> int:
         if request.max_tokens >= 0:
             return request.max_tokens
+        if self.context_shift:
+            return sys.maxsize  # until EOS
+        return self.share(request) - len(request.prompt)
+
+    def share(self, request) -> int:
+        """The positions a request may hold: its slot's share of the context, at least its prompt and one more."""
         n_ctx = self.model.n_ctx
-        return min(n_ctx, max(n_ctx // self.n_slots, len(request.prompt) + 1)) - len(request.prompt)
+        return min(n_ctx, max(n_ctx // self.n_slots, len(request.prompt) + 1))
 
     def place(self, handle, idle: list[Slot]) -> bool:
         """Start the request in a slot, from the longest cached prefix of its prompt, if the cells it may
         need are free (after giving up idle slots' caches); False when it has to wait."""
         request, cells = handle.request, self.model.cells
         prompt, max_new = list(request.prompt), self.max_new(request)
-        best = max(self.slots, key=lambda s: (common_prefix(prompt, s.cached), s.handle is None))
+        sources = idle if self.context_shift else self.slots  # shifting slots share no cells
+        best = max(sources, key=lambda s: (common_prefix(prompt, s.cached), s.handle is None))
         reuse = min(common_prefix(prompt, best.cached), len(prompt) - 1)  # the last prompt token gives logits
         in_place = reuse > 0 and best.handle is None  # an idle slot holding the prefix serves it itself
         target = best if in_place else min(idle, key=lambda s: (bool(s.cached), s.last_used))
         outstanding = sum(s.cells_left for s in self.busy())
         evictable = sorted((s for s in idle if s is not target and not (reuse and s is best) and s.cached),
                            key=lambda s: s.last_used)
+        cap = self.share(request) - 1 if self.context_shift else sys.maxsize  # cells held at most
         while True:
-            need = len(prompt) - reuse + max_new - 1
+            need = min(len(prompt) + max_new - 1, cap) - reuse
             freed = cells.exclusive(target.seq_id, reuse if in_place else 0)
             if cells.size - cells.used + freed - outstanding >= need:
                 break
@@ -112,8 +135,28 @@ class Scheduler:
         else:
             self.model.seq_rm(target.seq_id)
             self.model.seq_cp(best.seq_id, target.seq_id, 0, reuse)
-        target.start(handle, reuse, max_new, need, self.model.tokenizer)
+        target.start(handle, reuse, max_new, need, self.share(request), self.model.tokenizer)
         return True
+
+    def shift_full(self) -> None:
+        """Shift every generating slot whose next token would take the last position of its share."""
+        for slot in self.busy():
+            if slot.pending is not None and len(slot.cached) + 1 >= slot.share:
+                self.shift(slot)
+
+    def shift(self, slot: Slot) -> None:
+        """llama-server's context shift: keep n_keep tokens (and the BOS), drop half of the rest, move the later
+        ones down; the freed cells may be written again."""
+        request = slot.handle.request
+        n_keep = len(request.prompt) if request.n_keep < 0 else request.n_keep
+        n_keep = max(0, min(slot.share - 4, n_keep + int(self.model.tokenizer.add_bos)))
+        n_left = len(slot.cached) - n_keep
+        n_discard = max(0, min(n_left // 2, n_left - 1))
+        self.model.seq_rm(slot.seq_id, n_keep, n_keep + n_discard)
+        self.model.seq_add(slot.seq_id, n_keep + n_discard, len(slot.cached), -n_discard)
+        del slot.cached[n_keep:n_keep + n_discard]
+        slot.cells_left += n_discard
+        slot.truncated = True
 
     def forget(self, slot: Slot) -> None:
         self.model.seq_rm(slot.seq_id)
