@@ -133,6 +133,8 @@ def sequence_mask(seq: np.ndarray, pos: np.ndarray, causal: bool, window: int | 
 class NoCache:
     """What `attention()` takes for a KV cache: each layer attends to the step's own keys and values."""
 
+    flash_attn = False  # attended with mul_mat + soft_max, as llama.cpp's embeddings without -fa
+
     def store(self, step, il: int, k: Tensor, v: Tensor) -> None:
         self.k, self.v = k, v
 
