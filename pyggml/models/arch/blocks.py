@@ -38,16 +38,26 @@ class Step:
     masks: dict = field(default_factory=dict)  # window (None = full causal) -> F32 [n_kv, n_tokens] input
     kv_cells: tuple | None = None              # I64 inputs: the KV cache rows this step writes (kv_cache.store)
     n_ctx: int = 0
+    embd: Tensor | None = None                 # F32 [n_embd, n_tokens] input rows in place of tokens (images)
 
     @classmethod
-    def new(cls, n_tokens: int, n_outputs: int, n_kv: int, graph_size: int = 8192, n_ctx: int = 0) -> Step:
+    def new(cls, n_tokens: int, n_outputs: int, n_kv: int, graph_size: int = 8192, n_ctx: int = 0,
+            n_embd: int = 0) -> Step:
+        """n_embd > 0: a step over embeddings given as input (llama_batch.embd) instead of token ids."""
         ctx = Context(no_alloc=True)
         tokens = ctx.new_tensor_1d(GGMLType.I32, n_tokens, "inp_tokens").set_input()
         positions = ctx.new_tensor_1d(GGMLType.I32, n_tokens, "inp_pos").set_input()
         out_ids = None
         if n_outputs < n_tokens:
             out_ids = ctx.new_tensor_1d(GGMLType.I32, n_outputs, "inp_out_ids").set_input()
-        return cls(ctx, Graph(graph_size), n_tokens, n_outputs, n_kv, tokens, positions, out_ids, n_ctx=n_ctx)
+        embd = ctx.new_tensor_2d(GGMLType.F32, n_embd, n_tokens, "inp_embd").set_input() if n_embd else None
+        return cls(ctx, Graph(graph_size), n_tokens, n_outputs, n_kv, tokens, positions, out_ids, n_ctx=n_ctx,
+                   embd=embd)
+
+    def input_embeddings(self, tok_embd: Tensor) -> Tensor:
+        """The step's input rows: its embeddings input, else the token embeddings' rows (llama.cpp's
+        build_inp_embd)."""
+        return self.embd if self.embd is not None else ops.get_rows(self.ctx, tok_embd, self.tokens)
 
     def mask(self, window: int | None = None) -> Tensor:
         """The attention mask input for a layer with this sliding window (one tensor per distinct window)."""

@@ -76,7 +76,8 @@ class Gemma2(Decoder):
 
     def build(self, step: Step, kv) -> Tensor:
         ctx, eps, n = step.ctx, self.eps, step.n_tokens
-        x = ops.scale(ctx, ops.get_rows(ctx, self.tok_embd, step.tokens), math.sqrt(self.n_embd))
+        x = step.input_embeddings(self.tok_embd)  # token rows scaled by sqrt(n_embd); given embeddings are not
+        x = ops.scale(ctx, x, math.sqrt(self.n_embd)) if step.embd is None else x
         for il, layer in enumerate(self.layers):
             swa, rope = self.swa[il], self.layer_rope(il)
             cur = rms_norm(ctx, x, layer.attn_norm, eps)

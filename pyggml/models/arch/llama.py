@@ -98,7 +98,7 @@ class Llama(Decoder):
         return self.rope
 
     def embed(self, step: Step) -> Tensor:
-        return ops.get_rows(step.ctx, self.tok_embd, step.tokens)
+        return step.input_embeddings(self.tok_embd)
 
     def rope_qk(self, step: Step, il: int, layer, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         return self.rope.apply(step, q), self.rope.apply(step, k)

@@ -32,7 +32,8 @@ def _gelu(x):
 def encode(meta: dict, t: dict, pixels: np.ndarray) -> np.ndarray:
     """[n_tokens, n_out] embeddings of normalised pixels [3, size, size]."""
     v = "clip.vision."
-    patch, n_head, eps = meta[v + "patch_size"], meta[v + "attention.head_count"], meta[v + "attention.layer_norm_epsilon"]
+    patch, n_head = meta[v + "patch_size"], meta[v + "attention.head_count"]
+    eps = meta[v + "attention.layer_norm_epsilon"]
     s, n_layer = meta[v + "projector.scale_factor"], meta[v + "block_count"]
     kernel = t["v.patch_embd.weight"]                                   # [e, 3, p, p]
     e, side = kernel.shape[0], pixels.shape[1] // patch
