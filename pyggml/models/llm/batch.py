@@ -23,6 +23,7 @@ class Batch:
     seq_ids: list[tuple[int, ...]] = field(default_factory=list)
     logits: list[bool] = field(default_factory=list)
     embd: np.ndarray | None = None  # float32 [n_tokens, n_embd] rows fed in place of the tokens (llama_batch.embd)
+    causal: bool = True  # False: each token attends every position of its sequence (llama_set_causal_attn)
 
     def add(self, token: int, pos: int, seq_ids: int | Sequence[int], logits: bool = False) -> None:
         """Append one token (llama.cpp's common_batch_add)."""

@@ -267,7 +267,7 @@ class Model:
             tensor_set(step.out_ids, rows.astype(np.int32))
         first_seq = [ids[0] for ids in batch.seq_ids[lo:hi]]
         for window, mask in step.masks.items():
-            tensor_set(mask, self.cells.mask(positions, first_seq, step.n_kv, window))
+            tensor_set(mask, self.cells.mask(positions, first_seq, step.n_kv, window, batch.causal))
         self.runner.compute(step.graph)
         out = np.asarray(tensor_get(logits), dtype=np.float32).reshape(step.n_outputs, self.n_vocab)
         return out[:flagged.size]
@@ -302,13 +302,16 @@ class Model:
         logits = self.decode_batch(Batch.sequence(list(ids), self.n_past, 0, all_logits))
         return logits if all_logits else logits[-1]
 
-    def decode_embeddings(self, rows: np.ndarray, all_logits: bool = False) -> np.ndarray:
+    def decode_embeddings(self, rows: np.ndarray, all_logits: bool = False, causal: bool = True) -> np.ndarray:
         """Feed embedding rows ([n, n_embd] float32: an image's, from pyggml.models.vision) after sequence 0's
-        context in place of tokens, as llama.cpp decodes a batch with embd; logits as `decode` gives them."""
+        context in place of tokens, as llama.cpp decodes a batch with embd (`causal` False: the rows attend each
+        other both ways, as mtmd decodes Gemma 3's images); logits as `decode` gives them."""
         rows = np.asarray(rows, dtype=np.float32)
         if rows.ndim != 2 or rows.shape[1] != self.arch.n_embd or not len(rows):
             raise ParameterError(f"decode_embeddings: rows must be [n > 0, {self.arch.n_embd}], got {rows.shape}")
-        logits = self.decode_batch(Batch.embeddings(rows, self.n_past, 0, all_logits))
+        batch = Batch.embeddings(rows, self.n_past, 0, all_logits)
+        batch.causal = causal
+        logits = self.decode_batch(batch)
         return logits if all_logits else logits[-1]
 
     # ----- embeddings ------------------------------------------------------------------------------
@@ -331,12 +334,13 @@ class Model:
         return self._embedder.embed(texts, pooling, normalize)
 
     # ----- generation ------------------------------------------------------------------------------
-    def _decode_prompt(self, prompt: list[int] | Prompt) -> np.ndarray:
+    def decode_prompt(self, prompt: list[int] | Prompt) -> np.ndarray:
         """A prompt's last logits: token ids, or a prompt with images whose chunks are fed in order."""
         if not isinstance(prompt, Prompt):
             return self.decode(prompt)
         for chunk in prompt.chunks:
-            logits = self.decode(chunk) if isinstance(chunk, list) else self.decode_embeddings(chunk)
+            logits = (self.decode(chunk) if isinstance(chunk, list)
+                      else self.decode_embeddings(chunk, causal=self.vision.causal))
         return logits
 
     def image_prompt(self, text: str, images: list, add_special: bool = True) -> Prompt:
@@ -360,7 +364,7 @@ class Model:
         for t in prompt_ids.text_tokens if isinstance(prompt_ids, Prompt) else prompt_ids:
             sampler.accept(t)
         start = time.perf_counter()
-        logits = self._decode_prompt(prompt_ids)
+        logits = self.decode_prompt(prompt_ids)
         self.timings.prompt_tokens += len(prompt_ids)
         self.timings.prompt_s += time.perf_counter() - start
         for i in range(n):

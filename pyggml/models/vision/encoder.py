@@ -42,6 +42,12 @@ class VisionEncoder:
         return self.hparams.projector
 
     @property
+    def causal(self) -> bool:
+        """Whether the language model reads the image's embeddings causally (mtmd_decode_use_non_causal: not
+        Gemma 3's)."""
+        return self.projector != "gemma3"
+
+    @property
     def n_embd_out(self) -> int:
         """The width of the embeddings: the language model's n_embd it was made for."""
         return self.model.n_out
