@@ -35,6 +35,10 @@ def add_parser(subparsers) -> None:
                         "float32 at load (4 bytes a weight)")
     p.add_argument("--kv-type", default="F16", choices=["F32", "F16"],
                    help="KV cache type (default F16, as llama.cpp; F32: twice the memory, no rounding)")
+    p.add_argument("--mmproj", help="vision projector GGUF (llama.cpp's mmproj file) for --image")
+    p.add_argument("--image", action="append", default=[],
+                   help="an image for the prompt (needs --mmproj; may be given more than once; put <__media__> "
+                        "in the prompt where each goes, else they come first)")
     p.set_defaults(run=run)
 
 
@@ -48,6 +52,10 @@ def run(args) -> int:
     check_n_predict(args.n)  # nonsense counts and thresholds fail before the model loads
     SamplingParams(args.temp, args.top_k, args.top_p, args.min_p, args.repeat_penalty, seed=args.seed)
     check_sizes(n_ctx=args.ctx, n_batch=args.batch)
+    if args.image and not args.mmproj:
+        from pyggml.errors import ImageError
+
+        raise ImageError("--image needs the model's vision projector: --mmproj FILE")
     if is_cold():
         print("compiling CPU kernels, once", file=sys.stderr, flush=True)
 
@@ -62,12 +70,12 @@ def run(args) -> int:
         backend = args.backend or [dev.init_backend() for dev in devices] + ["CPU"]
     start = time.perf_counter()
     model = load_model(args.model, backend=backend, n_ctx=args.ctx, n_batch=args.batch,
-                       weights=args.weights, kv_type=args.kv_type)
+                       weights=args.weights, kv_type=args.kv_type, mmproj=args.mmproj)
     load_s = time.perf_counter() - start
     print(args.prompt, end="", flush=True)
     model.generate(args.prompt, n=args.n, temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
                    min_p=args.min_p, repeat_penalty=args.repeat_penalty, seed=args.seed, chat=args.chat,
-                   stream=lambda piece: print(piece, end="", flush=True))
+                   images=args.image, stream=lambda piece: print(piece, end="", flush=True))
     print()
     for line in report_lines(model, load_s):
         print(line, file=sys.stderr)

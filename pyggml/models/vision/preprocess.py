@@ -53,8 +53,10 @@ def decode_image(source, max_pixels: int = MAX_IMAGE_PIXELS):
             raise ImageError(f"cannot read image {source}: {e.strerror}") from None
         try:
             image = image_mod.open(io.BytesIO(data))
-        except (OSError, ValueError, image_mod.DecompressionBombError) as e:
-            raise ImageError(f"not a decodable image ({len(data)} bytes): {e}") from None
+        except image_mod.DecompressionBombError as e:
+            raise ImageError(f"image larger than the limit: {e}") from None
+        except (OSError, ValueError):
+            raise ImageError(f"not a decodable image ({len(data)} bytes in none of the formats Pillow reads)") from None
     if image.width * image.height > max_pixels:
         raise ImageError(f"image of {image.width}x{image.height} pixels is larger than the limit of {max_pixels} "
                          f"pixels")
