@@ -67,7 +67,9 @@ def write_mmproj(path, projector: str, image_size: int, patch_size: int, n_embd:
         w.matrix("mm.model.fc.weight", projection_dim, n_embd * scale_factor ** 2)
     else:
         w.vector("mm.soft_emb_norm.weight", n_embd, 1.0)
-        w.matrix("mm.input_projection.weight", n_embd, projection_dim)
+        # F32 whatever the type (as converters write it): the graph copies its transpose, which blocks cannot be
+        w.add_tensor("mm.input_projection.weight",
+                     w.rng.normal(0, 1 / np.sqrt(projection_dim), (n_embd, projection_dim)).astype(np.float32))
     _finish(w)
     return path
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pyggml.core import Context, Tensor
+from pyggml.core import Context, GGMLType, Tensor
 from pyggml.core import ops
 from pyggml.core.ops.conv import PoolOp
 from pyggml.errors import GGUFError
@@ -78,6 +78,9 @@ class Siglip:
         else:  # gemma3
             self.soft_emb_norm = w.get("mm.soft_emb_norm.weight", (e,))
             self.input_proj = w.get("mm.input_projection.weight", (None, e))
+            if self.input_proj.type not in (GGMLType.F32, GGMLType.F16):
+                raise GGUFError(f"{w.gguf.path}: mm.input_projection.weight is {self.input_proj.type.name}; llama.cpp "
+                                f"copies its transpose, which needs F32 or F16")
             self.n_out = self.input_proj.ne[0]
 
     @property
