@@ -29,10 +29,11 @@ IMAGE_TOKENS = ["<fake_token_around_image>", "<global-img>", "<start_of_image>",
 
 def write_mmproj(path, projector: str, image_size: int, patch_size: int, n_embd: int, n_ff: int, n_layer: int,
                  n_head: int, projection_dim: int, scale_factor: int, longest_edge: int = 0, qtype=None,
-                 seed: int = 0, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)):
+                 seed: int = 0, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), drop=()):
     """An mmproj of SigLIP layers (gelu FFN, layer norms with biases, biased projections) and the projector;
-    `qtype` for the matrices (None: F32; the patch embedding stays F16 then, as converters write it)."""
-    w = _Writer(path, "clip", seed, qtype)
+    `qtype` for the matrices (None: F32; the patch embedding stays F16 then, as converters write it); `drop` names
+    keys or tensors to leave out."""
+    w = _Writer(path, "clip", seed, qtype, drop)
     w.add_bool("clip.has_vision_encoder", True)
     w.add_bool("clip.use_gelu", True)
     w.add_string("clip.projector_type", projector)

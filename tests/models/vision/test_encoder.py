@@ -45,18 +45,6 @@ def test_compute_buffer_is_planned_once_and_reused(tmp_path):
     (dict(projector="qwen2.5vl_merger"), "projector type 'qwen2.5vl_merger' is not supported"),
 ])
 def test_bad_mmproj_files_are_refused_naming_what_is_wrong(tmp_path, change, message):
-    from pyggml.testing import synthetic_vision
-
-    params = {**TINY_IDEFICS3, **{k: v for k, v in change.items() if k != "drop"}}
-    path = tmp_path / "bad.gguf"
-    if "drop" in change:
-        original = synthetic_vision._Writer
-        synthetic_vision._Writer = lambda *a, **kw: original(*a, **kw, drop=change["drop"])
-        try:
-            write_mmproj(path, **params)
-        finally:
-            synthetic_vision._Writer = original
-    else:
-        write_mmproj(path, **params)
+    path = write_mmproj(tmp_path / "bad.gguf", **{**TINY_IDEFICS3, **change})
     with pytest.raises(GGUFError, match=message):
         VisionEncoder(path)
