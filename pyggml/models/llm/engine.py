@@ -54,6 +54,11 @@ class Request:
     n_probs: int = 0
     logits_processor: Callable[[list[int], np.ndarray], None] | None = None
     on_token: Callable[[int], None] | None = None
+    # images: (prompt position, float32 [n, n_embd] embedding rows) in place of the placeholder tokens the prompt
+    # holds there, decoded alone when the prompt reaches them (as llama-server decodes image chunks); never
+    # reused from another request's cells. causal_images False: their rows attend each other both ways (Gemma 3)
+    images: Sequence = ()
+    causal_images: bool = True
 
 
 @dataclass
@@ -287,6 +292,10 @@ class Engine:
         if len(r.prompt) + max(r.max_tokens, 0) > n_ctx or len(r.prompt) >= n_ctx:
             raise ParameterError(f"Request: prompt ({len(r.prompt)} tokens) + max_tokens ({r.max_tokens}) is over "
                                  f"the context of {n_ctx}")
+        for pos, rows in r.images:
+            if not 0 <= pos < pos + len(rows) < len(r.prompt) or rows.shape[1:] != (self.model.arch.n_embd,):
+                raise ParameterError(f"Request.images: rows [{len(rows)}, ...] at {pos} must be n_embd wide and lie "
+                                     f"before the prompt's last token")
         if not isinstance(r.sampling, SamplingParams):
             raise ParameterError("Request.sampling must be a SamplingParams")
         if isinstance(r.stop, str) or not all(isinstance(s, str) and s for s in r.stop):
@@ -385,6 +394,7 @@ class Engine:
             return True
         best = max(self.slots, key=lambda s: (common_prefix(prompt, s.cached), s.handle is None))
         reuse = min(common_prefix(prompt, best.cached), len(prompt) - 1)  # the last prompt token gives logits
+        reuse = min([reuse] + [pos for pos, _ in request.images])  # an image's cells are not shared
         in_place = reuse > 0 and best.handle is None  # an idle slot holding the prefix serves it itself
         target = best if in_place else min(idle, key=lambda s: (bool(s.cached), s.last_used))
         outstanding = sum(s.cells_left for s in self._busy())
@@ -410,8 +420,10 @@ class Engine:
         target.handle, target.fed, target.n_cached, target.max_new = handle, reuse, reuse, max_new
         target.cells_left, target.generated, target.pending, target.sent = need, [], None, 0
         target.sampler = Sampler(request.sampling)
-        for t in prompt:
-            target.sampler.accept(t)
+        image_positions = {p for pos, rows in request.images for p in range(pos, pos + len(rows))}
+        for i, t in enumerate(prompt):
+            if i not in image_positions:
+                target.sampler.accept(t)
         return True
 
     def _exclusive_cells(self, seq_id: int, p0: int) -> int:
@@ -434,7 +446,10 @@ class Engine:
         room = max(self.model.n_batch - len(batch), 0)
         for slot in self._busy():
             if slot.pending is None and room > 0:
-                chunk = slot.prompt[slot.fed:slot.fed + room]
+                if not self._feed_image(slot):
+                    continue
+                end = min([pos for pos, _ in slot.handle.request.images if pos >= slot.fed] + [len(slot.prompt)])
+                chunk = slot.prompt[slot.fed:min(slot.fed + room, end)]
                 last = slot.fed + len(chunk) == len(slot.prompt)
                 for i, t in enumerate(chunk):
                     batch.add(t, slot.fed + i, slot.seq_id, last and i == len(chunk) - 1)
@@ -472,6 +487,25 @@ class Engine:
                     self._sample(slot, row)
                 except Exception as e:  # the request's own callbacks
                     self._finish(slot, "error", f"{type(e).__name__}: {e}")
+
+    def _feed_image(self, slot: Slot) -> bool:
+        """Decode the image that starts at the slot's next prompt position, if one does; its cells hold no token
+        (-1 in `cached`), so no prompt's prefix matches them. False when that failed the request."""
+        request = slot.handle.request
+        rows = next((rows for pos, rows in request.images if pos == slot.fed), None)
+        if rows is None:
+            return True
+        batch = Batch.embeddings(rows, slot.fed, slot.seq_id)
+        batch.causal = request.causal_images
+        try:
+            self.model.decode_batch(batch)
+        except Exception as e:  # as a failed step: the request fails, never the engine
+            self._finish(slot, "error", f"{type(e).__name__}: {e}")
+            return False
+        slot.cached += [-1] * len(rows)
+        slot.cells_left -= len(rows)
+        slot.fed += len(rows)
+        return True
 
     def _sample(self, slot: Slot, row_raw: np.ndarray) -> None:
         """Sample the slot's next token from its logits row (left as it is: log-probabilities are the raw softmax)."""

@@ -42,6 +42,17 @@ class Prompt:
     def n_image_tokens(self) -> int:
         return sum(len(c) for c in self.chunks if isinstance(c, np.ndarray))
 
+    def engine_prompt(self) -> tuple[list[int], list]:
+        """(token ids with 0 where each image's rows go, [(position, rows)]): the engine's Request.prompt/images."""
+        ids, images = [], []
+        for c in self.chunks:
+            if isinstance(c, list):
+                ids += c
+            else:
+                images.append((len(ids), c))
+                ids += [0] * len(c)
+        return ids, images
+
     @property
     def text_tokens(self) -> list[int]:
         return [t for c in self.chunks if isinstance(c, list) for t in c]
