@@ -26,6 +26,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--max-queue", type=int, default=64, help="sequences waiting beyond the slots before 429 "
                                                              "(default 64)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds a request may take (default 600)")
+    p.add_argument("--mmproj", help="vision projector GGUF (llama.cpp's mmproj file): chat messages may then hold "
+                                    "image_url parts (base64 data URLs)")
     p.set_defaults(run=run)
 
 
@@ -59,7 +61,7 @@ def loader(args):
     from pyggml.serve.state import Loaded
 
     def load():
-        model = load_model(args.model, n_ctx=args.ctx, n_batch=args.batch)
+        model = load_model(args.model, n_ctx=args.ctx, n_batch=args.batch, mmproj=args.mmproj)
         loaded = Loaded(model=model, engine=Engine(model, n_slots=args.parallel),
                         model_id=args.alias or Path(model.gguf.path).name)
         loaded.whisper, loaded.whisper_default = load_whispers(args.whisper_model)
