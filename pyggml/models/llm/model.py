@@ -456,9 +456,10 @@ def load_model(path=None, backend: str | Backend | list = "CPU", n_ctx: int = 20
     return model
 
 
-def attach_vision(model: Model, mmproj, backend, weights: str = "quantized", progress: bool | None = None):
+def attach_vision(model: Model, mmproj, backend, weights: str = "quantized", progress: bool | None = None,
+                  flash_attn: bool = True):
     """The encoder of an mmproj file for `model`; ImageError if its embeddings do not fit the model."""
-    encoder = VisionEncoder(mmproj, backend, weights, progress)
+    encoder = VisionEncoder(mmproj, backend, weights, progress, flash_attn)
     if encoder.n_embd_out != model.arch.n_embd:
         encoder.close()
         raise ImageError(f"{mmproj}: the projector's embeddings are {encoder.n_embd_out} wide but the language "

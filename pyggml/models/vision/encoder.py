@@ -21,13 +21,14 @@ class VisionEncoder:
     """`encode(pixels)`: [n_tokens, n_out] embeddings of one normalised image (see preprocess.py), as llama.cpp's
     clip_image_batch_encode gives them."""
 
-    def __init__(self, path, backend: str | Backend = "CPU", weights: str = "quantized", progress: bool | None = None):
+    def __init__(self, path, backend: str | Backend = "CPU", weights: str = "quantized", progress: bool | None = None,
+                 flash_attn: bool = True):
         self.gguf = GGUFFile.open(path)
         try:
             self.hparams = read_hparams(self.gguf)
             self.backend = init_by_name(backend) if isinstance(backend, str) else backend
             self.weights = load_weights(self.gguf, self.backend, weights=weights, progress=progress)
-            self.model = Siglip(self.hparams, self.weights)
+            self.model = Siglip(self.hparams, self.weights, flash_attn)
             self.weights.check_all_asked()
             self.runner = SingleBackend(self.backend)
             self.graph, self.inp, self.out = self._build()

@@ -5,7 +5,10 @@ layer norms, biased q/k/v/out projections and a gelu FFN, the post norm; then pe
 - idefics3 (SmolVLM): pixel shuffle (scale factor s: s x s neighbouring patches into one token) and one matrix;
 - gemma3: average pooling of s x s patches, an RMS norm with `mm.soft_emb_norm.weight`, `mm.input_projection`.
 
-Each intermediate is named as llama.cpp's `cb` names it.
+Attention takes llama.cpp's flash-attention path by default (as clip.cpp does on a CPU that has it: K and V cast to
+F16, accumulated in F32; no n_pos x n_pos matrix in the compute buffer) or, with flash_attn=False, its plain one
+(softmax of the F32 KQ matrix), which the parity checks use. Each intermediate is named as llama.cpp's `cb` names
+it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from dataclasses import dataclass
 from pyggml.core import Context, GGMLType, Tensor
 from pyggml.core import ops
 from pyggml.core.ops.conv import PoolOp
+from pyggml.core.ops.matmul import Prec
 from pyggml.errors import GGUFError
 from pyggml.models.arch.blocks import layer_norm, linear
 from pyggml.models.vision.mmproj import VisionHParams
@@ -60,8 +64,8 @@ def _layer(w, h: VisionHParams, il: int) -> VitLayer:
 class Siglip:
     """The encoder's weights (shapes checked) and its graph for one image of image_size x image_size pixels."""
 
-    def __init__(self, h: VisionHParams, w):
-        self.h = h
+    def __init__(self, h: VisionHParams, w, flash_attn: bool = True):
+        self.h, self.flash_attn = h, flash_attn
         e, n_pos = h.n_embd, h.n_patches_side ** 2
         self.patch_embd = w.get("v.patch_embd.weight", (h.patch_size, h.patch_size, 3, e))
         self.patch_bias = w.optional("v.patch_embd.bias", (e,))
@@ -116,10 +120,17 @@ class Siglip:
         k = ops.reshape_3d(ctx, linear(ctx, layer.k_w, cur, layer.k_b), hd, h.n_head, n_pos)
         v = ops.reshape_3d(ctx, linear(ctx, layer.v_w, cur, layer.v_b), hd, h.n_head, n_pos)
         q, k = ops.permute(ctx, q, 0, 2, 1, 3), ops.permute(ctx, k, 0, 2, 1, 3)
-        v = ops.cont(ctx, ops.permute(ctx, v, 1, 2, 0, 3))
-        kq = ops.soft_max_ext(ctx, ops.mul_mat(ctx, k, q), None, hd ** -0.5, 0.0)
-        out = ops.permute(ctx, ops.mul_mat(ctx, v, kq), 0, 2, 1, 3)
-        out = ops.cont_2d(ctx, out, h.n_embd, n_pos).set_name(f"kqv_out-{il}")
+        if self.flash_attn:  # K and V in F16, accumulated in F32, as clip.cpp's flash-attention path
+            k = ops.cast(ctx, k, GGMLType.F16)
+            v = ops.cast(ctx, ops.permute(ctx, v, 0, 2, 1, 3), GGMLType.F16)
+            out = ops.flash_attn_ext(ctx, q, k, v, None, hd ** -0.5, 0.0, 0.0)
+            ops.flash_attn_ext_set_prec(out, Prec.F32)
+            out = ops.reshape_2d(ctx, out, h.n_embd, n_pos).set_name(f"kqv_out-{il}")
+        else:
+            v = ops.cont(ctx, ops.permute(ctx, v, 1, 2, 0, 3))
+            kq = ops.soft_max_ext(ctx, ops.mul_mat(ctx, k, q), None, hd ** -0.5, 0.0)
+            out = ops.permute(ctx, ops.mul_mat(ctx, v, kq), 0, 2, 1, 3)
+            out = ops.cont_2d(ctx, out, h.n_embd, n_pos).set_name(f"kqv_out-{il}")
         return linear(ctx, layer.o_w, out, layer.o_b).set_name(f"attn_out-{il}")
 
     def pixel_shuffle(self, ctx: Context, cur: Tensor) -> Tensor:

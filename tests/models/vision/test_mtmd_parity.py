@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from pyggml.models import load_model
+from pyggml.models.llm.model import attach_vision
 from pyggml.models.vision.prompt import Prompt
 from pyggml.testing.agreement import agreement
 
@@ -28,7 +29,8 @@ KLD_BOUND = 1e-6
 def pyggml_outputs(case, folder) -> dict:
     """The same three things mtmd_reference gives, from pyggml."""
     lm, mmproj = case.write(folder)
-    model = load_model(lm, mmproj=mmproj, n_ctx=N_CTX, n_batch=N_CTX, kv_type="F32", weights="f32")
+    model = load_model(lm, n_ctx=N_CTX, n_batch=N_CTX, kv_type="F32", weights="f32")
+    model.vision = attach_vision(model, mmproj, model.backend, flash_attn=False)  # as the references ran
     prompt = model.image_prompt(TEXT, [case.image()])
     layout = [t for c in prompt.chunks for t in (c if isinstance(c, list) else [-1] * len(c))]
     *before, last = prompt.chunks
