@@ -3,7 +3,8 @@ resampling (llama.cpp's img_tool reimplements it, fixed point included), cut int
 to [0, 1] and normalised with the file's mean and std.
 
 - idefics3: resized (aspect kept) so the longer side is `clip.vision.preproc_image_size`, then stretched up to whole
-  tiles of image_size, cut into a grid of tiles read row by row, plus the whole image at image_size (Lanczos).
+  tiles of image_size, cut into a grid of tiles read row by row, plus the whole image at image_size (Lanczos);
+  files without that key are sliced as llava-uhd slices (see idefics3_tiles).
 - gemma3: one image_size square: resized with the aspect kept (bilinear) and centred on black.
 """
 
@@ -77,13 +78,35 @@ def _resize(image, size: tuple, resample):
     return image if image.size == size else image.resize(size, resample)
 
 
+def _fit(image, size: tuple, resample):
+    """img_tool::resize with PAD_CEIL: scaled (aspect kept) to fit `size`, centred on black."""
+    if image.size == size:
+        return image
+    w, h = np.float32(image.width), np.float32(image.height)
+    scale = min(np.float32(size[0]) / w, np.float32(size[1]) / h)  # in float, as llama.cpp computes it
+    new = (min(math.ceil(w * scale), size[0]), min(math.ceil(h * scale), size[1]))
+    canvas = _pillow().new("RGB", size, (0, 0, 0))
+    canvas.paste(image.resize(new, resample), ((size[0] - new[0]) // 2, (size[1] - new[1]) // 2))
+    return canvas
+
+
+def _tiles(refined, overview, tile: int, h: VisionHParams) -> Tiles:
+    cols, rows = refined.width // tile, refined.height // tile
+    tiles = [normalise(refined.crop((x * tile, y * tile, (x + 1) * tile, (y + 1) * tile)), h)
+             for y in range(rows) for x in range(cols)]
+    return Tiles(tiles, (cols, rows), normalise(overview, h))
+
+
 def idefics3_tiles(image, h: VisionHParams) -> Tiles:
-    """mtmd_image_preprocessor_idefics3 for files giving preproc_image_size (the longest edge)."""
+    """mtmd_image_preprocessor_idefics3: with `preproc_image_size` (the longest edge), resized (Lanczos) to it with
+    the aspect kept, stretched up to whole tiles; without (older files), llava-uhd's slicing: the image fitted
+    (bicubic, black padding) into whole tiles of its size rounded to tiles. The whole image too, at one tile."""
     image_mod, tile = _pillow(), h.image_size
-    if h.longest_edge <= 0:
-        raise ImageError("this idefics3 mmproj has no clip.vision.preproc_image_size (an older conversion); "
-                         "reconvert it with a current convert_hf_to_gguf.py")
     w, ht = image.size
+    if h.longest_edge <= 0:
+        refined = tuple(max(tile, math.floor(n / tile + 0.5) * tile) for n in (w, ht))
+        return _tiles(_fit(image, refined, image_mod.BICUBIC), _resize(image, (tile, tile), image_mod.BICUBIC),
+                      tile, h)
     aspect = w / ht
     if w >= ht:
         size = (h.longest_edge, int(h.longest_edge / aspect))
@@ -93,22 +116,12 @@ def idefics3_tiles(image, h: VisionHParams) -> Tiles:
         size = (size[0] + size[0] % 2, size[1])
     cols, rows = -(-size[0] // tile), -(-size[1] // tile)
     refined = _resize(_resize(image, size, image_mod.LANCZOS), (cols * tile, rows * tile), image_mod.LANCZOS)
-    tiles = [normalise(refined.crop((x * tile, y * tile, (x + 1) * tile, (y + 1) * tile)), h)
-             for y in range(rows) for x in range(cols)]
-    return Tiles(tiles, (cols, rows), normalise(_resize(refined, (tile, tile), image_mod.LANCZOS), h))
+    return _tiles(refined, _resize(refined, (tile, tile), image_mod.LANCZOS), tile, h)
 
 
 def gemma3_tile(image, h: VisionHParams) -> Tiles:
-    """mtmd_image_preprocessor_fixed_size with PAD_CEIL: the aspect kept, centred on black."""
-    image_mod, side = _pillow(), h.image_size
-    if image.size == (side, side):
-        return Tiles([normalise(image, h)])
-    w, h_ = np.float32(image.width), np.float32(image.height)
-    scale = min(np.float32(side) / w, np.float32(side) / h_)  # in float, as llama.cpp computes it
-    new = (min(math.ceil(w * scale), side), min(math.ceil(h_ * scale), side))
-    canvas = image_mod.new("RGB", (side, side), (0, 0, 0))
-    canvas.paste(image.resize(new, image_mod.BILINEAR), ((side - new[0]) // 2, (side - new[1]) // 2))
-    return Tiles([normalise(canvas, h)])
+    """mtmd_image_preprocessor_fixed_size with PAD_CEIL: the aspect kept (bilinear), centred on black."""
+    return Tiles([normalise(_fit(image, (h.image_size, h.image_size), _pillow().BILINEAR), h)])
 
 
 def preprocess(image, h: VisionHParams) -> Tiles:

@@ -45,7 +45,8 @@ class VisionCase:
         return out.getvalue()
 
 
-CASES = [VisionCase("idefics3-f32", TINY_IDEFICS3, (80, 60)), VisionCase("gemma3-f32", TINY_GEMMA3, (40, 30))]
+CASES = [VisionCase("idefics3-f32", TINY_IDEFICS3, (80, 60)), VisionCase("gemma3-f32", TINY_GEMMA3, (40, 30)),
+         VisionCase("idefics3-f32-no-longest-edge", {**TINY_IDEFICS3, "longest_edge": 0}, (80, 60))]
 
 
 def sha256(path) -> str:
