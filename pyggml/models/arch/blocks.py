@@ -273,6 +273,7 @@ class Decoder:
 
     encoder = False
     classifier = None  # a reranker's head (arch/classifier.py), for Model.embed's "rank" pooling
+    takes_embeddings = False  # whose graphs read Step.embd (image rows) in place of token embeddings
 
     def __init__(self, gguf, w):
         self.n_layer = hparam_count(gguf, "block_count", limit=MAX_LAYERS)

@@ -37,6 +37,7 @@ class Gemma2Layer:
 
 
 class Gemma2(Decoder):
+    takes_embeddings = True   # image rows through Step.input_embeddings
     N_LAYER_27B = 46  # gemma_pytorch: the 27B model scales queries by 1/sqrt(n_embd / n_head), not 1/sqrt(head_dim)
 
     def __init__(self, gguf, w):

@@ -50,6 +50,7 @@ class LlamaLayer:
 
 
 class Llama(Decoder):
+    takes_embeddings = True   # image rows through Step.input_embeddings
     FFN_NORM = "ffn_norm"     # the norm before the FFN (gpt-oss calls it post_attention_norm)
     MOE_ONLY = False          # whether the architecture needs expert_count > 0 (qwen3moe, gpt-oss)
 

@@ -306,6 +306,8 @@ class Model:
         """Feed embedding rows ([n, n_embd] float32: an image's, from pyggml.models.vision) after sequence 0's
         context in place of tokens, as llama.cpp decodes a batch with embd (`causal` False: the rows attend each
         other both ways, as mtmd decodes Gemma 3's images); logits as `decode` gives them."""
+        if not self.arch.takes_embeddings:
+            raise ParameterError(f"decode_embeddings: pyggml's {self.architecture} takes token ids only")
         rows = np.asarray(rows, dtype=np.float32)
         if rows.ndim != 2 or rows.shape[1] != self.arch.n_embd or not len(rows):
             raise ParameterError(f"decode_embeddings: rows must be [n > 0, {self.arch.n_embd}], got {rows.shape}")
@@ -459,6 +461,9 @@ def load_model(path=None, backend: str | Backend | list = "CPU", n_ctx: int = 20
 def attach_vision(model: Model, mmproj, backend, weights: str = "quantized", progress: bool | None = None,
                   flash_attn: bool = True):
     """The encoder of an mmproj file for `model`; ImageError if its embeddings do not fit the model."""
+    if not model.arch.takes_embeddings:
+        raise ImageError(f"pyggml's {model.architecture} does not take image embeddings (vision models here: the llama "
+                         f"family, qwen2, gemma2, gemma3)")
     encoder = VisionEncoder(mmproj, backend, weights, progress, flash_attn)
     if encoder.n_embd_out != model.arch.n_embd:
         encoder.close()

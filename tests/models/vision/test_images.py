@@ -14,7 +14,7 @@ from pyggml.models.vision.mmproj import read_hparams
 from pyggml.models.vision.preprocess import decode_image, preprocess
 from pyggml.models.vision.prompt import MEDIA_MARKER
 from pyggml.models.gguf.gguf_file import GGUFFile
-from pyggml.testing.synthetic import write_gemma3, write_llama
+from pyggml.testing.synthetic import write_gemma3, write_gpt2, write_llama
 from pyggml.testing.synthetic_vision import TINY_GEMMA3, TINY_IDEFICS3, vision_vocab, write_mmproj
 
 Image = pytest.importorskip("PIL.Image", reason="images need Pillow (the vision extra)")
@@ -105,6 +105,8 @@ def test_model_level_refusals(files):
         text_only.generate("x", images=[png(8, 8)])
     with pytest.raises(ImageError, match="32 wide but the language model's are 64"):
         load_model(files["llama"], n_ctx=256, mmproj=files["narrow"])
+    with pytest.raises(ImageError, match="pyggml's gpt2 does not take image embeddings"):
+        load_model(write_gpt2(files["llama"].parent / "gpt2.gguf"), n_ctx=64, mmproj=files["idefics3"])
     model = load_model(files["llama"], n_ctx=256, mmproj=files["idefics3"])
     with pytest.raises(ImageError, match="2 image markers"):
         model.image_prompt("<__media__><__media__>", [png(8, 8)])
