@@ -102,7 +102,7 @@ def side_llamacpp(args) -> dict:
     buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
     bitmap = mtmd.mtmd_helper_bitmap_init_from_buf(ctx, buf, len(data), False)
     chunks = mtmd.mtmd_input_chunks_init()
-    text = mtmd.mtmd_input_text(b"<__media__>", True, True)
+    text = mtmd.mtmd_input_text(b"<__media__>", len(b"<__media__>"), True, True)
     mtmd.mtmd_tokenize(ctx, chunks, ctypes.byref(text), (mtmd.mtmd_bitmap_p_ctypes * 1)(bitmap), 1)
     all_chunks = [mtmd.mtmd_input_chunks_get(chunks, i) for i in range(mtmd.mtmd_input_chunks_size(chunks))]
     image = next(c for c in all_chunks if mtmd.mtmd_input_chunk_get_type(c) != 0)  # the first image chunk

@@ -49,7 +49,8 @@ def _run(llm, mtmd, ctx, text: str, images: list[bytes], n_batch: int) -> dict:
     bufs = [(ctypes.c_uint8 * len(b)).from_buffer_copy(b) for b in images]
     bitmaps = [mtmd.mtmd_helper_bitmap_init_from_buf(ctx, buf, len(buf), False) for buf in bufs]
     chunks = mtmd.mtmd_input_chunks_init()
-    inp = mtmd.mtmd_input_text(text.encode(), True, True)
+    encoded = text.encode()
+    inp = mtmd.mtmd_input_text(encoded, len(encoded), True, True)
     array = (mtmd.mtmd_bitmap_p_ctypes * len(bitmaps))(*bitmaps)
     if mtmd.mtmd_tokenize(ctx, chunks, ctypes.byref(inp), array, len(bitmaps)) != 0:
         raise GGMLError("mtmd_tokenize failed")

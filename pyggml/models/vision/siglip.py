@@ -95,7 +95,7 @@ class Siglip:
     def build(self, ctx: Context, inp_raw: Tensor) -> Tensor:
         """[n_out, n_tokens] embeddings of inp_raw (F32 [W, H, 3, 1], normalised pixels)."""
         h, n_pos = self.h, self.h.n_patches_side ** 2
-        cur = ops.conv_2d(ctx, self.patch_embd, inp_raw, h.patch_size, h.patch_size, 0, 0, 1, 1)
+        cur = self.patch_embeddings(ctx, inp_raw)
         cur = ops.cont(ctx, ops.transpose(ctx, ops.reshape_2d(ctx, cur, n_pos, h.n_embd)))
         if self.patch_bias is not None:
             cur = ops.add(ctx, cur, self.patch_bias).set_name("patch_bias")
@@ -112,6 +112,20 @@ class Siglip:
         if self.post_ln_w is not None:
             x = layer_norm(ctx, x, self.post_ln_w, self.post_ln_b, h.eps)
         return self.pixel_shuffle(ctx, x) if h.projector == "idefics3" else self.pool_project(ctx, x)
+
+    def patch_embeddings(self, ctx: Context, image: Tensor) -> Tensor:
+        """The stride-patch conv as llama.cpp's ggml_conv_2d builds it now: im2col to F16 (F32 for a BF16 kernel),
+        then one product whose kernel operand ggml's CPU rounds to F16 too, as an F16 product's second operand
+        (pyggml's ops.conv_2d keeps ggml 0.15.3's im2col in the kernel's type)."""
+        a, p = self.patch_embd, self.h.patch_size
+        cols_type = GGMLType.F32 if a.type == GGMLType.BF16 else GGMLType.F16
+        cols = ops.im2col(ctx, a, image, p, p, 0, 0, 1, 1, True, cols_type)
+        kernel = ops.reshape_2d(ctx, a, a.ne[0] * a.ne[1] * a.ne[2], a.ne[3])
+        if cols_type == GGMLType.F16 and a.type == GGMLType.F32:
+            kernel = ops.cast(ctx, kernel, GGMLType.F16)
+        res = ops.mul_mat(ctx, ops.reshape_2d(ctx, cols, cols.ne[0], cols.ne[3] * cols.ne[2] * cols.ne[1]), kernel)
+        res = ops.reshape_4d(ctx, res, cols.ne[1], cols.ne[2], cols.ne[3], a.ne[3])
+        return ops.cont(ctx, ops.permute(ctx, res, 0, 1, 3, 2))
 
     def attention(self, ctx: Context, layer: VitLayer, cur: Tensor, n_pos: int, il: int) -> Tensor:
         """Full (bidirectional) attention, as clip_graph::build_attn without flash attention."""
