@@ -7,8 +7,10 @@ compared. llama.cpp's compute buffer is read from its own log line ("compute buf
 defaults on a CPU: flash attention on, weights as the file holds them (F16 matrices here, as mmproj files ship).
 The load average at each side's start is printed.
 
-    python -m benchmarks.vision_vs_llamacpp --size full                # SmolVLM-256M (512 px) and Gemma 3 4B (896 px)
+    python -m benchmarks.vision_vs_llamacpp --size full --llama-python /path/to/venv-with-llama_cpp/bin/python
     python -m benchmarks.vision_vs_llamacpp --size small --repeat 1    # a quick check that it all runs
+
+--size full is SmolVLM-256M's encoder (93M parameters, 512 px) and Gemma 3 4B's (SigLIP so400m, 896 px).
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ SMALL = {"idefics3": dict(image_size=128, patch_size=16, n_embd=192, n_ff=768, n
                         projection_dim=256, scale_factor=4)}
 
 
-def write_pair(folder: str, projector: str, size: str) -> tuple[str, str]:
-    """An mmproj of the projector (F16 matrices) and a one-layer language model as wide as its embeddings."""
+def write_pair(folder: str, projector: str, size: str) -> tuple[str, str, str]:
+    """An mmproj of the projector (F16 matrices), a one-layer language model as wide as its embeddings and a PNG
+    of the encoder's size."""
     from gguf import GGMLQuantizationType
 
     from pyggml.testing.synthetic import write_gemma3, write_llama
@@ -49,7 +52,9 @@ def write_pair(folder: str, projector: str, size: str) -> tuple[str, str]:
                      n_layer=1)
     else:
         write_llama(lm, vocab=vision_vocab(), n_embd=n_embd, n_head=n_embd // 64, n_head_kv=1, n_ff=64, n_layer=1)
-    return str(lm), str(mmproj)
+    image = Path(folder) / f"{projector}-{size}.png"
+    image.write_bytes(square_png(params["image_size"]))
+    return str(lm), str(mmproj), str(image)
 
 
 def square_png(side: int) -> bytes:
@@ -79,26 +84,24 @@ def side_pyggml(args) -> dict:
     from pyggml.models.vision.preprocess import decode_image, preprocess
 
     encoder = VisionEncoder(args.mmproj)
-    tile = preprocess(decode_image(square_png(encoder.hparams.image_size)), encoder.hparams).tiles[0]
+    tile = preprocess(decode_image(args.image), encoder.hparams).tiles[0]
     times = timed(lambda: encoder.encode(tile), args.warmup, args.runs)
     return {"seconds": statistics.median(times), "compute_buffer": encoder.compute_buffer_size}
 
 
 def side_llamacpp(args) -> dict:
+    """Needs only llama_cpp (it runs under --llama-python)."""
     import ctypes
 
     import llama_cpp
     from llama_cpp import mtmd_cpp as mtmd
 
-    from pyggml.models.gguf.gguf_file import GGUFFile
 
     llm = llama_cpp.Llama(model_path=args.lm, n_ctx=512, n_threads=args.threads, verbose=False)
     params = mtmd.mtmd_context_params_default()
     params.use_gpu, params.n_threads, params.print_timings, params.warmup = False, args.threads, False, True
     ctx = mtmd.mtmd_init_from_file(args.mmproj.encode(), llm.model, params)
-    with GGUFFile.open(args.mmproj) as f:
-        side = f.get("clip.vision.image_size")
-    data = square_png(side)
+    data = Path(args.image).read_bytes()
     buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
     bitmap = mtmd.mtmd_helper_bitmap_init_from_buf(ctx, buf, len(data), False)
     chunks = mtmd.mtmd_input_chunks_init()
@@ -116,14 +119,15 @@ def compute_buffer_from_log(stderr: str) -> int | None:
     return int(sum(sizes) * MIB) if sizes else None
 
 
-def compare(args, projector: str, lm: str, mmproj: str, log: RunLog) -> dict:
+def compare(args, projector: str, lm: str, mmproj: str, image: str, log: RunLog) -> dict:
     rounds = {"pyggml": [], "llama.cpp": []}
     buffers = {}
     for _ in range(args.repeat):
         for side, python in (("pyggml", sys.executable), ("llama.cpp", args.llama_python)):
             log.start(f"{projector} {side}")
             cmd = [python, "-m", "benchmarks.vision_vs_llamacpp", "--side", side, "--lm", lm, "--mmproj", mmproj,
-                   "--runs", str(args.runs), "--warmup", str(args.warmup), "--threads", str(args.threads)]
+                   "--image", image, "--runs", str(args.runs), "--warmup", str(args.warmup),
+                   "--threads", str(args.threads)]
             result, stderr = run_side(cmd, side, args.threads, REPO)
             rounds[side].append(result["seconds"])
             buffers[side] = result.get("compute_buffer") or compute_buffer_from_log(stderr)
@@ -148,6 +152,7 @@ def main() -> None:
     p.add_argument("--side", choices=["pyggml", "llama.cpp"], help=argparse.SUPPRESS)
     p.add_argument("--lm", help=argparse.SUPPRESS)
     p.add_argument("--mmproj", help=argparse.SUPPRESS)
+    p.add_argument("--image", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.side:
         print(json.dumps(side_pyggml(args) if args.side == "pyggml" else side_llamacpp(args)))
@@ -157,8 +162,8 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         for projector in (["idefics3", "gemma3"] if args.projector == "all" else [args.projector]):
-            lm, mmproj = written_apart(write_pair, folder, projector, args.size)
-            rows.append(row := compare(args, projector, lm, mmproj, log))
+            lm, mmproj, image = written_apart(write_pair, folder, projector, args.size)
+            rows.append(row := compare(args, projector, lm, mmproj, image, log))
             print(json.dumps(row))
     print(differences([("attention", "flash (F16 K/V)", "flash (auto)"), ("threads", str(args.threads),
                                                                           str(args.threads))],
