@@ -232,7 +232,7 @@ class Model:
         """A graph placed before for this step's shape while its memory is still there (the runner keeps
         graphs_kept of them: a prompt's and a token's, so generation after each prompt builds nothing),
         else a new one."""
-        shape = (n, n_outputs, n_kv, embd)
+        shape = (n, n_outputs, n_kv) + ((True,) if embd else ())  # an embeddings step is a shape of its own
         kept = self._steps.pop(shape, None)
         if kept is not None and self.reuse_graphs and not kept[1].buffer.is_freed:
             self._steps[shape] = kept
