@@ -1,6 +1,6 @@
 """The model options every command that loads a language model takes (generate, chat, serve), added and opened
 in one place so they mean the same everywhere: --model/-m, --threads/-t, --ctx/-c, --batch/-b, --backend,
---rpc, --weights, --kv-type."""
+--rpc, --weights, --kv-type, --mmproj."""
 
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ def add_model_options(p) -> None:
                         "load (4 bytes a weight)")
     p.add_argument("--kv-type", default="F16", choices=kv_type_names(),
                    help="KV cache type (F16 as llama.cpp; F32: twice the memory, no rounding)")
+    p.add_argument("--mmproj", help="vision projector GGUF (llama.cpp's mmproj file): prompts may then hold images")
     add_lora_options(p)
 
 
@@ -54,4 +55,5 @@ def open_model(args, **kwargs):
         devices = [dev for endpoint in args.rpc.split(",") for dev in rpc.add_server(endpoint.strip())]
         backend = [dev.init_backend() for dev in devices] + backend.split(",")
     return load_model(args.model, backend=backend, n_ctx=args.ctx, n_batch=args.batch, weights=args.weights,
-                      kv_type=args.kv_type, n_threads=args.threads, lora=lora_specs(args), **kwargs)
+                      kv_type=args.kv_type, n_threads=args.threads, lora=lora_specs(args), mmproj=args.mmproj,
+                      **kwargs)
