@@ -1,5 +1,5 @@
 """Images through the batching engine (what the server runs) and the generate command: the same text as
-Model.generate, image cells never reused by another request's prefix, and --image refusals."""
+Model.generate, image cells never reused by another request's prefix nor drafted from, and --image refusals."""
 
 import io
 
@@ -9,6 +9,7 @@ import pytest
 from pyggml.cli.main import main
 from pyggml.models import load_model
 from pyggml.models.llm.engine import Engine, Request, Token
+from pyggml.models.llm.speculative import NgramDrafter
 from pyggml.testing.synthetic import write_gemma3
 from pyggml.testing.synthetic_vision import TINY_GEMMA3, vision_vocab, write_mmproj
 
@@ -38,6 +39,11 @@ def test_engine_requests_with_images_give_generate_s_text(files):
                                                 causal_images=model.vision.causal)))
             assert "".join(e.text for e in events if isinstance(e, Token)) == want
             assert events[-1].cached_tokens <= images[0][0]  # never past the first image
+    with Engine(model, n_slots=1, drafter=NgramDrafter()) as engine:  # image cells hold nothing to draft from
+        ids, images = model.image_prompt("what <__media__> is", [png(0)]).engine_prompt()
+        events = list(engine.submit(Request(ids, max_tokens=5, images=images, causal_images=model.vision.causal)))
+        assert "".join(e.text for e in events if isinstance(e, Token)) == wants[0]
+        assert engine.stats().draft_tokens == 0
 
 
 def test_generate_command_with_an_image(files, tmp_path, capsys):
@@ -47,6 +53,9 @@ def test_generate_command_with_an_image(files, tmp_path, capsys):
                  "--ctx", "256"]) == 0
     assert main(["generate", "what", "-m", lm, "--image", str(tmp_path / "cat.png")]) == 2
     assert "--image needs the model's vision projector" in capsys.readouterr().err
+    assert main(["generate", "what", "-m", lm, "--mmproj", mmproj, "--image", str(tmp_path / "cat.png"),
+                 "--spec-type", "ngram"]) == 2
+    assert "--image does not combine with speculative decoding" in capsys.readouterr().err
     (tmp_path / "bad.png").write_bytes(b"not a png")
     assert main(["generate", "what", "-m", lm, "--mmproj", mmproj, "--image", str(tmp_path / "bad.png"),
                  "--ctx", "256"]) == 2
