@@ -104,3 +104,8 @@ class AudioError(WhisperError):
 
 class RPCError(BackendError):
     """A remote backend answered wrongly, too late, or not at all."""
+
+
+class ImageError(GGMLError, ValueError):
+    """An image could not be used: not a decodable image, larger than the limit, sent to a model without a vision
+    projector, or a projector that does not fit the language model."""

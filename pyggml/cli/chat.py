@@ -13,6 +13,7 @@ HELP = """commands:
   /help          this text
   /clear         forget the conversation (the system prompt stays)
   /stats         load time and the last answer's speed
+  /image PATH    send this image with the next message (needs --mmproj)
   /exit, /quit   end the session (or Ctrl-D)
 input: end a line with \\ to go on to the next; or put the message between lines of \"\"\".
 Ctrl-C stops the answer being written and keeps the session."""
@@ -61,9 +62,23 @@ def speed(conv, load_s: float) -> str:
             f"{s['gen_tokens']} tokens at {gen:.1f} tokens/s; context {len(conv.cached)}/{conv.model.n_ctx}]")
 
 
-def answer(conv, text: str) -> None:
+def attach_image(model, path: str, pending: list[str]) -> None:
+    """/image PATH: the file as a data URL, sent with the next message."""
+    from pyggml.models.vision.content import image_data_url
+
+    if model.vision is None:
+        print("[this model has no vision: start pyggml chat with --mmproj FILE]", file=sys.stderr)
+        return
+    if not path:
+        print("[/image needs a file: /image PATH]", file=sys.stderr)
+        return
+    pending.append(image_data_url(path))
+    print(f"[image {path} goes with the next message]", file=sys.stderr)
+
+
+def answer(conv, text: str, images: list[str] = ()) -> None:
     """Stream the answer to stdout; Ctrl-C ends it early, keeping what was said."""
-    pieces = conv.reply(text)
+    pieces = conv.reply(text, images)
     try:
         for piece in pieces:
             print(piece, end="", flush=True)
@@ -77,7 +92,7 @@ def answer(conv, text: str) -> None:
 
 
 def run(args) -> int:
-    from pyggml.errors import ParameterError
+    from pyggml.errors import ImageError, ParameterError
     from pyggml.models.llm.conversation import Conversation
     from pyggml.models.llm.generate import SamplingParams
 
@@ -93,6 +108,7 @@ def run(args) -> int:
     conv = Conversation(model, system=args.system, params=params, reply_room=args.reply_room)
     print(f"{model.gguf.path} ({model.architecture}, context {model.n_ctx}) loaded in {load_s:.1f} s. "
           f"/help for commands, Ctrl-D to leave.", file=sys.stderr, flush=True)
+    images: list[str] = []  # data URLs of the images /image attached to the next message
     while True:
         try:
             text = read_message()
@@ -112,12 +128,18 @@ def run(args) -> int:
             print("[conversation cleared]", file=sys.stderr)
         elif command == "/stats":
             print(speed(conv, load_s), file=sys.stderr)
+        elif command == "/image" or command.startswith("/image "):
+            try:
+                attach_image(model, command[len("/image"):].strip(), images)
+            except ImageError as e:
+                print(f"[{e}]", file=sys.stderr)
         elif command.startswith("/") and "\n" not in command and " " not in command:
             print(f"unknown command {command}; /help lists them", file=sys.stderr)
         elif command:
+            sent, images = images, []
             try:
-                answer(conv, text)
-            except ParameterError as e:
+                answer(conv, text, sent)
+            except (ParameterError, ImageError) as e:
                 print(f"[{e}]", file=sys.stderr)
                 continue
             if args.verbose:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pyggml.cli.model_options import add_model_options, open_model
 from pyggml.cli.speculative import add_arguments as add_speculative_arguments
-from pyggml.errors import ParameterError
+from pyggml.errors import ImageError, ParameterError
 
 MIB = 1024 * 1024
 DEFAULT_PROMPT = "The capital of France is"
@@ -30,6 +30,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--repeat-penalty", type=float, default=1.0, help="penalty on repeated tokens (1: none)")
     p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument("--image", action="append", default=[],
+                   help="an image for the prompt (needs --mmproj; may be given more than once; put <__media__> "
+                        "in the prompt where each goes, else they come first)")
     add_speculative_arguments(p)
     p.set_defaults(run=run)
 
@@ -58,6 +61,10 @@ def run(args) -> int:
     prompt = read_prompt(args)
     check_n_predict(args.n)  # nonsense counts and thresholds fail before the model loads
     sampling = SamplingParams(args.temp, args.top_k, args.top_p, args.min_p, args.repeat_penalty, seed=args.seed)
+    if args.image and not args.mmproj:
+        raise ImageError("--image needs the model's vision projector: --mmproj FILE")
+    if args.image and (args.model_draft or args.spec_type != "none"):
+        raise ParameterError("--image does not combine with speculative decoding (nor does llama-server's mtmd)")
     when_compiling(lambda: print("compiling kernels (once: they are cached for later runs)", file=sys.stderr,
                                  flush=True))
     start, compiled = time.perf_counter(), compile_seconds()
@@ -69,7 +76,7 @@ def run(args) -> int:
     if drafter is None:
         model.generate(prompt, n=args.n, temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
                        min_p=args.min_p, repeat_penalty=args.repeat_penalty, seed=args.seed, chat=args.chat,
-                       stream=lambda piece: print(piece, end="", flush=True))
+                       images=args.image, stream=lambda piece: print(piece, end="", flush=True))
     else:
         speculative_generate(model, drafter, model.prompt_ids(prompt, args.chat), args.n, sampling,
                              lambda piece: print(piece, end="", flush=True))

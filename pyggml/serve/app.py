@@ -97,7 +97,8 @@ def create_app(state: ServerState, api_key: str | None = None, cors_origins: lis
         if loaded.engine is not None:
             data.append({"id": loaded.model_id, "object": "model", "created": created, "owned_by": "pyggml",
                          "meta": {"n_ctx": loaded.model.n_ctx, "n_vocab": loaded.model.n_vocab,
-                                  "architecture": loaded.model.architecture}})
+                                  "architecture": loaded.model.architecture,
+                                  "modalities": {"vision": loaded.model.vision is not None}}})
         for name in loaded.whisper:
             data.append({"id": name, "object": "model", "created": created, "owned_by": "pyggml",
                          "meta": {"kind": "whisper", "default": name == loaded.whisper_default}})

@@ -10,9 +10,10 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from pyggml.errors import GGUFError, ParameterError
+from pyggml.errors import GGUFError, ImageError, ParameterError
 from pyggml.models.llm.engine import Done, Request
 from pyggml.models.llm.generate import SamplingParams
+from pyggml.models.vision.content import has_image_parts, split_image_parts
 from pyggml.serve.params import GenerationParams, read_generation
 from pyggml.serve.access_log import count_tokens
 from pyggml.serve.protocol import APIError, Fields, error_body
@@ -30,6 +31,8 @@ class Job:
     tools: ToolSpec | None = None
     constraint: tuple[str, str, str] | None = None   # (llguidance kind, grammar text, request field)
     echo: list[str] = field(default_factory=list)    # /v1/completions echo: the prompts' text
+    images: list = field(default_factory=list)       # [(position, embedding rows)] of the one chat prompt
+    causal_images: bool = True
 
     @property
     def sequences(self) -> int:
@@ -55,12 +58,30 @@ async def read_chat(state: ServerState, body) -> Job:
     kwargs = f.get("chat_template_kwargs", dict, {})
     template_tools = [{"type": "function", "function": t} for t in
                       (tf["function"] for tf in f.get("tools", list, []))] if tools.active else None
+    images = []
+    if has_image_parts(messages):
+        if model.vision is None:
+            raise APIError("this model has no vision (start the server with --mmproj)", param="messages")
+        try:
+            messages, images = split_image_parts(messages)
+        except ImageError as e:
+            raise APIError(str(e), param="messages") from None
     try:
         text = await run_blocking(lambda: model.chat_prompt(messages, tools=template_tools, **kwargs))
     except (ParameterError, GGUFError) as e:  # the template refused the messages, or the file has no chat format
         raise APIError(str(e), param="messages") from None
-    ids = await run_blocking(lambda: model.tokenize(text, add_special=True, parse_special=True))
-    job = Job(True, [ids], gen, tools if tools.active else None)
+    job = Job(True, [], gen, tools if tools.active else None)
+    if images:
+        try:
+            # encoded on the engine thread, between steps: the encoder computes on the model's CPU backend
+            prompt = await asyncio.wrap_future(state.require().engine.call(lambda m: m.image_prompt(text, images)))
+        except ImageError as e:
+            raise APIError(str(e), param="messages") from None
+        ids, job.images = prompt.engine_prompt()
+        job.causal_images = model.vision.causal
+    else:
+        ids = await run_blocking(lambda: model.tokenize(text, add_special=True, parse_special=True))
+    job.prompts = [ids]
     job.constraint = _constraint(f, tools)
     _check_length(state, job, "messages")
     return job
@@ -146,7 +167,8 @@ def _requests(state: ServerState, job: Job) -> list:
                                stop=job.gen.stop, ignore_eos=job.gen.ignore_eos, n_probs=job.gen.top_logprobs,
                                n_keep=job.gen.n_keep,
                                logits_processor=constraint.logits_processor if constraint else None,
-                               on_token=constraint.on_token if constraint else None))
+                               on_token=constraint.on_token if constraint else None,
+                               images=job.images, causal_images=job.causal_images))
     return out
 
 

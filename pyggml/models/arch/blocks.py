@@ -39,18 +39,26 @@ class Step:
     kv_cells: tuple | None = None              # I64 inputs: the KV cache rows this step writes (kv_cache.store)
     n_ctx: int = 0
     loras: tuple = ()                          # (adapter, scale) pairs that layers.lora_mm adds to projections
+    embd: Tensor | None = None                 # F32 [n_embd, n_tokens] input rows in place of tokens (images)
 
     @classmethod
     def new(cls, n_tokens: int, n_outputs: int, n_kv: int, graph_size: int = 8192, n_ctx: int = 0,
-            loras: tuple = ()) -> Step:
+            loras: tuple = (), n_embd: int = 0) -> Step:
+        """n_embd > 0: a step over embeddings given as input (llama_batch.embd) instead of token ids."""
         ctx = Context(no_alloc=True)
         tokens = ctx.new_tensor_1d(GGMLType.I32, n_tokens, "inp_tokens").set_input()
         positions = ctx.new_tensor_1d(GGMLType.I32, n_tokens, "inp_pos").set_input()
         out_ids = None
         if n_outputs < n_tokens:
             out_ids = ctx.new_tensor_1d(GGMLType.I32, n_outputs, "inp_out_ids").set_input()
+        embd = ctx.new_tensor_2d(GGMLType.F32, n_embd, n_tokens, "inp_embd").set_input() if n_embd else None
         return cls(ctx, Graph(graph_size), n_tokens, n_outputs, n_kv, tokens, positions, out_ids, n_ctx=n_ctx,
-                   loras=tuple(loras))
+                   loras=tuple(loras), embd=embd)
+
+    def input_embeddings(self, tok_embd: Tensor) -> Tensor:
+        """The step's input rows: its embeddings input, else the token embeddings' rows (llama.cpp's
+        build_inp_embd)."""
+        return self.embd if self.embd is not None else ops.get_rows(self.ctx, tok_embd, self.tokens)
 
     def mask(self, window: int | None = None) -> Tensor:
         """The attention mask input for a layer with this sliding window (one tensor per distinct window)."""
@@ -264,6 +272,7 @@ class Decoder:
     encoder = False
     classifier = None   # a reranker's head (arch/classifier.py), for Model.embed's "rank" pooling
     OUTPUT = "optional"  # output.weight: "optional" (tied to the embeddings when absent), "required" or "tied"
+    takes_embeddings = False  # whose graphs read Step.embd (image rows) in place of token embeddings
 
     def __init__(self, gguf, w):
         self.read_hparams(gguf)

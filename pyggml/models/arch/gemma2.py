@@ -22,6 +22,7 @@ ATTN_SOFTCAP, FINAL_SOFTCAP = 50.0, 30.0
 
 
 class Gemma2(Decoder):
+    takes_embeddings = True   # image rows through Step.input_embeddings
     N_LAYER_27B = 46  # gemma_pytorch: the 27B model scales queries by 1/sqrt(n_embd / n_head), not 1/sqrt(head_dim)
     OUTPUT = "tied"   # llama.cpp's gemma2 creates no output.weight
     QK_NORM = False   # RMS norms of each head's q and k before RoPE (gemma3)
@@ -74,7 +75,8 @@ class Gemma2(Decoder):
 
     def build(self, step: Step, kv) -> Tensor:
         ctx, eps = step.ctx, self.eps
-        x = cb(ops.scale(ctx, ops.get_rows(ctx, self.tok_embd, step.tokens), math.sqrt(self.n_embd)), "inp_scaled")
+        x = step.input_embeddings(self.tok_embd)  # token rows scaled by sqrt(n_embd); given embeddings are not
+        x = cb(ops.scale(ctx, x, math.sqrt(self.n_embd)) if step.embd is None else x, "inp_scaled")
         for il, layer in enumerate(self.layers):
             cur = cb(rms_norm(ctx, x, layer.attn_norm, eps), "attn_norm", il)
             q, k, v = build_qkv(step, layer, cur, self.head_dim, self.n_head, self.n_head_kv, il)

@@ -32,6 +32,7 @@ class Llama(Decoder):
     FFN_BIASES = True         # and ffn_{gate,up,down}.bias in dense layers
     OUTPUT_BIAS = False       # output.bias added to the logits (qwen2)
     QK_NORM = False           # RMS norms of each head's q and k before RoPE (qwen3)
+    takes_embeddings = True   # image rows through Step.input_embeddings
     FFN_NORM = "ffn_norm"     # the norm before the FFN (gpt-oss calls it post_attention_norm)
     MOE_ONLY = False          # whether the architecture needs expert_count > 0 (qwen3moe, gpt-oss)
     CLASSIFIER = None         # Classifier.load's arguments when the loader takes a reranker's head (qwen3)
@@ -79,7 +80,7 @@ class Llama(Decoder):
         return self.rope
 
     def embed(self, step: Step) -> Tensor:
-        return cb(ops.get_rows(step.ctx, self.tok_embd, step.tokens), "inp_embd")
+        return cb(step.input_embeddings(self.tok_embd), "inp_embd")
 
     def norm_qk(self, step: Step, il: int, layer, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         if not self.QK_NORM:

@@ -22,6 +22,8 @@ class Batch:
     positions: list[int] = field(default_factory=list)
     seq_ids: list[tuple[int, ...]] = field(default_factory=list)
     logits: list[bool] = field(default_factory=list)
+    embd: np.ndarray | None = None  # float32 [n_tokens, n_embd] rows fed in place of the tokens (llama_batch.embd)
+    causal: bool = True  # False: each token attends every position of its sequence (llama_set_causal_attn)
 
     def add(self, token: int, pos: int, seq_ids: int | Sequence[int], logits: bool = False) -> None:
         """Append one token (llama.cpp's common_batch_add)."""
@@ -41,6 +43,13 @@ class Batch:
             batch.add(t, pos0 + i, seq_id, all_logits or i == len(ids) - 1)
         return batch
 
+    @classmethod
+    def embeddings(cls, rows: np.ndarray, pos0: int, seq_id: int = 0, all_logits: bool = False) -> Batch:
+        """Embedding rows (an image's) of one sequence at pos0, pos0 + 1, ...; their token ids are unused zeros."""
+        batch = cls.sequence([0] * len(rows), pos0, seq_id, all_logits)
+        batch.embd = np.ascontiguousarray(rows, dtype=np.float32)
+        return batch
+
     def __len__(self) -> int:
         return len(self.tokens)
 
@@ -53,6 +62,8 @@ class Batch:
         sequence that are not consecutive or do not continue the cached ones (llama_batch_allocr::init)."""
         if not (len(self.tokens) == len(self.positions) == len(self.seq_ids) == len(self.logits)):
             raise ParameterError("Batch: tokens, positions, seq_ids and logits must have one entry per token")
+        if self.embd is not None and self.embd.shape[0] != len(self.tokens):
+            raise ParameterError(f"Batch: {self.embd.shape[0]} embedding rows for {len(self.tokens)} tokens")
         bad = [t for t in self.tokens if not 0 <= t < n_vocab]
         if bad:
             raise ParameterError(f"Batch: token id {bad[0]} is outside the vocabulary [0, {n_vocab})")

@@ -1,15 +1,18 @@
 """A conversation with one model, turn by turn, as llama.cpp's `llama-cli -cnv` holds it: the whole history is
 rendered by the model's chat template each turn, and only what changed since the last turn is decoded (the KV
 cache keeps the common prefix). When history and a reply's room no longer fit the context, the oldest turns are
-dropped (the system message stays)."""
+dropped (the system message stays). Images go in the history as OpenAI image_url parts; the cache is reused
+only up to the first image (image cells hold no token to compare), so a turn after one re-reads the rest."""
 
 from __future__ import annotations
 
 import time
 from typing import Iterator
 
-from pyggml.errors import ParameterError
+from pyggml.errors import ImageError, ParameterError
 from pyggml.models.llm.generate import Sampler, SamplingParams
+from pyggml.models.vision.content import has_image_parts, image_part, split_image_parts
+from pyggml.models.vision.prompt import Prompt
 
 
 class Conversation:
@@ -35,13 +38,19 @@ class Conversation:
     def clear(self) -> None:
         self.turns = []
 
-    def _prompt_ids(self) -> list[int]:
+    def _render(self) -> list[int] | Prompt:
+        """The history's tokens; with images, a prompt whose images are encoded (Model.image_prompt)."""
+        if not has_image_parts(self.messages):
+            return self.model.tokenize(self.model.chat_prompt(self.messages), add_special=True, parse_special=True)
+        messages, images = split_image_parts(self.messages)
+        return self.model.image_prompt(self.model.chat_prompt(messages), images)
+
+    def _prompt_ids(self) -> list[int] | Prompt:
         """The history's tokens, after dropping the oldest turns (a user message and its answer) that do not fit
         beside the reply's room."""
         self.dropped = 0
         while True:
-            text = self.model.chat_prompt(self.messages)
-            ids = self.model.tokenize(text, add_special=True, parse_special=True)
+            ids = self._render()
             if len(ids) + self.reply_room <= self.model.n_ctx:
                 return ids
             if len(self.turns) <= 1:
@@ -51,13 +60,14 @@ class Conversation:
             self.turns = self.turns[drop:]
             self.dropped += drop
 
-    def reply(self, text: str) -> Iterator[str]:
-        """Add the user's message and yield the answer's text as it is made. Closing the iterator early (or an
-        interruption) keeps what was said so far as the answer."""
-        self.turns.append({"role": "user", "content": text})
+    def reply(self, text: str, images: list[str] = ()) -> Iterator[str]:
+        """Add the user's message (with `images`: data URLs) and yield the answer's text as it is made. Closing
+        the iterator early (or an interruption) keeps what was said so far as the answer."""
+        content = [{"type": "text", "text": text}] + [image_part(url) for url in images] if images else text
+        self.turns.append({"role": "user", "content": content})
         try:
             ids = self._prompt_ids()
-        except ParameterError:
+        except (ParameterError, ImageError):
             self.turns.pop()
             raise
         answer: list[int] = []
@@ -79,18 +89,22 @@ class Conversation:
         if rest:
             yield rest
 
-    def _generate(self, ids: list[int], answer: list[int]) -> Iterator[int]:
+    def _generate(self, prompt: list[int] | Prompt, answer: list[int]) -> Iterator[int]:
         model, last = self.model, self.last
+        ids, images = prompt.engine_prompt() if isinstance(prompt, Prompt) else (prompt, [])
+        for pos, rows in images:
+            ids[pos:pos + len(rows)] = [-1] * len(rows)  # image cells: no token, so no later prefix matches them
         keep = 0
-        while keep < min(len(self.cached), len(ids) - 1) and self.cached[keep] == ids[keep]:
+        while keep < min(len(self.cached), len(ids) - 1) and self.cached[keep] == ids[keep] != -1:
             keep += 1
         model.seq_rm(0, keep, -1)
         self.cached = ids[:keep]
         sampler = Sampler(self.params)
         for t in ids:
-            sampler.accept(t)
+            if t != -1:
+                sampler.accept(t)
         start = time.perf_counter()
-        logits = model.decode(ids[keep:])
+        logits = model.decode_prompt(prompt, keep)
         self.cached = list(ids)
         last.update(prompt_tokens=len(ids) - keep, prompt_s=time.perf_counter() - start, gen_tokens=0, gen_s=0.0)
         for _ in range(self.reply_room):

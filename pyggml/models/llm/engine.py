@@ -63,6 +63,11 @@ class Request:
     logits_processor: Callable[[list[int], np.ndarray], None] | None = None
     on_token: Callable[[int], None] | None = None
     n_keep: int = 0                 # context shift: prompt tokens always kept (-1: all), besides the BOS
+    # images: (prompt position, float32 [n, n_embd] embedding rows) in place of the placeholder tokens the prompt
+    # holds there, decoded alone when the prompt reaches them (as llama-server decodes image chunks); never
+    # reused from another request's cells. causal_images False: their rows attend each other both ways (Gemma 3)
+    images: Sequence = ()
+    causal_images: bool = True
 
 
 @dataclass
@@ -288,6 +293,10 @@ class Engine:
         if (len(r.prompt) + max(r.max_tokens, 0) > n_ctx and not self.context_shift) or len(r.prompt) >= n_ctx:
             raise ParameterError(f"Request: prompt ({len(r.prompt)} tokens) + max_tokens ({r.max_tokens}) is over "
                                  f"the context of {n_ctx}")
+        for pos, rows in r.images:
+            if not 0 <= pos < pos + len(rows) < len(r.prompt) or rows.shape[1:] != (self.model.arch.n_embd,):
+                raise ParameterError(f"Request.images: rows [{len(rows)}, ...] at {pos} must be n_embd wide and lie "
+                                     f"before the prompt's last token")
         if not isinstance(r.sampling, SamplingParams):
             raise ParameterError("Request.sampling must be a SamplingParams")
         if isinstance(r.stop, str) or not all(isinstance(s, str) and s for s in r.stop):
@@ -383,6 +392,7 @@ class Engine:
         """Each generating slot's guess of the tokens after its pending one (speculative decoding)."""
         for slot in self.scheduler.busy():
             room = min(self.drafter.params.n_max, slot.draft_room) if slot.pending is not None else 0
+            room = 0 if slot.handle.request.images else room  # image cells hold no tokens for a drafter to read
             if room > 0:
                 slot.draft = self.drafter.draft(slot.seq_id, slot.cached + [slot.pending], room)
                 slot.n_drafted += len(slot.draft)
@@ -397,6 +407,7 @@ class Engine:
         if self.drafter is not None:
             self._draft()
         draft_s = time.perf_counter() - start
+        self._feed_images()
         batch, outputs, n_prompt = self.scheduler.next_batch()
         if not len(batch):
             return
@@ -421,6 +432,18 @@ class Engine:
             st.prompt_s += seconds * n_prompt / n
             st.gen_tokens += n_gen
             st.gen_s += seconds * (n - n_prompt) / n + draft_s
+
+    def _feed_images(self) -> None:
+        """Decode, alone, each image that starts at a prompt's next position (as llama-server decodes image
+        chunks); a failed one fails its request, never the engine."""
+        for slot in self._busy():
+            while slot.pending is None and (batch := self.scheduler.image_batch(slot)) is not None:
+                try:
+                    self.model.decode_batch(batch)
+                except Exception as e:
+                    self._finish(slot, "error", f"{type(e).__name__}: {e}")
+                    break
+                self.scheduler.fed_image(slot, len(batch))
 
     def _tokens_from(self, slot: Slot, rows: np.ndarray) -> int:
         """Sample the slot's tokens from its rows: one per row while the draft fed after its pending token

@@ -105,12 +105,14 @@ class KVCells:
         self.seq[cells] = False
         self.shift[cells] = 0
 
-    def mask(self, positions: np.ndarray, first_seq: np.ndarray, n_kv: int, window: int | None = None) -> np.ndarray:
+    def mask(self, positions: np.ndarray, first_seq: np.ndarray, n_kv: int, window: int | None = None,
+             causal: bool = True) -> np.ndarray:
         """[n_tokens, n_kv] F32 of 0 (visible) and -inf: token i sees cell j when j holds a position at or
-        before its own of the token's first sequence (within the window: llama.cpp's LLAMA_SWA_TYPE_STANDARD)."""
+        before its own of the token's first sequence (within the window: llama.cpp's LLAMA_SWA_TYPE_STANDARD);
+        not causal (llama_set_causal_attn false: Gemma 3's image tokens), any position of that sequence."""
         q = np.asarray(positions, dtype=np.int64)[:, None]
         k = self.pos[None, :n_kv]
-        visible = self.seq[:n_kv, :].T[np.asarray(first_seq, dtype=np.int64)] & (k >= 0) & (k <= q)
+        visible = self.seq[:n_kv, :].T[np.asarray(first_seq, dtype=np.int64)] & (k >= 0) & ((k <= q) | (not causal))
         if window is not None:
             visible &= q - k < window
         return np.where(visible, np.float32(0), np.float32(-np.inf)).astype(np.float32)

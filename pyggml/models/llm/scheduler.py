@@ -9,7 +9,11 @@ used first) when a request needs room.
 
 Cells are promised up front: a request is admitted only when the cache has room for the rest of its prompt
 and for every token it may still generate, counting what the running requests may still write; otherwise it
-waits. So a running request never finds the cache full. A speculative draft only borrows cells from its own
+waits. So a running request never finds the cache full.
+
+Images (a request's embedding rows in place of placeholder tokens) are decoded alone when the prompt reaches
+them; their cells hold no token (-1 in `cached`), so no prompt's prefix ever matches them, and a request's
+reuse stops before its first image. A speculative draft only borrows cells from its own
 promise (a draft is never longer than the tokens the request may still write) and gives back what the
 target rejects.
 
@@ -65,8 +69,10 @@ class Slot:
         self.generated, self.pending, self.draft, self.n_drafted, self.n_accepted = [], None, [], 0, 0
         self.share, self.truncated = share, False
         self.sampler = Sampler(request.sampling)
-        for t in request.prompt:
-            self.sampler.accept(t)
+        image_positions = {p for pos, rows in request.images for p in range(pos, pos + len(rows))}
+        for i, t in enumerate(request.prompt):
+            if i not in image_positions:  # placeholders, not text the penalties should see
+                self.sampler.accept(t)
         self.output = TextOutput(tokenizer, request.stop)
 
     def stop(self) -> None:
@@ -113,6 +119,7 @@ class Scheduler:
         sources = idle if self.context_shift else self.slots  # shifting slots share no cells
         best = max(sources, key=lambda s: (common_prefix(prompt, s.cached), s.handle is None))
         reuse = min(common_prefix(prompt, best.cached), len(prompt) - 1)  # the last prompt token gives logits
+        reuse = min([reuse] + [pos for pos, _ in request.images])  # an image's cells are not shared
         in_place = reuse > 0 and best.handle is None  # an idle slot holding the prefix serves it itself
         target = best if in_place else min(idle, key=lambda s: (bool(s.cached), s.last_used))
         outstanding = sum(s.cells_left for s in self.busy())
@@ -175,7 +182,8 @@ class Scheduler:
         room = max(self.model.n_batch - len(batch), 0)
         for slot in self.busy():
             if slot.pending is None and room > 0:
-                chunk = slot.prompt[slot.fed:slot.fed + room]
+                end = min([pos for pos, _ in slot.handle.request.images if pos >= slot.fed] + [len(slot.prompt)])
+                chunk = slot.prompt[slot.fed:min(slot.fed + room, end)]  # up to the next image
                 last = slot.fed + len(chunk) == len(slot.prompt)
                 for i, t in enumerate(chunk):
                     batch.add(t, slot.fed + i, slot.seq_id, last and i == len(chunk) - 1)
@@ -184,6 +192,22 @@ class Scheduler:
                 if last:
                     outputs.append((slot, 1, False))
         return batch, outputs, n_prompt
+
+    def image_batch(self, slot: Slot) -> Batch | None:
+        """The embeddings batch of the image that starts at the slot's next prompt position, if one does."""
+        request = slot.handle.request
+        rows = next((rows for pos, rows in request.images if pos == slot.fed), None)
+        if rows is None:
+            return None
+        batch = Batch.embeddings(rows, slot.fed, slot.seq_id)
+        batch.causal = request.causal_images
+        return batch
+
+    def fed_image(self, slot: Slot, n: int) -> None:
+        """The slot's image of n rows is in the cache (cells that hold no token)."""
+        slot.cached += [-1] * n
+        slot.cells_left -= n
+        slot.fed += n
 
     def fed(self, batch: Batch) -> None:
         """The batch is in the cache."""

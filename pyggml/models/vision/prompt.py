@@ -1,0 +1,114 @@
+"""A prompt with images as llama.cpp's mtmd_tokenize lays it out: the text is cut at each media marker, every part
+tokenized on its own (special tokens parsed, no BOS), each image replaced by its projector's own tokens around
+the chunks of its embeddings, and BOS put first when the vocabulary adds one.
+
+- idefics3: for each tile row by row `<fake_token_around_image><row_R_col_C>` and the tile's embeddings, "\\n"
+  after every row but the last; then "\\n\\n" `<fake_token_around_image><global-img>`, the whole image's
+  embeddings and `<fake_token_around_image>`.
+- gemma3: `<start_of_image>`, the embeddings, `<end_of_image>`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pyggml.errors import ImageError
+from pyggml.models.vision.preprocess import Tiles
+
+MEDIA_MARKER = "<__media__>"  # llama.cpp's mtmd_default_marker
+
+
+@dataclass
+class Prompt:
+    """Chunks in order: lists of token ids and float32 [n, n_embd] arrays of image embeddings."""
+
+    chunks: list = field(default_factory=list)
+
+    def add_tokens(self, ids) -> None:
+        if not len(ids):
+            return
+        if self.chunks and isinstance(self.chunks[-1], list):
+            self.chunks[-1].extend(ids)
+        else:
+            self.chunks.append(list(ids))
+
+    def __len__(self) -> int:
+        """Positions the prompt takes (an image's embeddings one each)."""
+        return sum(len(c) for c in self.chunks)
+
+    @property
+    def n_image_tokens(self) -> int:
+        return sum(len(c) for c in self.chunks if isinstance(c, np.ndarray))
+
+    def engine_prompt(self) -> tuple[list[int], list]:
+        """(token ids with 0 where each image's rows go, [(position, rows)]): the engine's Request.prompt/images."""
+        ids, images = [], []
+        for c in self.chunks:
+            if isinstance(c, list):
+                ids += c
+            else:
+                images.append((len(ids), c))
+                ids += [0] * len(c)
+        return ids, images
+
+    @property
+    def text_tokens(self) -> list[int]:
+        return [t for c in self.chunks if isinstance(c, list) for t in c]
+
+
+def _piece_token(model, text: str) -> list[int]:
+    """The one token whose text is `text` (mtmd's lookup_token), as the tokenizer reads it with specials."""
+    ids = model.tokenize(text, add_special=False, parse_special=True)
+    if len(ids) != 1:
+        raise ImageError(f"the vocabulary has no single token {text!r} that this projector places around images")
+    return ids
+
+
+def _special(model, text: str) -> list[int]:
+    return model.tokenize(text, add_special=False, parse_special=True)
+
+
+def add_image(prompt: Prompt, model, encoder, tiles: Tiles) -> None:
+    """The image's tokens and embeddings, in the projector's layout (see the module docstring)."""
+    if encoder.projector == "gemma3":
+        prompt.add_tokens(_special(model, "<start_of_image>"))
+        prompt.chunks.append(encoder.encode(tiles.tiles[0]))
+        prompt.add_tokens(_special(model, "<end_of_image>"))
+        return
+    cols, rows = tiles.grid
+    for y in range(rows):
+        for x in range(cols):
+            prompt.add_tokens(_special(model, f"<fake_token_around_image><row_{y + 1}_col_{x + 1}>"))
+            prompt.chunks.append(encoder.encode(tiles.tiles[y * cols + x]))
+        if y != rows - 1:
+            prompt.add_tokens(_piece_token(model, "\n"))
+    prompt.add_tokens(_piece_token(model, "\n\n") + _piece_token(model, "<fake_token_around_image>")
+                      + _piece_token(model, "<global-img>"))
+    prompt.chunks.append(encoder.encode(tiles.overview))
+    prompt.add_tokens(_piece_token(model, "<fake_token_around_image>"))
+
+
+def build_prompt(model, encoder, text: str, images: list[Tiles], add_special: bool = True) -> Prompt:
+    """`text` with one MEDIA_MARKER per image (markers are put first when the text has none)."""
+    n_markers = text.count(MEDIA_MARKER)
+    if n_markers == 0 and images:
+        text, n_markers = MEDIA_MARKER * len(images) + text, len(images)
+    if n_markers != len(images):
+        raise ImageError(f"the prompt has {n_markers} image markers ({MEDIA_MARKER}) for {len(images)} images")
+    prompt = Prompt()
+    parts = text.split(MEDIA_MARKER)
+    for i, part in enumerate(parts):
+        prompt.add_tokens(_special(model, part) if part else [])
+        if i < len(images):
+            add_image(prompt, model, encoder, images[i])
+    tok = model.tokenizer
+    if add_special and tok.add_bos:
+        if prompt.chunks and isinstance(prompt.chunks[0], list):
+            prompt.chunks[0].insert(0, tok.bos_id)
+        else:
+            prompt.chunks.insert(0, [tok.bos_id])
+    if add_special and getattr(tok, "add_eos", False):
+        prompt.add_tokens([tok.eos_id])
+    return prompt
