@@ -3,6 +3,7 @@ on the batching engine. Loopback by default; another address without --api-key g
 
 from __future__ import annotations
 
+import os
 import sys
 
 DEFAULT_WHISPER = "tiny.en"
@@ -22,7 +23,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--batch", type=int, default=512, help="prompt tokens per step (default 512)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (not on /health)")
     p.add_argument("--cors-origin", action="append", default=None,
-                   help="allowed browser origin (repeatable; '*' for any); default: no CORS headers")
+                   help="allowed browser origin (repeatable; '*' for any); default: any origin, echoed back with "
+                        "credentials, as llama-server")
+    p.add_argument("--slot-save-path", help="directory for /slots/{id}?action=save|restore files (default: off)")
+    p.add_argument("--model-strict", action="store_true",
+                   help="a request's 'model' must name the loaded model (else 404 model_not_found, as OpenAI); "
+                        "default: any name is the loaded model, as llama-server")
     p.add_argument("--max-queue", type=int, default=64, help="sequences waiting beyond the slots before 429 "
                                                              "(default 64)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds a request may take (default 600)")
@@ -39,6 +45,8 @@ def check_args(args) -> None:
         raise ParameterError(f"--port must be 0-65535, got {args.port}")
     if args.max_queue < 0 or args.timeout <= 0:
         raise ParameterError("--max-queue must be >= 0 and --timeout > 0")
+    if args.slot_save_path is not None and not os.path.isdir(args.slot_save_path):
+        raise ParameterError(f"--slot-save-path {args.slot_save_path!r} is not a directory")
 
 
 def bind_warning(host: str, api_key: str | None) -> str | None:
@@ -95,7 +103,8 @@ def run(args) -> int:
     if warning:
         print(warning, file=sys.stderr)
     state = ServerState(loader(args), Limits(parallel=args.parallel, max_queue=args.max_queue,
-                                             timeout_s=args.timeout))
+                                             timeout_s=args.timeout, model_any=not args.model_strict,
+                                             slot_save_path=args.slot_save_path))
     app = create_app(state, api_key=args.api_key, cors_origins=args.cors_origin)
     print(f"pyggml serve: http://{args.host}:{args.port}/v1 (loading; GET /health is 200 when ready)", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

@@ -16,12 +16,13 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from pyggml.serve import audio, completions, metrics
+from pyggml.serve import audio, completions, metrics, native
 from pyggml.serve.protocol import APIError, Fields, error_body
 from pyggml.serve.state import ServerState, run_blocking
 
 log = logging.getLogger("pyggml.serve")
 PUBLIC_PATHS = ("/health", "/v1/health")  # answered without an API key, as llama.cpp's server does
+CORS_METHODS = ["GET", "POST", "DELETE", "OPTIONS"]
 
 
 def create_app(state: ServerState, api_key: str | None = None, cors_origins: list[str] | None = None) -> FastAPI:
@@ -37,6 +38,9 @@ def create_app(state: ServerState, api_key: str | None = None, cors_origins: lis
     if cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=cors_origins, allow_methods=["*"], allow_headers=["*"],
                            allow_credentials=cors_origins != ["*"])
+    else:  # llama-server's default: any origin, echoed back, with credentials
+        app.add_middleware(CORSMiddleware, allow_origin_regex=".*", allow_methods=CORS_METHODS, allow_headers=["*"],
+                           allow_credentials=True)
 
     if api_key is not None:
         app.add_middleware(KeyCheck, api_key=api_key)
@@ -51,16 +55,16 @@ def create_app(state: ServerState, api_key: str | None = None, cors_origins: lis
 
     @app.exception_handler(HTTPException)
     async def http_error(request, e: HTTPException):
-        return JSONResponse(error_body(str(e.detail), "invalid_request_error", code=e.status_code), e.status_code)
+        return JSONResponse(error_body(str(e.detail), "invalid_request_error"), e.status_code)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request, e: RequestValidationError):
-        return JSONResponse(error_body(str(e), "invalid_request_error", code=400), 400)
+        return JSONResponse(error_body(str(e), "invalid_request_error"), 400)
 
     @app.exception_handler(Exception)
     async def unexpected(request, e: Exception):
         log.exception("unexpected error on %s", request.url.path)
-        return JSONResponse(error_body(f"internal error: {type(e).__name__}: {e}", "server_error", code=500), 500)
+        return JSONResponse(error_body(f"internal error: {type(e).__name__}: {e}", "server_error"), 500)
 
     # ----- status ---------------------------------------------------------------------------------
     @app.get("/health")
@@ -130,6 +134,8 @@ def create_app(state: ServerState, api_key: str | None = None, cors_origins: lis
         if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < model.n_vocab for t in ids):
             raise APIError(f"'tokens' must be token ids in [0, {model.n_vocab})", param="tokens")
         return {"content": model.detokenize(ids)}
+
+    app.include_router(native.routes(state, _json, _disconnect))
 
     # ----- audio ----------------------------------------------------------------------------------
     @app.post("/v1/audio/transcriptions")
