@@ -87,8 +87,8 @@ async def read_native(state: ServerState, body, infill: bool = False) -> Job:
     if infill:
         prefix, suffix = f.get("input_prefix", str, required=True), f.get("input_suffix", str, required=True)
         extra = read_extra(f)
-        prompt = await completions.tokenize_prompts(model, prompts) if prompts[0] else [[]]
-        ids = await run_blocking(lambda: infill_prompt(model.tokenizer, prefix, suffix, extra, prompt[0],
+        prompt = await run_blocking(lambda: model.tokenize(prompts[0], add_special=False, parse_special=True))
+        ids = await run_blocking(lambda: infill_prompt(model.tokenizer, prefix, suffix, extra, prompt,
                                                        model.n_batch, _slot_ctx(state)))
         tokens = [ids]
     else:
