@@ -12,17 +12,16 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from pyggml.serve import audio, completions, metrics, native
+from pyggml.serve.cors import CORS
 from pyggml.serve.protocol import APIError, Fields, error_body
 from pyggml.serve.state import ServerState, run_blocking
 
 log = logging.getLogger("pyggml.serve")
 PUBLIC_PATHS = ("/health", "/v1/health")  # answered without an API key, as llama.cpp's server does
-CORS_METHODS = ["GET", "POST", "DELETE", "OPTIONS"]
 
 
 def create_app(state: ServerState, api_key: str | None = None, cors_origins: list[str] | None = None) -> FastAPI:
@@ -35,15 +34,9 @@ def create_app(state: ServerState, api_key: str | None = None, cors_origins: lis
 
     app = FastAPI(title="pyggml", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.serve = state
-    if cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=cors_origins, allow_methods=["*"], allow_headers=["*"],
-                           allow_credentials=cors_origins != ["*"])
-    else:  # llama-server's default: any origin, echoed back, with credentials
-        app.add_middleware(CORSMiddleware, allow_origin_regex=".*", allow_methods=CORS_METHODS, allow_headers=["*"],
-                           allow_credentials=True)
-
     if api_key is not None:
         app.add_middleware(KeyCheck, api_key=api_key)
+    app.add_middleware(CORS, origins=cors_origins)  # added last: the outermost, 401s carry its headers too
 
     @app.exception_handler(APIError)
     async def api_error(request, e: APIError):
@@ -99,12 +92,13 @@ def create_app(state: ServerState, api_key: str | None = None, cors_origins: lis
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions")
     async def chat(request: Request):
+        state.check_room()  # before the body is even parsed: refusals must cost nothing
         job = await completions.read_chat(state, await _json(request))
         return await _generate(state, job, request)
 
-    @app.post("/v1/completions")
-    @app.post("/completions")
+    @app.post("/v1/completions")  # /completions is llama-server's own (pyggml.serve.native)
     async def complete(request: Request):
+        state.check_room()  # before the body is even parsed: refusals must cost nothing
         job = await completions.read_completion(state, await _json(request))
         return await _generate(state, job, request)
 
@@ -150,16 +144,18 @@ def create_app(state: ServerState, api_key: str | None = None, cors_origins: lis
 
 
 class KeyCheck:
-    """`Authorization: Bearer KEY` on every path but /health (plain ASGI: a BaseHTTPMiddleware would stand
-    between the routes and the client's disconnect)."""
+    """`Authorization: Bearer KEY` (or `X-Api-Key: KEY`, as llama-server takes too) on every path but /health
+    (plain ASGI: a BaseHTTPMiddleware would stand between the routes and the client's disconnect)."""
 
     def __init__(self, app, api_key: str):
-        self.app, self.expected = app, f"Bearer {api_key}".encode()
+        self.app, self.expected, self.key = app, f"Bearer {api_key}".encode(), api_key.encode()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["method"] != "OPTIONS" and scope["path"] not in PUBLIC_PATHS:
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not secrets.compare_digest(given, self.expected):
+            headers = dict(scope["headers"])
+            given = headers.get(b"authorization", b"")
+            if not (secrets.compare_digest(given, self.expected)
+                    or secrets.compare_digest(headers.get(b"x-api-key", b""), self.key)):  # Anthropic's header
                 response = _error(APIError("Invalid API key", status=401, kind="authentication_error"))
                 return await response(scope, receive, send)
         await self.app(scope, receive, send)

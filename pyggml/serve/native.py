@@ -28,12 +28,15 @@ def routes(state: ServerState, read_json, disconnect) -> APIRouter:
     router = APIRouter()
 
     @router.post("/completion")
+    @router.post("/completions")
     async def completion(request: Request):
+        state.check_room()  # before the body is parsed
         job = await read_native(state, await read_json(request))
         return await _answer(state, job, request, disconnect)
 
     @router.post("/infill")
     async def infill(request: Request):
+        state.check_room()  # before the body is parsed
         job = await read_native(state, await read_json(request), infill=True)
         return await _answer(state, job, request, disconnect)
 
