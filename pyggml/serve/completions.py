@@ -81,7 +81,8 @@ async def render_chat(model, f: Fields) -> tuple[str, ToolSpec]:
     template_tools = [{"type": "function", "function": t} for t in
                       (tf["function"] for tf in f.get("tools", list, []))] if tools.active else None
     try:
-        text = await run_blocking(lambda: model.chat_prompt(messages, tools=template_tools, **kwargs))
+        text = await run_blocking(lambda: model.chat_prompt(
+            messages, tools=template_tools, add_generation_prompt=f.get("add_generation_prompt", bool, True), **kwargs))
     except (ParameterError, GGUFError) as e:  # the template refused the messages, or the file has no chat format
         raise APIError(str(e), param="messages") from None
     return text, tools

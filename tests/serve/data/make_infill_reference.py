@@ -2,25 +2,23 @@
 model (tests.support.serve.write_infill_model), computed with llama.cpp's own tokenizer and FIM ids (through
 llama-cpp-python) by the rules of llama-server's format_prompt_infill (tools/server/server-common.cpp).
 
-Run with a Python that has llama_cpp and this repository on its path:
-    PYTHONPATH=. /path/to/peer/python tests/serve/data/make_infill_reference.py
+Run with the project's Python; the llama.cpp part runs in a Python that has llama_cpp:
+    python tests/serve/data/make_infill_reference.py --peer-python /path/to/venv/bin/python
 """
 
+import argparse
 import json
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
-
-import llama_cpp
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-from tests.serve.infill_cases import CASES  # noqa: E402
-from tests.support.serve import write_infill_model  # noqa: E402
 
 NULL = -1  # LLAMA_TOKEN_NULL
 
 
 def llama_infill(llm, vocab, case):
+    import llama_cpp
+
     def tok(text):
         return llm.tokenize(text.encode(), add_bos=False, special=False) if text else []
 
@@ -48,14 +46,36 @@ def llama_infill(llm, vocab, case):
     return [int(t) for t in inp + end + [llama_cpp.llama_vocab_fim_mid(vocab)]]
 
 
-def main():
+def peer_side(model: str, cases: str) -> None:
+    """In the peer's Python: the cases' tokens on stdout."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model, vocab_only=True, verbose=False)
+    vocab = llama_cpp.llama_model_get_vocab(llm.model)
+    out = [llama_infill(llm, vocab, case) for case in json.loads(Path(cases).read_text())]
+    print(json.dumps({"llama_cpp_python": llama_cpp.__version__, "tokens": out}))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--peer-python", default="python")
+    p.add_argument("--peer-side", nargs=2, metavar=("MODEL", "CASES"), help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.peer_side:
+        return peer_side(*args.peer_side)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+    from tests.serve.infill_cases import CASES
+    from tests.support.serve import write_infill_model
+
     with tempfile.TemporaryDirectory() as tmp:
-        path = write_infill_model(Path(tmp) / "fim.gguf")
-        llm = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
-        vocab = llama_cpp.llama_model_get_vocab(llm.model)
-        out = [{**case, "tokens": llama_infill(llm, vocab, case)} for case in CASES]
+        model, cases = write_infill_model(Path(tmp) / "fim.gguf"), Path(tmp) / "cases.json"
+        cases.write_text(json.dumps(CASES))
+        run = subprocess.run([args.peer_python, __file__, "--peer-side", str(model), str(cases)], check=True,
+                             capture_output=True, text=True)
+    peer = json.loads(run.stdout.strip().splitlines()[-1])
+    out = [{**case, "tokens": tokens} for case, tokens in zip(CASES, peer["tokens"])]
     target = Path(__file__).with_name("infill_reference.json")
-    target.write_text(json.dumps({"llama_cpp_python": llama_cpp.__version__, "cases": out}, indent=1) + "\n")
+    target.write_text(json.dumps({"llama_cpp_python": peer["llama_cpp_python"], "cases": out}, indent=1) + "\n")
     print(f"wrote {len(out)} cases to {target}")
 
 
