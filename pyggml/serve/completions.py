@@ -66,7 +66,7 @@ def check_media(kind: str, where: str) -> None:
     """The one place media parts are refused: the served models read text only (lift this check where a model
     with a vision or audio encoder is loaded)."""
     if kind in MEDIA_PARTS:
-        raise APIError(f"'{where}' is a {kind} part: this model has no vision or audio input (text parts only)",
+        raise APIError(f"'{where}' is {kind} input: this model has no vision or audio input (text only)",
                        param=where)
 
 
@@ -93,7 +93,7 @@ async def read_chat(state: ServerState, body) -> Job:
     state.check_model_name(f.get("model", str))
     check_room_early(state, f)
     model = state.require().model
-    gen = read_generation(f, model.n_vocab, chat=True)
+    gen = read_generation(f, model.n_vocab, chat=True, tokenize=lambda text: model.tokenize(text, False))
     text, tools = await render_chat(model, f)
     ids = await run_blocking(lambda: model.tokenize(text, add_special=True, parse_special=True))
     job = Job(True, [ids], gen, tools if tools.active else None)
@@ -111,7 +111,7 @@ async def read_completion(state: ServerState, body) -> Job:
     prompt = as_prompts(prompt)
     check_room_early(state, f, len(prompt))
     prompts = await tokenize_prompts(model, prompt)
-    gen = read_generation(f, model.n_vocab, chat=False)
+    gen = read_generation(f, model.n_vocab, chat=False, tokenize=lambda text: model.tokenize(text, False))
     job = Job(False, prompts, gen, constraint=constraint_of(f))
     read_llama_fields(job, f, state)
     if f.get("echo", bool, False):
@@ -124,15 +124,21 @@ async def read_completion(state: ServerState, body) -> Job:
 
 def as_prompts(prompt) -> list:
     """A request's `prompt` as a list of prompts: a string or an array holding a token id is one prompt."""
-    return [prompt] if isinstance(prompt, str) or any(_is_id(x) for x in prompt) else prompt
+    return [prompt] if isinstance(prompt, (str, dict)) or any(_is_id(x) for x in prompt) else prompt
 
 
 async def tokenize_prompts(model, prompts: list) -> list[list[int]]:
-    """Each prompt as token ids: a string (special tokens parsed, BOS added as the model does), token ids, or
-    llama-server's mixed form, an array of strings and ids (strings added without BOS after the first)."""
+    """Each prompt as token ids: a string (special tokens parsed, BOS added as the model does), token ids,
+    llama-server's mixed form, an array of strings and ids (strings added without BOS after the first), or its
+    JSON form {"prompt_string", "multimodal_data"} (media refused)."""
     out = []
     for i, p in enumerate(prompts):
         where = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+        if isinstance(p, dict):
+            pf = Fields(p, where)
+            if pf.has("multimodal_data"):
+                check_media("image", f"{where}.multimodal_data")
+            p = pf.get("prompt_string", str, required=True)
         if isinstance(p, str):
             p = [p]
         if not isinstance(p, list) or not p or not all(isinstance(x, str) or _is_id(x) for x in p):
@@ -192,7 +198,8 @@ def check_length(state: ServerState, job: Job, param: str) -> None:
     n_ctx = state.require().model.n_ctx
     for ids in job.prompts:
         if len(ids) >= n_ctx:
-            raise APIError(f"the prompt has {len(ids)} tokens; the context holds {n_ctx}", param=param)
+            raise APIError(f"the prompt has {len(ids)} tokens; the context holds {n_ctx}", param=param,
+                           code="context_length_exceeded", extra={"n_prompt_tokens": len(ids), "n_ctx": n_ctx})
         if job.gen.max_tokens > 0 and len(ids) + job.gen.max_tokens > n_ctx:
             raise APIError(f"the prompt's {len(ids)} tokens plus max_tokens {job.gen.max_tokens} exceed the "
                            f"context of {n_ctx}", param="max_tokens")
@@ -485,12 +492,12 @@ async def _stream(state: ServerState, job: Job, model_id: str):
             "model": model_id, "system_fingerprint": SYSTEM_FINGERPRINT}
     usage_field = {"usage": None} if job.gen.include_usage else {}
 
-    def chunk(index, delta=None, text=None, logprobs=None, finish=None):
+    def chunk(index, delta=None, text=None, logprobs=None, finish=None, first=False):
         if job.chat:
             choice = {"index": index, "delta": delta or {}, "logprobs": logprobs, "finish_reason": finish}
         else:
             choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
-        timings = {"timings": outputs[index].timings()} if finish or job.timings_per_token else {}
+        timings = {"timings": outputs[index].timings()} if finish or (job.timings_per_token and not first) else {}
         return sse({**head, "choices": [choice], **usage_field, **timings})
 
     admitted = False
@@ -501,7 +508,7 @@ async def _stream(state: ServerState, job: Job, model_id: str):
             outputs = [ChoiceOutput(i, job, state.require().model.tokenizer) for i in range(job.sequences)]
             if job.chat:
                 for o in outputs:
-                    yield chunk(o.index, {"role": "assistant", "content": ""})
+                    yield chunk(o.index, {"role": "assistant", "content": ""}, first=True)
             async for i, event in run.events():
                 o = outputs[i]
                 if is_done(event):
@@ -519,7 +526,7 @@ async def _stream(state: ServerState, job: Job, model_id: str):
                         yield chunk(i, {"tool_calls": [delta]})
             run.outcome = "completed"
         if job.gen.include_usage:
-            yield sse({**head, "choices": [], "usage": _usage(job, outputs)})
+            yield sse({**head, "choices": [], "usage": _usage(job, outputs), "timings": outputs[0].timings()})
     except APIError as e:
         if not admitted:
             raise

@@ -46,6 +46,14 @@ def routes(state: ServerState, read_json, disconnect) -> APIRouter:
         text, _ = await completions.render_chat(state.require().model, f)
         return {"prompt": text}
 
+    @router.post("/chat/completions/input_tokens")
+    @router.post("/v1/chat/completions/input_tokens")
+    async def input_tokens(request: Request):
+        model = state.require().model
+        text, _ = await completions.render_chat(model, Fields(await read_json(request)))
+        ids = await run_blocking(lambda: model.tokenize(text, add_special=True, parse_special=True))
+        return {"input_tokens": len(ids)}
+
     @router.get("/props")
     async def props():
         return _props(state)
@@ -82,9 +90,9 @@ async def read_native(state: ServerState, body, infill: bool = False) -> Job:
         fim_tokens(model.tokenizer)
         prompts = [f.get("prompt", str, "")]
     else:
-        prompts = completions.as_prompts(f.get("prompt", (str, list), required=True))
+        prompts = completions.as_prompts(f.get("prompt", (str, list, dict), required=True))
     completions.check_room_early(state, f, len(prompts))
-    gen = read_generation(f, model.n_vocab, chat=False)
+    gen = read_generation(f, model.n_vocab, chat=False, tokenize=lambda text: model.tokenize(text, False))
     gen.top_logprobs = f.get("n_probs", int, 0, low=0, high=model.n_vocab)
     gen.logprobs = gen.top_logprobs > 0
     if infill:

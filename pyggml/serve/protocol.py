@@ -14,13 +14,16 @@ class APIError(ParameterError):
     """An HTTP error in OpenAI's shape (`param` names the request field at fault)."""
 
     def __init__(self, message: str, status: int = 400, param: str | None = None,
-                 kind: str = "invalid_request_error", headers: dict | None = None, code: str | None = None):
+                 kind: str = "invalid_request_error", headers: dict | None = None, code: str | None = None,
+                 extra: dict | None = None):
         super().__init__(message)
         self.message, self.status, self.param, self.kind, self.code = message, status, param, kind, code
-        self.headers = headers or {}
+        self.headers, self.extra = headers or {}, extra or {}   # extra: llama-server's fields (n_ctx, ...)
 
     def body(self) -> dict:
-        return error_body(self.message, self.kind, self.param, self.code)
+        body = error_body(self.message, self.kind, self.param, self.code)
+        body["error"].update(self.extra)
+        return body
 
 
 def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict:

@@ -1,5 +1,5 @@
-# Ported from llama.cpp (https://github.com/ggml-org/llama.cpp), tools/server/tests/unit/test_infill.py, as vendored in
-# llama-cpp-python 0.3.36; adapted to `pyggml serve` and the project's models (see README.md here).
+# Ported from llama.cpp (https://github.com/ggml-org/llama.cpp): tools/server/tests/unit/test_infill.py,
+# as vendored in llama-cpp-python 0.3.36; adapted to `pyggml serve` and the project's models (see utils.py).
 #
 # MIT License
 #

@@ -1,5 +1,5 @@
-# Ported from llama.cpp (https://github.com/ggml-org/llama.cpp), tools/server/tests/unit/test_template.py, as vendored in
-# llama-cpp-python 0.3.36; adapted to `pyggml serve` and the project's models (see README.md here).
+# Ported from llama.cpp (https://github.com/ggml-org/llama.cpp): tools/server/tests/unit/test_template.py,
+# as vendored in llama-cpp-python 0.3.36; adapted to `pyggml serve` and the project's models (see utils.py).
 #
 # MIT License
 #
@@ -55,6 +55,8 @@ def test_add_generation_prompt(expected_generation_prompt: str, add_generation_p
     prompt = res.body["prompt"]
 
     if add_generation_prompt:
-        assert expected_generation_prompt in prompt, f"Expected generation prompt ({expected_generation_prompt}) in content ({prompt})"
+        assert expected_generation_prompt in prompt, \
+            f"Expected generation prompt ({expected_generation_prompt}) in content ({prompt})"
     else:
-        assert expected_generation_prompt not in prompt, f"Did not expect generation prompt ({expected_generation_prompt}) in content ({prompt})"
+        assert expected_generation_prompt not in prompt, \
+            f"Did not expect generation prompt ({expected_generation_prompt}) in content ({prompt})"

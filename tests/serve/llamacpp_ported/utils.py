@@ -1,5 +1,5 @@
-# Ported from llama.cpp (https://github.com/ggml-org/llama.cpp), tools/server/tests/utils.py, as vendored in
-# llama-cpp-python 0.3.36; adapted to `pyggml serve` and the project's models (see README.md here).
+# Ported from llama.cpp (https://github.com/ggml-org/llama.cpp): tools/server/tests/utils.py,
+# as vendored in llama-cpp-python 0.3.36; adapted to `pyggml serve` and the project's models (see utils.py).
 #
 # MIT License
 #
@@ -242,3 +242,18 @@ def stop_all() -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
     _RUNNING.clear()
+
+
+def parallel_function_calls(function_list: list[tuple]) -> list[Any]:
+    """Run (function, args) pairs on threads; their results in order (an exception leaves None, as llama.cpp's)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    results: list[Any] = [None] * len(function_list)
+    with ThreadPoolExecutor(len(function_list)) as pool:
+        futures = [pool.submit(fn, *args) for fn, args in function_list]
+        for i, future in enumerate(futures):
+            try:
+                results[i] = future.result()
+            except Exception as e:  # the test sees None in its place and the exception printed
+                print(f"parallel call {i} failed: {e}")
+    return results
