@@ -78,6 +78,12 @@ def infill_model_path() -> str:
     return str(path)
 
 
+def slot_save_dir() -> str:
+    path = _WORK / "slots"
+    path.mkdir(exist_ok=True)
+    return str(path)
+
+
 class ServerResponse:
     headers: dict
     status_code: int
@@ -194,6 +200,7 @@ class ServerPreset:
         server.n_slots = 2
         server.n_predict = 64
         server.seed = 42
+        server.slot_save_path = slot_save_dir()  # always: one server serves the slot tests too
         return server
 
     @staticmethod
@@ -212,14 +219,8 @@ class ServerPreset:
     @staticmethod
     def bert_bge_small() -> ServerProcess:
         """An embedding server: the chat model's mean-pooled embeddings (llama-server's --embeddings on a
-        decoder) in place of bge-small."""
-        server = ServerProcess()
-        server.model_alias = "bert-bge-small"
-        server.n_ctx = 1024
-        server.n_batch = 128
-        server.n_slots = 2
-        server.seed = 42
-        return server
+        decoder) in place of bge-small, on the preset's server (one model load for both)."""
+        return ServerPreset.tinyllama2()
 
 
 def match_regex(regex: str, text: str) -> bool:
