@@ -448,8 +448,8 @@ class Engine:
         in_place = reuse > 0 and best in idle  # an idle slot holding the prefix serves it itself
         target = best if in_place else min(idle, key=lambda s: (bool(s.cached), s.last_used))
         outstanding = sum(s.cells_left for s in self._busy())
-        evictable = sorted((s for s in idle if s is not target and not (reuse and s is best) and s.cached),
-                           key=lambda s: s.last_used)
+        evictable = sorted((s for s in self.slots if s.handle is None and s is not target
+                            and not (reuse and s is best) and s.cached), key=lambda s: s.last_used)
         while True:
             need = len(prompt) - reuse + max_new - 1
             freed = self._exclusive_cells(target.seq_id, reuse if in_place else 0)
