@@ -8,6 +8,7 @@ import asyncio
 import json
 import time
 import uuid
+import weakref
 from dataclasses import dataclass, field
 
 from pyggml import __version__
@@ -41,6 +42,7 @@ class Job:
 
 
 SYSTEM_FINGERPRINT = f"pyggml-{__version__}"
+_READS_TEXT_PARTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> bool
 MEDIA_PARTS = ("image_url", "input_audio", "image", "audio", "file")
 
 
@@ -70,12 +72,28 @@ def check_media(kind: str, where: str) -> None:
                        param=where)
 
 
+def reads_text_parts(model) -> bool:
+    """Whether the template renders a content given as text parts (llama.cpp's supports_typed_content probe); if
+    not, the parts are joined by newlines first, as llama-server does. Found once per model."""
+    if model not in _READS_TEXT_PARTS:
+        probe = "<probe-8c1f>"
+        try:
+            text = model.chat_prompt([{"role": "user", "content": [{"type": "text", "text": probe}]}])
+        except Exception:  # a template that only concatenates strings fails on a list
+            text = ""
+        _READS_TEXT_PARTS[model] = probe in text
+    return _READS_TEXT_PARTS[model]
+
+
 async def render_chat(model, f: Fields) -> tuple[str, ToolSpec]:
     """The chat request's messages rendered by the file's template (with the tools when they are active)."""
     messages = f.get("messages", list, required=True)
     if not messages:
         raise APIError("'messages' must not be empty", param="messages")
     check_messages(messages)
+    if not await run_blocking(reads_text_parts, model):
+        messages = [{**m, "content": "\n".join(p.get("text", "") for p in m["content"])}
+                    if isinstance(m.get("content"), list) else m for m in messages]
     tools = read_tools(f)
     kwargs = f.get("chat_template_kwargs", dict, {})
     template_tools = [{"type": "function", "function": t} for t in

@@ -93,7 +93,8 @@ def test_timings_and_fingerprint_in_openai_responses(server):
             "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True,
             "timings_per_token": True}) as s:
         chunks = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
-    assert all("timings" in c for c in chunks) and chunks[-1]["choices"][0]["finish_reason"]
+    assert "timings" not in chunks[0] and all("timings" in c for c in chunks[1:])  # not in the role chunk
+    assert chunks[-1]["choices"][0]["finish_reason"]
 
 
 # ----- /tokenize, /apply-template, /props, CORS ----------------------------------------------------------
