@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import zipfile
 from pathlib import Path
 
 from fastapi import APIRouter, Request
@@ -283,5 +284,6 @@ def slot_file(directory: str, filename: str) -> Path:
 async def _engine_call(future):
     try:
         return await asyncio.wrap_future(future)
-    except (ParameterError, OSError, ValueError, KeyError) as e:  # a busy slot, a file that is no saved slot
+    except (ParameterError, OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+        # a busy slot, a file that is no saved slot
         raise APIError(f"slot action failed: {e}") from None

@@ -189,6 +189,10 @@ def test_slot_save_restore_erase(fim_server):
         r = _post(fim_server, "/slots/0?action=save", {"filename": name})
         assert r.status_code == 400 and r.json()["error"]["param"] == "filename"
     assert _post(fim_server, "/slots/0?action=restore", {"filename": "none.bin"}).status_code == 404
+    for junk in (b"not a slot file", b"PK\x03\x04 broken zip"):
+        (fim_server.saves / "junk.bin").write_bytes(junk)
+        r = _post(fim_server, "/slots/0?action=restore", {"filename": "junk.bin"})
+        assert r.status_code == 400 and "slot action failed" in r.json()["error"]["message"]
     assert _post(fim_server, "/slots/0?action=fly", {"filename": "a.bin"}).status_code == 400
     assert _post(fim_server, "/slots/9?action=erase").status_code == 400
 
