@@ -71,8 +71,7 @@ def routes(state: ServerState, read_json, disconnect) -> APIRouter:
         if fail_on_no_slot and all(busy for _, busy, _ in info):
             raise APIError("no slot available", status=503, kind="unavailable_error")
         n_ctx = _slot_ctx(state)
-        return [{"id": i, "id_task": -1, "n_ctx": n_ctx, "speculative": False, "is_processing": busy,
-                 "n_prompt_tokens": len(cached), "params": _settings(_default_gen(state))}
+        return [{"id": i, "n_ctx": n_ctx, "speculative": False, "is_processing": busy, "n_prompt_tokens": len(cached)}
                 for i, busy, cached in info]
 
     @router.post("/slots/{id_slot}")
