@@ -40,6 +40,8 @@ def create_app(state: ServerState, api_key: str | None = None, cors_origins: lis
 
     @app.exception_handler(APIError)
     async def api_error(request, e: APIError):
+        if e.status == 429:  # a client retrying at once waits here (a sleeping coroutine costs nothing)
+            await asyncio.sleep(state.limits.refusal_delay_s)
         return _error(e)
 
     @app.exception_handler(completions.ClientGone)

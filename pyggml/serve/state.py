@@ -21,6 +21,7 @@ class Limits:
     max_queue: int = 64             # requests waiting beyond the busy slots before 429
     timeout_s: float = 600.0        # per request
     retry_after_s: int = 1
+    refusal_delay_s: float = 0.1    # a 429 is sent this late: clients that re-send at once are slowed, at no cost
     model_any: bool = True          # any `model` name is the loaded model (llama-server); False: OpenAI's 404
     slot_save_path: str | None = None  # where /slots/{id}?action=save|restore keeps slot files (None: off)
 
