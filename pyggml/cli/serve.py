@@ -5,6 +5,7 @@ a file that cannot load ends the command with one line naming it. Loopback by de
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 
@@ -32,7 +33,12 @@ def add_parser(subparsers) -> None:
                    help="generate past a request's share of the context by dropping its oldest tokens (as llama.cpp)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (not on /health)")
     p.add_argument("--cors-origin", action="append", default=None,
-                   help="allowed browser origin (repeatable; '*' for any); default: no CORS headers")
+                   help="allowed browser origin (repeatable; '*' for any); default: any origin, echoed back with "
+                        "credentials, as llama-server")
+    p.add_argument("--slot-save-path", help="directory for /slots/{id}?action=save|restore files (default: off)")
+    p.add_argument("--model-strict", action="store_true",
+                   help="a request's 'model' must name the loaded model (else 404 model_not_found, as OpenAI); "
+                        "default: any name is the loaded model, as llama-server")
     p.add_argument("--max-queue", type=non_negative_int, default=64,
                    help="sequences waiting beyond the slots before 429")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds a request may take")
@@ -47,6 +53,8 @@ def check_args(args) -> None:
 
     if args.timeout <= 0:
         raise ParameterError(f"--timeout must be > 0, got {args.timeout}")
+    if args.slot_save_path is not None and not os.path.isdir(args.slot_save_path):
+        raise ParameterError(f"--slot-save-path {args.slot_save_path!r} is not a directory")
 
 
 def bind_warning(host: str, api_key: str | None) -> str | None:
@@ -68,7 +76,8 @@ def load(args):
 
     try:
         model = open_model(args)
-        model.chat_template()  # a template that does not compile fails here, not at the first request
+        if model.gguf.get("tokenizer.chat_template"):  # a file's template that does not compile fails here, not
+            model.chat_template()                       # at the first request (without one, chat requests get 400s)
         drafter = open_drafter(args, model, args.parallel)
         engine = Engine(model, n_slots=args.parallel, drafter=drafter, context_shift=args.context_shift)
         loaded = Loaded(model=model, engine=engine, model_id=args.alias or Path(model.gguf.path).name)
@@ -140,7 +149,8 @@ def run(args) -> int:
     loaded = load(args)
     print(f"pyggml serve: loaded in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
     state = ServerState(lambda: loaded, Limits(parallel=args.parallel, max_queue=args.max_queue,
-                                               timeout_s=args.timeout))
+                                               timeout_s=args.timeout, model_any=not args.model_strict,
+                                               slot_save_path=args.slot_save_path))
     state.load()
     sock = bind(args.host, args.port)
     app = create_app(state, api_key=args.api_key, cors_origins=args.cors_origin,

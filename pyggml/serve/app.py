@@ -14,12 +14,12 @@ from typing import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from pyggml.serve import anthropic, audio, completions, lora, metrics, rerank, responses
+from pyggml.serve import anthropic, audio, completions, lora, metrics, native, rerank, responses
 from pyggml.serve.access_log import AccessLog
+from pyggml.serve.cors import CORS
 from pyggml.serve.protocol import APIError, Fields, error_body
 from pyggml.serve.state import ServerState, run_blocking
 
@@ -40,17 +40,16 @@ def create_app(state: ServerState, api_key: str | None = None, cors_origins: lis
 
     app = FastAPI(title="pyggml", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.serve = state
-    if cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=cors_origins, allow_methods=["*"], allow_headers=["*"],
-                           allow_credentials=cors_origins != ["*"])
-
     if api_key is not None:
         app.add_middleware(KeyCheck, api_key=api_key)
+    app.add_middleware(CORS, origins=cors_origins)  # outside the key check: 401s carry its headers too
     if access_log is not None:  # outermost: refused requests get their line too
         app.add_middleware(AccessLog, write=access_log)
 
     @app.exception_handler(APIError)
     async def api_error(request, e: APIError):
+        if e.status == 429:  # a client retrying at once waits here (a sleeping coroutine costs nothing)
+            await asyncio.sleep(state.limits.refusal_delay_s)
         return _error(e)
 
     @app.exception_handler(completions.ClientGone)
@@ -59,16 +58,16 @@ def create_app(state: ServerState, api_key: str | None = None, cors_origins: lis
 
     @app.exception_handler(HTTPException)
     async def http_error(request, e: HTTPException):
-        return JSONResponse(error_body(str(e.detail), "invalid_request_error", code=e.status_code), e.status_code)
+        return JSONResponse(error_body(str(e.detail), "invalid_request_error"), e.status_code)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request, e: RequestValidationError):
-        return JSONResponse(error_body(str(e), "invalid_request_error", code=400), 400)
+        return JSONResponse(error_body(str(e), "invalid_request_error"), 400)
 
     @app.exception_handler(Exception)
     async def unexpected(request, e: Exception):
         log.exception("unexpected error on %s", request.url.path)
-        return JSONResponse(error_body(f"internal error: {type(e).__name__}: {e}", "server_error", code=500), 500)
+        return JSONResponse(error_body(f"internal error: {type(e).__name__}: {e}", "server_error"), 500)
 
     @app.get("/")
     async def chat_page():
@@ -108,13 +107,14 @@ def create_app(state: ServerState, api_key: str | None = None, cors_origins: lis
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions")
     async def chat(request: Request):
+        state.check_room()  # before the body is even parsed: refusals must cost nothing
         body = await _json(request)
         job = await completions.read_chat(state, body)
         return await lora.gated(state, body, lambda: _generate(state, job, request))
 
-    @app.post("/v1/completions")
-    @app.post("/completions")
+    @app.post("/v1/completions")  # /completions is llama-server's own (pyggml.serve.native)
     async def complete(request: Request):
+        state.check_room()  # before the body is even parsed: refusals must cost nothing
         body = await _json(request)
         job = await completions.read_completion(state, body)
         return await lora.gated(state, body, lambda: _generate(state, job, request))
@@ -186,6 +186,8 @@ def create_app(state: ServerState, api_key: str | None = None, cors_origins: lis
     async def rerank_documents(request: Request):
         return await rerank.rerank(state, await _json(request))
 
+    app.include_router(native.routes(state, _json, _disconnect))
+
     # ----- audio ----------------------------------------------------------------------------------
     @app.post("/v1/audio/transcriptions")
     async def transcriptions(request: Request):
@@ -199,17 +201,18 @@ def create_app(state: ServerState, api_key: str | None = None, cors_origins: lis
 
 
 class KeyCheck:
-    """`Authorization: Bearer KEY` on every path but /health (plain ASGI: a BaseHTTPMiddleware would stand
-    between the routes and the client's disconnect)."""
+    """`Authorization: Bearer KEY` (or `X-Api-Key: KEY`, as llama-server takes too) on every path but /health
+    (plain ASGI: a BaseHTTPMiddleware would stand between the routes and the client's disconnect)."""
 
     def __init__(self, app, api_key: str):
-        self.app, self.expected = app, f"Bearer {api_key}".encode()
+        self.app, self.expected, self.key = app, f"Bearer {api_key}".encode(), api_key.encode()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["method"] != "OPTIONS" and scope["path"] not in PUBLIC_PATHS:
-            headers = dict(scope["headers"])  # Anthropic's clients send x-api-key (llama.cpp's server takes both)
-            given = headers.get(b"authorization") or b"Bearer " + headers.get(b"x-api-key", b"")
-            if not secrets.compare_digest(given, self.expected):
+            headers = dict(scope["headers"])
+            given = headers.get(b"authorization", b"")
+            if not (secrets.compare_digest(given, self.expected)
+                    or secrets.compare_digest(headers.get(b"x-api-key", b""), self.key)):  # Anthropic's header
                 response = _error(APIError("Invalid API key", status=401, kind="authentication_error"))
                 return await response(scope, receive, send)
         await self.app(scope, receive, send)

@@ -8,14 +8,16 @@ import asyncio
 import json
 import time
 import uuid
+import weakref
 from dataclasses import dataclass, field
 
+from pyggml import __version__
 from pyggml.errors import GGUFError, ImageError, ParameterError
 from pyggml.models.llm.engine import Done, Request
 from pyggml.models.llm.generate import SamplingParams
 from pyggml.models.vision.content import has_image_parts, split_image_parts
-from pyggml.serve.params import GenerationParams, read_generation
 from pyggml.serve.access_log import count_tokens
+from pyggml.serve.params import MAX_N, GenerationParams, read_generation
 from pyggml.serve.protocol import APIError, Fields, error_body
 from pyggml.serve.state import ServerState, run_blocking
 from pyggml.serve.tool_calls import ToolCallStream, ToolSpec, parse_tool_calls, read_tools, tool_call_start
@@ -33,27 +35,72 @@ class Job:
     echo: list[str] = field(default_factory=list)    # /v1/completions echo: the prompts' text
     images: list = field(default_factory=list)       # [(position, embedding rows)] of the one chat prompt
     causal_images: bool = True
+    timings_per_token: bool = False                  # llama-server's field: `timings` in every streamed chunk
+    slot: int | None = None                          # llama-server's id_slot: the engine slot to run in
+    cache_prompt: bool = True                        # llama-server's: start from a cached prefix
+    return_tokens: bool = False                      # llama-server's /completion: the token ids too
 
     @property
     def sequences(self) -> int:
         return len(self.prompts) * self.gen.n
 
 
+SYSTEM_FINGERPRINT = f"pyggml-{__version__}"
+_READS_TEXT_PARTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> bool
+MEDIA_PARTS = ("image_url", "input_audio", "image", "audio", "file")
+
+
 # ----- reading requests ---------------------------------------------------------------------------
-async def read_chat(state: ServerState, body) -> Job:
-    f = Fields(body)
-    state.check_model_name(f.get("model", str))
-    model = state.require().model
-    messages = f.get("messages", list, required=True)
-    if not messages:
-        raise APIError("'messages' must not be empty", param="messages")
+def check_room_early(state: ServerState, f: Fields, n_prompts: int = 1) -> None:
+    """The 429 before any costly work (rendering, tokenizing): a flood of refused retries must not slow the
+    requests being served."""
+    state.check_room(n_prompts * f.get("n", int, 1, low=1, high=MAX_N))
+
+
+def check_messages(messages: list, vision: bool = False) -> None:
+    """Roles, and contents as strings or text parts (a media part is refused by check_media; image parts are read
+    where the model has a vision projector)."""
     for i, m in enumerate(messages):
         mf = Fields(m, f"messages[{i}]")
         mf.get("role", str, required=True, choices=("system", "developer", "user", "assistant", "tool", "function"))
-        if not (isinstance(m.get("content"), (str, list)) or (m.get("content") is None and m["role"] == "assistant")):
-            raise APIError(f"'messages[{i}].content' must be a string or an array of parts",
-                           param=f"messages[{i}].content")
-    gen = read_generation(f, model.n_vocab, chat=True)
+        content = mf.get("content", (str, list), None, required=m.get("role") != "assistant")
+        for j, part in enumerate(content if isinstance(content, list) else []):
+            kind = Fields(part, f"messages[{i}].content[{j}]").get("type", str, required=True)
+            if not (vision and kind == "image_url"):
+                check_media(kind, f"messages[{i}].content[{j}]")
+
+
+def check_media(kind: str, where: str) -> None:
+    """The one place media parts are refused (image_url parts are read where a vision projector is loaded)."""
+    if kind in MEDIA_PARTS:
+        hint = "this model has no vision (start the server with --mmproj)" if "image" in kind else \
+            "this model has no audio input"
+        raise APIError(f"'{where}' is {kind} input: {hint}", param=where)
+
+
+def reads_text_parts(model) -> bool:
+    """Whether the template renders a content given as text parts (llama.cpp's supports_typed_content probe); if
+    not, the parts are joined by newlines first, as llama-server does. Found once per model."""
+    if model not in _READS_TEXT_PARTS:
+        probe = "<probe-8c1f>"
+        try:
+            text = model.chat_prompt([{"role": "user", "content": [{"type": "text", "text": probe}]}])
+        except Exception:  # a template that only concatenates strings fails on a list
+            text = ""
+        _READS_TEXT_PARTS[model] = probe in text
+    return _READS_TEXT_PARTS[model]
+
+
+async def render_chat(model, f: Fields) -> tuple[str, ToolSpec, list]:
+    """The chat request's messages rendered by the file's template (with the tools when they are active), and
+    their images (a model with a vision projector reads image_url parts)."""
+    messages = f.get("messages", list, required=True)
+    if not messages:
+        raise APIError("'messages' must not be empty", param="messages")
+    check_messages(messages, vision=getattr(model, "vision", None) is not None)
+    if not await run_blocking(reads_text_parts, model):
+        messages = [{**m, "content": "\n".join(p.get("text", "") for p in m["content"])}
+                    if isinstance(m.get("content"), list) else m for m in messages]
     tools = read_tools(f)
     kwargs = f.get("chat_template_kwargs", dict, {})
     template_tools = [{"type": "function", "function": t} for t in
@@ -67,9 +114,20 @@ async def read_chat(state: ServerState, body) -> Job:
         except ImageError as e:
             raise APIError(str(e), param="messages") from None
     try:
-        text = await run_blocking(lambda: model.chat_prompt(messages, tools=template_tools, **kwargs))
+        text = await run_blocking(lambda: model.chat_prompt(
+            messages, tools=template_tools, add_generation_prompt=f.get("add_generation_prompt", bool, True), **kwargs))
     except (ParameterError, GGUFError) as e:  # the template refused the messages, or the file has no chat format
         raise APIError(str(e), param="messages") from None
+    return text, tools, images
+
+
+async def read_chat(state: ServerState, body) -> Job:
+    f = Fields(body)
+    state.check_model_name(f.get("model", str))
+    check_room_early(state, f)
+    model = state.require().model
+    gen = read_generation(f, model.n_vocab, chat=True, tokenize=lambda text: model.tokenize(text, False))
+    text, tools, images = await render_chat(model, f)
     job = Job(True, [], gen, tools if tools.active else None)
     if images:
         try:
@@ -82,8 +140,9 @@ async def read_chat(state: ServerState, body) -> Job:
     else:
         ids = await run_blocking(lambda: model.tokenize(text, add_special=True, parse_special=True))
     job.prompts = [ids]
-    job.constraint = _constraint(f, tools)
-    _check_length(state, job, "messages")
+    read_llama_fields(job, f, state)
+    job.constraint = constraint_of(f, tools)
+    check_length(state, job, "messages")
     return job
 
 
@@ -92,32 +151,70 @@ async def read_completion(state: ServerState, body) -> Job:
     state.check_model_name(f.get("model", str))
     model = state.require().model
     prompt = f.get("prompt", (str, list), required=True)
-    if isinstance(prompt, str) or all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        prompt = [prompt]
-    prompts = []
-    for i, p in enumerate(prompt):
-        if isinstance(p, str):
-            prompts.append(await run_blocking(lambda p=p: model.tokenize(p, add_special=True, parse_special=True)))
-        elif isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
-            if not all(0 <= t < model.n_vocab for t in p):
-                raise APIError(f"'prompt[{i}]' holds token ids outside the vocabulary of {model.n_vocab}",
-                               param="prompt")
-            prompts.append(list(p))
-        else:
-            raise APIError("'prompt' must be a string, an array of strings, or an array of token ids", param="prompt")
-    if not prompts or not all(prompts):
-        raise APIError("'prompt' is empty", param="prompt")
-    gen = read_generation(f, model.n_vocab, chat=False)
-    job = Job(False, prompts, gen, constraint=_constraint(f, None))
+    prompt = as_prompts(prompt)
+    check_room_early(state, f, len(prompt))
+    prompts = await tokenize_prompts(model, prompt)
+    gen = read_generation(f, model.n_vocab, chat=False, tokenize=lambda text: model.tokenize(text, False))
+    job = Job(False, prompts, gen, constraint=constraint_of(f))
+    read_llama_fields(job, f, state)
     if f.get("echo", bool, False):
         job.echo = [model.detokenize(p) for p in prompts]
     if f.get("suffix", str) is not None:
         raise APIError("'suffix' (fill-in-the-middle) is not supported", param="suffix")
-    _check_length(state, job, "prompt")
+    check_length(state, job, "prompt")
     return job
 
 
-def _constraint(f: Fields, tools: ToolSpec | None):
+def as_prompts(prompt) -> list:
+    """A request's `prompt` as a list of prompts: a string or an array holding a token id is one prompt."""
+    return [prompt] if isinstance(prompt, (str, dict)) or any(_is_id(x) for x in prompt) else prompt
+
+
+async def tokenize_prompts(model, prompts: list) -> list[list[int]]:
+    """Each prompt as token ids: a string (special tokens parsed, BOS added as the model does), token ids,
+    llama-server's mixed form, an array of strings and ids (strings added without BOS after the first), or its
+    JSON form {"prompt_string", "multimodal_data"} (media refused)."""
+    out = []
+    for i, p in enumerate(prompts):
+        where = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+        if isinstance(p, dict):
+            pf = Fields(p, where)
+            if pf.has("multimodal_data"):
+                check_media("image", f"{where}.multimodal_data")
+            p = pf.get("prompt_string", str, required=True)
+        if isinstance(p, str):
+            p = [p]
+        if not isinstance(p, list) or not p or not all(isinstance(x, str) or _is_id(x) for x in p):
+            raise APIError(f"'{where}' must be a string, token ids, or an array of them", param=where)
+        ids = []
+        for x in p:
+            if isinstance(x, str):
+                ids += await run_blocking(lambda x=x, first=not ids: model.tokenize(x, add_special=first,
+                                                                                    parse_special=True))
+            elif 0 <= x < model.n_vocab:
+                ids.append(x)
+            else:
+                raise APIError(f"'{where}' holds token id {x}, outside the vocabulary of {model.n_vocab}",
+                               param=where)
+        if not ids:
+            raise APIError(f"'{where}' is empty", param=where)
+        out.append(ids)
+    return out
+
+
+def _is_id(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def read_llama_fields(job: Job, f: Fields, state: ServerState) -> None:
+    """llama-server's own request fields that the OpenAI paths read too."""
+    job.timings_per_token = f.get("timings_per_token", bool, False)
+    job.cache_prompt = f.get("cache_prompt", bool, True)
+    slot = f.get("id_slot", int, -1, low=-1, high=state.limits.parallel - 1)
+    job.slot = None if slot < 0 else slot
+
+
+def constraint_of(f: Fields, tools: ToolSpec | None = None):
     """The one constraint of a request: tool forcing, response_format or grammar (several at once: 400)."""
     found = []
     if tools is not None and tools.forcing_schema() is not None:
@@ -140,12 +237,13 @@ def _constraint(f: Fields, tools: ToolSpec | None):
     return found[0] if found else None
 
 
-def _check_length(state: ServerState, job: Job, param: str) -> None:
+def check_length(state: ServerState, job: Job, param: str) -> None:
     loaded = state.require()
     n_ctx, shift = loaded.model.n_ctx, loaded.engine.context_shift  # with a shift, max_tokens may go past n_ctx
     for ids in job.prompts:
         if len(ids) >= n_ctx:
-            raise APIError(f"the prompt has {len(ids)} tokens; the context holds {n_ctx}", param=param)
+            raise APIError(f"the prompt has {len(ids)} tokens; the context holds {n_ctx}", param=param,
+                           code="context_length_exceeded", extra={"n_prompt_tokens": len(ids), "n_ctx": n_ctx})
         if job.gen.max_tokens > 0 and len(ids) + job.gen.max_tokens > n_ctx and not shift:
             raise APIError(f"the prompt's {len(ids)} tokens plus max_tokens {job.gen.max_tokens} exceed the "
                            f"context of {n_ctx}", param="max_tokens")
@@ -163,7 +261,8 @@ def _requests(state: ServerState, job: Job) -> list:
             seed = sampling["seed"] + i if sampling["seed"] is not None else None
             constraint = state.constraints.compile(*job.constraint) if job.constraint else None
             params = SamplingParams(**{**sampling, "seed": seed})
-            out.append(Request(prompt=ids, max_tokens=job.gen.max_tokens, sampling=params,
+            out.append(Request(prompt=ids, max_tokens=job.gen.max_tokens, sampling=params, slot=job.slot,
+                               cache_prompt=job.cache_prompt,
                                stop=job.gen.stop, ignore_eos=job.gen.ignore_eos, n_probs=job.gen.top_logprobs,
                                n_keep=job.gen.n_keep,
                                logits_processor=constraint.logits_processor if constraint else None,
@@ -225,7 +324,7 @@ class Run:
                     i, event = queue.get_nowait()
                 except asyncio.QueueEmpty:
                     i, event = await asyncio.wait_for(queue.get(), max(0.0, deadline - loop.time()))
-                if _is_done(event):
+                if is_done(event):
                     left -= 1
                     count_tokens(event.prompt_tokens, event.completion_tokens)
                 yield i, event
@@ -234,7 +333,7 @@ class Run:
                 t.cancel()
 
 
-def _is_done(event) -> bool:
+def is_done(event) -> bool:
     return isinstance(event, Done)
 
 
@@ -245,12 +344,19 @@ class ChoiceOutput:
         self.index, self.job, self.tokenizer = index, job, tokenizer
         self.text, self.sent, self.pending_logprobs = "", 0, []
         self.logprobs: list[dict] = []
+        self.text_offset = 0   # where the next streamed log-probability's token starts in the output
+        self.tokens: list = []  # the engine's Token events
         self.calls: list = []
         self.done = None
         self.call_stream = ToolCallStream(job.tools) if job.tools else None  # used when streaming
+        self.t_start, self.t_first, self.t_end = time.perf_counter(), None, None
 
     def add(self, token) -> str:
         """The text that may be sent now."""
+        now = time.perf_counter()
+        self.t_first = self.t_first or now
+        self.t_end = now
+        self.tokens.append(token)
         self.text += token.text
         if self.job.gen.logprobs and not (self.tokenizer.is_eog(token.id) and not self.job.gen.ignore_eos):
             entry = {"token": self._piece(token.id), "logprob": token.logprob,
@@ -270,6 +376,7 @@ class ChoiceOutput:
     def finish(self, done) -> tuple[str, list]:
         """(content not sent yet, tool calls) at the end."""
         self.done = done
+        self.t_end = time.perf_counter()
         if done.finish_reason == "error":
             raise APIError(f"generation failed: {done.error}", status=500, kind="server_error")
         if self.job.tools:
@@ -306,6 +413,32 @@ class ChoiceOutput:
         out, self.pending_logprobs = self.pending_logprobs, []
         return out
 
+    def timings(self) -> dict:
+        """llama-server's `timings`: prompt tokens read (cached ones apart) and tokens generated, with times in ms
+        (the prompt's from submission to the first token, queueing included; generation's from there to the last)."""
+        first = self.t_first or self.t_end or self.t_start
+        prompt_ms, gen_ms = (first - self.t_start) * 1e3, ((self.t_end or first) - first) * 1e3
+        cached = self.done.cached_tokens if self.done else 0
+        prompt_n = (self.done.prompt_tokens if self.done else 0) - cached
+        gen_n = self.done.completion_tokens if self.done else len(self.logprobs)
+        return {"cache_n": cached, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
+                "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+                "prompt_per_second": prompt_n * 1e3 / prompt_ms if prompt_ms else 0.0,
+                "predicted_n": gen_n, "predicted_ms": gen_ms,
+                "predicted_per_token_ms": gen_ms / gen_n if gen_n else 0.0,
+                "predicted_per_second": gen_n * 1e3 / gen_ms if gen_ms else 0.0, **self.draft_timings()}
+
+    def draft_timings(self) -> dict:
+        """llama-server's draft_n / draft_n_accepted, there only when something was drafted."""
+        drafted = self.done.draft_tokens if self.done else 0
+        return {"draft_n": drafted, "draft_n_accepted": self.done.draft_accepted} if drafted else {}
+
+    def stream_legacy_logprobs(self, entries: list[dict]) -> dict:
+        """The legacy form of a streamed chunk: offsets go on from the previous chunks', as in the whole response."""
+        out = self.legacy_logprobs(entries, self.text_offset)
+        self.text_offset += sum(len(e["token"]) for e in entries)
+        return out
+
     def legacy_logprobs(self, entries: list[dict], offset: int = 0) -> dict:
         """The /v1/completions form: tokens, token_logprobs, top_logprobs as {token: logprob}, text_offset."""
         offsets, at = [], offset
@@ -338,19 +471,24 @@ class ClientGone(Exception):
 async def complete(state: ServerState, job: Job, model_id: str, disconnected) -> dict:
     """The whole response; `disconnected()` gives an awaitable that ends when the client goes away (then its
     sequences are cancelled and ClientGone is raised)."""
+    return _response(job, model_id, await collect_outputs(state, job, disconnected))
+
+
+async def collect_outputs(state: ServerState, job: Job, disconnected) -> list[ChoiceOutput]:
+    """Every sequence of the request run to its end (see complete)."""
     async with Run(state, job) as run:
         outputs = [ChoiceOutput(i, job, state.require().model.tokenizer) for i in range(job.sequences)]
 
         async def collect():
             async for i, event in run.events():
-                if _is_done(event):
+                if is_done(event):
                     outputs[i].finish(event)
                 else:
                     outputs[i].add(event)
 
         await unless_gone(collect(), disconnected)
         run.outcome = "completed"
-    return _response(job, model_id, outputs)
+    return outputs
 
 
 async def unless_gone(work, disconnected):
@@ -383,17 +521,9 @@ def _response(job: Job, model_id: str, outputs: list[ChoiceOutput]) -> dict:
             choices.append({"index": o.index, "text": echo + o.text,
                             "logprobs": o.legacy_logprobs(o.logprobs, len(echo)) if job.gen.logprobs else None,
                             "finish_reason": o.finish_reason})
-    response = {"id": _new_id(job), "object": "chat.completion" if job.chat else "text_completion",
-                "created": int(time.time()), "model": model_id, "system_fingerprint": None, "choices": choices,
-                "usage": _usage(job, outputs)}
-    return {**response, **_draft_timings([o.done for o in outputs])}
-
-
-def _draft_timings(dones: list) -> dict:
-    """llama-server's timings.draft_n / draft_n_accepted, there only when something was drafted."""
-    drafted = sum(d.draft_tokens for d in dones)
-    return {"timings": {"draft_n": drafted, "draft_n_accepted": sum(d.draft_accepted for d in dones)}} \
-        if drafted else {}
+    return {"id": _new_id(job), "object": "chat.completion" if job.chat else "text_completion",
+            "created": int(time.time()), "model": model_id, "system_fingerprint": SYSTEM_FINGERPRINT,
+            "choices": choices, "usage": _usage(job, outputs), "timings": outputs[0].timings()}
 
 
 def _new_id(job: Job) -> str:
@@ -417,15 +547,16 @@ async def start_stream(state: ServerState, job: Job, model_id: str):
 async def _stream(state: ServerState, job: Job, model_id: str):
     cid, created = _new_id(job), int(time.time())
     head = {"id": cid, "object": "chat.completion.chunk" if job.chat else "text_completion", "created": created,
-            "model": model_id, "system_fingerprint": None}
+            "model": model_id, "system_fingerprint": SYSTEM_FINGERPRINT}
     usage_field = {"usage": None} if job.gen.include_usage else {}
 
-    def chunk(index, delta=None, text=None, logprobs=None, finish=None, extra=None):
+    def chunk(index, delta=None, text=None, logprobs=None, finish=None, first=False):
         if job.chat:
             choice = {"index": index, "delta": delta or {}, "logprobs": logprobs, "finish_reason": finish}
         else:
             choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
-        return sse({**head, "choices": [choice], **usage_field, **(extra or {})})
+        timings = {"timings": outputs[index].timings()} if finish or (job.timings_per_token and not first) else {}
+        return sse({**head, "choices": [choice], **usage_field, **timings})
 
     admitted = False
     try:
@@ -435,16 +566,16 @@ async def _stream(state: ServerState, job: Job, model_id: str):
             outputs = [ChoiceOutput(i, job, state.require().model.tokenizer) for i in range(job.sequences)]
             if job.chat:
                 for o in outputs:
-                    yield chunk(o.index, {"role": "assistant", "content": ""})
+                    yield chunk(o.index, {"role": "assistant", "content": ""}, first=True)
             async for i, event in run.events():
                 o = outputs[i]
-                if _is_done(event):
+                if is_done(event):
                     rest, deltas, reason = o.finish_stream(event)
                     if rest or o.pending_logprobs:
                         yield chunk(i, **_piece(job, o, rest))
                     for delta in deltas:
                         yield chunk(i, {"tool_calls": [delta]})
-                    yield chunk(i, finish=reason, extra=_draft_timings([event]))
+                    yield chunk(i, finish=reason)
                 else:
                     text = o.add(event)
                     if text or (job.gen.logprobs and not job.tools):
@@ -453,14 +584,13 @@ async def _stream(state: ServerState, job: Job, model_id: str):
                         yield chunk(i, {"tool_calls": [delta]})
             run.outcome = "completed"
         if job.gen.include_usage:
-            yield sse({**head, "choices": [], "usage": _usage(job, outputs)})
+            yield sse({**head, "choices": [], "usage": _usage(job, outputs), "timings": outputs[0].timings()})
     except APIError as e:
         if not admitted:
             raise
         yield sse(e.body())
     except TimeoutError:
-        yield sse(error_body(f"the request ran past its {state.limits.timeout_s:g} s limit", "timeout_error",
-                             code=504))
+        yield sse(error_body(f"the request ran past its {state.limits.timeout_s:g} s limit", "timeout_error"))
     yield sse("[DONE]")
 
 
@@ -468,5 +598,5 @@ def _piece(job: Job, o: ChoiceOutput, text: str) -> dict:
     entries = o.take_logprobs() if job.gen.logprobs else []
     if job.chat:
         return {"delta": {"content": text}, "logprobs": _chat_logprobs(entries) if job.gen.logprobs else None}
-    return {"text": text, "logprobs": o.legacy_logprobs(entries) if job.gen.logprobs else None}
+    return {"text": text, "logprobs": o.stream_legacy_logprobs(entries) if job.gen.logprobs else None}
 

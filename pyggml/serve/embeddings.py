@@ -9,6 +9,7 @@ import base64
 import numpy as np
 
 from pyggml.errors import ParameterError
+from pyggml.serve.completions import as_prompts, check_media
 from pyggml.serve.protocol import APIError, Fields
 from pyggml.serve.state import ServerState
 
@@ -22,19 +23,36 @@ def default_pooling(model) -> str:
 
 
 def read_inputs(f: Fields, n_vocab: int) -> list:
-    """`input`: a string, an array of strings, an array of token ids, or an array of such arrays."""
-    value = f.get("input", (str, list), required=True)
-    if isinstance(value, str) or (value and all(_is_id(t) for t in value)):
-        value = [value]
+    """`input`: a string, token ids, llama-server's mixed array of strings and ids, its objects
+    ({"prompt_string"} or {"content": [text parts]}), or an array of these; each item a string or a list."""
+    value = f.get("input", (str, list, dict), required=True)
+    value = as_prompts(value)
     if not value or len(value) > MAX_INPUTS:
         raise APIError(f"'input' must hold 1 to {MAX_INPUTS} items, got {len(value)}", param="input")
-    for i, item in enumerate(value):
-        ok = (isinstance(item, str) and item) or (isinstance(item, list) and item and all(_is_id(t) for t in item))
-        if not ok:
-            raise APIError(f"'input[{i}]' must be a non-empty string or array of token ids", param="input")
-        if isinstance(item, list) and not all(0 <= t < n_vocab for t in item):
-            raise APIError(f"'input[{i}]' holds token ids outside the vocabulary of {n_vocab}", param="input")
-    return value
+    return [_input(item, f"input[{i}]", n_vocab) for i, item in enumerate(value)]
+
+
+def _input(item, where: str, n_vocab: int):
+    if isinstance(item, dict):
+        itf = Fields(item, where)
+        if itf.has("prompt_string"):
+            return itf.get("prompt_string", str)
+        parts = itf.get("content", list, required=True)
+        for j, part in enumerate(parts):
+            kind = Fields(part, f"{where}.content[{j}]").get("type", str, required=True)
+            check_media(kind, f"{where}.content[{j}]")
+            if kind != "text":
+                raise APIError(f"'{where}.content[{j}]' is a {kind!r} part; only text parts are read",
+                               param=f"{where}.content[{j}]")
+        return "".join(Fields(part, f"{where}.content[{j}]").get("text", str, required=True)
+                       for j, part in enumerate(parts))
+    ok = (isinstance(item, str) and item) or (isinstance(item, list) and item and
+                                             all(_is_id(t) or isinstance(t, str) for t in item))
+    if not ok:
+        raise APIError(f"'{where}' must be a non-empty string or array of token ids and strings", param="input")
+    if isinstance(item, list) and not all(0 <= t < n_vocab for t in item if _is_id(t)):
+        raise APIError(f"'{where}' holds token ids outside the vocabulary of {n_vocab}", param="input")
+    return item
 
 
 def _is_id(t) -> bool:
@@ -68,8 +86,16 @@ async def embed(state: ServerState, body) -> dict:
 
 
 def _compute(model, inputs: list, pooling: str):
-    ids = [model.tokenize(x, add_special=True, parse_special=True) if isinstance(x, str) else x for x in inputs]
+    ids = [_ids(model, x if isinstance(x, list) else [x]) for x in inputs]
     return np.asarray(model.embed(ids, pooling=pooling, normalize=2), dtype=np.float32), sum(map(len, ids))
+
+
+def _ids(model, item: list) -> list[int]:
+    """Token ids of an array of ids and strings (a string after the first element gets no BOS)."""
+    out = []
+    for x in item:
+        out += model.tokenize(x, add_special=not out, parse_special=True) if isinstance(x, str) else [x]
+    return out
 
 
 def _encode(row: np.ndarray, fmt: str):

@@ -26,7 +26,8 @@ class GenerationParams:
     n_keep: int = 0                     # context shift: prompt tokens kept (-1: all; llama.cpp's field)
 
 
-def read_generation(f: Fields, n_vocab: int, chat: bool) -> GenerationParams:
+def read_generation(f: Fields, n_vocab: int, chat: bool, tokenize=None) -> GenerationParams:
+    """`tokenize(text)` gives the ids of a logit_bias key written as text (llama-server's form)."""
     sampling = {
         "temperature": f.get("temperature", float, 0.8, low=0.0, high=2.0),
         "top_k": f.get("top_k", int, 40, low=0),
@@ -37,7 +38,7 @@ def read_generation(f: Fields, n_vocab: int, chat: bool) -> GenerationParams:
         "repeat_last_n": f.get("repeat_last_n", int, 64, low=-1),
         "presence_penalty": f.get("presence_penalty", float, 0.0, low=-2.0, high=2.0),
         "frequency_penalty": f.get("frequency_penalty", float, 0.0, low=-2.0, high=2.0),
-        "logit_bias": read_logit_bias(f, n_vocab),
+        "logit_bias": read_logit_bias(f, n_vocab, tokenize),
         "seed": f.get("seed", int, None, low=0),
     }
     for name in ("repeat_penalty", "typical_p"):
@@ -70,8 +71,9 @@ def read_generation(f: Fields, n_vocab: int, chat: bool) -> GenerationParams:
                             n_keep=f.get("n_keep", int, 0, low=-1))
 
 
-def read_logit_bias(f: Fields, n_vocab: int) -> dict[int, float]:
-    """OpenAI's {"token id": bias in [-100, 100]} or llama.cpp's [[id, bias], ...]; false bans the token."""
+def read_logit_bias(f: Fields, n_vocab: int, tokenize=None) -> dict[int, float]:
+    """OpenAI's {"token id": bias in [-100, 100]} or llama.cpp's [[id, bias], ...]; false bans the token. With
+    `tokenize`, a key that is text and no id biases each of its tokens (llama-server's [["text", bias]])."""
     raw = f.get("logit_bias", (dict, list), {})
     pairs = raw.items() if isinstance(raw, dict) else raw
     out = {}
@@ -80,15 +82,17 @@ def read_logit_bias(f: Fields, n_vocab: int) -> dict[int, float]:
             raise APIError("'logit_bias' entries must be [token id, bias] pairs", param="logit_bias")
         key, bias = pair
         try:
-            token = int(key)
+            tokens = [int(key)]
         except (TypeError, ValueError):
-            raise APIError(f"'logit_bias' key {key!r} is not a token id", param="logit_bias") from None
-        if not 0 <= token < n_vocab:
-            raise APIError(f"'logit_bias' token id {token} is outside the vocabulary of {n_vocab}", param="logit_bias")
+            if not (isinstance(key, str) and tokenize is not None):
+                raise APIError(f"'logit_bias' key {key!r} is not a token id", param="logit_bias") from None
+            tokens = tokenize(key)
+        if not all(0 <= token < n_vocab for token in tokens):
+            raise APIError(f"'logit_bias' token id {key} is outside the vocabulary of {n_vocab}", param="logit_bias")
         if bias is False:
             bias = float("-inf")
         elif isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
-            raise APIError(f"'logit_bias' value for {token} must be a number in [-100, 100], got {bias!r}",
+            raise APIError(f"'logit_bias' value for {key} must be a number in [-100, 100], got {bias!r}",
                            param="logit_bias")
-        out[token] = float(bias)
+        out.update((token, float(bias)) for token in tokens)
     return out

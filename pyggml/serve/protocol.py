@@ -1,5 +1,7 @@
 """OpenAI's request checking and error shape: every field is read through `Fields`, so a wrong type or an
-out-of-range value becomes a 400 `{"error": {"message", "type", "param", "code"}}` that names the field."""
+out-of-range value becomes a 400 `{"error": {"message", "type", "param", "code"}}` that names the field (its
+path inside the body, such as `messages[0].content`). As OpenAI, `code` is a string (`model_not_found`) or null,
+never the HTTP status; an explicit null is the same as a field left out."""
 
 from __future__ import annotations
 
@@ -12,16 +14,19 @@ class APIError(ParameterError):
     """An HTTP error in OpenAI's shape (`param` names the request field at fault)."""
 
     def __init__(self, message: str, status: int = 400, param: str | None = None,
-                 kind: str = "invalid_request_error", headers: dict | None = None):
+                 kind: str = "invalid_request_error", headers: dict | None = None, code: str | None = None,
+                 extra: dict | None = None):
         super().__init__(message)
-        self.message, self.status, self.param, self.kind = message, status, param, kind
-        self.headers = headers or {}
+        self.message, self.status, self.param, self.kind, self.code = message, status, param, kind, code
+        self.headers, self.extra = headers or {}, extra or {}   # extra: llama-server's fields (n_ctx, ...)
 
     def body(self) -> dict:
-        return error_body(self.message, self.kind, self.param, self.status)
+        body = error_body(self.message, self.kind, self.param, self.code)
+        body["error"].update(self.extra)
+        return body
 
 
-def error_body(message: str, kind: str, param: str | None = None, code=None) -> dict:
+def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict:
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
@@ -34,11 +39,12 @@ class Fields:
 
     def __init__(self, body, where: str = ""):
         if not isinstance(body, dict):
-            raise APIError(f"the request body{where} must be a JSON object, got {type(body).__name__}")
+            raise APIError(f"'{where}' must be an object, got {_json_type(body)}" if where else
+                           f"the request body must be a JSON object, got {_json_type(body)}", param=where or None)
         self.body, self.where = body, where
 
     def _name(self, name: str) -> str:
-        return f"{self.where}{name}" if not self.where else f"{self.where}.{name}"
+        return f"{self.where}.{name}" if self.where else name
 
     def has(self, name: str) -> bool:
         return self.body.get(name) is not None

@@ -21,6 +21,9 @@ class Limits:
     max_queue: int = 64             # requests waiting beyond the busy slots before 429
     timeout_s: float = 600.0        # per request
     retry_after_s: int = 1
+    refusal_delay_s: float = 0.1    # a 429 is sent this late: clients that re-send at once are slowed, at no cost
+    model_any: bool = True          # any `model` name is the loaded model (llama-server); False: OpenAI's 404
+    slot_save_path: str | None = None  # where /slots/{id}?action=save|restore keeps slot files (None: off)
 
 
 @dataclass
@@ -90,10 +93,13 @@ class ServerState:
         return self.loaded
 
     def check_model_name(self, name: str | None) -> None:
-        """A request's `model` may be left out or name the loaded model (its id or file name)."""
+        """A request's `model` may be left out or name the loaded model (its id or file name); any other name
+        is that model too unless the server was started to tell (then 404 model_not_found, as OpenAI)."""
         loaded = self.require()
-        if name is not None and name not in (loaded.model_id, Path(loaded.model_id).name, Path(loaded.model_id).stem):
-            raise APIError(f"model '{name}' is not loaded; this server serves '{loaded.model_id}'", param="model")
+        known = (loaded.model_id, Path(loaded.model_id).name, Path(loaded.model_id).stem)
+        if name is not None and name not in known and not self.limits.model_any:
+            raise APIError(f"The model '{name}' does not exist; this server serves '{loaded.model_id}'",
+                           status=404, param="model", code="model_not_found")
 
     def whisper_model(self, name: str | None):
         loaded = self.require("whisper")
@@ -108,8 +114,9 @@ class ServerState:
         return loaded.whisper[name]
 
     # ----- admission ------------------------------------------------------------------------------
-    def admit(self, sequences: int = 1) -> None:
-        """Count a request in, or refuse it with 429 when the slots and the queue are full."""
+    def check_room(self, sequences: int = 1) -> None:
+        """Refuse with 429 when the slots and the queue are full: called first, before a template is rendered or
+        a prompt tokenized, so a client retrying at once costs the server next to nothing."""
         capacity = self.limits.parallel + self.limits.max_queue
         if sequences > capacity:
             raise APIError(f"the request needs {sequences} sequences; this server takes at most {capacity} at once",
@@ -119,6 +126,10 @@ class ServerState:
             raise APIError(f"the server is busy ({self.in_flight} sequences in flight, capacity {capacity}); retry "
                            f"later", status=429, kind="rate_limit_error",
                            headers={"Retry-After": str(self.limits.retry_after_s)})
+
+    def admit(self, sequences: int = 1) -> None:
+        """Count a request in, or refuse it with 429 when the slots and the queue are full."""
+        self.check_room(sequences)
         self.in_flight += sequences
         self.outcomes["accepted"] += 1
 

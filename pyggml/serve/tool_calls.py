@@ -68,7 +68,7 @@ def read_tools(f: Fields) -> ToolSpec:
         fn = t.obj("function", required=True)
         name = fn.get("name", str, required=True)
         functions[name] = fn.get("parameters", dict, {"type": "object", "properties": {}})
-    choice = f.body.get("tool_choice", "auto" if functions else "none")
+    choice = f.get("tool_choice", (str, dict), "auto" if functions else "none")
     spec = ToolSpec(functions, parallel=f.get("parallel_tool_calls", bool, True))
     if isinstance(choice, str):
         f.get("tool_choice", str, choices=("auto", "none", "required"))

@@ -32,7 +32,7 @@ def test_greedy_response_is_the_same_and_reports_drafts(servers):
     a, b = _complete(plain), _complete(spec)
     assert b["choices"][0]["text"] == a["choices"][0]["text"]
     assert b["usage"]["completion_tokens"] == a["usage"]["completion_tokens"]
-    assert "timings" not in a
+    assert "draft_n" not in a["timings"]  # llama-server reports drafts only where something was drafted
     timings = b["timings"]
     assert 0 <= timings["draft_n_accepted"] <= timings["draft_n"] and timings["draft_n"] > 0
     metrics = httpx.get(spec.base_url + "/metrics").text

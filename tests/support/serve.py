@@ -77,3 +77,15 @@ def make_state(path, limits: Limits = Limits(), n_ctx: int = 256, whisper=None, 
             loaded.whisper, loaded.whisper_default = {"tiny.en": whisper}, "tiny.en"
         return loaded
     return ServerState(load, limits)
+
+
+FIM_TOKEN_IDS = {"fim_pre": 7, "fim_suf": 8, "fim_mid": 9, "fim_rep": 10, "fim_sep": 11}  # Gemma 3's <unused1..5>
+
+
+def write_infill_model(path, n_ctx: int = 512):
+    """The chat model's vocabulary with fill-in-the-middle tokens named in the metadata
+    (tokenizer.ggml.fim_*_token_id), as a coder model's file names them."""
+    vocab = gemma3_vocab()
+    for kind, token_id in FIM_TOKEN_IDS.items():
+        vocab.keys[f"tokenizer.ggml.{kind}_token_id"] = (token_id, GGUFValueType.UINT32, None)
+    return write_llama(path, vocab=vocab, n_vocab=vocab.n_tokens, n_embd=64, n_ctx=n_ctx, seed=1)

@@ -47,6 +47,7 @@ import numpy as np
 
 from pyggml.errors import GGMLError, ParameterError
 from pyggml.models.llm.generate import SamplingParams
+from pyggml.models.llm.kv_cache import CellData
 from pyggml.models.llm.scheduler import Scheduler, Slot
 
 T = TypeVar("T")
@@ -68,6 +69,8 @@ class Request:
     # reused from another request's cells. causal_images False: their rows attend each other both ways (Gemma 3)
     images: Sequence = ()
     causal_images: bool = True
+    slot: int | None = None         # run in this slot only (llama-server's id_slot); None: any
+    cache_prompt: bool = True       # start from the longest cached prefix of the prompt
 
 
 @dataclass
@@ -88,6 +91,7 @@ class Done:
     draft_tokens: int = 0             # speculative decoding: draft tokens fed to the target
     draft_accepted: int = 0           # of which the target kept
     truncated: bool = False           # the context was shifted: the oldest tokens were dropped
+    slot: int = -1                  # the slot it ran in (-1: none)
 
 
 Event = Union[Token, Done]
@@ -242,6 +246,53 @@ class Engine:
             self._cv.notify()
         return future
 
+    def slots_info(self) -> concurrent.futures.Future:
+        """Each slot's (id, busy, cached tokens), read between steps."""
+        return self.call(lambda _: [(s.seq_id, s.handle is not None, list(s.cached)) for s in self.slots])
+
+    def save_slot(self, slot_id: int, path) -> concurrent.futures.Future:
+        """Write an idle slot's cached tokens and their keys and values to `path`; the future gives the token count."""
+        def save(model):
+            slot = self._idle_slot(slot_id)
+            positions, data = model.seq_read(slot.seq_id)
+            data.save(path, tokens=np.asarray(slot.cached, dtype=np.int32), positions=positions)
+            return len(slot.cached)
+        return self.call(save)
+
+    def restore_slot(self, slot_id: int, path) -> concurrent.futures.Future:
+        """Load a saved slot into an idle slot (its cache replaced); the future gives the token count."""
+        def restore(model):
+            slot = self._idle_slot(slot_id)
+            data, arrays = CellData.load(path)
+            tokens, positions = arrays["tokens"].tolist(), arrays["positions"]
+            if len(tokens) != data.n or not np.array_equal(positions, np.arange(len(tokens))):
+                raise ParameterError(f"{path}: a saved slot holds positions 0..n-1 of its n tokens")
+            self.scheduler.forget(slot)
+            if not self.scheduler.make_room(len(tokens)):
+                raise ParameterError(f"{len(tokens)} saved tokens do not fit the KV cells the running requests "
+                                     f"leave free")
+            model.seq_write(slot.seq_id, positions, data)
+            slot.cached, slot.last_used = tokens, time.monotonic()
+            return len(tokens)
+        return self.call(restore)
+
+    def erase_slot(self, slot_id: int) -> concurrent.futures.Future:
+        """Forget an idle slot's cache; the future gives the count of tokens it held."""
+        def erase(_):
+            slot = self._idle_slot(slot_id)
+            n = len(slot.cached)
+            self.scheduler.forget(slot)
+            return n
+        return self.call(erase)
+
+    def _idle_slot(self, slot_id: int) -> Slot:
+        if isinstance(slot_id, bool) or not isinstance(slot_id, Integral) or not 0 <= slot_id < self.n_slots:
+            raise ParameterError(f"slot id {slot_id!r} is outside [0, {self.n_slots})")
+        slot = self.slots[slot_id]
+        if slot.handle is not None:
+            raise ParameterError(f"slot {slot_id} is busy")
+        return slot
+
     def stats(self) -> EngineStats:
         with self._cv:
             return EngineStats(**vars(self._stats))
@@ -305,6 +356,9 @@ class Engine:
             raise ParameterError(f"Request.n_probs must be an integer in [0, {n_vocab}], got {r.n_probs!r}")
         if isinstance(r.n_keep, bool) or not isinstance(r.n_keep, Integral) or r.n_keep < -1:
             raise ParameterError(f"Request.n_keep must be an integer >= 0, or -1; got {r.n_keep!r}")
+        if r.slot is not None and (isinstance(r.slot, bool) or not isinstance(r.slot, Integral)
+                                   or not 0 <= r.slot < self.n_slots):
+            raise ParameterError(f"Request.slot must be None or in [0, {self.n_slots}), got {r.slot!r}")
 
     # ----- the engine thread ---------------------------------------------------------------------------
     def _busy(self) -> list[Slot]:
@@ -373,7 +427,8 @@ class Engine:
                     self._stats.waiting_for_cells = False
                     return
                 handle = self._queue[0]
-            idle = self.scheduler.idle()
+            pinned = handle.request.slot
+            idle = [s for s in self.scheduler.idle() if pinned in (None, s.seq_id)]
             placed = bool(idle) and self._start(handle, idle)
             with self._cv:
                 self._stats.waiting_for_cells = bool(idle) and not placed  # a free slot, but not the cells
@@ -510,4 +565,5 @@ class Engine:
             self._stats.requests_finished += 1
             self._stats.cached_tokens += slot.n_cached
         handle._push(Done(reason, len(handle.request.prompt), slot.n_cached, completion, error, slot.n_drafted,
-                          slot.n_accepted, slot.truncated))
+                          slot.n_accepted, slot.truncated,
+                          slot.seq_id))

@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from dataclasses import dataclass
+
 from pyggml.alloc import alloc_ctx_tensors_from_buft
 from pyggml.backend import tensor_set
+from pyggml.backend.tensor_io import tensor_get, tensor_get_2d, tensor_set_2d
 from pyggml.core import Context, GGMLType, Tensor
 from pyggml.core import ops
 from pyggml.core import types as T
@@ -107,6 +110,43 @@ class KVCache:
             tensor_set(step.kv_cells[1], (np.arange(self.n_embd_v, dtype=np.int64)[:, None] * self.size
                                           + cells).ravel())
 
+    def _value_bytes(self) -> int:
+        if T.blck_size(self.type) != 1:
+            raise ParameterError(f"the KV cache's V is {T.type_name(self.type)}, a block type stored transposed: "
+                                 f"its cells cannot be read or written one by one")
+        return T.type_size(self.type)
+
+    def read_cells(self, cells: np.ndarray) -> CellData:
+        """Copy out what the cells hold, every layer (for saving a sequence)."""
+        cells = np.asarray(cells, dtype=np.int64)
+        rb, eb = T.row_size(self.type, self.n_embd_k), self._value_bytes()
+        ks, vs = [], []
+        for cache_k, cache_v in zip(self.k, self.v):
+            k = np.empty((cells.size, rb), np.uint8)
+            v = np.empty((self.n_embd_v, cells.size, eb), np.uint8)
+            for c0, n, at in _runs(cells):
+                k[at:at + n] = tensor_get(cache_k, c0 * rb, n * rb).reshape(n, rb)
+                v[:, at:at + n] = tensor_get_2d(cache_v, c0 * eb, n * eb, self.n_embd_v, self.size * eb,
+                                                n * eb).reshape(self.n_embd_v, n, eb)
+            ks.append(k)
+            vs.append(v)
+        return CellData(T.type_name(self.type), self.n_embd_k, self.n_embd_v, ks, vs)
+
+    def write_cells(self, cells: np.ndarray, data: CellData) -> None:
+        """Put saved keys and values into the cells (the same layout only: type, widths, layers)."""
+        cells = np.asarray(cells, dtype=np.int64)
+        layout = (T.type_name(self.type), self.n_embd_k, self.n_embd_v, len(self.k))
+        if (data.type, data.n_embd_k, data.n_embd_v, len(data.k)) != layout or data.n != cells.size:
+            raise ParameterError(f"saved cells of type {data.type}, widths {data.n_embd_k}/{data.n_embd_v}, "
+                                 f"{len(data.k)} layers do not fit this cache ({layout[0]}, {layout[1]}/"
+                                 f"{layout[2]}, {layout[3]} layers)")
+        rb, eb = T.row_size(self.type, self.n_embd_k), self._value_bytes()
+        for cache_k, cache_v, k, v in zip(self.k, self.v, data.k, data.v):
+            for c0, n, at in _runs(cells):
+                tensor_set(cache_k, np.ascontiguousarray(k[at:at + n]), c0 * rb, n * rb)
+                tensor_set_2d(cache_v, np.ascontiguousarray(v[:, at:at + n]), c0 * eb, n * eb, self.n_embd_v,
+                              self.size * eb, n * eb)
+
     def views(self, ctx: Context, il: int, n_kv: int) -> tuple[Tensor, Tensor]:
         """K as [head_dim, n_kv, n_head_kv] and Vᵀ as [n_kv, head_dim, n_head_kv] over cells [0, n_kv) (with
         flash attention V as K: [head_dim, n_kv, n_head_kv])."""
@@ -118,6 +158,47 @@ class KVCache:
         else:
             v = ops.view_3d(ctx, cache_v, n_kv, hd_v, self.n_head_kv, cache_v.nb[1], cache_v.nb[1] * hd_v, 0)
         return k, v
+
+
+@dataclass
+class CellData:
+    """The keys and values some cells hold, as the cache stores them (raw bytes): per layer K as [n, K row bytes]
+    and V as [n_embd_v, n, value bytes] (V is stored transposed). What a saved slot holds besides its tokens."""
+
+    type: str
+    n_embd_k: int
+    n_embd_v: int
+    k: list[np.ndarray]
+    v: list[np.ndarray]
+
+    @property
+    def n(self) -> int:
+        return self.k[0].shape[0] if self.k else 0
+
+    def save(self, path, **extra) -> None:
+        """An .npz file (no pickles): the cache's layout, its layers, and the caller's arrays (tokens, positions)."""
+        layers = {f"k{il}": k for il, k in enumerate(self.k)} | {f"v{il}": v for il, v in enumerate(self.v)}
+        with open(path, "wb") as f:
+            np.savez(f, type=np.array(self.type), n_embd=np.array([self.n_embd_k, self.n_embd_v]), **layers, **extra)
+
+    @classmethod
+    def load(cls, path) -> tuple["CellData", dict]:
+        """(the cells' data, the other arrays saved with them)."""
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {name: z[name] for name in z.files}
+        n_layer = sum(name.startswith("k") for name in arrays)
+        data = cls(str(arrays.pop("type")), *map(int, arrays.pop("n_embd")),
+                   [arrays.pop(f"k{il}") for il in range(n_layer)], [arrays.pop(f"v{il}") for il in range(n_layer)])
+        return data, arrays
+
+
+def _runs(cells: np.ndarray) -> list[tuple[int, int, int]]:
+    """(first cell, count, index in `cells`) of each run of consecutive cells, so that reads and writes go a run
+    at a time instead of a cell at a time."""
+    breaks = np.flatnonzero(np.diff(cells) != 1) + 1
+    starts = np.concatenate([[0], breaks])
+    ends = np.concatenate([breaks, [cells.size]])
+    return [(int(cells[a]), int(b - a), int(a)) for a, b in zip(starts, ends)]
 
 
 def causal_mask(pos0: int, n_tokens: int, window: int | None = None, n_kv: int | None = None) -> np.ndarray:

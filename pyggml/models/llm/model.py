@@ -37,7 +37,7 @@ from pyggml.models.llm.embed import Embedder
 from pyggml.models.llm.generate import Sampler, SamplingParams, check_n_predict
 from pyggml.models.gguf.gguf_file import GGUFFile
 from pyggml.models.gguf.gguf_loader import load_weights
-from pyggml.models.llm.kv_cache import KV_TYPES, KVCache
+from pyggml.models.llm.kv_cache import KV_TYPES, CellData, KVCache
 from pyggml.models.llm.kv_cells import KVCells
 from pyggml.models.llm.known_models import model_path
 from pyggml.models.llm.lora import LoraSet
@@ -220,6 +220,24 @@ class Model:
     def seq_div(self, seq_id: int, p0: int, p1: int, d: int) -> None:
         self._check_shiftable("seq_div")
         self.cells.seq_div(seq_id, p0, p1, d)
+
+    def seq_read(self, seq_id: int) -> tuple[np.ndarray, CellData]:
+        """(positions, keys and values) of the sequence's cells, in position order (llama_state_seq_get_data)."""
+        cells = np.flatnonzero(self.cells.seq[:, self.cells.check_seq(seq_id)])
+        cells = cells[np.argsort(self.cells.pos[cells], kind="stable")]
+        self._apply_shift()  # saved keys are rotated to their positions
+        return self.cells.pos[cells].copy(), self.kv.read_cells(cells)
+
+    def seq_write(self, seq_id: int, positions: np.ndarray, data: CellData) -> None:
+        """Replace the sequence's cells with saved ones (llama_state_seq_set_data): they go to free cells."""
+        seq_id = self.cells.check_seq(seq_id)
+        self.seq_rm(seq_id)
+        cells = self.cells.find_slot(len(positions))
+        if cells is None:
+            raise AllocationError(f"{len(positions)} saved cells do not fit the {self.cells.size - self.cells.used} "
+                                  f"free cells of the KV cache")
+        self.kv.write_cells(cells, data)
+        self.cells.apply(cells, positions, [(seq_id,)] * len(cells))
 
     def _check_shiftable(self, what: str) -> None:
         if not self.arch.shiftable:

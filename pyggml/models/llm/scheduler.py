@@ -5,7 +5,8 @@ the batch and turns its logits into tokens and text.
 Prefix reuse (llama-server's cache_prompt): a finished slot keeps its cells; a new request starts from the
 longest prefix of its prompt held by any slot, busy or idle (an idle slot's own cells are reused in place,
 another's are shared with seq_cp), and reads only the rest. Idle slots' cells are given up (least recently
-used first) when a request needs room.
+used first) when a request needs room. A request may be pinned to one slot (llama-server's id_slot) and may
+ask to read its whole prompt (cache_prompt false).
 
 Cells are promised up front: a request is admitted only when the cache has room for the rest of its prompt
 and for every token it may still generate, counting what the running requests may still write; otherwise it
@@ -112,18 +113,20 @@ class Scheduler:
         return min(n_ctx, max(n_ctx // self.n_slots, len(request.prompt) + 1))
 
     def place(self, handle, idle: list[Slot]) -> bool:
-        """Start the request in a slot, from the longest cached prefix of its prompt, if the cells it may
-        need are free (after giving up idle slots' caches); False when it has to wait."""
+        """Start the request in one of `idle` (all idle slots, or the one it is pinned to), from the longest
+        cached prefix of its prompt unless it asks for none (cache_prompt), if the cells it may need are free
+        (after giving up any idle slot's cache); False when it has to wait."""
         request, cells = handle.request, self.model.cells
         prompt, max_new = list(request.prompt), self.max_new(request)
         sources = idle if self.context_shift else self.slots  # shifting slots share no cells
         best = max(sources, key=lambda s: (common_prefix(prompt, s.cached), s.handle is None))
         reuse = min(common_prefix(prompt, best.cached), len(prompt) - 1)  # the last prompt token gives logits
+        reuse = reuse if request.cache_prompt else 0
         reuse = min([reuse] + [pos for pos, _ in request.images])  # an image's cells are not shared
-        in_place = reuse > 0 and best.handle is None  # an idle slot holding the prefix serves it itself
+        in_place = reuse > 0 and best in idle  # an idle slot holding the prefix serves it itself
         target = best if in_place else min(idle, key=lambda s: (bool(s.cached), s.last_used))
         outstanding = sum(s.cells_left for s in self.busy())
-        evictable = sorted((s for s in idle if s is not target and not (reuse and s is best) and s.cached),
+        evictable = sorted((s for s in self.idle() if s is not target and not (reuse and s is best) and s.cached),
                            key=lambda s: s.last_used)
         cap = self.share(request) - 1 if self.context_shift else sys.maxsize  # cells held at most
         while True:
@@ -164,6 +167,15 @@ class Scheduler:
         del slot.cached[n_keep:n_keep + n_discard]
         slot.cells_left += n_discard
         slot.truncated = True
+
+    def make_room(self, n: int) -> bool:
+        """Give up idle slots' caches (least recently used first) until n cells are free beside those the running
+        requests may still write; whether they are."""
+        cells, outstanding = self.model.cells, sum(s.cells_left for s in self.busy())
+        others = sorted((s for s in self.idle() if s.cached), key=lambda s: s.last_used)
+        while cells.size - cells.used - outstanding < n and others:
+            self.forget(others.pop(0))
+        return cells.size - cells.used - outstanding >= n
 
     def forget(self, slot: Slot) -> None:
         self.model.seq_rm(slot.seq_id)
