@@ -126,3 +126,11 @@ def test_cli_batch_size(capsys):
     assert main(["transcribe", "--batch-size", "2", str(SPEECH / "en1.wav")]) == 0
     out = capsys.readouterr()
     assert "weather station" in out.out and "1 window(s)" in out.err
+
+
+def test_server_batches_long_uploads_at_the_default_temperature():
+    from pyggml.serve.audio import LONG_AUDIO_BATCH, LONG_AUDIO_S, _batch_size
+
+    long, short = np.zeros(int(LONG_AUDIO_S * 16000) + 1, np.float32), np.zeros(16000 * 30, np.float32)
+    assert _batch_size(long, 0.0) == LONG_AUDIO_BATCH
+    assert _batch_size(short, 0.0) is None and _batch_size(long, 0.4) is None
