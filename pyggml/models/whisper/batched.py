@@ -13,6 +13,7 @@ word timestamps come from the alignment heads per chunk, mapped back to the orig
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -55,7 +56,7 @@ def check_batch_size(batch_size) -> int:
 
 def transcribe_batched(whisper, samples: np.ndarray, batch_size: int, vad_options: VadOptions | None, opts):
     """Segments (one per speech chunk) of `samples` decoded `batch_size` chunks at a time (module docstring);
-    `opts` is a transcribe.Options (beam_size 1: greedy)."""
+    `opts` is a transcribe.Options (beam_size 1: greedy); `vad_options` have their max_speech_s cut to 30 s."""
     from pyggml.models.whisper.transcribe import HOP, Segment, Timings
 
     if opts.beam_size != 1:
@@ -63,7 +64,8 @@ def transcribe_batched(whisper, samples: np.ndarray, batch_size: int, vad_option
     model, tok = whisper.model, whisper.tokenizer
     t = whisper.timings = Timings(load_s=whisper.timings.load_s, audio_s=samples.size / SAMPLE_RATE)
     start = time.perf_counter()
-    vopts = (vad_options or batched_vad_options()).check()
+    vopts = replace(vad_options, max_speech_s=min(vad_options.max_speech_s, CHUNK_S)).check() if vad_options \
+        else batched_vad_options()   # as faster-whisper, a segment never outlasts a chunk
     chunks = [SpeechAudio(samples, c, 0.0, vopts.speech_pad_ms / 1000)
               for c in speech_chunks(speech_segments(whisper.vad().probs(samples), samples.size, vopts))]
     t.vad_s = time.perf_counter() - start

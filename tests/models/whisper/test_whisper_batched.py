@@ -134,3 +134,13 @@ def test_server_batches_long_uploads_at_the_default_temperature():
     long, short = np.zeros(int(LONG_AUDIO_S * 16000) + 1, np.float32), np.zeros(16000 * 30, np.float32)
     assert _batch_size(long, 0.0) == LONG_AUDIO_BATCH
     assert _batch_size(short, 0.0) is None and _batch_size(long, 0.4) is None
+
+
+def test_given_vad_options_never_make_a_chunk_longer_than_30_s(monkeypatch):
+    from pyggml.models.vad.segments import VadOptions
+    from pyggml.models.whisper import batched
+
+    seen = []
+    monkeypatch.setattr(batched, "speech_segments", lambda probs, n, opts: seen.append(opts) or [])
+    assert whisper().transcribe(clip("en1.wav"), batch_size=2, vad_options=VadOptions.faster_whisper()) == []
+    assert seen[0].max_speech_s == 30.0 and seen[0].min_silence_ms == 2000
