@@ -23,12 +23,19 @@ sentences in several voices, each right after 6-12 s of soft pink noise, so over
 audio on which a VAD can cost words at the speech onsets. --fallback decodes with each engine's temperature
 fallback (its default, as `pyggml transcribe` runs) instead of greedy alone.
 
+Batched transcription: `--engines pyggml,pyggml-batched,faster-whisper,faster-whisper-batched` adds pyggml's
+transcribe(batch_size=8) and faster-whisper's BatchedInferencePipeline(batch_size=8) (both greedy, VAD-cut
+chunks of up to 30 s decoded 8 at a time), each against its plain transcribe in the same round; the ratio
+printed is the batched wall time over the plain one (its inverse is the RTF gain).
+
 --rounds N runs the engines' list N times in turn (with and without VAD alternating), so that ratios are taken
 between runs under the same load; each round prints every engine's time with VAD over its own without, and
 pyggml-vad's over whisper.cpp-vad's.
 
     python -m benchmarks.vad_vs_peers [--engines ...] [--rounds 2] [--stream-s 120 [--stream-fast]]
         [--pauses 5:1] [--fallback] [--per-sentence] [--json out.json]
+    python -m benchmarks.vad_vs_peers --engines pyggml,pyggml-batched,faster-whisper,faster-whisper-batched \
+        --rounds 3 --stream-s 0
 """
 
 from __future__ import annotations
@@ -49,7 +56,11 @@ SENTENCES = REPO / "benchmarks" / "data" / "vad_sentences.txt"
 SR = 16000
 THREADS = 2
 ENGINES = ("pyggml", "pyggml-vad", "whisper.cpp", "whisper.cpp-vad", "faster-whisper", "faster-whisper-vad")
-RATIOS = [(e + "-vad", e) for e in ("pyggml", "whisper.cpp", "faster-whisper")] + [("pyggml-vad", "whisper.cpp-vad")]
+BATCHED = ("pyggml-batched", "faster-whisper-batched")   # --engines pyggml,pyggml-batched,faster-whisper,...
+RATIOS = ([(e + "-vad", e) for e in ("pyggml", "whisper.cpp", "faster-whisper")] + [("pyggml-vad", "whisper.cpp-vad")]
+          + [(e + "-batched", e) for e in ("pyggml", "faster-whisper")]
+          + [("pyggml-batched", "faster-whisper-batched")])
+BATCH_SIZE = 8
 VOICES = ("en-us", "en-gb", "en-us+m3", "en-gb+f2")
 SPEEDS = (135, 150, 165, 175)
 
@@ -109,16 +120,17 @@ def worker(engine: str, workdir: Path, pauses: str | None = None, fallback: bool
             f.setframerate(SR)
             f.writeframes((np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes())
     vad, stages = engine.endswith("-vad"), {}      # stages: where pyggml's time went
+    batch = {"batch_size": BATCH_SIZE} if engine.endswith("-batched") else {}
     start = time.perf_counter()
     if engine.startswith("pyggml"):
         from pyggml.models.whisper.transcribe import load_whisper
         w = load_whisper("tiny.en", n_threads=THREADS)
-        if vad:
+        if vad or batch:
             w.vad()
         load_s = time.perf_counter() - start
         start = time.perf_counter()
         temperatures = {} if fallback else {"temperatures": (0.0,)}
-        text = " ".join(s.text.strip() for s in w.transcribe(audio, vad=vad, **temperatures))
+        text = " ".join(s.text.strip() for s in w.transcribe(audio, vad=vad, **temperatures, **batch))
         t = w.timings
         stages = {"vad_s": t.vad_s, "mel_s": t.mel_s, "encode_s": t.encode_s, "decode_s": t.decode_s,
                   "windows": t.windows, "decoder_steps": t.decoder_steps}
@@ -129,7 +141,11 @@ def worker(engine: str, workdir: Path, pauses: str | None = None, fallback: bool
         load_s = time.perf_counter() - start
         start = time.perf_counter()
         temperature = {} if fallback else {"temperature": 0.0}
-        segments, _ = fw.transcribe(audio, language="en", beam_size=1, vad_filter=vad, **temperature)
+        if batch:
+            from faster_whisper import BatchedInferencePipeline
+            segments, _ = BatchedInferencePipeline(fw).transcribe(audio, language="en", beam_size=1, **batch)
+        else:
+            segments, _ = fw.transcribe(audio, language="en", beam_size=1, vad_filter=vad, **temperature)
         text = peers.join_segments(s.text for s in segments)
     else:
         from pywhispercpp.model import Model
@@ -188,7 +204,8 @@ def main() -> None:
     from tests.support.whisper_peers import wer
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--engines", default=",".join(ENGINES), help="comma-separated subset of " + ", ".join(ENGINES))
+    ap.add_argument("--engines", default=",".join(ENGINES),
+                    help="comma-separated subset of " + ", ".join(ENGINES + BATCHED))
     ap.add_argument("--rounds", type=int, default=1, help="run the engines' list this many times, alternating")
     ap.add_argument("--stream-s", type=float, default=120.0, help="seconds streamed at real time (0: none)")
     ap.add_argument("--stream-fast", action="store_true",
@@ -265,11 +282,14 @@ def main() -> None:
 
 
 def print_ratios(rounds: list[dict]) -> None:
-    """Per round: each engine's wall time with VAD over its own without, and pyggml-vad's over whisper.cpp-vad's."""
+    """Per round: each engine's wall time with VAD (or batched) over its own without, and pyggml's over its
+    peer's; for batched runs also the gain (the inverse) and the WER difference."""
     for k, rd in enumerate(rounds):
         for vad, other in RATIOS:
             if vad in rd and other in rd:
-                print(f"round {k + 1}: {vad} / {other} wall time {rd[vad]['wall_s'] / rd[other]['wall_s']:.3f}")
+                print(f"round {k + 1}: {vad} / {other} wall time {rd[vad]['wall_s'] / rd[other]['wall_s']:.3f}"
+                      + (f" (RTF gain {rd[other]['wall_s'] / rd[vad]['wall_s']:.2f}x, WER "
+                         f"{rd[vad]['wer'] - rd[other]['wer']:+.3f})" if vad.endswith("-batched") else ""))
 
 
 def print_sentence_errors(texts: list[str], outputs: dict[str, str]) -> None:

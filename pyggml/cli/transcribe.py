@@ -48,6 +48,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--vad", action="store_true",
                    help="decode only the speech Silero VAD finds (times mapped back), as whisper.cpp's --vad")
     add_vad_options(p, defaults="faster-whisper")
+    p.add_argument("--batch-size", type=positive_int, default=None,
+                   help="decode this many VAD-cut chunks of up to 30 s together, as faster-whisper's "
+                        "BatchedInferencePipeline (greedy, one segment per chunk; default: unbatched)")
     p.set_defaults(run=run)
 
 
@@ -81,7 +84,7 @@ def run(args) -> int:
                                 initial_prompt=args.prompt, timestamps=not args.no_timestamps,
                                 temperatures=(0.0,) if args.no_fallback else TEMPERATURES,
                                 word_timestamps=args.word_timestamps, vad=args.vad,
-                                vad_options=vad_options(args) if args.vad else None)
+                                vad_options=vad_options(args) if args.vad else None, batch_size=args.batch_size)
         if args.output_format == "console":
             for s in segments:
                 print(f"[{_fmt_time(s.start)} --> {_fmt_time(s.end)}] {s.text.strip()}")
@@ -90,7 +93,7 @@ def run(args) -> int:
         else:
             sys.stdout.write(format_segments(segments, args.output_format))
         t, mem = w.timings, w.memory()
-        vad_ms = f"VAD {t.vad_s * 1000:.0f} ms, " if args.vad else ""
+        vad_ms = f"VAD {t.vad_s * 1000:.0f} ms, " if t.vad_s else ""
         print(f"{path}: {t.audio_s:.2f} s of audio, {t.windows} window(s), {t.decoder_steps} decoder steps\n"
               f"  {vad_ms}mel {t.mel_s * 1000:.0f} ms, encoder {t.encode_s * 1000:.0f} ms, "
               f"decoder {t.decode_s * 1000:.0f} ms, "

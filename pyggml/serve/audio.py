@@ -14,6 +14,8 @@ from pyggml.serve.state import ServerState, run_blocking
 FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 GRANULARITIES = ("word", "segment")
 MAX_UPLOAD = 25 * 1024 * 1024  # OpenAI's limit
+LONG_AUDIO_S = 60.0              # longer uploads are transcribed in batches of LONG_AUDIO_BATCH chunks
+LONG_AUDIO_BATCH = 8
 
 
 def read_form(form, task: str) -> dict:
@@ -84,7 +86,7 @@ def _run(state: ServerState, whisper, data: bytes, suffix: str, fields: dict, ta
         language = fields["language"] or _language(whisper, samples)
         segments = whisper.transcribe(samples, language=language, task=task, initial_prompt=fields["prompt"],
                                       temperatures=TEMPERATURES if t == 0.0 else (t,),
-                                      word_timestamps=fields["words"])
+                                      word_timestamps=fields["words"], batch_size=_batch_size(samples, t))
         duration = whisper.timings.audio_s
     text = "".join(s.text for s in segments).strip()
     fmt = fields["format"]
@@ -95,6 +97,13 @@ def _run(state: ServerState, whisper, data: bytes, suffix: str, fields: dict, ta
     if fmt in ("srt", "vtt"):
         return format_segments(segments, fmt), "text/vtt" if fmt == "vtt" else "text/plain"
     return _verbose(segments, text, language, duration, task, fields["words"]), "application/json"
+
+
+def _batch_size(samples, temperature: float) -> int | None:
+    """Long audio (over LONG_AUDIO_S) at the default temperature is transcribed in batches of VAD-cut chunks
+    (Whisper.transcribe's batch_size, faster-whisper's batched pipeline); shorter audio, or a temperature
+    asked for, as one sequence of windows with the temperature fallback."""
+    return LONG_AUDIO_BATCH if temperature == 0.0 and samples.size > LONG_AUDIO_S * 16000 else None
 
 
 def _language(whisper, samples) -> str:

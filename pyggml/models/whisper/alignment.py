@@ -77,13 +77,13 @@ def split_words(tok, tokens: list[int]) -> list[list[int]]:
 
 
 def word_timestamps(model, tok, heads: list[tuple[int, int]], start_tokens: list[int], text_tokens: list[int],
-                    n_frames: int, offset: float = 0.0) -> list[Word]:
-    """The words of `text_tokens` (decoded for the window the model has encoded, whose audio has n_frames mel
-    frames) with their times, `offset` seconds added."""
+                    n_frames: int, offset: float = 0.0, slot: int = 0) -> list[Word]:
+    """The words of `text_tokens` (decoded for the window the model has encoded into cross-attention slot
+    `slot`, whose audio has n_frames mel frames) with their times, `offset` seconds added."""
     if not text_tokens or not heads:
         return []
     tokens = [*start_tokens, tok.notimestamps, *text_tokens, tok.eot]
-    scores = model.cross_attention_scores(tokens, [layer for layer, _ in heads])
+    scores = model.cross_attention_scores(tokens, [layer for layer, _ in heads], slot)
     frames = max(min(n_frames // 2, model.n_audio_ctx), 1)
     w = np.stack([scores[layer][head, :, :frames] for layer, head in heads]).astype(np.float64)
     w = np.exp(w - w.max(axis=-1, keepdims=True))

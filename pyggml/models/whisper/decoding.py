@@ -99,6 +99,14 @@ def compression_ratio(text: str) -> float:
     return len(raw) / len(zlib.compress(raw)) if raw else 0.0
 
 
+def _sample_len(model, n_prefix: int, sample_len: int | None) -> int:
+    """The most tokens to decode after a prefix: half the text context (openai's), as room is left."""
+    sample_len = min(sample_len or model.n_text_ctx // 2, model.n_text_ctx - n_prefix)
+    if sample_len <= 0:
+        raise GGMLError(f"decode: a prefix of {n_prefix} tokens leaves no room in {model.n_text_ctx} positions")
+    return sample_len
+
+
 def decode_window(model, flt: LogitFilter, prefix: list[int], temperature: float = 0.0, beam_size: int = 1,
                   best_of: int = 1, rng: np.random.Generator | None = None, sample_len: int | None = None
                   ) -> WindowResult:
@@ -106,9 +114,7 @@ def decode_window(model, flt: LogitFilter, prefix: list[int], temperature: float
     beam_size > 1, else greedy (temperature 0) or the best of `best_of` seeded samples."""
     tok = flt.tok
     n_prefix = len(prefix)
-    sample_len = min(sample_len or model.n_text_ctx // 2, model.n_text_ctx - n_prefix)
-    if sample_len <= 0:
-        raise GGMLError(f"decode: a prefix of {n_prefix} tokens leaves no room in {model.n_text_ctx} positions")
+    sample_len = _sample_len(model, n_prefix, sample_len)
     model.ensure_sequences(beam_size if temperature == 0 else best_of)
     sot_index = prefix.index(tok.sot)
     rows = sorted({sot_index, n_prefix - 1})
@@ -121,6 +127,42 @@ def decode_window(model, flt: LogitFilter, prefix: list[int], temperature: float
         n = 1 if temperature == 0 else best_of
         tokens, sum_lp = _sample(model, flt, first, n_prefix, n, temperature, rng, sample_len)
     return WindowResult(tokens, sum_lp, sum_lp / (len(tokens) + 1), no_speech, temperature)
+
+
+def decode_batch(model, flt: LogitFilter, prefix: list[int], n_batch: int, sample_len: int | None = None
+                 ) -> list[WindowResult]:
+    """Greedy decoding of the n_batch windows encoded into cross-attention slots 0..n_batch-1, each after
+    `prefix`, all sequences stepped together in one graph per step (faster-whisper's batched generate); each
+    sequence's tokens are those decode_window gives its window alone. A sequence that has ended is fed
+    <|endoftext|> until all have: the batch keeps its shape, so sequence b stays on slot b and a step is
+    one graph (chunks of up to 30 s of speech end at similar lengths)."""
+    tok = flt.tok
+    n_prefix = len(prefix)
+    sample_len = _sample_len(model, n_prefix, sample_len)
+    model.ensure_sequences(n_batch)
+    rows = sorted({prefix.index(tok.sot), n_prefix - 1})
+    logits = model.decode(np.tile(prefix, n_batch), np.tile(np.arange(n_prefix), n_batch),
+                          np.repeat(np.arange(n_batch), n_prefix),
+                          [b * n_prefix + r for b in range(n_batch) for r in rows], n_batch)
+    logits = logits.reshape(n_batch, len(rows), -1)
+    no_speech = np.exp(log_softmax(logits[:, 0])[:, tok.nospeech])
+    current = logits[:, -1]
+    tokens, sum_lp, live = [[] for _ in range(n_batch)], [0.0] * n_batch, [True] * n_batch
+    for position in range(n_prefix, n_prefix + sample_len):
+        for b in range(n_batch):
+            if live[b]:
+                filtered = flt.apply(current[b].copy(), tokens[b])
+                t = int(np.argmax(filtered))
+                sum_lp[b] += float(log_softmax(filtered)[t])
+                live[b] = t != tok.eot and len(tokens[b]) + 1 < sample_len
+                if t != tok.eot:
+                    tokens[b].append(t)
+        if not any(live):
+            break
+        fed = [tokens[b][-1] if live[b] else tok.eot for b in range(n_batch)]
+        current = model.decode(fed, [position] * n_batch, np.arange(n_batch), range(n_batch), n_batch)
+    return [WindowResult(tokens[b], sum_lp[b], sum_lp[b] / (len(tokens[b]) + 1), float(no_speech[b]), 0.0)
+            for b in range(n_batch)]
 
 
 def _rank(candidates: list[tuple[list[int], float]]) -> tuple[list[int], float]:

@@ -201,8 +201,8 @@ class Block:
 
 def _heads_attention(ctx: Context, q: Tensor, k: Tensor, v: Tensor, scale: float, flash: bool,
                      sinks: Tensor | None) -> Tensor:
-    """softmax(scale·qkᵀ)·v per head for q [hd, n_q, H], k [hd, n_k, H] -> [hd·H, n_q]; sinks (F32 [H] or
-    None) join each softmax's denominator.
+    """softmax(scale·qkᵀ)·v per head for q [hd, n_q, H, B], k [hd, n_k, H, B] -> [hd·H, n_q·B] (B: sequences
+    of a batch, each attending to its own audio); sinks (F32 [H] or None) join each softmax's denominator.
 
     With `flash`, one flash_attn_ext (v as [hd, n_k, H]; the n_q x n_k scores never enter the compute
     buffer, as whisper.cpp with flash attention); else mul_mat, soft_max_ext, mul_mat with v given
@@ -210,11 +210,11 @@ def _heads_attention(ctx: Context, q: Tensor, k: Tensor, v: Tensor, scale: float
     if flash:
         out = ops.flash_attn_ext(ctx, q, k, v, None, scale, 0.0, 0.0)                  # [hd, H, n_q]
         ops.flash_attn_ext_add_sinks(out, sinks)
-        return ops.reshape_2d(ctx, out, q.ne[0] * q.ne[2], q.ne[1])
+        return ops.reshape_2d(ctx, out, q.ne[0] * q.ne[2], q.ne[1] * q.ne[3])
     kq = ops.soft_max_ext(ctx, ops.mul_mat(ctx, k, q), None, scale, 0.0)   # [n_k, n_q, H]
     ops.soft_max_add_sinks(kq, sinks)
     kqv = ops.mul_mat(ctx, v, kq)                                            # [hd, n_q, H]
-    return ops.cont_2d(ctx, ops.permute(ctx, kqv, 0, 2, 1, 3), q.ne[0] * q.ne[2], q.ne[1])
+    return ops.cont_2d(ctx, ops.permute(ctx, kqv, 0, 2, 1, 3), q.ne[0] * q.ne[2], q.ne[1] * q.ne[3])
 
 
 def _runner(backends: list[Backend], placement, planner: str):
@@ -230,6 +230,9 @@ class WhisperModel:
     `encode(mel)` runs a 30 s window ([n_mels, 3000] log-mel) and leaves its cross-attention K/V in place;
     `decode(tokens, positions, seqs, out_rows)` runs one decoder step over them.
     `n_seq` sequences (beams) of up to n_text_ctx tokens each fit the KV cache (ensure_sequences grows it).
+    Batched transcription encodes several windows into `n_cross` slots of cross-attention K/V
+    (`encode(mel, slot)`, ensure_cross_slots grows them) and steps one sequence per slot together
+    (`decode(..., n_batch=B)`).
     """
 
     reuse_graphs = True
@@ -260,16 +263,17 @@ class WhisperModel:
         self.dec_ln = Norm(w, "decoder.ln")
         self._check_shapes()
         self.n_seq = n_seq
+        self.n_cross = 1
         self.flash_attn = flash_attn
         self.n_audio_pad = -self.n_audio_ctx % audio_ctx_pad   # zero cells whisper.cpp's attention adds
         self._make_caches()
         placement = w.placement
         self.enc_runner = _runner(backends, placement, planner)
         self.dec_runner = _runner(self._decoder_backends(decoder_threads), placement, planner)
-        self._encoder = self._build_encoder()
-        self.enc_runner.reserve(self._encoder[1])
+        self._encoders = {0: self._build_encoder(0)}   # slot -> (mel input, graph)
+        self.enc_runner.reserve(self._encoders[0][1])
         self._ggml_sizes = {"encoder": self.enc_runner.plan.ggml_size}
-        self.enc_runner.alloc_graph(self._encoder[1])
+        self._encoded_slot = None   # the slot whose encoder graph is placed
         self._reserve_decoder()
         self._last = None  # (shape, step): the last decoder step graph planned
 
@@ -295,9 +299,10 @@ class WhisperModel:
                 raise GGUFError(f"Whisper model: tensor '{name}' has shape {list(t.ne[:len(ne)])}, expected {list(ne)}")
 
     def _make_caches(self) -> None:
-        """Decoder KV cache (n_seq blocks of n_text_ctx cells) and cross K [d, 1500] and V (as K with flash
-        attention, else Vᵀ [1500, d]) per layer, each on the backend of its decoder layer; with padded audio
-        attention, the sinks that stand for the zero cells (one per encoder head, one per decoder head)."""
+        """Decoder KV cache (n_seq blocks of n_text_ctx cells) and cross K [d, 1500, n_cross] and V (as K
+        with flash attention, else Vᵀ [1500, d, n_cross]) per layer, each on the backend of its decoder layer;
+        with padded audio attention, the sinks that stand for the zero cells (one per encoder head, one per
+        decoder head)."""
         d, n_layer, n_audio = self.n_state, self.hparams.n_text_layer, self.hparams.n_audio_layer
         self._make_kv()
         ctxs: dict[int, tuple[Backend, Context]] = {}
@@ -305,9 +310,9 @@ class WhisperModel:
         for il in range(n_layer):
             backend = self.weights.backend_of(n_audio + il, self.backends)
             _, ctx = ctxs.setdefault(id(backend), (backend, Context(no_alloc=True)))
-            self.cross_k.append(ctx.new_tensor_2d(GGMLType.F32, d, self.n_audio_ctx, f"cross_k_l{il}"))
+            self.cross_k.append(ctx.new_tensor_3d(GGMLType.F32, d, self.n_audio_ctx, self.n_cross, f"cross_k_l{il}"))
             v_ne = (d, self.n_audio_ctx) if self.flash_attn else (self.n_audio_ctx, d)   # Vᵀ for mul_mat
-            self.cross_v.append(ctx.new_tensor_2d(GGMLType.F32, *v_ne, f"cross_v_l{il}"))
+            self.cross_v.append(ctx.new_tensor_3d(GGMLType.F32, *v_ne, self.n_cross, f"cross_v_l{il}"))
         self.enc_sinks = self.cross_sinks = None
         if self.n_audio_pad:
             _, ctx = next(iter(ctxs.values()))
@@ -340,10 +345,23 @@ class WhisperModel:
         self._last = None
         self._reserve_decoder()
 
+    def ensure_cross_slots(self, n_slots: int) -> None:
+        """Room for n_slots encoded windows' cross-attention K/V (batched transcription): larger buffers and
+        encoder graphs built anew when there are fewer; the KV cache and the slots' contents are not kept."""
+        if n_slots <= self.n_cross:
+            return
+        self.n_cross = n_slots
+        self._make_caches()
+        self._encoders = {}
+        self._encoded_slot = None
+        self._last = None
+        self._reserve_decoder()
+
     def _reserve_decoder(self) -> None:
         """Plan the decoder's compute buffer for its worst step: the longest prefix (a 223-token prompt and the
         start tokens) over every cell of the cache."""
-        self.dec_runner.reserve(self._build_decoder(max(self.n_seq, self.n_text_ctx // 2 + 4), 2, self.kv.size).graph)
+        n_tokens = max(2 * self.n_seq, self.n_text_ctx // 2 + 4)
+        self.dec_runner.reserve(self._build_decoder(n_tokens, 2 * self.n_seq, self.kv.size).graph)
         self._ggml_sizes["decoder"] = self.dec_runner.plan.ggml_size
 
     # ----- memory ----------------------------------------------------------------------------------
@@ -369,7 +387,7 @@ class WhisperModel:
                         ops.reshape_2d(ctx, cols, cols.ne[0], cols.ne[1]))                 # [OC, T']
         return self.gelu(ctx, ops.add(ctx, y, ops.reshape_1d(ctx, conv.bias, conv.bias.nelements)))
 
-    def _build_encoder(self) -> tuple[Tensor, Graph]:
+    def _build_encoder(self, slot: int) -> tuple[Tensor, Graph]:
         ctx = Context(no_alloc=True)
         graph = Graph(4096)
         d, H, n = self.n_state, self.hparams.n_audio_head, self.n_audio_ctx
@@ -389,24 +407,37 @@ class WhisperModel:
             x = b.mlp(ctx, x, self.gelu)
         x = self.ln_post(ctx, x)
         for il, b in enumerate(self.dec_blocks):
-            graph.build_forward_expand(ops.cpy(ctx, b.ck(ctx, x), self.cross_k[il]))
+            ck, cv = self.cross_k[il], self.cross_v[il]
+            graph.build_forward_expand(ops.cpy(ctx, b.ck(ctx, x), ops.view_2d(ctx, ck, ck.ne[0], ck.ne[1], ck.nb[1],
+                                                                             slot * ck.nb[2])))
             v = b.cv(ctx, x)
-            graph.build_forward_expand(ops.cpy(ctx, v if self.flash_attn else ops.transpose(ctx, v), self.cross_v[il]))
+            graph.build_forward_expand(ops.cpy(ctx, v if self.flash_attn else ops.transpose(ctx, v),
+                                               ops.view_2d(ctx, cv, cv.ne[0], cv.ne[1], cv.nb[1], slot * cv.nb[2])))
         return mel, graph
 
-    def encode(self, mel: np.ndarray) -> None:
-        """Run the encoder on one window's log-mel [n_mels, 3000]; the decoder then attends to it."""
+    def encode(self, mel: np.ndarray, slot: int = 0) -> None:
+        """Run the encoder on one window's log-mel [n_mels, 3000] into cross-attention slot `slot`; the
+        decoder then attends to it (sequence b of a batch to slot b)."""
         mel = np.ascontiguousarray(mel, dtype=np.float32)
         if mel.shape != (self.n_mels, N_FRAMES):
             raise GGMLError(f"encode: log-mel of shape {mel.shape}, expected ({self.n_mels}, {N_FRAMES})")
-        inp, graph = self._encoder
+        if not 0 <= slot < self.n_cross:
+            raise GGMLError(f"encode: slot {slot} is not one of the {self.n_cross} cross-attention slots")
+        if slot not in self._encoders:
+            self._encoders[slot] = self._build_encoder(slot)
+        inp, graph = self._encoders[slot]
+        if self._encoded_slot != slot:
+            self.enc_runner.alloc_graph(graph)
+            self._encoded_slot = slot
         tensor_set(inp, mel)
         self.enc_runner.compute(graph)
 
     # ----- decoder ---------------------------------------------------------------------------------
-    def _build_decoder(self, n_tokens: int, n_outputs: int, n_kv: int, scores_of: tuple = ()) -> Step:
+    def _build_decoder(self, n_tokens: int, n_outputs: int, n_kv: int, scores_of: tuple = (), n_batch: int = 1,
+                       slot: int = 0) -> Step:
         """A decoder step graph; the cross-attention scores q·kᵀ/√hd of the layers in `scores_of` are outputs
-        too (step.cross_scores[il], [n_audio_ctx, n_tokens, H]), for word alignment."""
+        too (step.cross_scores[il], [n_audio_ctx, n_tokens, H]), for word alignment. With n_batch B the
+        tokens are B equal runs, run b attending to cross-attention slot b; else all attend to `slot`."""
         step = Step.new(n_tokens, n_outputs, n_kv)
         step.cross_scores = {}
         ctx = step.ctx
@@ -419,13 +450,16 @@ class WhisperModel:
             q, k, v = (ops.reshape_3d(ctx, p(ctx, cur), hd, H, n) for p in (b.q, b.k, b.v))
             x = ops.add(ctx, b.o(ctx, attention(step, self.kv, il, q, k, v, scale)), x)
             cur = b.cross_ln(ctx, x)
-            q = ops.permute(ctx, ops.reshape_3d(ctx, b.cq(ctx, cur), hd, H, n), 0, 2, 1, 3)
+            q = ops.permute(ctx, ops.reshape_4d(ctx, b.cq(ctx, cur), hd, H, n // n_batch, n_batch), 0, 2, 1, 3)
             ck, cv = self.cross_k[il], self.cross_v[il]
-            k = ops.view_3d(ctx, ck, hd, self.n_audio_ctx, H, ck.nb[1], hd * ck.nb[0], 0)
+            k = ops.view_4d(ctx, ck, hd, self.n_audio_ctx, H, n_batch, ck.nb[1], hd * ck.nb[0], ck.nb[2],
+                            slot * ck.nb[2])
             if self.flash_attn:
-                v = ops.view_3d(ctx, cv, hd, self.n_audio_ctx, H, cv.nb[1], hd * cv.nb[0], 0)
+                v = ops.view_4d(ctx, cv, hd, self.n_audio_ctx, H, n_batch, cv.nb[1], hd * cv.nb[0], cv.nb[2],
+                                slot * cv.nb[2])
             else:
-                v = ops.view_3d(ctx, cv, self.n_audio_ctx, hd, H, cv.nb[1], hd * cv.nb[1], 0)
+                v = ops.view_4d(ctx, cv, self.n_audio_ctx, hd, H, n_batch, cv.nb[1], hd * cv.nb[1], cv.nb[2],
+                                slot * cv.nb[2])
             x = ops.add(ctx, b.co(ctx, _heads_attention(ctx, q, k, v, scale, self.flash_attn, self.cross_sinks)), x)
             if il in scores_of:
                 scores = step.cross_scores[il] = ops.scale(ctx, ops.mul_mat(ctx, k, q), scale).set_output()
@@ -439,31 +473,43 @@ class WhisperModel:
         step.logits = logits
         return step
 
-    def _step_for(self, n: int, n_outputs: int, n_kv: int) -> Step:
-        shape = (n, n_outputs, n_kv)
+    def _step_for(self, n: int, n_outputs: int, n_kv: int, n_batch: int) -> Step:
+        shape = (n, n_outputs, n_kv, n_batch)
         if not (self.reuse_graphs and self._last is not None and self._last[0] == shape):
-            step = self._build_decoder(*shape)
+            step = self._build_decoder(n, n_outputs, n_kv, n_batch=n_batch)
             self._last = None
             self.dec_runner.alloc_graph(step.graph)
             self._last = (shape, step)
         return self._last[1]
 
-    def decode(self, tokens, positions, seqs=None, out_rows=None) -> np.ndarray:
+    def decode(self, tokens, positions, seqs=None, out_rows=None, n_batch: int = 1) -> np.ndarray:
         """One decoder step: token i at position positions[i] of sequence seqs[i] (default 0); returns the
-        logits [len(out_rows), n_vocab] of the rows out_rows (default: the last row)."""
+        logits [len(out_rows), n_vocab] of the rows out_rows (default: the last row). With n_batch B > 1 the
+        tokens are B runs of equal length, run b of sequence b, which attends to cross-attention slot b."""
         tokens, positions, seqs, out_rows, cells = self._check_step(tokens, positions, seqs, out_rows)
-        step = self._step_for(tokens.size, len(out_rows), self.kv.n_kv(int(cells.max()) + 1))
+        if n_batch > 1:
+            self._check_batch(seqs, n_batch)
+        step = self._step_for(tokens.size, len(out_rows), self.kv.n_kv(int(cells.max()) + 1), n_batch)
         self._run_step(step, tokens, positions, seqs, out_rows, cells)
         logits = np.asarray(tensor_get(step.logits), dtype=np.float32).reshape(-1, self.tok_emb.ne[1])
         logits = logits[:, :self.n_vocab] if self.weights.head_padding else logits
         return logits if step.out_ids is not None else logits[out_rows]
 
-    def cross_attention_scores(self, tokens, layers) -> dict[int, np.ndarray]:
+    def _check_batch(self, seqs: np.ndarray, n_batch: int) -> None:
+        if n_batch > self.n_cross or seqs.size % n_batch or \
+                np.any(seqs != np.repeat(np.arange(n_batch), seqs.size // n_batch)):
+            raise GGMLError(f"decode: a batch of {n_batch} needs as many cross-attention slots ({self.n_cross}) "
+                            f"and equal runs of tokens of sequences 0..{n_batch - 1} in order")
+
+    def cross_attention_scores(self, tokens, layers, slot: int = 0) -> dict[int, np.ndarray]:
         """The cross-attention scores (q·kᵀ/√hd, before the softmax) of `layers` for a whole token sequence at
-        positions 0.. of sequence 0 (its cache cells are overwritten): layer -> [H, n_tokens, n_audio_ctx]."""
+        positions 0.. of sequence 0 (its cache cells are overwritten) over the audio encoded into `slot`:
+        layer -> [H, n_tokens, n_audio_ctx]."""
         n = len(tokens)
         tokens, positions, seqs, out_rows, cells = self._check_step(tokens, np.arange(n), None, None)
-        step = self._build_decoder(n, 1, self.kv.n_kv(n), tuple(sorted(set(layers))))
+        if not 0 <= slot < self.n_cross:
+            raise GGMLError(f"cross_attention_scores: slot {slot} is not one of the {self.n_cross} slots")
+        step = self._build_decoder(n, 1, self.kv.n_kv(n), tuple(sorted(set(layers))), slot=slot)
         self._last = None
         self.dec_runner.alloc_graph(step.graph)
         self._run_step(step, tokens, positions, seqs, out_rows, cells)

@@ -24,6 +24,7 @@ import numpy as np
 from pyggml.backend import Backend
 from pyggml.errors import AudioError, WhisperError
 from pyggml.models.whisper.alignment import word_timestamps
+from pyggml.models.whisper.batched import check_batch_size, transcribe_batched
 from pyggml.models.whisper.decoding import (TIME_PRECISION, LogitFilter, WindowResult, compression_ratio,
                                             decode_window, log_softmax)
 from pyggml.models.llm.runner import backend_list
@@ -174,7 +175,7 @@ class Whisper:
         return Stream(self, options, **transcribe_options)
 
     def transcribe(self, audio, padding: str = "whisper.cpp", vad: bool = False, vad_options=None,
-                   **options) -> list[Segment]:
+                   batch_size: int | None = None, **options) -> list[Segment]:
         """Segments of text with their times (seconds) for `audio`: a path (WAV; other formats with
         soundfile) or 16 kHz mono float samples. Options: see `Options` (language=None detects it on
         multilingual models; beam_size > 1 for beam search; temperatures=(0.0,) turns off the fallback).
@@ -184,7 +185,13 @@ class Whisper:
         `vad_options` is a pyggml.models.vad.segments.VadOptions; the default is faster-whisper's (only
         silences over 2 s removed, 400 ms kept around speech): with whisper.cpp's 30 ms padding the first
         sounds of many segments are cut off ("armoured" for "farmers"), and on the long benchmark WER was
-        0.151 against 0.113 with faster-whisper's rules (0.122 with whisper.cpp's at 200 ms padding)."""
+        0.151 against 0.113 with faster-whisper's rules (0.122 with whisper.cpp's at 200 ms padding).
+
+        batch_size > 1 decodes that many VAD-cut chunks of up to 30 s together, as faster-whisper's
+        BatchedInferencePipeline (pyggml.models.whisper.batched: VAD always, greedy, one segment per chunk;
+        `vad_options` default to faster-whisper's batched ones); None or 1 is the path above."""
+        if batch_size is not None and check_batch_size(batch_size) > 1:
+            return transcribe_batched(self, _samples(audio), batch_size, vad_options, Options(**options))
         if not vad:
             return self._transcribe(audio, padding, options)
         from pyggml.models.vad.segments import SpeechAudio, VadOptions, speech_segments
@@ -279,11 +286,12 @@ class Whisper:
         return result
 
     def _add_words(self, segments: list[Segment], r: WindowResult, start_tokens: list[int], size: int,
-                   offset: float) -> None:
-        """Word timestamps for a window's text (cross-attention DTW), shared out to its segments in order."""
+                   offset: float, slot: int = 0) -> None:
+        """Word timestamps for a window's text (cross-attention DTW over the audio in cross-attention slot
+        `slot`), shared out to its segments in order."""
         eot = self.tokenizer.eot
         words = word_timestamps(self.model, self.tokenizer, list(self.file.alignment_heads or []), start_tokens,
-                                [t for t in r.tokens if t < eot], size, offset)
+                                [t for t in r.tokens if t < eot], size, offset, slot)
         for s in segments:
             n, s.words = sum(1 for t in s.tokens if t < eot), []
             while words and n > 0:
