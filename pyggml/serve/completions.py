@@ -74,7 +74,7 @@ def check_media(kind: str, where: str) -> None:
     """The one place media parts are refused (image_url parts are read where a vision projector is loaded)."""
     if kind in MEDIA_PARTS:
         hint = "this model has no vision (start the server with --mmproj)" if "image" in kind else \
-            "this model has no audio input"
+            "this model has no vision or audio input (text only)"
         raise APIError(f"'{where}' is {kind} input: {hint}", param=where)
 
 
