@@ -12,7 +12,7 @@ import pyggml as gg
 from pyggml import Context, Graph
 from pyggml.alloc import GraphAllocator, alloc_ctx_tensors, compute_poisoned
 from pyggml.backend import tensor_get, tensor_set
-from pyggml.backend.cpu.backend import CpuBufferType
+from pyggml.backend.cpu.buffer import CpuBufferType
 from tests.support.alloc_programs import SHAPE, build, programs
 
 
