@@ -4,6 +4,7 @@ context fills. Ctrl-C stops an answer and keeps the session; Ctrl-D or /exit end
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 
@@ -81,10 +82,8 @@ def run(args) -> int:
     from pyggml.models.llm.conversation import Conversation
     from pyggml.models.llm.generate import SamplingParams
 
-    try:
+    with contextlib.suppress(ImportError):
         import readline  # noqa: F401 - line editing and history for input() where the platform has it
-    except ImportError:
-        pass
     params = SamplingParams(args.temp, args.top_k, args.top_p, args.min_p, args.repeat_penalty, seed=args.seed)
     print(f"loading {args.model} ...", file=sys.stderr, flush=True)
     start = time.perf_counter()

@@ -38,11 +38,10 @@ DEFAULT_N_THREADS = 4  # ggml's default; BLAS never gets more threads than there
 # ----------------------------------------------------------------------------------------------
 def _cpu_model() -> str:
     """The "model name" line of /proc/cpuinfo, as ggml reports it."""
-    with contextlib.suppress(OSError):
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine() or "CPU"
 
 

@@ -27,6 +27,7 @@ excluded. A callback (logits_processor, on_token) that raises ends its request w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import concurrent.futures
 import queue
 import threading
@@ -145,10 +146,8 @@ class Handle:
 
 
 def _deliver_soon(loop, items: list) -> None:
-    try:
+    with contextlib.suppress(RuntimeError):  # the caller's event loop is closed: nobody listens any more
         loop.call_soon_threadsafe(_deliver, items)
-    except RuntimeError:  # the caller's event loop is closed: nobody listens any more
-        pass
 
 
 def _deliver(items: list) -> None:
@@ -280,7 +279,7 @@ class Engine:
     def _busy(self) -> list[Slot]:
         return self.scheduler.busy()
 
-    def _loop(self) -> None:
+    def _loop(self) -> None:  # noqa: C901
         while True:
             with self._cv:
                 while not (self._closed or self._calls or self._queue or self._busy()):
