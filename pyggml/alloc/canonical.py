@@ -126,7 +126,7 @@ def _split(by_first, first, stop, placed, label, component, depth):
 
 
 @jit
-def _place(b, depth, first, stop, size, capacity, overlap_ptr, overlap_idx, by_first, placed, offset, cand, floor,
+def _place(b, depth, first, stop, size, capacity, overlap_ptr, overlap_idx, by_first, placed, offset, cand, floor,  # noqa: C901
            rem, label):
     """Place buffer b at its canonical offset, split its component when the remaining buffers fall apart,
     and return whether the sections still fit the capacity."""
@@ -159,7 +159,10 @@ def _place(b, depth, first, stop, size, capacity, overlap_ptr, overlap_idx, by_f
             for k in range(first[j], stop[j]):
                 if c < lowest[k]:
                     lowest[k] = c
-    return not any(rem[k] > 0 and max(floor[k], lowest[k]) + rem[k] > capacity for k in range(sections))
+    for k in range(sections):  # noqa: SIM110 - numba compiles this function: no generator expressions
+        if rem[k] > 0 and max(floor[k], lowest[k]) + rem[k] > capacity:
+            return False
+    return True
 
 
 @jit
