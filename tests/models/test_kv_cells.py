@@ -38,7 +38,7 @@ class PlainCells:
         return max((p for p, seqs in self.cells.values() if s in seqs), default=-1)
 
     def rm(self, s, p0, p1):
-        for c, (_, seqs) in list(self.cells.items()):
+        for c, (pos, seqs) in list(self.cells.items()):
             if self.in_range(pos, p0, p1) and (s < 0 or s in seqs):
                 seqs.discard(s)
                 if s < 0 or not seqs:
