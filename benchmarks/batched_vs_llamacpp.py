@@ -84,7 +84,7 @@ def run_pyggml(args) -> dict:
     set_n_threads(model.backend, args.threads)
 
     def decode(entries):
-        model.decode_batch(Batch(*(list(column) for column in zip(*entries))))
+        model.decode_batch(Batch(*(list(column) for column in zip(*entries, strict=True))))
 
     rows = measure(decode, model.reset, args, model.n_vocab)
     return {"rows": rows, "compute_buffer": model.compute_buffer_size, "kv_type": model.kv.type.name,
@@ -98,7 +98,7 @@ def run_llama(args) -> dict:
                             n_threads=args.threads, quiet=False, extra_bufts=not args.llama_no_extra_bufts)
 
     def decode(entries):
-        llm.decode(*(list(column) for column in zip(*entries)))
+        llm.decode(*(list(column) for column in zip(*entries, strict=True)))
 
     return {"rows": measure(decode, llm.clear, args, llm.n_vocab), "kv_type": "F16"}
 
@@ -176,7 +176,7 @@ def main() -> None:
           f"{args.threads} threads, {n_cells(args)} KV cells")
     print(f"{'npl':>4} {'S_PP ours':>10} {'S_PP llama':>11} {'ratio':>6} {'S_TG ours':>10} {'S_TG llama':>11} "
           f"{'ratio':>6} {'step ms ours':>13} {'llama':>7}")
-    for a, b in zip(ours["rows"], theirs["rows"]):
+    for a, b in zip(ours["rows"], theirs["rows"], strict=False):
         print(f"{a['npl']:>4} {a['pp_tps']:10.1f} {b['pp_tps']:11.1f} {a['pp_tps'] / b['pp_tps']:6.2f} "
               f"{a['tg_tps']:10.1f} {b['tg_tps']:11.1f} {a['tg_tps'] / b['tg_tps']:6.2f} {a['step_ms']:13.1f} "
               f"{b['step_ms']:7.1f}")

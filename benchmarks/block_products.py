@@ -83,7 +83,7 @@ def main() -> None:
                 times = {k: [] for k in products}
                 for _ in range(rounds + 1):  # the first round warms up (compiles, faults pages in)
                     for k, node in products.items():
-                        times[k].append(_time(lambda: kernels.compute(node), threads))
+                        times[k].append(_time(lambda node=node: kernels.compute(node), threads))
                 a, b = (statistics.median(times[k][1:]) * 1e3 for k in ("f32", "blocks"))
                 print(f"{name:28}{blocks.type.name:>6}{cols:>6}{threads:>4}{a:10.3f}{b:11.3f}{a / b:8.2f}", flush=True)
     print(f"load average at end {os.getloadavg()}")

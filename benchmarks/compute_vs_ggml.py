@@ -199,7 +199,7 @@ def bench(name: str, threads: int, runs: int, seed: int = 0, graphs: Path = GRAP
                 times[who].append(seconds(compute))
     row.ggml_s, row.pyggml_s = (statistics.median(times[w]) if times.get(w) else None for w in SIDES)
     if len(results) == 2:
-        row.nmse = max(nmse(got, want) for want, got in zip(results["ggml"], results["pyggml"]))
+        row.nmse = max(nmse(got, want) for want, got in zip(results["ggml"], results["pyggml"], strict=True))
         if not all(np.isfinite(w).all() for w in results["ggml"]):
             row.problems.append("ggml's outputs are not all finite: the comparison means little")
         if not row.nmse <= NMSE_MAX:

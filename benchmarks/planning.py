@@ -108,8 +108,8 @@ def format_table(rows: list[dict]) -> str:
     columns = list(rows[0])
     cells = [[cell(k, row[k]) for k in columns] for row in rows]
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(columns, widths))]
-    lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in cells]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(columns, widths, strict=True))]
+    lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)) for r in cells]
     return "\n".join(lines)
 
 

@@ -103,7 +103,7 @@ def main(argv=None) -> int:
             print(f"round {i}: alone {a:.1f} tok/s, during the storm {s:.1f} tok/s ({counts})", flush=True)
         ratio = statistics.median(stormy) / statistics.median(alone)
         print(f"median alone {statistics.median(alone):.1f} tok/s, during the storm {statistics.median(stormy):.1f} "
-              f"tok/s: {ratio:.2f}x ({refused} requests refused); load {open('/proc/loadavg').read().split()[:3]}")
+              f"tok/s: {ratio:.2f}x ({refused} requests refused); load {Path('/proc/loadavg').read_text().split()[:3]}")
     finally:
         proc.send_signal(signal.SIGINT)
         try:

@@ -70,7 +70,8 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads),
                    NUMBA_NUM_THREADS=str(args.threads), PYTHONPATH=str(REPO))
-        self.log = tempfile.TemporaryFile("w+")  # not a pipe: llama.cpp's load log would fill it and block
+        # not a pipe: llama.cpp's load log would fill it and block; closed in stop()
+        self.log = tempfile.TemporaryFile("w+")  # noqa: SIM115
         self.proc = subprocess.Popen(server_command(side, args, self.port), env=env, stdout=subprocess.DEVNULL,
                                      stderr=self.log, text=True)
 

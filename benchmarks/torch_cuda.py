@@ -54,7 +54,7 @@ def bench_mul_mat(backend, size: int, weight_type, batches, repeat: int) -> None
         buf = place(backend, x, y)
         tensor_set(x, rng.uniform(-1, 1, (batch, size)).astype(np.float32))
         graph = Graph().build_forward_expand(y)
-        seconds = timed(lambda: backend.graph_compute(graph), repeat)
+        seconds = timed(lambda graph=graph: backend.graph_compute(graph), repeat)
         print(f"  mul_mat {T.type_name(weight_type):>5} {size}x{size} x batch {batch:4d}: {seconds * 1e3:8.3f} ms  "
               f"{2 * size * size * batch / seconds / 1e9:9.1f} GFLOP/s")
         buf.free()

@@ -251,7 +251,7 @@ def main() -> None:
         results[job] = r
         if job == "stream":
             lat = np.array(r["latencies"] or [np.nan])
-            ref = " ".join(t for t, (a, b) in zip(texts, spans) if b <= r["audio_s"])
+            ref = " ".join(t for t, (a, b) in zip(texts, spans, strict=False) if b <= r["audio_s"])
             quality = (f"WER final {wer(ref, r['final_text']):.3f} vs offline {wer(ref, r['offline_text']):.3f} "
                        f"(final vs offline text {wer(r['offline_text'], r['final_text']):.3f}); "
                        f"{r['in_pause']} segments in pauses; load avg {r['loadavg'][0]}/{r['loadavg'][1]}")

@@ -36,7 +36,7 @@ def test_runs_started_above_one_load_per_core_are_noisy(monkeypatch, capsys):
     log = peer_run.RunLog(cores=2, cpu="Test CPU")
     monkeypatch.setattr(peer_run.os, "getloadavg", lambda: (1.9, 1.0, 0.5))
     log.start("ours")
-    assert "ours: load 1.90 1.00 0.50 (0.95 per core)\n" == capsys.readouterr().out
+    assert capsys.readouterr().out == "ours: load 1.90 1.00 0.50 (0.95 per core)\n"
     assert log.summary().startswith("quiet: all 1 runs started at or below load 1.0 per core (highest 0.95)")
     monkeypatch.setattr(peer_run.os, "getloadavg", lambda: (2.4, 1.0, 0.5))
     run = log.start("theirs", echo=False)

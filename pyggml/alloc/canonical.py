@@ -104,7 +104,7 @@ def _twins(first: np.ndarray, stop: np.ndarray, size: np.ndarray) -> np.ndarray:
     """The previous buffer with the same lifetime and size (-1 when none): it must be placed first."""
     twin = np.full(len(size), -1, np.int64)
     seen: dict[tuple[int, int, int], int] = {}
-    for i, key in enumerate(zip(first.tolist(), stop.tolist(), size.tolist())):
+    for i, key in enumerate(zip(first.tolist(), stop.tolist(), size.tolist(), strict=True)):
         twin[i] = seen.get(key, -1)
         seen[key] = i
     return twin
@@ -126,7 +126,7 @@ def _split(by_first, first, stop, placed, label, component, depth):
 
 
 @jit
-def _place(b, depth, first, stop, size, capacity, overlap_ptr, overlap_idx, by_first, placed, offset, cand, floor,
+def _place(b, depth, first, stop, size, capacity, overlap_ptr, overlap_idx, by_first, placed, offset, cand, floor,  # noqa: C901
            rem, label):
     """Place buffer b at its canonical offset, split its component when the remaining buffers fall apart,
     and return whether the sections still fit the capacity."""
@@ -159,14 +159,14 @@ def _place(b, depth, first, stop, size, capacity, overlap_ptr, overlap_idx, by_f
             for k in range(first[j], stop[j]):
                 if c < lowest[k]:
                     lowest[k] = c
-    for k in range(sections):
+    for k in range(sections):  # noqa: SIM110 - numba compiles this function: no generator expressions
         if rem[k] > 0 and max(floor[k], lowest[k]) + rem[k] > capacity:
             return False
     return True
 
 
 @jit
-def _expand(d, size, rank, twin, placed, cand, label, chosen, offset, active, children, n_children):
+def _expand(d, size, rank, twin, placed, cand, label, chosen, offset, active, children, n_children):  # noqa: C901
     """The buffers that may come next, all from one component (the previous one while it has buffers
     left, else the first remaining): resting at or above the previous offset of that component (ties in
     static order), twins in index order, and below the lowest top any unplaced buffer of the component

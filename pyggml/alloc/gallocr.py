@@ -184,7 +184,7 @@ class _PlanningPass:
         hn.last = self.step
         hn.chain.end = self.step
 
-    def run(self, leafs: list[Tensor], nodes: list[Tensor], node_ids: list[int] | None,
+    def run(self, leafs: list[Tensor], nodes: list[Tensor], node_ids: list[int] | None,  # noqa: C901
             leaf_ids: list[int] | None) -> None:
         get, allocate, hash_ = self.get, self.allocate_node, self.hash
         for i, leaf in enumerate(leafs):
@@ -442,8 +442,9 @@ class GraphAllocator:
         rec = self._record
         if rec is not None and rec.bound_tensors is not rec.graph_tensors:
             current = rec.bound_tensors
-            if not all(a is b for a, b in zip(current, rec.graph_tensors)):
-                self._plan = self._plan.rebound({id(old): new for old, new in zip(rec.graph_tensors, current)})
+            if not all(a is b for a, b in zip(current, rec.graph_tensors, strict=False)):
+                pairs = zip(rec.graph_tensors, current, strict=True)
+                self._plan = self._plan.rebound({id(old): new for old, new in pairs})
             rec.graph_tensors = current
         return self._plan
 
@@ -614,10 +615,11 @@ class GraphAllocator:
         rec = self._record
         bound: list[tuple] = []  # (tensor, buffer, data) before this call
         try:
-            for leaf, ta in zip(graph.leafs, rec.leafs):
+            for leaf, ta in zip(graph.leafs, rec.leafs, strict=True):
                 self._init_tensor(leaf, ta, bound)
-            for node, (dst, srcs) in zip(graph.nodes, rec.nodes):
-                for src, ta in zip(node.src, srcs):  # the record has every used slot: the fingerprint matched
+            for node, (dst, srcs) in zip(graph.nodes, rec.nodes, strict=True):
+                # the record has every used slot: the fingerprint matched
+                for src, ta in zip(node.src, srcs, strict=False):
                     if src is not None and (src.buffer is None or src.data is None):  # most were placed already
                         self._init_tensor(src, ta, bound)
                 self._init_tensor(node, dst, bound)

@@ -218,7 +218,7 @@ def plot_plans(path, plans: list[tuple[Plan, str | None]], buffer_id: int = 0, c
     except ImportError as e:
         raise ImportError("Plan.plot needs matplotlib: pip install 'pyggml[plot]'") from e
     fig, axes = plt.subplots(1, len(plans), figsize=(12 * len(plans), 6), squeeze=False)
-    top = max(plan.draw(ax, buffer_id, chunk, title) for ax, (plan, title) in zip(axes[0], plans))
+    top = max(plan.draw(ax, buffer_id, chunk, title) for ax, (plan, title) in zip(axes[0], plans, strict=False))
     for ax in axes[0]:
         ax.set_ylim(0, top)
     fig.savefig(path, dpi=120, bbox_inches="tight")

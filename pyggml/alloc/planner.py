@@ -98,7 +98,7 @@ class DynAllocator:
 
     def free_blocks(self, chunk: int) -> list[tuple[int, int]]:
         """(offset, size) of every free block of a chunk, sorted by offset; the last is the tail."""
-        return list(zip(self._chunks[chunk].offsets, self._chunks[chunk].sizes))
+        return list(zip(self._chunks[chunk].offsets, self._chunks[chunk].sizes, strict=True))
 
     def alloc(self, size: int) -> tuple[int, int]:
         """Plan `size` bytes (rounded up to the alignment) and return (chunk, offset)."""
@@ -489,7 +489,7 @@ def _plan_ggml(problem: _Problem, max_size: int | None) -> _Placement:
     # Event keys: 2 * step for a free, 2 * step + 1 for an allocation; the stable sort keeps input order.
     events = np.argsort(np.concatenate((2 * problem.end, 2 * problem.start + 1)), kind="stable")
     size = problem.size.tolist()
-    for i, allocating in zip((events % problem.n).tolist(), (events >= problem.n).tolist()):
+    for i, allocating in zip((events % problem.n).tolist(), (events >= problem.n).tolist(), strict=True):
         if allocating:
             address[i] = allocator.alloc(size[i])
         else:
@@ -613,7 +613,8 @@ def _plan_canonical(problem: _Problem, max_size: int | None, target: int, start:
         capacity = lo if lo == proven else (lo + hi) // 2
         until = min(deadline, time.perf_counter() + share * (2 if capacity == target else 1))
         status, offsets = canonical.solve_capacity(begin, end, size, capacity, ranks,
-                                                   lambda: time.perf_counter() > until, max_iterations)
+                                                   lambda until=until: time.perf_counter() > until,
+                                                   max_iterations)
         if status == canonical.FOUND:
             offset = np.zeros(problem.n, np.int64)
             offset[nonzero] = offsets
@@ -680,7 +681,7 @@ def plan_offsets(intervals: Sequence[Interval], alignment: int = 1, planner: str
             online = _plan_ggml(problem, max_size)
             if online.height < placement.height:
                 placement = online
-    return PlanResult(offsets=dict(zip(problem.ids, placement.offset.tolist())),
-                      chunks=dict(zip(problem.ids, placement.chunk.tolist())),
+    return PlanResult(offsets=dict(zip(problem.ids, placement.offset.tolist(), strict=True)),
+                      chunks=dict(zip(problem.ids, placement.chunk.tolist(), strict=True)),
                       chunk_sizes=placement.chunk_sizes, lower_bound=target, planner=planner,
                       alignment=alignment, max_size=max_size, time_s=time.perf_counter() - began)

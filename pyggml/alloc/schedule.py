@@ -18,6 +18,8 @@ best, the original order included, so reordering never raises the lower bound.
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import numpy as np
 
 from pyggml.core.tensor import VIEW_OPS, Op, Tensor, TensorFlag
@@ -51,7 +53,7 @@ def dependencies(nodes: list[Tensor]) -> list[set[int]]:
             written.add(id(t.view_src))
     for r in written:
         chain = touching[r]
-        for a, b in zip(chain, chain[1:]):
+        for a, b in pairwise(chain):
             before[b].add(a)
     return before
 
@@ -242,7 +244,7 @@ def _allocates(t: Tensor) -> bool:
     return t.view_src is None and t.data is None and t.buffer is None
 
 
-def improve(order: list[int], before: list[set[int]], model: LiveModel, max_moves: int) -> list[int]:
+def improve(order: list[int], before: list[set[int]], model: LiveModel, max_moves: int) -> list[int]:  # noqa: C901
     """Local search on the peak: move a node live across the peak step (with the views of it) to just
     before its first other dependent (so it is born after the peak), or the last reader of such a node
     to just after its last dependency (so the node dies before it), while that lowers (peak, byte-steps)."""
@@ -305,10 +307,7 @@ def _moved(order: list[int], group: list[int], anchor: int | None, ahead: bool) 
     members = set(group)
     moving = [i for i in order if i in members]
     rest = [i for i in order if i not in members]
-    if anchor is None:
-        at = len(rest) if ahead else 0
-    else:
-        at = rest.index(anchor) + (0 if ahead else 1)
+    at = (len(rest) if ahead else 0) if anchor is None else rest.index(anchor) + (0 if ahead else 1)
     return rest[:at] + moving + rest[at:]
 
 

@@ -93,7 +93,7 @@ class _Copier:
             chunk_sizes[-1] += size
         buffers: list[Buffer] = []
         try:
-            for chunk, chunk_size in zip(chunks, chunk_sizes):
+            for chunk, chunk_size in zip(chunks, chunk_sizes, strict=True):
                 buffer = buft.alloc_buffer(chunk_size)
                 buffers.append(buffer)
                 for t, offset in chunk:
@@ -148,7 +148,7 @@ def compare_graph_backend(backend1: Backend, backend2: Backend, graph: Graph,
             for i in matched:
                 callback(i, g1.nodes[i], g2.nodes[i])
         else:
-            for i, (t1, t2) in enumerate(zip(g1.nodes, g2.nodes)):
+            for i, (t1, t2) in enumerate(zip(g1.nodes, g2.nodes, strict=True)):
                 backend1.graph_compute(g1.view(i, i + 1))
                 backend2.graph_compute(g2.view(i, i + 1))
                 if t1.op in VIEW_OPS:

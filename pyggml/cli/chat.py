@@ -4,6 +4,7 @@ context fills. Ctrl-C stops an answer and keeps the session; Ctrl-D or /exit end
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 
@@ -35,9 +36,10 @@ def add_parser(subparsers) -> None:
     p.set_defaults(run=run)
 
 
-def read_message(read=input) -> str | None:
+def read_message(read=None) -> str | None:
     """One message from the user: a line, lines joined by a trailing backslash, or a block between lines of
-    \"\"\". None at the end of input (Ctrl-D)."""
+    \"\"\". None at the end of input (Ctrl-D). `read` defaults to input(), looked up at each call."""
+    read = read or input
     try:
         line = read("> ")
         if line.strip() == '"""':
@@ -91,15 +93,13 @@ def answer(conv, text: str, images: list[str] = ()) -> None:
         print(f"[the context was full: the {conv.dropped} oldest message(s) were dropped]", file=sys.stderr)
 
 
-def run(args) -> int:
+def run(args) -> int:  # noqa: C901
     from pyggml.errors import ImageError, ParameterError
     from pyggml.models.llm.conversation import Conversation
     from pyggml.models.llm.generate import SamplingParams
 
-    try:
+    with contextlib.suppress(ImportError):
         import readline  # noqa: F401 - line editing and history for input() where the platform has it
-    except ImportError:
-        pass
     params = SamplingParams(args.temp, args.top_k, args.top_p, args.min_p, args.repeat_penalty, seed=args.seed)
     print(f"loading {args.model} ...", file=sys.stderr, flush=True)
     start = time.perf_counter()

@@ -9,6 +9,7 @@ from pyggml import backend
 from pyggml.backend.rpc.limits import Limits, parse_size
 from pyggml.cli.args import port, positive_int
 from pyggml.errors import BackendError, RPCError
+import contextlib
 
 
 def add_parser(subparsers) -> None:
@@ -78,7 +79,7 @@ def run(args) -> int:
     with RPCServer(devices, args.host, args.port, cache_dir=args.cache, limits=limits,
                    n_threads=args.threads) as server:
         print(f"pyggml RPC server v4.0.1 listening on {server.endpoint}", flush=True)
-        for dev, cap, per_client in zip(devices, server.memory_limits, server.connection_memory_limits):
+        for dev, cap, per_client in zip(devices, server.memory_limits, server.connection_memory_limits, strict=True):
             free, total = dev.memory()
             print(f"  {dev.name}: {dev.description} ({total >> 20} MiB, {free >> 20} MiB free; buffers up to "
                   f"{cap >> 20} MiB, {per_client >> 20} MiB per client)", flush=True)
@@ -86,8 +87,6 @@ def run(args) -> int:
               f"request timeout {limits.request_timeout:g} s", flush=True)
         if args.cache:
             print(f"  local cache: {args.cache}", flush=True)
-        try:
+        with contextlib.suppress(KeyboardInterrupt):
             server.serve_forever()
-        except KeyboardInterrupt:
-            pass
     return 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 from pyggml.cli.args import non_negative_int, positive_int
+from pyggml.models.timings import Stage
 
 
 def add_arguments(p) -> None:
@@ -50,8 +51,7 @@ def generate(model, drafter, prompt_ids: list[int], n: int, sampling, stream) ->
                 stream(event.text)
         stats = engine.stats()
     t = model.timings
-    t.prompt_tokens, t.prompt_s, t.gen_tokens, t.gen_s = stats.prompt_tokens, stats.prompt_s, stats.gen_tokens, \
-        stats.gen_s
+    t.prompt, t.gen = Stage(stats.prompt_s, stats.prompt_tokens), Stage(stats.gen_s, stats.gen_tokens)
     rate = stats.draft_accepted / stats.draft_tokens if stats.draft_tokens else 0.0
     print(f"\ndraft:   {stats.draft_tokens:5d} tokens drafted, {stats.draft_accepted} accepted ({100 * rate:.1f}%)",
           end="", file=sys.stderr)

@@ -157,9 +157,3 @@ class Graph:
         g.size = i1 - i0
         g.nodes = self.nodes[i0:i1]
         return g
-
-    def to_json(self, name: str = "graph", **top_level) -> dict:
-        """The ggml-graph-json/1 document of this graph (see core.graph_json)."""
-        from pyggml.core.graph_json import graph_to_json
-
-        return graph_to_json(self, name, **top_level)

@@ -80,7 +80,7 @@ class Scheduler:
         self.bufts = list(bufts) if bufts is not None else [b.default_buffer_type for b in backends]
         if len(self.bufts) != len(self.backends):
             raise SchedulerError(f"{len(self.bufts)} buffer types for {len(self.backends)} backends")
-        for b, buft in zip(self.backends, self.bufts):
+        for b, buft in zip(self.backends, self.bufts, strict=True):
             if not b.supports_buft(buft):
                 raise SchedulerError(f"backend {b.name} does not support buffer type {buft.name}")
         self.graph_size = graph_size
@@ -294,7 +294,7 @@ class Scheduler:
             node.src[slot] = src
         self._rewired.clear()
 
-    def split_graph(self, graph: Graph) -> None:
+    def split_graph(self, graph: Graph) -> None:  # noqa: C901
         """Assign backends, cut splits, create input copies and build the graph the allocator plans."""
         self._restore_graph()
         self.splits = []
@@ -475,7 +475,7 @@ class Scheduler:
         for now, prev in ((self.node_backend_ids, self._prev_node_ids), (self.leaf_backend_ids, self._prev_leaf_ids)):
             if len(now) != len(prev):
                 return True
-            if any(a != b and self.bufts[a] is not self.bufts[b] for a, b in zip(now, prev)):
+            if any(a != b and self.bufts[a] is not self.bufts[b] for a, b in zip(now, prev, strict=False)):
                 return True
         return False
 

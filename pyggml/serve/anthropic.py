@@ -67,7 +67,7 @@ def _tool(t: Fields) -> dict:
     return {"type": "function", "function": function}
 
 
-def _messages(f: Fields) -> list[dict]:
+def _messages(f: Fields) -> list[dict]:  # noqa: C901
     out = []
     system = f.get("system", (str, list))
     if system:

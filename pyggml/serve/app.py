@@ -29,7 +29,7 @@ PUBLIC_PATHS = ("/", "/health", "/v1/health")  # answered without an API key, as
 CHAT_PAGE = resources.files("pyggml.serve") / "static" / "chat.html"
 
 
-def create_app(state: ServerState, api_key: str | None = None, cors_origins: list[str] | None = None,
+def create_app(state: ServerState, api_key: str | None = None, cors_origins: list[str] | None = None,  # noqa: C901
                access_log: Callable[[dict], None] | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app):

@@ -544,7 +544,7 @@ async def start_stream(state: ServerState, job: Job, model_id: str):
     return chunks
 
 
-async def _stream(state: ServerState, job: Job, model_id: str):
+async def _stream(state: ServerState, job: Job, model_id: str):  # noqa: C901
     cid, created = _new_id(job), int(time.time())
     head = {"id": cid, "object": "chat.completion.chunk" if job.chat else "text_completion", "created": created,
             "model": model_id, "system_fingerprint": SYSTEM_FINGERPRINT}

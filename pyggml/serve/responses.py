@@ -178,7 +178,7 @@ def _call_item(call_id: str, name: str, arguments: str, status: str = "completed
             "arguments": arguments, "status": status}
 
 
-async def _events(deltas, shell: _Shell):
+async def _events(deltas, shell: _Shell):  # noqa: C901
     """The response's events: a message item while text comes, a function_call item per call, each closed
     before the next opens; then response.completed (response.incomplete when cut by max_output_tokens)."""
     number = 0

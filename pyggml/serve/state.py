@@ -40,8 +40,8 @@ class Loaded:
 class ServerState:
     """Shared by the routes; the in-flight counter and the outcome counter are touched only on the event loop."""
 
-    def __init__(self, load: Callable[[], Loaded], limits: Limits = Limits()):
-        self._load, self.limits = load, limits
+    def __init__(self, load: Callable[[], Loaded], limits: Limits | None = None):
+        self._load, self.limits = load, limits or Limits()
         self.loaded: Loaded | None = None
         self.load_error: str | None = None
         self.in_flight = 0

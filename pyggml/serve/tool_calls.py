@@ -249,7 +249,7 @@ def _skip_space(text: str, i: int) -> int:
 _SCALAR = re.compile(r"-?[0-9][0-9.eE+-]*|true|false|null")
 
 
-def _value_end(text: str, i: int) -> int | None:
+def _value_end(text: str, i: int) -> int | None:  # noqa: C901
     """The end of the JSON value that starts at text[i], or None while it is not complete."""
     if i >= len(text):
         return None
@@ -376,4 +376,4 @@ class ToolCallStream:
         """Whether what was streamed is the finished output's calls (same names, arguments that parse alike)."""
         return len(calls) == len(self.calls) and all(
             a.name == b.name and _loads(a.arguments) == _loads(b.arguments) is not None
-            for a, b in zip(self.calls, calls))
+            for a, b in zip(self.calls, calls, strict=True))

@@ -64,7 +64,7 @@ class LlamaCppSequences:
         b, n = self.batch, len(tokens)
         if n > self.n_batch:
             raise GGMLError(f"{n} tokens exceed the batch of {self.n_batch}")
-        for i, (t, p, ids, want) in enumerate(zip(tokens, positions, seq_ids, logits)):
+        for i, (t, p, ids, want) in enumerate(zip(tokens, positions, seq_ids, logits, strict=True)):
             b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = int(t), int(p), len(ids), bool(want)
             for j, s in enumerate(ids):
                 b.seq_id[i][j] = int(s)

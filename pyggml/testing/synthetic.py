@@ -276,7 +276,7 @@ def llama3_rope_freqs(n_rot: int, freq_base: float, factor: float = 8.0, low_fre
 LLAMA_LAYOUTS = ("llama", "qwen2", "qwen3", "smollm3", "granite", "qwen3moe", "qwen2moe", "granitemoe")
 
 
-def write_llama(path, arch: str = "llama", n_vocab: int = 64, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2,
+def write_llama(path, arch: str = "llama", n_vocab: int = 64, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2,  # noqa: C901
                 n_ff: int = 96, n_layer: int = 2, n_ctx: int = 128, qtype=None, tied: bool = False, seed: int = 0,
                 vocab: Vocab | None = None, output_std: float | None = None, drop=(), freq_base: float = 10000.0,
                 rope_scaling: Mapping | None = None, rope_factors: Mapping | None = None, head_dim: int | None = None,

@@ -12,7 +12,7 @@ import pyggml as gg
 from pyggml import Context, Graph
 from pyggml.alloc import GraphAllocator, alloc_ctx_tensors, compute_poisoned
 from pyggml.backend import tensor_get, tensor_set
-from pyggml.backend.cpu.backend import CpuBufferType
+from pyggml.backend.cpu.buffer import CpuBufferType
 from tests.support.alloc_programs import SHAPE, build, programs
 
 
@@ -34,7 +34,7 @@ def reference(spec, cpu, data) -> list[bytes]:
     """Outputs with every tensor in memory of its own (an allocating context)."""
     ctx = Context(no_alloc=False)
     inputs, outputs, _ = build(spec, ctx)
-    for t, values in zip(inputs, data):
+    for t, values in zip(inputs, data, strict=True):
         t.numpy()[...] = values
     cpu.graph_compute(_graph(outputs))
     return [_flat_bytes(t.numpy()) for t in outputs]
@@ -64,7 +64,7 @@ def planned(spec, cpu, data, galloc, ids=None) -> list[bytes] | None:
         assert galloc.reserve_n(graph, node_ids, leaf_ids)
     if not galloc.alloc_graph(graph):
         return None
-    for t, values in zip(inputs, data):
+    for t, values in zip(inputs, data, strict=True):
         if t.buffer is not None:  # inputs that no output depends on are not in the graph
             tensor_set(t, values)
     compute_poisoned(cpu, galloc, graph)

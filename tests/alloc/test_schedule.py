@@ -2,6 +2,7 @@
 side-effect chains, extended in-place reuse, and the lower bounds on the graph fixtures and random wide DAGs."""
 
 import time
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -83,7 +84,7 @@ def test_writes_into_shared_memory_keep_their_order_with_its_readers(cpu):
     touching = [i for i, t in enumerate(nodes) if t.view_src is cache or any(
         s is not None and (s is cache or s.view_src is cache) for s in t.src)]
     assert nodes.index(written) in touching
-    for a, b in zip(touching, touching[1:]):
+    for a, b in pairwise(touching):
         assert a in before[b]
     for order in schedule.candidate_orders(nodes, lambda t: t.nbytes):
         assert schedule.is_topological(order, before)

@@ -38,7 +38,7 @@ def test_copy_has_the_same_nodes_layouts_and_data():
     b1.graph_compute(g)
     copy = graph_copy(b2, g)
     assert copy.graph.n_nodes == g.n_nodes and copy.graph.n_leafs == 0
-    for n1, n2 in zip(g.nodes, copy.graph.nodes):
+    for n1, n2 in zip(g.nodes, copy.graph.nodes, strict=True):
         assert n2 is not n1 and n2.name == n1.name and n2.op == n1.op and n2.same_layout(n1)
         assert n2.op_params == n1.op_params and n2.flags == n1.flags
         assert n2.buffer is copy.buffer and n2.buffer is not n1.buffer
@@ -128,7 +128,7 @@ def test_copy_splits_by_max_size_into_a_multi_buffer():
     assert [b.size for b in copy.buffer.buffers] == [32] * len(copy.ctx_allocated.tensors)
     owners = {id(t.buffer) for t in copy.ctx_allocated}
     assert owners == {id(b) for b in copy.buffer.buffers}
-    for n1, n2 in zip(g.nodes, copy.graph.nodes):
+    for n1, n2 in zip(g.nodes, copy.graph.nodes, strict=True):
         assert tensor_get(n2).tobytes() == tensor_get(n1).tobytes()
     copy.free()
     assert all(b.is_freed for b in copy.buffer.buffers)

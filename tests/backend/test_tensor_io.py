@@ -349,7 +349,7 @@ def test_writes_match_a_byte_model_and_refusals_change_nothing(ops):
     model = bytearray(32)
     for offset, size, value in ops:
         data = bytes([value]) * size
-        if 0 <= offset and offset + size <= 32:
+        if offset >= 0 and offset + size <= 32:
             tensor_set(t, data, offset=offset, size=size)
             model[offset: offset + size] = data
         elif size:

@@ -42,7 +42,7 @@ def test_inplace_forms_view_a(ctx, name):
 @given(st.lists(st.integers(1, 4), min_size=4, max_size=4), st.lists(st.integers(1, 3), min_size=4, max_size=4))
 def test_binary_accepts_exactly_the_repeatable_shapes(small, reps):
     ctx = Context(no_alloc=True)
-    a = ctx.new_tensor(G.F32, [s * r for s, r in zip(small, reps)])
+    a = ctx.new_tensor(G.F32, [s * r for s, r in zip(small, reps, strict=True)])
     assert ops.add(ctx, a, ctx.new_tensor(G.F32, small)).ne == a.ne
     bad = [s + 1 if a.ne[i] % (s + 1) else s for i, s in enumerate(small)]
     if bad != small:

@@ -61,7 +61,8 @@ def contexts(prompt, tokens, share, n_keep, add_bos):
 
 def check_against_fresh_runs(fresh, prompt, tokens, share, n_keep=0):
     worst = 0.0
-    for ctx, token in zip(contexts(prompt, [t.id for t in tokens], share, n_keep, fresh.tokenizer.add_bos), tokens):
+    for ctx, token in zip(contexts(prompt, [t.id for t in tokens], share, n_keep, fresh.tokenizer.add_bos), tokens,
+                          strict=True):
         fresh.reset()
         row = fresh.decode(ctx)
         worst = max(worst, abs(float(row[token.id]) - log_sum_exp(row) - token.logprob))
@@ -133,7 +134,7 @@ def test_a_draft_fits_in_the_share_a_shift_left(path):
                            on_token=lambda _: held.append(max(len(s.cached) for s in engine.slots)))
                    for r in requests]
         spec = run(engine, watched)
-    for (tokens, done), (spec_tokens, spec_done) in zip(plain, spec, strict=True):
+    for (tokens, _done), (spec_tokens, spec_done) in zip(plain, spec, strict=True):
         assert [t.id for t in spec_tokens] == [t.id for t in tokens]
         assert spec_done.truncated and spec_done.draft_accepted > 0
     assert max(held) <= N_CTX // 2 - 1
@@ -158,6 +159,5 @@ def test_an_architecture_that_cannot_move_keys_refuses_the_option(tmp_path):
 
 
 def test_n_keep_is_checked(path):
-    with Engine(load_model(path, n_ctx=N_CTX), n_slots=1) as engine:
-        with pytest.raises(ParameterError, match="n_keep"):
-            engine.submit(Request([1, 2], n_keep=-2))
+    with Engine(load_model(path, n_ctx=N_CTX), n_slots=1) as engine, pytest.raises(ParameterError, match="n_keep"):
+        engine.submit(Request([1, 2], n_keep=-2))

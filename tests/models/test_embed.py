@@ -55,7 +55,7 @@ def test_cases_cover_encoders_decoders_poolings_and_quantized_weights():
     for part in ("bert", "nomic-bert", "llama", "qwen2", "qwen3", "gemma3", "gpt2", "mean", "cls", "last", "none",
                  "rank", "q8_0"):
         assert part in names
-    assert TEXTS == SUMMARY["texts"] and sorted(SUMMARY["cases"]) == sorted(c.name for c in CASES)
+    assert SUMMARY["texts"] == TEXTS and sorted(SUMMARY["cases"]) == sorted(c.name for c in CASES)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -179,7 +179,7 @@ def test_embedding_leaves_the_kv_cache_and_generation_alone(llama):
     cache = [np.array(tensor_get(t)) for t in llama.kv.k + llama.kv.v]
     llama.embed([[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [3, 3]], pooling="mean")
     assert llama.n_past == len(prompt)
-    assert all(np.array_equal(np.array(tensor_get(t)), c) for t, c in zip(llama.kv.k + llama.kv.v, cache))
+    assert all(np.array_equal(np.array(tensor_get(t)), c) for t, c in zip(llama.kv.k + llama.kv.v, cache, strict=True))
     np.testing.assert_array_equal(llama.decode(more, all_logits=True), expected)
 
 
@@ -245,7 +245,7 @@ def test_fused_qkv_with_a_fused_or_separate_bias_embeds_as_separate_projections(
     texts = [[1, 5, 9, 12], [1, 30]]
     expected = load_model(path, n_ctx=64).embed(texts, pooling="none", normalize=-1)
     got = load_model(fused, n_ctx=64).embed(texts, pooling="none", normalize=-1)
-    for e, g in zip(expected, got):
+    for e, g in zip(expected, got, strict=True):
         np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5)
 
 

@@ -72,21 +72,22 @@ def test_random_requests_through_sixteen_slots_get_what_each_gets_alone(model_pa
         cancels.append(None if rng.random() < 0.8 else ("queued" if rng.random() < 0.5 else int(rng.integers(0, 4))))
     limit = [r.max_tokens if r.max_tokens >= 0 else max(256 // 16, len(r.prompt) + 1) - len(r.prompt)
              for r in requests]
-    expected = [alone(model, r, n) for r, n in zip(requests, limit)]
+    expected = [alone(model, r, n) for r, n in zip(requests, limit, strict=True)]
     seen_waiting = []
     with Engine(model, n_slots=16) as engine:
         handles = [engine.submit(r) for r in requests]
-        for h, c in zip(handles, cancels):
+        for h, c in zip(handles, cancels, strict=True):
             if c == "queued":
                 h.cancel()
         with ThreadPoolExecutor(8) as pool:
-            futures = [pool.submit(_consume, h, c if isinstance(c, int) else None) for h, c in zip(handles, cancels)]
+            futures = [pool.submit(_consume, h, c if isinstance(c, int) else None)
+                       for h, c in zip(handles, cancels, strict=True)]
             while not all(f.done() for f in futures):
                 stats = engine.stats()
                 seen_waiting.append(stats.waiting_for_cells and stats.queued > 0)
                 time.sleep(0.01)
             results = [f.result() for f in futures]
-        for (tokens, text, done), (want, reason), c, r in zip(results, expected, cancels, requests):
+        for (tokens, text, done), (want, reason), c, r in zip(results, expected, cancels, requests, strict=True):
             if done.finish_reason == "cancelled":
                 assert c is not None and tokens == want[:len(tokens)]
                 continue

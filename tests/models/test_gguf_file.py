@@ -141,7 +141,7 @@ def test_gguf_writer_file_round_trips(tmp_path):
             f.require("missing.key")
         assert [t.name for t in f.tensors] == ["t0", "t1"]
         assert f.tensors[0].ne == (4, 3, 1, 1) and f.tensors[1].type == GGMLQuantizationType.F16
-        for info, arr in zip(f.tensors, tensors.values()):
+        for info, arr in zip(f.tensors, tensors.values(), strict=True):
             view = f.tensor_bytes(info)
             assert isinstance(view, memoryview) and view.tobytes() == arr.tobytes()
         kept = f.tensor_bytes(f.tensors[0])

@@ -50,7 +50,7 @@ class PlainCells:
                 seqs.add(dst)
 
     def keep(self, s):
-        for c, (pos, seqs) in list(self.cells.items()):
+        for c, (_, seqs) in list(self.cells.items()):
             if s in seqs:
                 self.cells[c][1] = {s}
             else:

@@ -46,7 +46,7 @@ def corpus_differences(tok, vocab):
     """Every way pyggml's ids or detokenized bytes differ from llama.cpp's on the corpus."""
     refs = corpus_refs()
     wrong = []
-    for text, ref in zip(refs["texts"], refs["vocabs"][vocab]):
+    for text, ref in zip(refs["texts"], refs["vocabs"][vocab], strict=True):
         got = {
             "ids_plain": tok.encode(text, add_special=False),
             "ids_special": tok.encode(text, add_special=True, parse_special=True),
@@ -76,9 +76,10 @@ def test_round_trips_exactly_where_llama_cpp_does(tok, vocab):
     """detokenize(tokenize(x)) == x, the check of llama.cpp's test-tokenizer-random: byte-level BPE vocabularies
     without space cleaning give back every text; normalizing ones (WordPiece, unigram) and cleaned spaces do not."""
     refs = corpus_refs()
-    detok = dict(zip(refs["texts"], (bytes.fromhex(ref["detok_plain"]) for ref in refs["vocabs"][vocab])))
+    detok = dict(zip(refs["texts"], (bytes.fromhex(ref["detok_plain"]) for ref in refs["vocabs"][vocab]), strict=True))
     if vocab in WITH_TESTS:  # and the test set's texts, detokenized from llama.cpp's ids
-        detok.update(zip((text for text, _ in read_cases(vocab)), map(bytes.fromhex, refs["test_set_detok"][vocab])))
+        detok.update(zip((text for text, _ in read_cases(vocab)), map(bytes.fromhex, refs["test_set_detok"][vocab]),
+                         strict=True))
     ours = {text for text in detok if tok.decode_bytes(tok.encode(text, add_special=False)) == text.encode()}
     assert ours == {text for text, back in detok.items() if back == text.encode()}
     if vocab in ("qwen2", "qwen35", "deepseek-llm", "deepseek-coder", "command-r"):

@@ -25,7 +25,8 @@ class Tensors:
         return self.named.get(name.removesuffix(".weight"))
 
 
-def rope_of(tmp_path, w=Tensors(), **kw) -> Rope:
+def rope_of(tmp_path, w=None, **kw) -> Rope:
+    w = Tensors() if w is None else w
     with GGUFFile.open(write_llama(tmp_path / "m.gguf", n_ctx=128, **kw)) as f:
         return Rope.from_gguf(f, w, 16, ROPE_NORMAL)
 

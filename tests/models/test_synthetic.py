@@ -45,7 +45,7 @@ def test_f32_copy_holds_the_dequantized_values_and_the_same_keys(tmp_path):
         assert {k: plain(v) for k, v in q.metadata.items() if k != "general.file_type"} == \
                {k: plain(v) for k, v in f.metadata.items() if k != "general.file_type"}
         assert len(f.metadata["tokenizer.ggml.tokens"]) == 300
-        for a, b in zip(q.tensors, f.tensors):
+        for a, b in zip(q.tensors, f.tensors, strict=True):
             assert (a.name, a.ne) == (b.name, b.ne) and b.type.name == "F32"
             raw = np.frombuffer(q.tensor_bytes(a), np.uint8).reshape(a.ne[1] if a.n_dims > 1 else 1, -1)
             expected = dequantize(raw, a.type).ravel()

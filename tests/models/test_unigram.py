@@ -15,7 +15,7 @@ TOKENS = [("<pad>", TokenType.CONTROL, 0.0), ("</s>", TokenType.CONTROL, 0.0), (
 
 
 def t5(path, **extra):
-    words, types, scores = zip(*TOKENS)
+    words, types, scores = zip(*TOKENS, strict=True)
     return write_vocab(path, "t5", list(words), list(types), list(scores), add_space_prefix=True, extra=extra)
 
 

@@ -26,7 +26,7 @@ def test_inputs_are_valid_indices_positions_and_causal_masks(graph_files):
         t, v = by_name[name]
         (node, slot), = uses[id(t)]
         assert node.op == Op.GET_ROWS and slot == 1
-        assert v.dtype == np.int32 and 0 <= v.min() and v.max() < node.src[0].ne[1]
+        assert v.dtype == np.int32 and v.min() >= 0 and v.max() < node.src[0].ne[1]
     mask = by_name["KQ_mask"][1].reshape(512, 512)
     assert (mask[np.triu_indices(512, 1)] == -np.inf).all() and (mask[np.tril_indices(512)] == 0).all()
 

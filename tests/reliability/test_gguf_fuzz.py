@@ -92,11 +92,12 @@ def must_reject_or_load(load):
 
 def test_every_header_number_set_to_absurd_values_is_rejected_by_the_reader(llama_bytes, numeric_fields):
     tried = 0
-    for name, offset, width in numeric_fields:
+    for _name, offset, width in numeric_fields:
         original = int.from_bytes(llama_bytes[offset:offset + width], "little")
         for value in absurd_values(width, original, len(llama_bytes)):
             if value != original:
-                must_reject_or_load(lambda: GGUFFile.from_bytes(damaged(llama_bytes, offset, width, value)))
+                must_reject_or_load(lambda o=offset, w=width, v=value:
+                                    GGUFFile.from_bytes(damaged(llama_bytes, o, w, v)))
                 tried += 1
     assert tried > 500
 

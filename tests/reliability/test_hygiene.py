@@ -52,7 +52,8 @@ def soak(cycle, n: int) -> dict:
         after = (tracemalloc.get_traced_memory()[0], rss(), open_fds(), threading.active_count())
     finally:
         tracemalloc.stop()
-    return dict(zip(("traced", "rss", "fds", "threads"), (b - a for a, b in zip(before, after))))
+    changes = (b - a for a, b in zip(before, after, strict=True))
+    return dict(zip(("traced", "rss", "fds", "threads"), changes, strict=True))
 
 
 def assert_clean(growth: dict) -> None:

@@ -42,8 +42,8 @@ def test_one_allocator_over_changing_graphs_never_uses_a_stale_plan(cpu, program
 @given(program=programs, new_dims=dims, seed=st.integers(0, 2**31))
 def test_reserved_worst_case_is_reused_without_growth_for_smaller_graphs(cpu, program, new_dims, seed):
     """Plan the larger of two sizes first (llama.cpp's worst-case pattern), then the smaller one."""
-    big = (tuple(max(a, b) for a, b in zip(program[0], new_dims)), program[1])
-    small = (tuple(min(a, b) for a, b in zip(program[0], new_dims)), program[1])
+    big = (tuple(max(a, b) for a, b in zip(program[0], new_dims, strict=True)), program[1])
+    small = (tuple(min(a, b) for a, b in zip(program[0], new_dims, strict=True)), program[1])
     galloc = GraphAllocator(GuardedBufferType(16, 2**64 - 1))
     planned(big, cpu, seed, galloc)
     outputs, guard = planned(small, cpu, seed, galloc)

@@ -61,6 +61,6 @@ def test_split_across_two_backends_matches_single_backend(kind, name, parallel):
         set_inputs(lg, values)
         assert sched.graph_compute(lg.graph) == Status.SUCCESS
         got = [tensor_get(t) for t in outputs(lg)]
-        for a, b in zip(got, reference):
+        for a, b in zip(got, reference, strict=True):
             assert nmse(a, b) <= tol
     assert sched.n_splits > 1 and sched.get_buffer_size(fake) > 0

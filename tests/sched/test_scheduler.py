@@ -127,7 +127,7 @@ def test_eval_callback_sequence_and_cancel():
     assert seen == [("y1", True), ("r1", True), ("r1", False), ("y2", True), ("r2", True), ("r2", False)]
 
     sched2, g2, t2, _, _ = setup("FAKE", "CPU")
-    sched2.set_eval_callback(lambda node, ask: True if ask else False)
+    sched2.set_eval_callback(lambda node, ask: bool(ask))
     assert sched2.alloc_graph(g2)
     tensor_set(t2["x"], X)
     assert sched2.graph_compute(g2) == Status.ABORTED  # the whole compute stops, not only the split

@@ -2,6 +2,7 @@
 Whisper.transcribe gives for the same file, in each response format, with word and segment timestamps."""
 
 import json
+from itertools import pairwise
 from pathlib import Path
 
 import httpx
@@ -52,7 +53,7 @@ def test_transcription_formats(audio_server, expected):
     assert [s.text for s in verbose.segments] == [s.text for s in expected]
     words = verbose.words
     assert " ".join(w.word for w in words).split() == text.replace("  ", " ").split()
-    assert all(a.start <= b.start for a, b in zip(words, words[1:])) and words[-1].end <= verbose.duration + 0.5
+    assert all(a.start <= b.start for a, b in pairwise(words)) and words[-1].end <= verbose.duration + 0.5
 
 
 def test_audio_errors(audio_server):

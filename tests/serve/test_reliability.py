@@ -90,15 +90,15 @@ def test_api_key_and_cors(model_path):
 
 def test_full_queue_is_429_with_retry_after(model_path):
     state = make_state(model_path, Limits(parallel=1, max_queue=1))
-    with ServerThread(create_app(state)) as srv, stalled(state):
-        with httpx.stream("POST", srv.base_url + "/v1/chat/completions", json={**SHORT, "stream": True}) as first:
-            lines = first.iter_lines()  # kept: a dropped iterator closes the connection
-            next(lines)  # admitted: the engine holds it
-            r = httpx.post(srv.base_url + "/v1/chat/completions", json={**SHORT, "n": 2})
-            assert r.status_code == 429 and r.headers["retry-after"] == "1"
-            assert r.json()["error"]["type"] == "rate_limit_error"
-            too_big = httpx.post(srv.base_url + "/v1/chat/completions", json={**SHORT, "n": 3})
-            assert too_big.status_code == 400 and too_big.json()["error"]["param"] == "n"
+    with (ServerThread(create_app(state)) as srv, stalled(state),
+          httpx.stream("POST", srv.base_url + "/v1/chat/completions", json={**SHORT, "stream": True}) as first):
+        lines = first.iter_lines()  # kept: a dropped iterator closes the connection
+        next(lines)  # admitted: the engine holds it
+        r = httpx.post(srv.base_url + "/v1/chat/completions", json={**SHORT, "n": 2})
+        assert r.status_code == 429 and r.headers["retry-after"] == "1"
+        assert r.json()["error"]["type"] == "rate_limit_error"
+        too_big = httpx.post(srv.base_url + "/v1/chat/completions", json={**SHORT, "n": 3})
+        assert too_big.status_code == 400 and too_big.json()["error"]["param"] == "n"
     _settle(state)
     assert state.outcomes["rejected"] == 1 and _accounted(state)
 

@@ -84,7 +84,7 @@ def test_completions_echo_logprobs_stop_and_token_prompts(client, direct):
     assert c.text.startswith("the cat") and r.object == "text_completion"
     assert len(c.logprobs.tokens) == len(c.logprobs.token_logprobs) == len(c.logprobs.top_logprobs)
     assert all(len(top) <= 3 and max(top.values()) >= lp - 1e-6
-               for top, lp in zip(c.logprobs.top_logprobs, c.logprobs.token_logprobs))
+               for top, lp in zip(c.logprobs.top_logprobs, c.logprobs.token_logprobs, strict=True))
     assert c.logprobs.text_offset[0] == len("the cat")
     ids = direct.tokenize("the cat", add_special=True)
     by_ids = client.completions.create(model="tiny", prompt=ids, max_tokens=6, temperature=0)
@@ -209,7 +209,7 @@ def test_embeddings(client, direct):
     expected = direct.embed([direct.tokenize(t, add_special=True, parse_special=True) for t in texts],
                             pooling="mean", normalize=2)
     assert [d.index for d in r.data] == [0, 1] and r.usage.prompt_tokens > 0
-    for d, row in zip(r.data, expected):
+    for d, row in zip(r.data, expected, strict=True):
         assert d.embedding == pytest.approx(row.tolist(), abs=1e-5)
     b64 = client.embeddings.create(model="tiny", input="hello world", encoding_format="base64")
     raw = np.frombuffer(base64.b64decode(b64.data[0].embedding), dtype="<f4")

@@ -13,6 +13,7 @@ declared again on private CDLL handles.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes as C
 import importlib.util
 import json
@@ -465,10 +466,8 @@ class IsolatedPeer:
 
     def close(self) -> None:
         if self._proc is not None:
-            try:
+            with contextlib.suppress(BrokenPipeError):  # the child is already gone
                 self._conn.send(None)
-            except BrokenPipeError:
-                pass  # the child is already gone
             self._proc.join(timeout=10)
             self._proc = None
         self._dir.cleanup()

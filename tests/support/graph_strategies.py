@@ -70,7 +70,7 @@ def _leaf(ctx, prog: Program, ne, kind="f32", type_=GGMLType.F32, is_input=True,
     return t
 
 
-def _apply(ctx, prog: Program, dims, step):
+def _apply(ctx, prog: Program, dims, step):  # noqa: C901
     """The tensor one step makes, or None for 'output'. Raises GGMLError when the op refuses its operands."""
     kind, args = step[0], step[1:]
     pick = [prog.values[i % len(prog.values)] for i in args if isinstance(i, int)] if prog.values else []

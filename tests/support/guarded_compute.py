@@ -8,7 +8,7 @@ import numpy as np
 from pyggml import Context
 from pyggml.alloc import compute_poisoned
 from pyggml.backend import tensor_get, tensor_set
-from pyggml.backend.cpu.backend import CpuBufferType
+from pyggml.backend.cpu.buffer import CpuBufferType
 
 from tests.support.graph_strategies import build, fill
 

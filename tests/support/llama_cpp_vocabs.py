@@ -35,7 +35,7 @@ def read_cases(vocab):
         texts.pop()
     lines = (VOCAB_DIR / f"{file_name(vocab)}.out").read_text(encoding="utf-8").splitlines()
     assert len(texts) == len(lines), f"{vocab}: {len(texts)} texts, {len(lines)} id lines"
-    return [(text, [int(t) for t in line.split()]) for text, line in zip(texts, lines)]
+    return [(text, [int(t) for t in line.split()]) for text, line in zip(texts, lines, strict=True)]
 
 
 @cache

@@ -57,7 +57,7 @@ def experts_ffn(x, w: dict, p: str, n_used: int, gating: str, norm_w: bool, acti
     gate_b = bias("ffn_gate_exps", up_w.shape[:2])
     out = np.zeros_like(x)
     for t in range(x.shape[0]):
-        for e, weight in zip(ids[t], weights[t]):
+        for e, weight in zip(ids[t], weights[t], strict=True):
             up = up_w[e] @ x[t] + up_b[e]
             if activation == "swiglu_oai":
                 act = swiglu_oai(gate_w[e] @ x[t] + gate_b[e], up)
@@ -111,7 +111,7 @@ def moe_logits(meta, w, tokens):
     for il in range(meta[f"{a}.block_count"]):
         p = f"blk.{il}."
 
-        def proj(name, h):
+        def proj(name, h, p=p):
             return h @ w[p + name + ".weight"].T + w.get(p + name + ".bias", 0.0)
 
         h = rms_norm(x, w[p + "attn_norm.weight"], eps)

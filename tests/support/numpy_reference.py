@@ -124,7 +124,7 @@ def llama_logits(meta, w, tokens):
     for il in range(meta[f"{a}.block_count"]):
         p = f"blk.{il}."
 
-        def proj(name, h):
+        def proj(name, h, p=p):
             return h @ w[p + name + ".weight"].T + w.get(p + name + ".bias", 0.0)
 
         h = rms_norm(x, w[p + "attn_norm.weight"], eps)

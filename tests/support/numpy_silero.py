@@ -34,7 +34,7 @@ def silero_probs(weights, audio: np.ndarray, whisper_cpp: bool = False) -> np.nd
             x = np.pad(np.pad(x, (576 - x.size, 0)), (0, 64), mode="reflect")
         spec = _conv1d(x[None], w.stft_basis[:, None, :].astype(np.float64), None, 128, 0)
         feat = np.sqrt(spec[:129] ** 2 + spec[129:] ** 2)
-        for cw, cb, s in zip(w.conv_w, w.conv_b, (1, 2, 2, 1)):
+        for cw, cb, s in zip(w.conv_w, w.conv_b, (1, 2, 2, 1), strict=True):
             feat = np.maximum(_conv1d(feat, cw.astype(np.float64), cb, s, 1), 0)
         g = w.w_ih @ feat[:, 0] + w.b_ih + w.w_hh @ h + w.b_hh
         gi, gf, gg, go = np.split(g, 4)

@@ -35,7 +35,7 @@ def retyped(ctx, t, type_):
 
 def tiled(b: np.ndarray, shape) -> np.ndarray:
     """b repeated to shape: element i of each dim is b's element i % b.shape[dim]."""
-    return np.tile(b, [n // m for n, m in zip(shape, b.shape)])
+    return np.tile(b, [n // m for n, m in zip(shape, b.shape, strict=False)])
 
 
 def binary_case(op, ne_a, ne_b, types, layout_b="cont", layout_a="cont"):

@@ -68,7 +68,7 @@ def copy_case(kind, src_type, dst_type, ne=(64, 3, 2), dst_ne=None, layout="cont
 
 def tile_ref(out):
     x = values(out.src[0])
-    return np.tile(x, [n // m for n, m in zip(reversed(out.ne), x.shape)])
+    return np.tile(x, [n // m for n, m in zip(reversed(out.ne), x.shape, strict=False)])
 
 
 def repeat_case(type_, ne, to, layout="cont"):
@@ -84,8 +84,8 @@ def repeat_back_ref(out):
     x = values(out.src[0])
     small = tuple(reversed(out.ne))
     total = np.zeros(small)
-    for idx in np.ndindex(*[n // m for n, m in zip(x.shape, small)]):
-        total += x[tuple(slice(i * m, (i + 1) * m) for i, m in zip(idx, small))]
+    for idx in np.ndindex(*[n // m for n, m in zip(x.shape, small, strict=False)]):
+        total += x[tuple(slice(i * m, (i + 1) * m) for i, m in zip(idx, small, strict=False))]
     return total
 
 

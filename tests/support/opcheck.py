@@ -67,8 +67,8 @@ def prepare(case: OpCase, seed: int = 0) -> tuple[Tensor, Graph]:
     graph = Graph().build_forward_expand(out)
     rng = np.random.default_rng(seed)
     for t in _inputs(graph):
-        if T.is_quantized(t.type) or t.type in (T.GGMLType.F32, T.GGMLType.F16, T.GGMLType.BF16):
-            if not host_ndarray(t).any():
+        floating = T.is_quantized(t.type) or t.type in (T.GGMLType.F32, T.GGMLType.F16, T.GGMLType.BF16)
+        if floating and not host_ndarray(t).any():
                 fill_random(t, rng)
     return out, graph
 

@@ -63,11 +63,13 @@ class ServerThread:
         self.sock.close()
 
 
-def make_state(path, limits: Limits = Limits(), n_ctx: int = 256, whisper=None, drafter=None) -> ServerState:
+def make_state(path, limits: Limits | None = None, n_ctx: int = 256, whisper=None, drafter=None) -> ServerState:
     """A server's state that loads the file with the real engine (and serves `whisper` as tiny.en; `drafter`:
     speculative decoding)."""
     from pyggml.models import load_model
     from pyggml.models.llm.engine import Engine
+
+    limits = limits or Limits()
 
     def load():
         model = load_model(path, n_ctx=n_ctx)

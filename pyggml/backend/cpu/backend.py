@@ -1,4 +1,4 @@
-"""The NumPy CPU backend: buffer types "CPU" and "CPU_Mapped", the "CPU" device, reg and backend.
+"""The NumPy CPU backend: the "CPU" device, reg and backend (its buffer types are in `cpu.buffer`).
 
 Memory is a uint8 NumPy array per buffer; a tensor is a strided view at its offset, so
 kernels read and write in place. The kernels themselves live in `cpu.kernels`.
@@ -15,129 +15,22 @@ from typing import Callable
 
 import numpy as np
 
-from pyggml.backend.base import (Backend, BackendReg, Buffer, BufferType, BufferUsage, Device, DeviceCaps, DeviceType,
-                                 Status, check_graph_buffers, computed_nodes)
+from pyggml.backend.base import (Backend, BackendReg, Buffer, BufferType, Device, DeviceCaps, DeviceType, Status,
+                                 check_graph_buffers, computed_nodes)
 from pyggml.backend.cpu import kernels
+from pyggml.backend.cpu.buffer import CpuBuffer, CpuBufferType, CpuMappedBufferType
+from pyggml.backend.cpu.f32_expand import F32ExpandedBufferType
+from pyggml.backend.cpu.interleave import InterleavedBufferType
 from pyggml.backend.cpu.kernels._blocks import set_threads
 from pyggml.backend.cpu.kernels._common import INTERLEAVED, blas_threads
 from pyggml.backend.cpu.kernels.mul_mat import forget_quantized_activations
-from pyggml.backend.tensor_io import host_bytes
-from pyggml.core.host_memory import aligned_bytes, populate, zero_anonymous
 from pyggml.core.tensor import Tensor
 from pyggml.errors import BackendError, UnsupportedOpError
 
 
 CPU_GUID = bytes([0xAA, 0x67, 0xC7, 0x43, 0x96, 0xE6, 0xA3, 0x8A, 0xE3, 0xAF, 0xEA, 0x92, 0x36, 0xBC, 0xFC, 0x89])
-TENSOR_ALIGNMENT = 32
 AVAILABLE_CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-CLEAR_BY_PAGES = 1 << 20  # buffers from this size on are cleared by handing their pages back (zero_anonymous)
 DEFAULT_N_THREADS = 4  # ggml's default; BLAS never gets more threads than there are cores
-
-
-# ----------------------------------------------------------------------------------------------
-# Buffers
-# ----------------------------------------------------------------------------------------------
-class CpuBuffer(Buffer):
-    """Host bytes in a NumPy uint8 array (owned, or borrowed from a host object: then possibly read-only).
-
-    Thread-safety: as Buffer (disjoint tensors may be read and written concurrently).
-    """
-
-    def __init__(self, buft: BufferType, host_array: np.ndarray, anonymous: bool = False):
-        super().__init__(buft, host_array.nbytes)
-        self._host = host_array
-        self.anonymous = anonymous  # the process's own anonymous memory (aligned_bytes), not borrowed
-        self._address = host_array.ctypes.data  # asked for on every tensor placed; the array never moves
-        self.read_only = not host_array.flags.writeable
-        self.host_views: dict = {}  # host_ndarray's views of this memory by layout, dropped with the memory
-
-    @property
-    def host_array(self) -> np.ndarray:
-        self.check_alive()
-        return self._host
-
-    def _span(self, t: Tensor, offset: int, size: int) -> np.ndarray:
-        start = self.offset_of(t) + offset
-        return self._host[start: start + size]
-
-    def _base(self) -> int:
-        return self._address
-
-    def _free(self) -> None:
-        self._host = None  # drops the memory (or the reference to a borrowed object)
-        self.host_views = {}
-
-    def _memset_tensor(self, t: Tensor, value: int, offset: int, size: int) -> None:
-        self._span(t, offset, size).fill(value)
-
-    def _set_tensor(self, t: Tensor, data: memoryview, offset: int, size: int) -> None:
-        self._span(t, offset, size)[:] = np.frombuffer(data, np.uint8, count=size)
-
-    def _get_tensor(self, t: Tensor, out: memoryview, offset: int, size: int) -> None:
-        np.frombuffer(out, np.uint8, count=size)[:] = self._span(t, offset, size)
-
-    def _cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
-        """A direct copy when src is in host memory (ggml: memcpy), else False."""
-        src_bytes = host_bytes(src)
-        if src_bytes is None:
-            return False
-        self._span(dst, 0, src.nbytes)[:] = np.frombuffer(src_bytes, np.uint8)
-        return True
-
-    def _set_usage(self, usage: BufferUsage) -> None:
-        """A compute buffer (the graph allocator's) is made resident when it is designated, at reserve: the
-        steps then write memory that is there, where each first write of a page would fault (on a virtual
-        machine up to about 10 ms per MiB: a new step shape's first run paid 0.2 s of faults)."""
-        if usage == BufferUsage.COMPUTE and self.anonymous:
-            populate(self._address, self.size)
-
-    def _clear(self, value: int) -> None:
-        """Zeros in a large buffer of its own memory go back to the OS as whole pages (zero_anonymous)."""
-        if value == 0 and self.anonymous and self.size >= CLEAR_BY_PAGES:
-            zero_anonymous(self._host)
-        else:
-            self._host.fill(value)
-
-
-class ConvertedBuffer(CpuBuffer):
-    """A buffer whose tensors' bytes are converted as they are written (the extra buffer types CPU_F32 and
-    CPU_INTERLEAVED, as ggml's): not host memory to the rest of the system, so no generic views, no
-    read-back, no memset, no direct copy.
-    `what` says, in the errors, what the conversion made of the bytes."""
-
-    host_array = None  # the memory holds the conversion, not the tensors' bytes: no generic host views of it
-    what = "converted"
-
-    def _get_tensor(self, t: Tensor, out: memoryview, offset: int, size: int) -> None:
-        raise BackendError(f"{self.buft.name}: {t.name!r} cannot be read back (its bytes were {self.what} as they "
-                           f"were written, as in ggml's extra buffers)")
-
-    def _memset_tensor(self, t: Tensor, value: int, offset: int, size: int) -> None:
-        raise BackendError(f"{self.buft.name}: memset of {t.name!r} is not supported (only whole rows are written)")
-
-    def _cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
-        return False
-
-
-class CpuBufferType(BufferType):
-    """ggml's "CPU" buffer type: host memory, 32-byte tensor alignment, no size limit.
-
-    Thread-safety: alloc_buffer may be called from any thread.
-    """
-
-    name = "CPU"
-    alignment = TENSOR_ALIGNMENT
-    is_host = True
-
-    def _alloc_buffer(self, size: int) -> Buffer:
-        # uninitialised, like ggml_aligned_malloc
-        return CpuBuffer(self, aligned_bytes(size, fill=None), anonymous=True)
-
-
-class CpuMappedBufferType(CpuBufferType):
-    """The type of buffers made over existing host memory (an mmap of a model file, an ndarray, ...)."""
-
-    name = "CPU_Mapped"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -145,11 +38,10 @@ class CpuMappedBufferType(CpuBufferType):
 # ----------------------------------------------------------------------------------------------
 def _cpu_model() -> str:
     """The "model name" line of /proc/cpuinfo, as ggml reports it."""
-    with contextlib.suppress(OSError):
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine() or "CPU"
 
 
@@ -165,8 +57,6 @@ class CpuDevice(Device):
         self.description = _cpu_model()
         self._buffer_type = CpuBufferType(self)
         self._mapped_type = CpuMappedBufferType(self)
-        from pyggml.backend.cpu.interleave import InterleavedBufferType  # they build on this module's CpuBuffer
-        from pyggml.backend.cpu.f32_expand import F32ExpandedBufferType
         self._f32_type = F32ExpandedBufferType(self)
         self._interleaved_type = InterleavedBufferType(self)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from pyggml.backend.base import BufferType, Status
-from pyggml.backend.cpu.backend import TENSOR_ALIGNMENT, ConvertedBuffer
+from pyggml.backend.cpu.buffer import TENSOR_ALIGNMENT, ConvertedBuffer
 from pyggml.backend.cpu.kernels._common import F32_EXPANDED
 from pyggml.backend.cpu.kernels._dequant_cache import dequantizable
 from pyggml.core import types as T

@@ -19,7 +19,7 @@ import functools
 import numpy as np
 
 from pyggml.backend.base import BufferType, Status
-from pyggml.backend.cpu.backend import TENSOR_ALIGNMENT, ConvertedBuffer
+from pyggml.backend.cpu.buffer import TENSOR_ALIGNMENT, ConvertedBuffer
 from pyggml.backend.cpu.jit.ir.vnni_ir import FORMATS, ROWS
 from pyggml.backend.cpu.jit.ir.vnni_k_ir import K_FORMATS
 from pyggml.backend.cpu.jit.repack import repack_16x4_into

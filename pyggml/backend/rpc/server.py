@@ -34,6 +34,7 @@ from pyggml.core import types as T
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import MAX_SRC, VIEW_OPS, Op, Tensor, TensorFlag
 from pyggml.errors import AllocationError, GGMLError, ParameterError, RPCError
+import contextlib
 
 log = logging.getLogger("pyggml.rpc.server")
 
@@ -64,7 +65,7 @@ class RPCServer:
         self.limits = limits or Limits()
         self.backends = [dev.init_backend() for dev in self.devices]
         self._abort_setters = []
-        for dev, backend in zip(self.devices, self.backends):  # as ggml: where the device's reg offers it
+        for dev, backend in zip(self.devices, self.backends, strict=True):  # as ggml: where the device's reg offers it
             reg = dev.reg
             set_n_threads = reg.get_proc_address("set_n_threads") if reg is not None else None
             if n_threads and set_n_threads is not None:
@@ -228,10 +229,8 @@ class Session:
         self.deadline: float | None = None  # when the message being received must be complete
 
     def shutdown(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
 
     def peer_gone(self) -> bool:
         """True when the client closed or reset its end (what it sent but we have not read yet stays queued)."""

@@ -76,7 +76,7 @@ def store(dst: Tensor, values: torch.Tensor) -> None:
 
 def repeated(small: torch.Tensor, shape) -> torch.Tensor:
     """small repeated to `shape` the ggml way (element i of a dim reads element i % m); broadcasts when it can."""
-    reps = [n // m if m not in (1, n) else 1 for n, m in zip(shape, small.shape)]
+    reps = [n // m if m not in (1, n) else 1 for n, m in zip(shape, small.shape, strict=False)]
     return small.repeat(reps) if any(r != 1 for r in reps) else small
 
 
@@ -248,13 +248,13 @@ def copy(dst: Tensor) -> None:
 
 def repeat(dst: Tensor) -> None:
     src = view(dst.src[0])
-    view(dst).copy_(src.repeat([n // m for n, m in zip(reversed(dst.ne), src.shape)]))
+    view(dst).copy_(src.repeat([n // m for n, m in zip(reversed(dst.ne), src.shape, strict=False)]))
 
 
 def repeat_back(dst: Tensor) -> None:
     """Each element of dst sums the src0 elements a repeat would have copied from it."""
     x = f32(dst.src[0])
-    split = [d for n, m in zip(x.shape, reversed(dst.ne)) for d in (n // m, m)]
+    split = [d for n, m in zip(x.shape, reversed(dst.ne), strict=False) for d in (n // m, m)]
     store(dst, x.reshape(split).sum(dim=(0, 2, 4, 6)))
 
 
@@ -263,7 +263,8 @@ def pad(dst: Tensor) -> None:
     x = f32(dst.src[0])
     if dst.op_params[8]:
         left = [dst.op_params[2 * d] for d in range(4)][::-1]
-        index = [(torch.arange(n, device=x.device) - lp) % m for n, lp, m in zip(reversed(dst.ne), left, x.shape)]
+        index = [(torch.arange(n, device=x.device) - lp) % m
+                 for n, lp, m in zip(reversed(dst.ne), left, x.shape, strict=False)]
         store(dst, x[index[0][:, None, None, None], index[1][None, :, None, None], index[2][None, None, :, None],
                      index[3][None, None, None, :]])
     else:
@@ -493,10 +494,7 @@ def flash_attn_ext(dst: Tensor) -> None:
     n_head, n_kv = q.ne[2], k.ne[1]
     scores = torch.matmul(_grouped(f32(q), k.ne[2]), f32(k)[:, :, None].transpose(-1, -2)).reshape(
         q.ne[3], n_head, q.ne[1], n_kv)
-    if softcap != 0.0:
-        scores = torch.tanh(scores * (scale / softcap)) * softcap
-    else:
-        scores = scores * scale
+    scores = torch.tanh(scores * (scale / softcap)) * softcap if softcap != 0.0 else scores * scale
     total = exp_rows(scores, mask, max_bias, sinks, torch.float32)
     weighted = torch.matmul(_grouped(scores, v.ne[2]), f32(v)[:, :, None]).reshape(q.ne[3], n_head, q.ne[1], v.ne[0])
     weighted = torch.where(total != 0, weighted / total, 0.0)
@@ -512,7 +510,7 @@ def cpu_types(t: Tensor) -> bool:
 
 
 def _unary_supported(t: Tensor) -> bool:
-    return t.op_params[0] in UNARY.keys() and cpu_types(t)
+    return t.op_params[0] in UNARY and cpu_types(t)
 
 
 KERNELS: dict[Op, tuple[Callable[[Tensor], None], Callable[[Tensor], bool]]] = {

@@ -27,10 +27,7 @@ def new_result(ctx: Context, op: Op, type_, ne, srcs=(), params=(), inplace_of: 
 
     `params` are the leading op_params words: ints stay ints, floats are bit-cast (ggml's layout).
     """
-    if inplace_of is not None:
-        t = ctx.view_tensor(inplace_of)
-    else:
-        t = ctx.new_tensor(type_, ne)
+    t = ctx.view_tensor(inplace_of) if inplace_of is not None else ctx.new_tensor(type_, ne)
     t.op = op if type(op) is Op else Op(op)
     for i, s in enumerate(srcs):
         t.src[i] = s

@@ -235,7 +235,8 @@ def roll(ctx: Context, a: Tensor, shift0: int, shift1: int, shift2: int, shift3:
     op = "roll"
     check_shape(a.nb[0] == type_size(a.type), op, "a's rows must be contiguous", a)
     shifts = (shift0, shift1, shift2, shift3)
-    check_shape(all(abs(s) < n for s, n in zip(shifts, a.ne)), op, f"|shifts| {list(shifts)} must be < ne {a.ne}", a)
+    check_shape(all(abs(s) < n for s, n in zip(shifts, a.ne, strict=False)), op,
+                f"|shifts| {list(shifts)} must be < ne {a.ne}", a)
     return new_result(ctx, Op.ROLL, a.type, a.ne, srcs=(a,), params=shifts)
 
 

@@ -158,7 +158,7 @@ def repeat(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
 
 def repeat_4d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int) -> Tensor:
     ne = [ne0, ne1, ne2, ne3]
-    ok = a.is_empty or all(n % m == 0 for n, m in zip(ne, a.ne))
+    ok = a.is_empty or all(n % m == 0 for n, m in zip(ne, a.ne, strict=True))
     check_shape(ok, "repeat_4d", f"every dim of a must divide ne={ne}", a)
     return new_result(ctx, Op.REPEAT, a.type, ne, (a,))
 
@@ -251,7 +251,7 @@ def _strided_write(ctx: Context, op: Op, a: Tensor, b: Tensor, nb1: int, nb2: in
     check_shape(offset % size == 0 and nb1 % size == 0 and nb2 % size == 0 and nb3 % size == 0, name,
                 f"strides ({nb1}, {nb2}, {nb3}) and offset {offset} must be multiples of the element size {size}",
                 a, b)
-    last = offset + sum((n - 1) * stride for n, stride in zip(b.ne, (size, nb1, nb2, nb3)))
+    last = offset + sum((n - 1) * stride for n, stride in zip(b.ne, (size, nb1, nb2, nb3), strict=True))
     check_shape(b.nelements == 0 or last + size <= a.nbytes, name,
                 f"the region written ends at byte {last + size}, past a's {a.nbytes} bytes", a, b)
     return new_result(ctx, op, a.type, a.ne, (a, b), (nb1, nb2, nb3, offset, int(inplace)),

@@ -15,6 +15,7 @@ import struct
 import sys
 from array import array
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 from pyggml.core.host_memory import whole_pages
 from pyggml.errors import GGUFError
 from pyggml.models.gguf.string_table import StringTable
+import contextlib
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -259,10 +261,8 @@ class GGUFFile:
         self._buf.release()
         self._buf = None
         if self._mmap is not None:
-            try:
+            with contextlib.suppress(BufferError):  # views from tensor_bytes still use it: it unmaps when they go
                 self._mmap.close()
-            except BufferError:
-                pass  # views from tensor_bytes still use it; it unmaps when they are gone
             self._mmap = None
 
     @property
@@ -308,10 +308,8 @@ class GGUFFile:
             return
         start = offset // mmap.PAGESIZE * mmap.PAGESIZE
         end = min(offset + size, self.file_size)
-        try:
+        with contextlib.suppress(OSError):
             self._mmap.madvise(getattr(mmap, "MADV_POPULATE_READ", 22), start, end - start)
-        except OSError:
-            pass
 
 
     def release_pages(self, offset: int, size: int) -> None:
@@ -441,7 +439,7 @@ class GGUFFile:
                          f"{self.file_size}-byte file", offset_at)
             tensors.append(TensorInfo(name, ttype, ne, n_dims, start, nbytes))
         by_start = sorted(tensors, key=lambda t: (t.offset_in_file, t.nbytes))
-        for prev, nxt in zip(by_start, by_start[1:]):
+        for prev, nxt in pairwise(by_start):
             if nxt.offset_in_file < prev.offset_in_file + prev.nbytes and nxt.nbytes and prev.nbytes:
                 raise GGUFError(f"{self.path}: tensor '{nxt.name}' data at offset {nxt.offset_in_file} "
                                 f"overlaps tensor '{prev.name}' [{prev.offset_in_file}, "

@@ -71,7 +71,7 @@ class Weights:
         t = self.tensors.get(name)
         if t is not None and ne is not None:
             want = list(ne) + [1] * (4 - len(ne))
-            if any(w is not None and w != have for w, have in zip(want, t.ne)):
+            if any(w is not None and w != have for w, have in zip(want, t.ne, strict=False)):
                 raise GGUFError(f"{self.gguf.path}: tensor '{name}' has shape {t.ne[:len(ne)]}, expected {list(ne)}")
         return t
 
@@ -109,9 +109,7 @@ def load_weights(gguf: GGUFFile, backend, weights: str = "quantized", progress: 
         ne = info.ne[:info.n_dims] or (1,)
         if info.name.startswith(elsewhere_prefixes):
             ctx = elsewhere
-        elif expand_type is not None and T.is_quantized(int(info.type)):
-            ctx = converted
-        elif info.name in interleaved:
+        elif expand_type is not None and T.is_quantized(int(info.type)) or info.name in interleaved:
             ctx = converted
         else:
             ctx = direct

@@ -9,6 +9,7 @@ a microsecond against a dict's tenth, which tokenizing a prompt does a few thous
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import pairwise
 
 import numpy as np
 
@@ -43,12 +44,12 @@ class StringTable(Sequence):
 
     def __iter__(self) -> Iterator[str]:
         blob, offsets = self._blob.tobytes(), self._offsets.tolist()
-        for start, end in zip(offsets, offsets[1:]):
+        for start, end in pairwise(offsets):
             yield blob[start:end].decode("utf-8")
 
     def __eq__(self, other) -> bool:
         if isinstance(other, (StringTable, list, tuple)):
-            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
         return NotImplemented
 
     __hash__ = None

@@ -68,7 +68,7 @@ class Batch:
         if bad:
             raise ParameterError(f"Batch: token id {bad[0]} is outside the vocabulary [0, {n_vocab})")
         per_seq: dict[int, list[int]] = {}
-        for pos, ids in zip(self.positions, self.seq_ids):
+        for pos, ids in zip(self.positions, self.seq_ids, strict=True):
             for s in ids:
                 per_seq.setdefault(cells.check_seq(s), []).append(pos)
         for s, pos in per_seq.items():

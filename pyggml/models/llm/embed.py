@@ -174,7 +174,7 @@ def pooling_input(pooling: str, lengths: list[int]) -> np.ndarray:
     starts = np.cumsum([0] + lengths[:-1])
     if pooling == "mean":
         weights = np.zeros((len(lengths), sum(lengths)), np.float32)
-        for i, (s, n) in enumerate(zip(starts, lengths)):
+        for i, (s, n) in enumerate(zip(starts, lengths, strict=True)):
             weights[i, s:s + n] = 1.0 / n
         return weights
     return (starts if pooling == "cls" else starts + np.asarray(lengths) - 1).astype(np.int32)

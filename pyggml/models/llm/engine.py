@@ -34,6 +34,7 @@ excluded. A callback (logits_processor, on_token) that raises ends its request w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import concurrent.futures
 import queue
 import threading
@@ -163,10 +164,8 @@ class Handle:
 
 
 def _deliver_soon(loop, items: list) -> None:
-    try:
+    with contextlib.suppress(RuntimeError):  # the caller's event loop is closed: nobody listens any more
         loop.call_soon_threadsafe(_deliver, items)
-    except RuntimeError:  # the caller's event loop is closed: nobody listens any more
-        pass
 
 
 def _deliver(items: list) -> None:
@@ -329,7 +328,7 @@ class Engine:
         with self._cv:
             self._cv.notify()
 
-    def _check(self, r: Request) -> None:
+    def _check(self, r: Request) -> None:  # noqa: C901
         if not isinstance(r, Request):
             raise ParameterError(f"submit takes a Request, got {type(r).__name__}")
         n_vocab, n_ctx = self.model.n_vocab, self.model.n_ctx
@@ -364,7 +363,7 @@ class Engine:
     def _busy(self) -> list[Slot]:
         return self.scheduler.busy()
 
-    def _loop(self) -> None:
+    def _loop(self) -> None:  # noqa: C901
         while True:
             with self._cv:
                 while not (self._closed or self._calls or self._queue or self._busy()):

@@ -121,7 +121,7 @@ class KVCache:
         cells = np.asarray(cells, dtype=np.int64)
         rb, eb = T.row_size(self.type, self.n_embd_k), self._value_bytes()
         ks, vs = [], []
-        for cache_k, cache_v in zip(self.k, self.v):
+        for cache_k, cache_v in zip(self.k, self.v, strict=True):
             k = np.empty((cells.size, rb), np.uint8)
             v = np.empty((self.n_embd_v, cells.size, eb), np.uint8)
             for c0, n, at in _runs(cells):
@@ -141,7 +141,7 @@ class KVCache:
                                  f"{len(data.k)} layers do not fit this cache ({layout[0]}, {layout[1]}/"
                                  f"{layout[2]}, {layout[3]} layers)")
         rb, eb = T.row_size(self.type, self.n_embd_k), self._value_bytes()
-        for cache_k, cache_v, k, v in zip(self.k, self.v, data.k, data.v):
+        for cache_k, cache_v, k, v in zip(self.k, self.v, data.k, data.v, strict=True):
             for c0, n, at in _runs(cells):
                 tensor_set(cache_k, np.ascontiguousarray(k[at:at + n]), c0 * rb, n * rb)
                 tensor_set_2d(cache_v, np.ascontiguousarray(v[:, at:at + n]), c0 * eb, n * eb, self.n_embd_v,
@@ -198,7 +198,7 @@ def _runs(cells: np.ndarray) -> list[tuple[int, int, int]]:
     breaks = np.flatnonzero(np.diff(cells) != 1) + 1
     starts = np.concatenate([[0], breaks])
     ends = np.concatenate([breaks, [cells.size]])
-    return [(int(cells[a]), int(b - a), int(a)) for a, b in zip(starts, ends)]
+    return [(int(cells[a]), int(b - a), int(a)) for a, b in zip(starts, ends, strict=True)]
 
 
 def causal_mask(pos0: int, n_tokens: int, window: int | None = None, n_kv: int | None = None) -> np.ndarray:

@@ -94,7 +94,7 @@ class KVCells:
 
     def apply(self, cells: np.ndarray, positions, seq_ids) -> None:
         """Give cells[i] the position positions[i] and the sequences seq_ids[i] (a tuple of ids)."""
-        for cell, p, ids in zip(cells, positions, seq_ids):
+        for cell, p, ids in zip(cells, positions, seq_ids, strict=True):
             self.pos[cell] = p
             self.seq[cell] = False
             self.seq[cell, list(ids)] = True

@@ -17,7 +17,7 @@ from __future__ import annotations
 import concurrent.futures
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from numbers import Integral
 from typing import Callable, Iterator
@@ -45,6 +45,7 @@ from pyggml.models.llm.runner import (SingleBackend, backend_list, plan_layers, 
                                       split_layers)
 from pyggml.models.llm.text_output import TextOutput
 from pyggml.models.text.load import load_tokenizer
+from pyggml.models.timings import Stage
 from pyggml.models.vision.content import split_image_parts
 from pyggml.models.vision.encoder import VisionEncoder
 from pyggml.models.vision.preprocess import decode_image, preprocess
@@ -56,10 +57,8 @@ class Timings:
     """Tokens and seconds spent on prompts (batched steps) and on generated tokens (single-token steps), and the
     seconds those steps spent compiling kernels (a first run's), counted apart from either."""
 
-    prompt_tokens: int = 0
-    prompt_s: float = 0.0
-    gen_tokens: int = 0
-    gen_s: float = 0.0
+    prompt: Stage = field(default_factory=Stage)
+    gen: Stage = field(default_factory=Stage)
     compile_s: float = 0.0
 
     def step(self, model: Model, ids: list[int], prompt: bool) -> np.ndarray:
@@ -68,23 +67,16 @@ class Timings:
         start, compiled = time.perf_counter(), compile_seconds()
         logits = model.decode_prompt(ids) if prompt else model.decode(ids)
         compiling = compile_seconds() - compiled
-        seconds = time.perf_counter() - start - compiling
         self.compile_s += compiling
-        if prompt:
-            self.prompt_tokens += len(ids)
-            self.prompt_s += seconds
-        else:
-            self.gen_tokens += 1
-            self.gen_s += seconds
+        (self.prompt if prompt else self.gen).add(time.perf_counter() - start - compiling, len(ids))
         return logits
 
-    @property
-    def prompt_tps(self) -> float:
-        return self.prompt_tokens / self.prompt_s if self.prompt_s else 0.0
-
-    @property
-    def gen_tps(self) -> float:
-        return self.gen_tokens / self.gen_s if self.gen_s else 0.0
+    prompt_tokens = property(lambda self: self.prompt.count)
+    prompt_s = property(lambda self: self.prompt.seconds)
+    prompt_tps = property(lambda self: self.prompt.per_second)
+    gen_tokens = property(lambda self: self.gen.count)
+    gen_s = property(lambda self: self.gen.seconds)
+    gen_tps = property(lambda self: self.gen.per_second)
 
 
 def check_sizes(**sizes) -> None:

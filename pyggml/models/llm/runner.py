@@ -144,7 +144,7 @@ def move_tensors(tensors: list[Tensor], buft: BufferType, usage: BufferUsage, re
         size += -(-buft.alloc_size(t) // buft.alignment) * buft.alignment
     buf = buft.alloc_buffer(size)
     buf.usage = usage
-    for t, off in zip(tensors, offsets):  # a tensor may be unplaced yet when `read` brings its bytes
+    for t, off in zip(tensors, offsets, strict=True):  # a tensor may be unplaced yet when `read` brings its bytes
         raw = tensor_get(t, 0, t.nbytes) if read is None else read(t)
         t.buffer = t.data = t.extra = None  # extra belonged to the old buffer (a converting buffer's marker)
         tensor_alloc(buf, t, buf.base + off)
@@ -155,7 +155,7 @@ def move_tensors(tensors: list[Tensor], buft: BufferType, usage: BufferUsage, re
 def plan_layers(n_layer: int, backends: list[Backend]) -> list[tuple[Backend, list[int]]]:
     """Consecutive layers per backend, in proportion to free memory (layer_counts)."""
     placement, first = [], 0
-    for backend, count in zip(backends, layer_counts(n_layer, backends)):
+    for backend, count in zip(backends, layer_counts(n_layer, backends), strict=True):
         placement.append((backend, list(range(first, first + count))))
         first += count
     return placement

@@ -619,9 +619,7 @@ def _clean_spaces(text):
         x = buf[i]
         if buf[i - 1] == 0x20 and x == 0x27 and i + 1 < n:
             x1 = buf[i + 1]
-            if x1 in b"sm":
-                total -= 1
-            elif x1 not in b"td" and i + 2 < n and (x1, buf[i + 2]) in ((0x72, 0x65), (0x76, 0x65)):
+            if x1 in b"sm" or x1 not in b"td" and i + 2 < n and (x1, buf[i + 2]) in ((0x72, 0x65), (0x76, 0x65)):
                 total -= 1
         buf[total] = x
         total += 1

@@ -85,8 +85,9 @@ class UGMTokenizer(Tokenizer):
         self.candidates = {texts[i]: i for i, t in enumerate(types) if t in _MATCHED_TYPES}
         self.user_defined = {texts[i].encode("utf-8") for i, t in enumerate(types) if t == TokenType.USER_DEFINED}
         self.user_defined_lengths = sorted({len(t) for t in self.user_defined}, reverse=True)
-        self.token_scores = [0.0 if t == TokenType.USER_DEFINED else float(s) for t, s in zip(types, self.scores)]
-        normal = [s for t, s in zip(types, self.scores) if t == TokenType.NORMAL]
+        self.token_scores = [0.0 if t == TokenType.USER_DEFINED else float(s)
+                             for t, s in zip(types, self.scores, strict=True)]
+        normal = [s for t, s in zip(types, self.scores, strict=True) if t == TokenType.NORMAL]
         self.unknown_score = (min(normal) if normal else float(np.finfo(np.float32).max)) - _UNKNOWN_PENALTY
         self.max_token_chars = max(map(len, self.candidates), default=0)
 

@@ -174,7 +174,7 @@ def _ggml_tensors(w: SileroWeights) -> list[tuple[str, np.ndarray, bool]]:
     arrays = [a for i in range(4) for a in (w.conv_w[i], w.conv_b[i])]
     arrays += [w.w_ih, w.w_hh, w.b_ih, w.b_hh, w.dec_w, w.dec_b, w.stft_basis.reshape(258, 1, 256)]
     return [(name, a, name.endswith("weight") and "rnn" not in name or name.startswith("stft"))
-            for name, a in zip(TENSOR_NAMES, arrays)]
+            for name, a in zip(TENSOR_NAMES, arrays, strict=True)]
 
 
 def write_ggml_vad(w: SileroWeights, path) -> int:

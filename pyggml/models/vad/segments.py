@@ -72,7 +72,7 @@ def _ms(ms: float) -> int:
     return int(SAMPLE_RATE * ms / 1000)
 
 
-def speech_segments(probs, n_samples: int, opts: VadOptions | None = None) -> list[tuple[int, int]]:
+def speech_segments(probs, n_samples: int, opts: VadOptions | None = None) -> list[tuple[int, int]]:  # noqa: C901
     """(start, end) sample pairs of speech in audio of n_samples whose windows had `probs`."""
     opts = (opts or VadOptions()).check()
     min_speech, min_silence, pad = _ms(opts.min_speech_ms), _ms(opts.min_silence_ms), _ms(opts.speech_pad_ms)

@@ -94,7 +94,7 @@ def transcribe_batched(whisper, samples: np.ndarray, batch_size: int, vad_option
             prefix = [tok.startofprev] + prompt[-(model.n_text_ctx // 2 - 1):] + prefix
         results = decode_batch(model, flt, prefix, len(batch))
         t.decoder_steps += max(len(r.tokens) for r in results) + 1
-        for slot, (speech, r) in enumerate(zip(batch, results)):
+        for slot, (speech, r) in enumerate(zip(batch, results, strict=True)):
             r.text = tok.decode([x for x in r.tokens if x < tok.eot])
             r.compression_ratio = compression_ratio(r.text)
             if whisper._is_silence(r, opts) or not r.text.strip():

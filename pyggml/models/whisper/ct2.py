@@ -63,7 +63,7 @@ class _Parts:
                                    f"ends after {self.size - self.pos} (truncated model.bin?)")
         start, self.pos = self.pos, self.pos + n
         pieces = []
-        for m, s in zip(self.maps, self.starts):
+        for m, s in zip(self.maps, self.starts, strict=True):
             lo, hi = max(start, s), min(start + n, s + len(m))
             if lo < hi:
                 pieces.append(m[lo - s:hi - s])
@@ -136,7 +136,7 @@ _LINEAR = ("weight", "bias")
 _NORM = {"gamma": "weight", "beta": "bias"}
 
 
-def _whisper_tensors(variables, where):
+def _whisper_tensors(variables, where):  # noqa: C901
     """Map CT2 variables to whisper.cpp tensors (ggml ne, stored type), splitting the fused projections."""
     out = {}
 

@@ -198,10 +198,10 @@ def _sample(model, flt, first, n_prefix, n, temperature, rng, sample_len):
             break
         logits = model.decode([tokens[i][-1] for i in live], [n_prefix + len(tokens[i]) - 1 for i in live],
                               seqs=live, out_rows=range(len(live)))
-    return _rank(list(zip(tokens, sum_lp)))
+    return _rank(list(zip(tokens, sum_lp, strict=True)))
 
 
-def _beam_search(model, flt, first, n_prefix, beam_size, sample_len):
+def _beam_search(model, flt, first, n_prefix, beam_size, sample_len):  # noqa: C901
     """openai's BeamSearchDecoder (patience 1): each beam offers its beam_size + 1 best continuations, the
     best beam_size unfinished ones go on, finished ones are kept until beam_size of them exist."""
     eot = flt.tok.eot

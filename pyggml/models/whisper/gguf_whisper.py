@@ -98,5 +98,5 @@ def read_gguf(path) -> WhisperFile:
     return WhisperFile(
         hparams=hp, tensors=tensors, vocab=vocab,
         mel_filters=None if filters is None else np.asarray(filters, np.float32).reshape(hp.n_mels, N_FFT // 2 + 1),
-        alignment_heads=None if heads is None else list(zip(heads[::2], heads[1::2])),
+        alignment_heads=None if heads is None else list(zip(heads[::2], heads[1::2], strict=False)),
         **{key: _ints(g, key) for key in _LISTS}, format="gguf", path=str(path))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import resource
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -28,6 +28,7 @@ from pyggml.models.whisper.batched import check_batch_size, transcribe_batched
 from pyggml.models.whisper.decoding import (TIME_PRECISION, LogitFilter, WindowResult, compression_ratio,
                                             decode_window, log_softmax)
 from pyggml.models.llm.runner import backend_list
+from pyggml.models.timings import Stage
 from pyggml.models.whisper.model import AUDIO_CTX_PAD, N_FRAMES, WhisperModel, with_cpu_fallback
 
 SAMPLE_RATE = 16000
@@ -53,16 +54,21 @@ class Segment:
 
 @dataclass
 class Timings:
-    """Seconds per stage of the last transcription, and the audio's length."""
+    """Seconds per stage of the last transcription, and the audio's length; the encoder counts its windows, the
+    decoder its steps."""
 
     load_s: float = 0.0
     vad_s: float = 0.0
-    mel_s: float = 0.0
-    encode_s: float = 0.0
-    decode_s: float = 0.0
     audio_s: float = 0.0
-    windows: int = 0
-    decoder_steps: int = 0
+    mel: Stage = field(default_factory=Stage)
+    encode: Stage = field(default_factory=Stage)
+    decode: Stage = field(default_factory=Stage)
+
+    mel_s = property(lambda self: self.mel.seconds)
+    encode_s = property(lambda self: self.encode.seconds)
+    decode_s = property(lambda self: self.decode.seconds)
+    windows = property(lambda self: self.encode.count)
+    decoder_steps = property(lambda self: self.decode.count)
 
     @property
     def total_s(self) -> float:
@@ -222,7 +228,7 @@ class Whisper:
         t = Timings(load_s=self.timings.load_s)
         start = time.perf_counter()
         mel, content = self.log_mel(audio, padding)
-        t.mel_s = time.perf_counter() - start
+        t.mel.add(time.perf_counter() - start)
         t.audio_s = content * HOP / SAMPLE_RATE
         self.timings = t
         if opts.language is not None:
@@ -245,8 +251,7 @@ class Whisper:
             offset = seek * HOP / SAMPLE_RATE
             t0 = time.perf_counter()
             self.model.encode(window)
-            t.encode_s += time.perf_counter() - t0
-            t.windows += 1
+            t.encode.add(time.perf_counter() - t0, 1)
             t0 = time.perf_counter()
             if language is None:
                 language = self.detect_language()[0]
@@ -255,7 +260,7 @@ class Whisper:
             if prompt:
                 prefix = [tok.startofprev] + prompt[-(self.model.n_text_ctx // 2 - 1):] + prefix
             result = self._decode_with_fallback(flt, prefix, opts, rng)
-            t.decode_s += time.perf_counter() - t0
+            t.decode.add(time.perf_counter() - t0)
             if self._is_silence(result, opts):
                 seek += size          # nothing from this window
                 continue
@@ -273,7 +278,7 @@ class Whisper:
         result = None
         for temperature in opts.temperatures:
             result = decode_window(self.model, flt, prefix, temperature, opts.beam_size, opts.best_of, rng)
-            self.timings.decoder_steps += len(result.tokens) + 1
+            self.timings.decode.add(0.0, len(result.tokens) + 1)
             text = self.tokenizer.decode([x for x in result.tokens if x < self.tokenizer.eot])
             result.text, result.compression_ratio = text, compression_ratio(text)
             failed = ((opts.compression_ratio_threshold is not None

@@ -294,7 +294,7 @@ def test_clearing_a_large_buffer_hands_its_pages_back_and_reads_zeros():
     used); a buffer over borrowed memory (a mapped file, a user's array) is filled instead."""
     import sys
 
-    from pyggml.backend.cpu.backend import CLEAR_BY_PAGES
+    from pyggml.backend.cpu.buffer import CLEAR_BY_PAGES
 
     cpu = registry.init_by_name("CPU")
     buf = cpu.default_buffer_type.alloc_buffer(4 * CLEAR_BY_PAGES + 123)

@@ -90,7 +90,7 @@ def test_run_is_deterministic():
 def test_binary_broadcast_matches_tiling(op, small, reps, seed):
     """Any b whose dims divide a's is repeated into a, as np.tile does."""
     rng = np.random.default_rng(seed)
-    a_np = rng.uniform(0.5, 1, [s * r for s, r in zip(small, reps)][::-1]).astype(np.float32)
+    a_np = rng.uniform(0.5, 1, [s * r for s, r in zip(small, reps, strict=True)][::-1]).astype(np.float32)
     b_np = rng.uniform(0.5, 1, small[::-1]).astype(np.float32)
     ctx = Context()
     out = compute(getattr(ops, op)(ctx, ctx.tensor_from_numpy(a_np), ctx.tensor_from_numpy(b_np)))

@@ -25,7 +25,7 @@ def alloc(dev, *tensors):
         offsets.append(size)
         size += -(-t.nbytes // align) * align
     buf = dev.buffer_type.alloc_buffer(size)
-    for t, off in zip(tensors, offsets):
+    for t, off in zip(tensors, offsets, strict=True):
         gg.backend.tensor_alloc(buf, t, buf.base + off)
     return buf
 

@@ -44,7 +44,7 @@ def bystander(server):
     conn.close()
 
 
-def bad_requests():
+def bad_requests():  # noqa: C901
     """(name, function(raw client) that misbehaves); every one must make the server close that connection."""
     def unknown_cmd(c):
         c.send(99)

@@ -36,6 +36,7 @@ import json
 import re
 import sys
 from collections import Counter
+from itertools import pairwise
 from pathlib import Path
 
 import gguf
@@ -130,7 +131,7 @@ def train_bpe(corpus, n_merges):
     for _ in range(n_merges):
         pairs = Counter()
         for word, count in words.items():
-            for pair in zip(word, word[1:]):
+            for pair in pairwise(word):
                 pairs[pair] += count
         if not pairs:
             break

@@ -55,7 +55,7 @@ def test_batched_text_equals_unbatched_on_the_same_chunks():
     chunks = chunks_of(long_audio())
     segments = batched()
     assert len(chunks) >= 2 and len(segments) == len(chunks)
-    for chunk, segment in zip(chunks, segments):
+    for chunk, segment in zip(chunks, segments, strict=True):
         alone = whisper().transcribe(chunk.audio, timestamps=False, temperatures=(0.0,))
         assert wer(" ".join(s.text for s in alone), segment.text) <= 0.01
         assert (segment.start, segment.end) == (chunk.segments[0][0] / 16000, chunk.segments[-1][1] / 16000)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import sys
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -140,7 +141,7 @@ def test_partials_thin_out_when_decoding_is_slow(monkeypatch):
              if not e.final]
     gap = 1.0 / stream_module.PARTIAL_SHARE
     assert len(times) >= 2 and stream.partial_cost == 1.0
-    assert stream.partials <= (t1 - t0) / gap + 1 and all(b - a >= gap - 1e-9 for a, b in zip(times, times[1:]))
+    assert stream.partials <= (t1 - t0) / gap + 1 and all(b - a >= gap - 1e-9 for a, b in pairwise(times))
 
 
 def test_silence_and_noise_yield_nothing():

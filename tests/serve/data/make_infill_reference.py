@@ -73,7 +73,7 @@ def main() -> None:
         run = subprocess.run([args.peer_python, __file__, "--peer-side", str(model), str(cases)], check=True,
                              capture_output=True, text=True)
     peer = json.loads(run.stdout.strip().splitlines()[-1])
-    out = [{**case, "tokens": tokens} for case, tokens in zip(CASES, peer["tokens"])]
+    out = [{**case, "tokens": tokens} for case, tokens in zip(CASES, peer["tokens"], strict=True)]
     target = Path(__file__).with_name("infill_reference.json")
     target.write_text(json.dumps({"llama_cpp_python": peer["llama_cpp_python"], "cases": out}, indent=1) + "\n")
     print(f"wrote {len(out)} cases to {target}")

@@ -69,7 +69,7 @@ def test_chat_completion(model, system_prompt, user_prompt, max_tokens):
     assert res.body["usage"]["prompt_tokens"] == input_tokens(messages)
     assert res.body["usage"]["completion_tokens"] == max_tokens
     choice = res.body["choices"][0]
-    assert "assistant" == choice["message"]["role"]
+    assert choice["message"]["role"] == "assistant"
     assert choice["finish_reason"] == "length"
 
 
@@ -407,7 +407,7 @@ def test_context_size_exceeded_stream():
             ] * 100,  # make the prompt too long
                 "stream": True}):
             pass
-        assert False, "Should have failed"
+        raise AssertionError("Should have failed")
     except ServerError as e:
         assert e.code == 400
         assert "error" in e.body
@@ -437,7 +437,7 @@ def test_chat_completions_multiple_choices():
         assert res.status_code == 200
         assert len(res.body["choices"]) == 2
         for choice in res.body["choices"]:
-            assert "assistant" == choice["message"]["role"]
+            assert choice["message"]["role"] == "assistant"
             assert choice["finish_reason"] == "length"
 
 

@@ -205,7 +205,7 @@ def test_same_prompt_give_same_result():
     for i in range(1, len(res.body['data'])):
         v0 = res.body['data'][0]['embedding']
         vi = res.body['data'][i]['embedding']
-        for x, y in zip(v0, vi):
+        for x, y in zip(v0, vi, strict=True):
             assert abs(x - y) < 2e-2
 
 
@@ -271,5 +271,5 @@ def test_embedding_openai_library_base64():
     assert len(floats) == len(vec0)
 
     # make sure the decoded data is the same as the original
-    for x, y in zip(floats, vec0):
+    for x, y in zip(floats, vec0, strict=True):
         assert abs(x - y) < EPSILON

@@ -55,7 +55,7 @@ def exp_score_rows(scores: np.ndarray, pre_scale: np.float32, softcap: np.float3
 
 
 @jit
-def flash_attn_rows(q: np.ndarray, k: np.ndarray, k_strides: np.ndarray, v: np.ndarray, v_strides: np.ndarray,
+def flash_attn_rows(q: np.ndarray, k: np.ndarray, k_strides: np.ndarray, v: np.ndarray, v_strides: np.ndarray,  # noqa: C901
                     kv_dims: np.ndarray, mask: np.ndarray, sinks: np.ndarray, slopes: np.ndarray, out: np.ndarray,
                     pre_scale: np.float32, softcap: np.float32) -> None:
     """q: (ne3, n_head, n_tokens, d_k); k and v: the memory of (ne3, n_head_kv, n_kv, d) arrays as one 1-D

@@ -297,7 +297,7 @@ _MXFP4 = int(G.MXFP4)
 
 
 @jit(inline="always")
-def dequantize_row(qtype, src, p, dst, o, nb):
+def dequantize_row(qtype, src, p, dst, o, nb):  # noqa: C901
     """The values of `nb` blocks of ggml type `qtype` at byte p of src, written to dst from element o."""
     if qtype == _Q8_0:
         dequantize_row_q8_0(src, p, dst, o, nb)

@@ -90,7 +90,7 @@ def _repack_groups(rows: np.ndarray, row_bytes: int, block_bytes: int, table: np
                 offset, size, piece, flip = table[f, 0], table[f, 1], table[f, 2], np.uint8(table[f, 3])
                 for p in range(0, size, piece):
                     src = first + b * block_bytes + offset + p
-                    for r in range(ROWS):
+                    for _ in range(ROWS):
                         for i in range(piece):
                             out[at + i] = rows[src + i] ^ flip
                         at += piece

@@ -29,7 +29,7 @@ def finite_prefix(m: np.ndarray) -> np.intp:
 
 
 @jit
-def soft_max_rows(a: np.ndarray, out: np.ndarray, scale: np.float32, mask: np.ndarray, slopes: np.ndarray,
+def soft_max_rows(a: np.ndarray, out: np.ndarray, scale: np.float32, mask: np.ndarray, slopes: np.ndarray,  # noqa: C901
                   sinks: np.ndarray) -> None:
     """a, out: (ne3, ne2, ne1, ne0) with contiguous rows (out may be a). mask: (m3, m2, >= ne1, ne0), reused
     over ne3 and ne2 by index modulo, float32 or F16 bits (uint16), or of size 0 for none;

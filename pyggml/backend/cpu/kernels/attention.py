@@ -410,7 +410,7 @@ def _flat_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         a = np.ascontiguousarray(a)
     if a.size == 0:
         return a.reshape(-1), np.zeros(3, np.int64)
-    span = 1 + sum((n - 1) * s for n, s in zip(a.shape, a.strides)) // a.itemsize
+    span = 1 + sum((n - 1) * s for n, s in zip(a.shape, a.strides, strict=True)) // a.itemsize
     flat = np.lib.stride_tricks.as_strided(a, shape=(span,), strides=(a.itemsize,), writeable=False)
     return flat, np.array(a.strides[:3], np.int64) // a.itemsize
 

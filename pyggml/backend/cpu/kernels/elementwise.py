@@ -59,7 +59,7 @@ def split_for_repeat(big: np.ndarray, small_shape) -> np.ndarray:
     """View `big` as (n3/m3, m3, n2/m2, m2, ...) so that a (1, m3, 1, m2, ...) array broadcasts over it as
     ggml's repeat does (element i of a dim reads element i % m). Never copies, so it works for outputs too."""
     shape, strides = [], []
-    for n, m, st in zip(big.shape, small_shape, big.strides):
+    for n, m, st in zip(big.shape, small_shape, big.strides, strict=False):
         shape += [n // m, m]
         strides += [st * m, st]
     return np.lib.stride_tricks.as_strided(big, shape, strides, writeable=big.flags.writeable)
@@ -77,7 +77,7 @@ def _repeat_operands(dst: Tensor):
     """(src0, src1) as float32 arrays that broadcast as ggml's repeat does, and the function that gives dst
     (or any array of src0's shape) the same layout."""
     a, b = dst.src[0], dst.src[1]
-    plain = all(m == n or m == 1 for m, n in zip(b.ne, a.ne))  # then NumPy's broadcasting is ggml's repeat
+    plain = all(m == n or m == 1 for m, n in zip(b.ne, a.ne, strict=True))  # then NumPy's broadcasting is ggml's repeat
 
     def split(x: np.ndarray) -> np.ndarray:
         return x if plain else split_for_repeat(x, b.ne[::-1])

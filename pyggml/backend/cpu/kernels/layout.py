@@ -100,11 +100,11 @@ def pad(dst: Tensor) -> None:
     src, out = view(dst.src[0]), view(dst)
     left = [dst.op_params[2 * d] for d in range(4)][::-1]  # in NumPy axis order
     if dst.op_params[8]:
-        index = [(np.arange(n) - lp) % m for n, lp, m in zip(out.shape, left, src.shape)]
+        index = [(np.arange(n) - lp) % m for n, lp, m in zip(out.shape, left, src.shape, strict=True)]
         out[...] = src[np.ix_(*index)]
     else:
         out[...] = 0
-        out[tuple(slice(lp, lp + m) for lp, m in zip(left, src.shape))] = src
+        out[tuple(slice(lp, lp + m) for lp, m in zip(left, src.shape, strict=True))] = src
 
 
 def _checked_ids(dst: Tensor, ids_tensor: Tensor, ids: np.ndarray, n_rows: int) -> np.ndarray:

@@ -369,7 +369,7 @@ def mul_mat_id(dst: Tensor) -> None:
         return
     experts, counts = np.unique(chosen, return_counts=True)
     users = {int(e): np.nonzero(chosen == e) for e in experts}   # expert -> (tokens, slots) that use it
-    few = [e for e, n in zip(experts.tolist(), counts) if n <= FEW_ROWS] if in_blocks(as_) else []
+    few = [e for e, n in zip(experts.tolist(), counts, strict=True) if n <= FEW_ROWS] if in_blocks(as_) else []
     if few:
         work = [(e, (tok[i:i + VEC_COLUMNS], slot[i:i + VEC_COLUMNS])) for e in few for tok, slot in [users[e]]
                 for i in range(0, len(tok), VEC_COLUMNS)]

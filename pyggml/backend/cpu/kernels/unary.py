@@ -157,7 +157,7 @@ F32_F16_ONLY = frozenset({UnaryOp.GELU, UnaryOp.GELU_ERF, UnaryOp.GELU_QUICK, Un
 
 
 def _unary_supported(t: Tensor) -> bool:
-    if t.op_params[0] not in UNARY_FUNCS.keys() and t.op_params[0] != UnaryOp.XIELU:
+    if t.op_params[0] not in UNARY_FUNCS and t.op_params[0] != UnaryOp.XIELU:
         return False
     if t.op_params[0] in F32_F16_ONLY:
         return t.type == t.src[0].type and t.type in (G.F32, G.F16)
@@ -211,7 +211,7 @@ def _glu_supported(t: Tensor) -> bool:
         return False
     if t.op_params[0] == GluOp.SWIGLU_OAI:
         return t.type == t.src[0].type == G.F32
-    return t.op_params[0] in GLU_ACTIVATIONS.keys() and t.type == t.src[0].type and t.type in (G.F32, G.F16)
+    return t.op_params[0] in GLU_ACTIVATIONS and t.type == t.src[0].type and t.type in (G.F32, G.F16)
 
 
 def glu_operands(dst: Tensor, values):

@@ -172,7 +172,7 @@ def _tokens(builder, layout: Layout, data, g_, nb_, t0_, n_tokens: int, yo_, ys_
             at_m = builder.add(block, ir.Constant(I64, 2 * ROWS))
             mins = builder.fpext(load_at(builder, data[0], at_m, VF16), VF32)
         quants = layout.values(builder, data[0], block)
-        for t, acc in zip(tokens, accs):
+        for t, acc in zip(tokens, accs, strict=True):
             at = builder.add(builder.mul(t, nb_), b)                  # token t's block b
             q0 = builder.mul(at, ir.Constant(I64, 32))
             sum_q = load_at(builder, data[5], at, I32, 4)
@@ -187,7 +187,7 @@ def _tokens(builder, layout: Layout, data, g_, nb_, t0_, n_tokens: int, yo_, ys_
                 x_sum = splat(builder, load_at(builder, data[6], at, F32, 4), VF32)
                 block_sum = builder.fadd(block_sum, builder.fmul(mins, x_sum, flags=FAST), flags=FAST)
             builder.store(builder.fadd(builder.load(acc), block_sum, flags=FAST), acc)
-    for t, acc in zip(tokens, accs):
+    for t, acc in zip(tokens, accs, strict=True):
         out = builder.add(yo_, builder.mul(t, ys_))
         builder.store(builder.load(acc), builder.bitcast(builder.gep(data[8], [out]), VF32.as_pointer()), align=4)
 

@@ -271,7 +271,7 @@ def _tokens(builder, layout: KLayout, data, g_, nb_, t0_, n_tokens: int, yo_, ys
                 scaled = builder.fmul(builder.sitofp(term, VF32), builder.fmul(dmin, dx, flags=FAST), flags=FAST)
                 block_sum = builder.fsub(block_sum, scaled, flags=FAST)
             builder.store(builder.fadd(builder.load(acc), block_sum, flags=FAST), acc)
-    for t, acc in zip(tokens, accs):
+    for t, acc in zip(tokens, accs, strict=True):
         out = builder.add(yo_, builder.mul(t, ys_))
         builder.store(builder.load(acc), builder.bitcast(builder.gep(data[7], [out]), VF32.as_pointer()), align=4)
 
