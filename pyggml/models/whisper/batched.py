@@ -21,6 +21,7 @@ from pyggml.errors import ParameterError
 from pyggml.models.vad.segments import GAP_S, SpeechAudio, VadOptions, speech_segments
 from pyggml.models.whisper.decoding import LogitFilter, compression_ratio, decode_batch
 from pyggml.models.whisper.model import N_FRAMES
+from pyggml.models.whisper.results import HOP, MAX_SEQUENCES, Segment, Timings
 
 SAMPLE_RATE = 16000
 CHUNK_S = 30.0
@@ -47,8 +48,6 @@ def speech_chunks(segments: list[tuple[int, int]], max_s: float = CHUNK_S) -> li
 
 
 def check_batch_size(batch_size) -> int:
-    from pyggml.models.whisper.transcribe import MAX_SEQUENCES
-
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_SEQUENCES:
         raise ParameterError(f"batch_size must be an integer from 1 to {MAX_SEQUENCES}, got {batch_size!r}")
     return batch_size
@@ -57,8 +56,6 @@ def check_batch_size(batch_size) -> int:
 def transcribe_batched(whisper, samples: np.ndarray, batch_size: int, vad_options: VadOptions | None, opts):
     """Segments (one per speech chunk) of `samples` decoded `batch_size` chunks at a time (module docstring);
     `opts` is a transcribe.Options (beam_size 1: greedy); `vad_options` have their max_speech_s cut to 30 s."""
-    from pyggml.models.whisper.transcribe import HOP, Segment, Timings
-
     if opts.beam_size != 1:
         raise ParameterError(f"batched transcription is greedy: beam_size must be 1, got {opts.beam_size}")
     model, tok = whisper.model, whisper.tokenizer

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import resource
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -28,55 +28,13 @@ from pyggml.models.whisper.batched import check_batch_size, transcribe_batched
 from pyggml.models.whisper.decoding import (TIME_PRECISION, LogitFilter, WindowResult, compression_ratio,
                                             decode_window, log_softmax)
 from pyggml.models.llm.runner import backend_list
-from pyggml.models.timings import Stage
+from pyggml.models.whisper.results import HOP, MAX_SEQUENCES, Segment, Timings
 from pyggml.models.whisper.model import AUDIO_CTX_PAD, N_FRAMES, WhisperModel, with_cpu_fallback
 
 SAMPLE_RATE = 16000
-HOP = 160                                     # samples per mel frame (10 ms)
 FRAMES_PER_TOKEN = round(TIME_PRECISION * SAMPLE_RATE / HOP)   # 2 mel frames per timestamp step
 TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
-MAX_SEQUENCES = 16                            # beams or samples decoded together
 MIN_TAIL_FRAMES = 100                         # a rest of 1 s or less after a window is not decoded (whisper.cpp)
-
-
-@dataclass
-class Segment:
-    start: float
-    end: float
-    text: str
-    tokens: list[int]
-    avg_logprob: float = 0.0
-    no_speech_prob: float = 0.0
-    temperature: float = 0.0
-    compression_ratio: float = 0.0
-    words: list | None = None     # alignment.Word items with word_timestamps=True
-
-
-@dataclass
-class Timings:
-    """Seconds per stage of the last transcription, and the audio's length; the encoder counts its windows, the
-    decoder its steps."""
-
-    load_s: float = 0.0
-    vad_s: float = 0.0
-    audio_s: float = 0.0
-    mel: Stage = field(default_factory=Stage)
-    encode: Stage = field(default_factory=Stage)
-    decode: Stage = field(default_factory=Stage)
-
-    mel_s = property(lambda self: self.mel.seconds)
-    encode_s = property(lambda self: self.encode.seconds)
-    decode_s = property(lambda self: self.decode.seconds)
-    windows = property(lambda self: self.encode.count)
-    decoder_steps = property(lambda self: self.decode.count)
-
-    @property
-    def total_s(self) -> float:
-        return self.vad_s + self.mel_s + self.encode_s + self.decode_s
-
-    @property
-    def rtf(self) -> float:
-        return self.total_s / self.audio_s if self.audio_s else 0.0
 
 
 @dataclass
