@@ -77,12 +77,11 @@ def transcribe_batched(whisper, samples: np.ndarray, batch_size: int, vad_option
         batch = chunks[first:first + batch_size]
         start = time.perf_counter()
         mels = [whisper.log_mel(c.audio)[0][:, :N_FRAMES] for c in batch]
-        t.mel_s += time.perf_counter() - start
+        t.mel.add(time.perf_counter() - start)
         start = time.perf_counter()
         for slot, mel in enumerate(mels):
             model.encode(mel, slot)
-        t.encode_s += time.perf_counter() - start
-        t.windows += len(batch)
+        t.encode.add(time.perf_counter() - start, len(batch))
         start = time.perf_counter()
         if language is None:
             language = whisper.detect_language()[0]   # the first chunk's language (in slot 0)
@@ -90,7 +89,7 @@ def transcribe_batched(whisper, samples: np.ndarray, batch_size: int, vad_option
         if prompt:
             prefix = [tok.startofprev] + prompt[-(model.n_text_ctx // 2 - 1):] + prefix
         results = decode_batch(model, flt, prefix, len(batch))
-        t.decoder_steps += max(len(r.tokens) for r in results) + 1
+        t.decode.add(0.0, max(len(r.tokens) for r in results) + 1)
         for slot, (speech, r) in enumerate(zip(batch, results, strict=True)):
             r.text = tok.decode([x for x in r.tokens if x < tok.eot])
             r.compression_ratio = compression_ratio(r.text)
@@ -105,5 +104,5 @@ def transcribe_batched(whisper, samples: np.ndarray, batch_size: int, vad_option
                 for word in segment.words:
                     word.start, word.end = speech.original_span(word.start, word.end)
             segments.append(segment)
-        t.decode_s += time.perf_counter() - start
+        t.decode.add(time.perf_counter() - start)
     return segments
