@@ -6,7 +6,7 @@ import pytest
 
 from pyggml.models.gguf.gguf_file import GGUFFile
 from pyggml.models.llm.text_output import TextOutput
-from pyggml.models.text.tokenizer import load_tokenizer
+from pyggml.models.text.load import load_tokenizer
 
 from tests.support.tiny_models import DATA
 

@@ -45,7 +45,8 @@ SHAPES = {
 def random_whisper(name: str, seed: int = 0):
     """A WhisperFile of SHAPES[name] with seeded random F32 weights (writers convert them to the file's types)."""
     from pyggml.core import GGMLType
-    from pyggml.models.whisper.files import Weight, WhisperFile, expected_tensors, load_whisper_file
+    from pyggml.models.whisper.files import Weight, WhisperFile, expected_tensors
+    from pyggml.models.whisper.reader import load_whisper_file
     from pyggml.models.whisper.tokenizer import n_text_tokens, special_tokens
 
     hp = SHAPES[name]
