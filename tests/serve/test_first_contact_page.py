@@ -81,6 +81,11 @@ def test_a_question_gets_a_streamed_answer_and_stop_ends_one(server, browser):
 
     max_tokens.clear()
     max_tokens.send_keys("900")
+    # each read of the answer's stream waits 0.5 s, so the answer is still streaming when stop is clicked (the
+    # tiny model can reach its end of text within a few tokens)
+    browser.execute_script("""const read = ReadableStreamDefaultReader.prototype.read;
+        ReadableStreamDefaultReader.prototype.read = function () {
+            return new Promise(done => setTimeout(done, 500)).then(() => read.call(this)); };""")
     ask(browser, "Tell a long story.")
     wait(browser, "return document.querySelectorAll('.msg.assistant')[1].textContent.length > 0")  # streaming
     assert browser.find_element(By.ID, "stop").is_displayed()
