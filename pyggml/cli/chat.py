@@ -8,7 +8,7 @@ import contextlib
 import sys
 import time
 
-from pyggml.cli.model_options import add_model_options, open_model
+from pyggml.cli.model_options import add_model_options, add_sampling_options, open_model, sampling_params
 
 HELP = """commands:
   /help          this text
@@ -26,12 +26,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--system", "-sys", default=None, help="system prompt")
     p.add_argument("-n", "--max-tokens", dest="reply_room", type=int, default=-1,
                    help="tokens an answer may take, kept free in the context (-1: a quarter of the context)")
-    p.add_argument("--temp", type=float, default=0.7, help="temperature; 0 = greedy")
-    p.add_argument("--top-k", type=int, default=40, help="keep the k most likely tokens (0: all)")
-    p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling threshold")
-    p.add_argument("--min-p", type=float, default=0.05, help="drop tokens below this share of the most likely")
-    p.add_argument("--repeat-penalty", type=float, default=1.0, help="penalty on repeated tokens (1: none)")
-    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+    add_sampling_options(p, temp=0.7)
     p.add_argument("--verbose", "-v", action="store_true", help="print the speed after every answer")
     p.set_defaults(run=run)
 
@@ -96,11 +91,10 @@ def answer(conv, text: str, images: list[str] = ()) -> None:
 def run(args) -> int:  # noqa: C901
     from pyggml.errors import ImageError, ParameterError
     from pyggml.models.llm.conversation import Conversation
-    from pyggml.models.llm.generate import SamplingParams
 
     with contextlib.suppress(ImportError):
         import readline  # noqa: F401 - line editing and history for input() where the platform has it
-    params = SamplingParams(args.temp, args.top_k, args.top_p, args.min_p, args.repeat_penalty, seed=args.seed)
+    params = sampling_params(args)
     print(f"loading {args.model} ...", file=sys.stderr, flush=True)
     start = time.perf_counter()
     model = open_model(args)

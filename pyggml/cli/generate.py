@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from pyggml.cli.model_options import add_model_options, open_model
+from pyggml.cli.model_options import add_model_options, add_sampling_options, open_model, sampling_params
 from pyggml.cli.speculative import add_arguments as add_speculative_arguments
 from pyggml.errors import ImageError, ParameterError
 
@@ -23,12 +23,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("-f", "--file", metavar="FILE", help="read the prompt from this file ('-': standard input)")
     add_model_options(p)
     p.add_argument("-n", type=int, default=32, help="tokens to generate (-1: until the end of text or a full context)")
-    p.add_argument("--temp", type=float, default=0.0, help="temperature; 0 = greedy")
-    p.add_argument("--top-k", type=int, default=40, help="keep the k most likely tokens (0: all)")
-    p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling threshold")
-    p.add_argument("--min-p", type=float, default=0.05, help="drop tokens below this share of the most likely")
-    p.add_argument("--repeat-penalty", type=float, default=1.0, help="penalty on repeated tokens (1: none)")
-    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+    add_sampling_options(p, temp=0.0)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--image", action="append", default=[],
                    help="an image for the prompt (needs --mmproj; may be given more than once; put <__media__> "
@@ -56,11 +51,11 @@ def run(args) -> int:
     from pyggml.cli.speculative import generate as speculative_generate
     from pyggml.cli.speculative import open_drafter
     from pyggml.core.jit import compile_seconds, when_compiling
-    from pyggml.models.llm.generate import SamplingParams, check_n_predict
+    from pyggml.models.llm.generate import check_n_predict
 
     prompt = read_prompt(args)
     check_n_predict(args.n)  # nonsense counts and thresholds fail before the model loads
-    sampling = SamplingParams(args.temp, args.top_k, args.top_p, args.min_p, args.repeat_penalty, seed=args.seed)
+    sampling = sampling_params(args)
     if args.image and not args.mmproj:
         raise ImageError("--image needs the model's vision projector: --mmproj FILE")
     if args.image and (args.model_draft or args.spec_type != "none"):

@@ -49,6 +49,23 @@ def add_model_options(p) -> None:
     add_lora_options(p)
 
 
+def add_sampling_options(p, temp: float) -> None:
+    """llama.cpp's sampler settings, as generate and chat take them (`temp`: the command's default)."""
+    p.add_argument("--temp", type=float, default=temp, help="temperature; 0 = greedy")
+    p.add_argument("--top-k", type=int, default=40, help="keep the k most likely tokens (0: all)")
+    p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling threshold")
+    p.add_argument("--min-p", type=float, default=0.05, help="drop tokens below this share of the most likely")
+    p.add_argument("--repeat-penalty", type=float, default=1.0, help="penalty on repeated tokens (1: none)")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+
+
+def sampling_params(args):
+    """The SamplingParams of add_sampling_options' values (ParameterError for nonsense)."""
+    from pyggml.models.llm.generate import SamplingParams
+
+    return SamplingParams(args.temp, args.top_k, args.top_p, args.min_p, args.repeat_penalty, seed=args.seed)
+
+
 def open_model(args, **kwargs):
     """load_model with the options' values (keywords such as n_seq_max go through)."""
     from pyggml.models import load_model
