@@ -1,6 +1,7 @@
-"""A float64 NumPy SigLIP encoder with the idefics3 and gemma3 projectors, written from the models' definitions
-(HF transformers' SiglipVisionTransformer, Idefics3Connector.pixel_shuffle, Gemma3MultiModalProjector), not from
-pyggml's graph: the independent yardstick for the encoder's unit tests."""
+"""A float64 NumPy SigLIP encoder with the idefics3 and gemma3 projectors, and Qwen2.5-VL's vision transformer,
+written from the models' definitions (HF transformers' SiglipVisionTransformer, Idefics3Connector.pixel_shuffle,
+Gemma3MultiModalProjector, Qwen2_5_VisionTransformerPretrainedModel), not from pyggml's graph: the independent
+yardstick for the encoders' unit tests."""
 
 from __future__ import annotations
 
@@ -81,7 +82,8 @@ def encode_qwen25vl(meta: dict, t: dict, pixels: np.ndarray, window_pixels: int 
     transformers' Qwen2_5_VisionTransformerPretrainedModel: patches in 2 x 2 blocks, window attention masks instead
     of its reordering (attention does not depend on the order), the merger's MLP."""
     v = "clip.vision."
-    patch, n_head, eps = meta[v + "patch_size"], meta[v + "attention.head_count"], meta[v + "attention.layer_norm_epsilon"]
+    patch, n_head = meta[v + "patch_size"], meta[v + "attention.head_count"]
+    eps = meta[v + "attention.layer_norm_epsilon"]
     n_wa, n_layer = meta[v + "n_wa_pattern"], meta[v + "block_count"]
     kernels = [t[name] for name in ("v.patch_embd.weight", "v.patch_embd.weight.1")]  # both frames: the image
     e, ph, pw = kernels[0].shape[0], pixels.shape[1] // patch, pixels.shape[2] // patch
