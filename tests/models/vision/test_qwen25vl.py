@@ -1,6 +1,6 @@
 """Qwen2.5-VL (`qwen2.5vl_merger`): the encoder against the float64 NumPy reference (reference.py) at several image
 sizes, smart resizing, the M-RoPE positions of text and image rows, and images through Model.generate, chat content
-parts and the batching engine on a random-weight qwen2vl + mmproj pair."""
+parts, the batching engine and the server on a random-weight qwen2vl + mmproj pair."""
 
 import base64
 import io
@@ -118,3 +118,14 @@ def test_generate_with_an_image_through_chat_parts_and_the_engine(files):
             ids, images = model.image_prompt("what <__media__> is", [png(150, 100)]).engine_prompt()
             events = list(engine.submit(Request(ids, max_tokens=5, images=images)))
             assert "".join(e.text for e in events if isinstance(e, Token)) == want
+
+
+def test_the_server_answers_an_image_url_as_generate_does(files):
+    from tests.models.vision.test_server_images import chat, data_url, image_message, serve  # needs httpx
+
+    url = data_url(150, 100)
+    want = load_model(files[0], n_ctx=256, mmproj=files[1]).generate(image_message(url), chat=True, n=4)
+    with serve(*files) as srv:
+        r = chat(srv, image_message(url))
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"] == want
