@@ -11,14 +11,14 @@ from pyggml.core import Tensor
 from pyggml.core import ops
 from pyggml.core.ops.attention import RopeType
 from pyggml.errors import GGUFError
-from pyggml.models.arch.blocks import Decoder, Step
+from pyggml.models.arch.blocks import Step
 from pyggml.models.arch.llama import Qwen2
 
 
 class Qwen2VL(Qwen2):
     ROPE_MODE = RopeType.MROPE
     n_pos_per_token = 4
-    layer_rope = Decoder.layer_rope  # cached keys cannot be shifted (llama.cpp: no K-shift with M-RoPE)
+    shiftable = False  # a cached key's rotation is by four positions: llama.cpp shifts none with M-RoPE
 
     def read_hparams(self, gguf) -> None:
         super().read_hparams(gguf)

@@ -526,7 +526,7 @@ def attach_vision(model: Model, mmproj, backend, weights: str = "quantized", pro
     """The encoder of an mmproj file for `model`; ImageError if its embeddings do not fit the model."""
     if not model.arch.takes_embeddings:
         raise ImageError(f"pyggml's {model.architecture} does not take image embeddings (vision models here: the llama "
-                         f"family, qwen2, gemma2, gemma3)")
+                         f"family, qwen2, qwen2vl, gemma2, gemma3)")
     encoder = VisionEncoder(mmproj, backend, weights, progress, flash_attn)
     if encoder.n_embd_out != model.arch.n_embd:
         encoder.close()
