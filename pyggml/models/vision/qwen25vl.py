@@ -101,6 +101,8 @@ class Qwen25VL:
             mask = ctx.new_tensor_2d(GGMLType.F32, n_pos, n_pos, "window_mask").set_input()
             self.inputs.inv_window_idx, self.inputs.window_mask = inv, mask
             x = ops.reshape_2d(ctx, ops.get_rows(ctx, ops.reshape_2d(ctx, x, 4 * e, n_pos // 4), inv), e, n_pos)
+            if self.flash_attn:
+                mask = ops.cast(ctx, mask, GGMLType.F16)
         sections = [h.head_dim // 4] * 4
         for il, layer in enumerate(self.layers):
             full = not h.n_wa_pattern or (il + 1) % h.n_wa_pattern == 0

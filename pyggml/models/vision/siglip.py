@@ -83,14 +83,13 @@ def patch_embeddings(ctx: Context, kernel: Tensor, image: Tensor, patch: int) ->
 
 def vit_attention(ctx: Context, h: VisionHParams, layer: VitLayer, q: Tensor, k: Tensor, v: Tensor, n_pos: int,
                   il: int, flash_attn: bool, mask: Tensor | None = None) -> Tensor:
-    """clip_graph::build_attn over q, k, v ([head_dim, n_head, n_pos]), bidirectional, `mask` (F32 [n_pos, n_pos])
-    added to the scores; then the output projection."""
+    """clip_graph::build_attn over q, k, v ([head_dim, n_head, n_pos]), bidirectional, `mask` ([n_pos, n_pos]; F16
+    for flash attention, as clip.cpp casts it) added to the scores; then the output projection."""
     hd = h.head_dim
     q, k = ops.permute(ctx, q, 0, 2, 1, 3), ops.permute(ctx, k, 0, 2, 1, 3)
     if flash_attn:  # K and V in F16, accumulated in F32, as clip.cpp's flash-attention path
         k = ops.cast(ctx, k, GGMLType.F16)
         v = ops.cast(ctx, ops.permute(ctx, v, 0, 2, 1, 3), GGMLType.F16)
-        mask = None if mask is None else ops.cast(ctx, mask, GGMLType.F16)
         out = ops.flash_attn_ext(ctx, q, k, v, mask, hd ** -0.5, 0.0, 0.0)
         ops.flash_attn_ext_set_prec(out, Prec.F32)
         out = ops.reshape_2d(ctx, out, h.n_embd, n_pos).set_name(f"kqv_out-{il}")

@@ -109,6 +109,8 @@ def test_generate_with_an_image_through_chat_parts_and_the_engine(files):
     assert model.tokenizer.decode(prompt.chunks[0][-1:]) == "<|vision_start|>"
     want = model.generate("what <__media__> is", images=[png(150, 100)], n=5)
     assert len(want) > 0
+    split = load_model(files[0], n_ctx=256, n_batch=8, mmproj=files[1])  # the image's 20 rows in three steps
+    assert split.generate("what <__media__> is", images=[png(150, 100)], n=5) == want
     url = "data:image/png;base64," + base64.b64encode(png(150, 100)).decode()
     messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
                                              {"type": "text", "text": "what is it"}]}]
