@@ -10,7 +10,9 @@ The load average at each side's start is printed.
     python -m benchmarks.vision_vs_llamacpp --size full --llama-python /path/to/venv-with-llama_cpp/bin/python
     python -m benchmarks.vision_vs_llamacpp --size small --repeat 1    # a quick check that it all runs
 
---size full is SmolVLM-256M's encoder (93M parameters, 512 px) and Gemma 3 4B's (SigLIP so400m, 896 px).
+--size full is SmolVLM-256M's encoder (93M parameters, 512 px), Gemma 3 4B's (SigLIP so400m, 896 px) and
+Qwen2.5-VL-3B's (675M parameters, window attention) on a 448 x 448 image (256 tokens). llama.cpp's warm-up reserves
+Qwen2.5-VL's compute buffer for a 46 x 46-token image (1288 px), so its buffer is not compared there.
 """
 
 from __future__ import annotations
@@ -28,23 +30,37 @@ from benchmarks.peer_run import RunLog, differences, run_side, written_apart
 
 REPO = Path(__file__).resolve().parents[1]
 MIB = 1024 * 1024
+QWEN25VL = "qwen2.5vl_merger"
+PROJECTORS = ("idefics3", "gemma3", QWEN25VL)
 SMALL = {"idefics3": dict(image_size=128, patch_size=16, n_embd=192, n_ff=768, n_layer=4, n_head=3,
                           projection_dim=192, scale_factor=4, longest_edge=512),
          "gemma3": dict(image_size=224, patch_size=14, n_embd=192, n_ff=768, n_layer=4, n_head=3,
-                        projection_dim=256, scale_factor=4)}
+                        projection_dim=256, scale_factor=4),
+         QWEN25VL: dict(patch_size=14, n_embd=128, n_ff=256, n_layer=4, n_head=2, projection_dim=128, n_wa_pattern=2)}
+QWEN_IMAGE_SIDE = {"full": 448, "small": 224}
 
 
 def write_pair(folder: str, projector: str, size: str) -> tuple[str, str, str]:
     """An mmproj of the projector (F16 matrices), a one-layer language model as wide as its embeddings and a PNG
-    of the encoder's size."""
+    of the encoder's size (Qwen2.5-VL: QWEN_IMAGE_SIDE)."""
     from gguf import GGMLQuantizationType
 
-    from pyggml.testing.synthetic import write_gemma3, write_llama
-    from pyggml.testing.synthetic_vision import GEMMA3_4B, SMOLVLM_256M, vision_vocab, write_mmproj
+    from pyggml.testing.synthetic import write_gemma3, write_llama, write_qwen2vl
+    from pyggml.testing.synthetic_vision import (GEMMA3_4B, QWEN25VL_3B, QWEN_IMAGE_TOKENS, SMOLVLM_256M,
+                                                 vision_vocab, write_mmproj, write_qwen25vl_mmproj)
 
+    mmproj, lm = Path(folder) / f"{projector}-{size}-mmproj.gguf", Path(folder) / f"{projector}-{size}-lm.gguf"
+    image = Path(folder) / f"{projector}-{size}.png"
+    if projector == QWEN25VL:
+        params = QWEN25VL_3B if size == "full" else SMALL[projector]
+        write_qwen25vl_mmproj(mmproj, **params, qtype=GGMLQuantizationType.F16)
+        n_embd = params["projection_dim"]
+        write_qwen2vl(lm, vocab=vision_vocab(QWEN_IMAGE_TOKENS), n_embd=n_embd, n_head=n_embd // 64, n_head_kv=1,
+                      n_ff=64, n_layer=1, sections=(8, 12, 12, 0))
+        image.write_bytes(square_png(QWEN_IMAGE_SIDE[size]))
+        return str(lm), str(mmproj), str(image)
     params = ({"idefics3": SMOLVLM_256M, "gemma3": GEMMA3_4B}[projector] if size == "full"
               else {"projector": projector, **SMALL[projector]})
-    mmproj, lm = Path(folder) / f"{projector}-{size}-mmproj.gguf", Path(folder) / f"{projector}-{size}-lm.gguf"
     write_mmproj(mmproj, **params, qtype=GGMLQuantizationType.F16)
     n_embd = params["projection_dim"]
     if projector == "gemma3":
@@ -52,7 +68,6 @@ def write_pair(folder: str, projector: str, size: str) -> tuple[str, str, str]:
                      n_layer=1)
     else:
         write_llama(lm, vocab=vision_vocab(), n_embd=n_embd, n_head=n_embd // 64, n_head_kv=1, n_ff=64, n_layer=1)
-    image = Path(folder) / f"{projector}-{size}.png"
     image.write_bytes(square_png(params["image_size"]))
     return str(lm), str(mmproj), str(image)
 
@@ -131,6 +146,8 @@ def compare(args, projector: str, lm: str, mmproj: str, image: str, log: RunLog)
             result, stderr = run_side(cmd, side, args.threads, REPO)
             rounds[side].append(result["seconds"])
             buffers[side] = result.get("compute_buffer") or compute_buffer_from_log(stderr)
+    if projector == QWEN25VL:
+        buffers["llama.cpp"] = None  # reserved for its warm-up's 1288 px image, not this one
     t = {side: statistics.median(v) for side, v in rounds.items()}
     row = {"projector": projector, "seconds": t, "compute_buffer_mib": {k: v and v / MIB for k, v in buffers.items()},
            "time_ratio": t["pyggml"] / t["llama.cpp"]}
@@ -141,7 +158,7 @@ def compare(args, projector: str, lm: str, mmproj: str, image: str, log: RunLog)
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--projector", choices=["idefics3", "gemma3", "all"], default="all")
+    p.add_argument("--projector", choices=[*PROJECTORS, "all"], default="all")
     p.add_argument("--size", choices=["small", "full"], default="full")
     p.add_argument("--repeat", type=int, default=3, help="rounds, sides alternating (default 3)")
     p.add_argument("--runs", type=int, default=3, help="timed encodes per process (default 3)")
@@ -161,7 +178,7 @@ def main() -> None:
     print(log.header())
     rows = []
     with tempfile.TemporaryDirectory() as folder:
-        for projector in (["idefics3", "gemma3"] if args.projector == "all" else [args.projector]):
+        for projector in (PROJECTORS if args.projector == "all" else [args.projector]):
             lm, mmproj, image = written_apart(write_pair, folder, projector, args.size)
             rows.append(row := compare(args, projector, lm, mmproj, image, log))
             print(json.dumps(row))

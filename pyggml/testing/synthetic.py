@@ -273,7 +273,7 @@ def llama3_rope_freqs(n_rot: int, freq_base: float, factor: float = 8.0, low_fre
     return out.astype(np.float32)
 
 
-LLAMA_LAYOUTS = ("llama", "qwen2", "qwen3", "smollm3", "granite", "qwen3moe", "qwen2moe", "granitemoe")
+LLAMA_LAYOUTS = ("llama", "qwen2", "qwen3", "smollm3", "granite", "qwen3moe", "qwen2moe", "granitemoe", "qwen2vl")
 
 
 def write_llama(path, arch: str = "llama", n_vocab: int = 64, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2,  # noqa: C901
@@ -327,7 +327,7 @@ def write_llama(path, arch: str = "llama", n_vocab: int = 64, n_embd: int = 64, 
             if name != "output":
                 w.vector(f"{p}{name}.bias", sizes[name])
         w.vector(p + "attn_norm.weight", n_embd, 1.0)
-        w.attention(p, n_embd, n_head * hd, n_head_kv * hd, biases=arch in ("qwen2", "qwen2moe"))
+        w.attention(p, n_embd, n_head * hd, n_head_kv * hd, biases=arch in ("qwen2", "qwen2moe", "qwen2vl"))
         if arch in ("qwen3", "qwen3moe"):
             w.vector(p + "attn_q_norm.weight", hd, 1.0)
             w.vector(p + "attn_k_norm.weight", hd, 1.0)
@@ -350,6 +350,15 @@ def write_qwen3(path, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2, hea
     kw.setdefault("tied", True)
     kw.setdefault("freq_base", 1000000.0)
     return write_llama(path, "qwen3", n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, **kw)
+
+
+def write_qwen2vl(path, sections=(2, 3, 3, 0), **kw):
+    """Qwen2.5-VL's language model (`qwen2vl`): qwen2's layout (q/k/v biases) with M-RoPE, `sections` the dim
+    pairs each position stream (time, height, width, extra) rotates (Qwen2.5-VL's [16, 24, 24, 0] scaled to the
+    default head size of 16)."""
+    keys = {"rope__dimension_sections": list(sections)} | dict(kw.pop("keys", None) or {})
+    kw.setdefault("freq_base", 1000000.0)
+    return write_llama(path, "qwen2vl", keys=keys, **kw)
 
 
 def write_mixtral(path, n_expert: int = 8, n_expert_used: int = 2, **kw):

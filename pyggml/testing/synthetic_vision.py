@@ -3,7 +3,9 @@ the tokens mtmd places around images, for language-model files written by pyggml
 
 The keys and tensor names are those of llama.cpp's convert_hf_to_gguf.py for SigLIP-based projectors
 (tools/mtmd/clip-impl.h): `clip.vision.*`, `clip.projector_type`, `v.patch_embd.weight`, `v.blk.N.attn_q.weight`,
-`mm.model.fc.weight` (idefics3), `mm.input_projection.weight` and `mm.soft_emb_norm.weight` (gemma3).
+`mm.model.fc.weight` (idefics3), `mm.input_projection.weight` and `mm.soft_emb_norm.weight` (gemma3); Qwen2.5-VL's
+(`qwen2.5vl_merger`, write_qwen25vl_mmproj): `v.patch_embd.weight.1`, RMS norms without biases, gated FFNs,
+`clip.vision.n_wa_pattern`, `mm.0` and `mm.2` with biases.
 """
 
 from __future__ import annotations
@@ -20,9 +22,14 @@ GEMMA3_4B = dict(projector="gemma3", image_size=896, patch_size=14, n_embd=1152,
                  projection_dim=2560, scale_factor=4)
 TINY_IDEFICS3 = dict(projector="idefics3", image_size=32, patch_size=8, n_embd=32, n_ff=64, n_layer=2, n_head=2,
                      projection_dim=64, scale_factor=2, longest_edge=64)
+# Qwen2.5-VL-3B's vision tower (675M parameters; fullatt_block_indexes 7, 15, 23, 31), its text width 2048
+QWEN25VL_3B = dict(patch_size=14, n_embd=1280, n_ff=3420, n_layer=32, n_head=16, projection_dim=2048,
+                   n_wa_pattern=8)
+TINY_QWEN25VL = dict(patch_size=14, n_embd=32, n_ff=48, n_layer=2, n_head=2, projection_dim=64, n_wa_pattern=2)
 TINY_GEMMA3 = dict(projector="gemma3", image_size=32, patch_size=4, n_embd=32, n_ff=64, n_layer=2, n_head=2,
                    projection_dim=64, scale_factor=4)
 
+QWEN_IMAGE_TOKENS = ["<|vision_start|>", "<|vision_end|>"]
 IMAGE_TOKENS = ["<fake_token_around_image>", "<global-img>", "<start_of_image>", "<end_of_image>"] + [
     f"<row_{r}_col_{c}>" for r in range(1, 5) for c in range(1, 5)]
 
@@ -75,15 +82,55 @@ def write_mmproj(path, projector: str, image_size: int, patch_size: int, n_embd:
     return path
 
 
-def vision_vocab() -> Vocab:
-    """A byte-level BPE vocabulary with newlines ("\\n", "\\n\\n" by a merge) and the image tokens of idefics3
-    and gemma3 as user-defined tokens (mtmd looks them up by their text)."""
+def write_qwen25vl_mmproj(path, patch_size: int, n_embd: int, n_ff: int, n_layer: int, n_head: int,
+                          projection_dim: int, n_wa_pattern: int, qtype=None, seed: int = 0,
+                          mean=(0.48145466, 0.4578275, 0.40821073), std=(0.26862954, 0.26130258, 0.27577711),
+                          drop=()):
+    """A Qwen2.5-VL mmproj (`qwen2.5vl_merger`) as llama.cpp's converter writes it: two patch kernels (F16 with
+    `qtype`), no patch bias or position embeddings, RMS norms, biased q/k/v/out, SwiGLU FFNs with biases, the
+    merger's mm.0 (4 n_embd square) and mm.2 (to projection_dim); `drop` names keys or tensors to leave out."""
+    w = _Writer(path, "clip", seed, qtype, drop)
+    w.add_bool("clip.has_vision_encoder", True)
+    w.add_bool("clip.use_silu", True)
+    w.add_string("clip.projector_type", "qwen2.5vl_merger")
+    w.hparams("clip", vision__image_size=560, vision__patch_size=patch_size, vision__embedding_length=n_embd,
+              vision__feed_forward_length=n_ff, vision__block_count=n_layer, vision__attention__head_count=n_head,
+              vision__projection_dim=projection_dim, vision__attention__layer_norm_epsilon=1e-6,
+              vision__n_wa_pattern=n_wa_pattern)
+    w.add_array("clip.vision.image_mean", [float(m) for m in mean])
+    w.add_array("clip.vision.image_std", [float(s) for s in std])
+    for name in ("v.patch_embd.weight", "v.patch_embd.weight.1"):
+        patch = w.rng.normal(0, 1 / np.sqrt(6 * patch_size ** 2), (n_embd, 3, patch_size, patch_size))
+        w.add_tensor(name, patch.astype(np.float16 if qtype is not None else np.float32))
+    for i in range(n_layer):
+        p = f"v.blk.{i}."
+        w.vector(p + "ln1.weight", n_embd, 1.0)
+        w.vector(p + "ln2.weight", n_embd, 1.0)
+        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            w.matrix(p + name + ".weight", n_embd, n_embd)
+            w.vector(p + name + ".bias", n_embd)
+        for name, n_out, n_in in (("ffn_gate", n_ff, n_embd), ("ffn_up", n_ff, n_embd), ("ffn_down", n_embd, n_ff)):
+            w.matrix(p + name + ".weight", n_out, n_in)
+            w.vector(p + name + ".bias", n_out)
+    w.vector("v.post_ln.weight", n_embd, 1.0)
+    w.matrix("mm.0.weight", 4 * n_embd, 4 * n_embd)
+    w.vector("mm.0.bias", 4 * n_embd)
+    w.matrix("mm.2.weight", projection_dim, 4 * n_embd)
+    w.vector("mm.2.bias", projection_dim)
+    _finish(w)
+    return path
+
+
+def vision_vocab(image_tokens=tuple(IMAGE_TOKENS)) -> Vocab:
+    """A byte-level BPE vocabulary with newlines ("\\n", "\\n\\n" by a merge) and the image tokens of idefics3,
+    gemma3 (or `image_tokens`: QWEN_IMAGE_TOKENS for Qwen2.5-VL) as user-defined tokens (mtmd looks them up by
+    their text)."""
     pieces = list("abcdefghijklmnopqrstuvwxyz") + ["\u0120", "\u010a", "\u010a\u010a"]
     a, s, u32 = GGUFValueType.ARRAY, GGUFValueType.STRING, GGUFValueType.UINT32
-    tokens = pieces + ["<|endoftext|>"] + IMAGE_TOKENS
+    tokens = pieces + ["<|endoftext|>"] + list(image_tokens)
     return Vocab({"tokenizer.ggml.model": ("gpt2", s, None), "tokenizer.ggml.pre": ("gpt-2", s, None),
                   "tokenizer.ggml.tokens": (tokens, a, s),
-                  "tokenizer.ggml.token_type": ([1] * len(pieces) + [3] + [4] * len(IMAGE_TOKENS), a,
+                  "tokenizer.ggml.token_type": ([1] * len(pieces) + [3] + [4] * len(image_tokens), a,
                                                 GGUFValueType.INT32),
                   "tokenizer.ggml.merges": (["\u010a \u010a"], a, s),
                   "tokenizer.ggml.bos_token_id": (len(pieces), u32, None),

@@ -11,11 +11,12 @@ from pyggml.models import load_model
 from pyggml.models.arch import ARCHITECTURES
 from pyggml.models.llm.embed import NoCache
 from pyggml.models.arch.blocks import Step
-from pyggml.testing.synthetic import write_bert, write_nomic_bert, write_starcoder2
+from pyggml.testing.synthetic import write_bert, write_nomic_bert, write_qwen2vl, write_starcoder2
 
 from tests.support.parity_cases import CASES, write_case
 
-WRITERS = {"bert": write_bert, "nomic-bert": write_nomic_bert, "starcoder2": partial(write_starcoder2, fused_qkv=True)}
+WRITERS = {"bert": write_bert, "nomic-bert": write_nomic_bert, "starcoder2": partial(write_starcoder2, fused_qkv=True),
+           "qwen2vl": write_qwen2vl}
 DECODER_CASE = {"llama": "llama-f32-spm", "qwen2": "qwen2-f32-bpe", "qwen3": "qwen3-f32-bpe",
                 "smollm3": "smollm3-f32-spm", "granite": "granite-f32-bpe", "granitemoe": "granitemoe-f32-shared",
                 "gemma2": "gemma2-f32-spm", "gemma3": "gemma3-f32-spm", "phi3": "phi3-f32-longrope-short",

@@ -14,6 +14,7 @@ from pyggml.models.arch.nomic_bert import NomicBert
 from pyggml.models.arch.olmo2 import Olmo2
 from pyggml.models.arch.phi3 import Phi3
 from pyggml.models.arch.qwen2moe import Qwen2MoE
+from pyggml.models.arch.qwen2vl import Qwen2VL
 from pyggml.models.arch.qwen3 import Qwen3
 from pyggml.models.arch.qwen3moe import Qwen3MoE
 from pyggml.models.arch.smollm3 import SmolLM3
@@ -23,7 +24,7 @@ from pyggml.models.arch.starcoder2 import StarCoder2
 ARCHITECTURES = {"gemma3": Gemma3, "llama": Llama, "qwen2": Qwen2, "gpt2": GPT2, "qwen3": Qwen3, "smollm3": SmolLM3,
                  "granite": Granite, "gemma2": Gemma2, "phi3": Phi3}
 ARCHITECTURES |= {"qwen3moe": Qwen3MoE, "gpt-oss": GptOss, "olmo2": Olmo2, "qwen2moe": Qwen2MoE,
-                  "granitemoe": GraniteMoE, "starcoder2": StarCoder2}
+                  "granitemoe": GraniteMoE, "starcoder2": StarCoder2, "qwen2vl": Qwen2VL}
 ARCHITECTURES |= {"bert": Bert, "nomic-bert": NomicBert}  # encoders: embedding models (Model.embed)
 
 

@@ -43,11 +43,12 @@ class Step:
 
     @classmethod
     def new(cls, n_tokens: int, n_outputs: int, n_kv: int, graph_size: int = 8192, n_ctx: int = 0,
-            loras: tuple = (), n_embd: int = 0) -> Step:
-        """n_embd > 0: a step over embeddings given as input (llama_batch.embd) instead of token ids."""
+            loras: tuple = (), n_embd: int = 0, n_pos: int = 1) -> Step:
+        """n_embd > 0: a step over embeddings given as input (llama_batch.embd) instead of token ids; n_pos:
+        positions per token (4 for M-RoPE: the streams one after another, as llama.cpp's inp_pos)."""
         ctx = Context(no_alloc=True)
         tokens = ctx.new_tensor_1d(GGMLType.I32, n_tokens, "inp_tokens").set_input()
-        positions = ctx.new_tensor_1d(GGMLType.I32, n_tokens, "inp_pos").set_input()
+        positions = ctx.new_tensor_1d(GGMLType.I32, n_tokens * n_pos, "inp_pos").set_input()
         out_ids = None
         if n_outputs < n_tokens:
             out_ids = ctx.new_tensor_1d(GGMLType.I32, n_outputs, "inp_out_ids").set_input()
@@ -273,6 +274,7 @@ class Decoder:
     classifier = None   # a reranker's head (arch/classifier.py), for Model.embed's "rank" pooling
     OUTPUT = "optional"  # output.weight: "optional" (tied to the embeddings when absent), "required" or "tied"
     takes_embeddings = False  # whose graphs read Step.embd (image rows) in place of token embeddings
+    n_pos_per_token = 1       # positions per token in Step.positions (M-RoPE's 4 streams: qwen2vl)
 
     def __init__(self, gguf, w):
         self.read_hparams(gguf)

@@ -24,6 +24,7 @@ class Batch:
     logits: list[bool] = field(default_factory=list)
     embd: np.ndarray | None = None  # float32 [n_tokens, n_embd] rows fed in place of the tokens (llama_batch.embd)
     causal: bool = True  # False: each token attends every position of its sequence (llama_set_causal_attn)
+    grid: tuple | None = None  # (nx, ny): the embedding rows are an image's tokens, row by row (M-RoPE positions)
 
     def add(self, token: int, pos: int, seq_ids: int | Sequence[int], logits: bool = False) -> None:
         """Append one token (llama.cpp's common_batch_add)."""
@@ -45,8 +46,10 @@ class Batch:
 
     @classmethod
     def embeddings(cls, rows: np.ndarray, pos0: int, seq_id: int = 0, all_logits: bool = False) -> Batch:
-        """Embedding rows (an image's) of one sequence at pos0, pos0 + 1, ...; their token ids are unused zeros."""
+        """Embedding rows (an image's) of one sequence at pos0, pos0 + 1, ...; their token ids are unused zeros.
+        Rows that carry a `grid` (pyggml.models.vision.prompt.ImageRows) give it to the batch."""
         batch = cls.sequence([0] * len(rows), pos0, seq_id, all_logits)
+        batch.grid = getattr(rows, "grid", None)
         batch.embd = np.ascontiguousarray(rows, dtype=np.float32)
         return batch
 
@@ -64,6 +67,10 @@ class Batch:
             raise ParameterError("Batch: tokens, positions, seq_ids and logits must have one entry per token")
         if self.embd is not None and self.embd.shape[0] != len(self.tokens):
             raise ParameterError(f"Batch: {self.embd.shape[0]} embedding rows for {len(self.tokens)} tokens")
+        if self.grid is not None and (self.embd is None or self.grid[0] * self.grid[1] != len(self.tokens)
+                                      or len({ids for ids in self.seq_ids}) != 1):
+            raise ParameterError(f"Batch: an image grid {self.grid} needs that many embedding rows of one sequence, "
+                                 f"got {len(self.tokens)}")
         bad = [t for t in self.tokens if not 0 <= t < n_vocab]
         if bad:
             raise ParameterError(f"Batch: token id {bad[0]} is outside the vocabulary [0, {n_vocab})")

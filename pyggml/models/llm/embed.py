@@ -222,7 +222,7 @@ class Embedder:
         their scores [n_texts, n_cls_out])."""
         arch, lengths = self.model.arch, [len(t) for t in texts]
         n = sum(lengths)
-        step = Step.new(n, n, n, n_ctx=self.model.n_ctx, loras=self.model.loras.active())
+        step = Step.new(n, n, n, n_ctx=self.model.n_ctx, loras=self.model.loras.active(), n_pos=arch.n_pos_per_token)
         out = arch.build(step, NoCache())
         hidden = out if arch.encoder else head_input(out, arch.output)
         head = arch.classifier if pooling == "rank" else None
@@ -237,7 +237,7 @@ class Embedder:
         seq = np.repeat(np.arange(len(texts)), lengths)
         pos = np.concatenate([np.arange(k) for k in lengths]).astype(np.int32)
         tensor_set(step.tokens, np.concatenate(texts).astype(np.int32))
-        tensor_set(step.positions, pos)
+        tensor_set(step.positions, np.tile(pos, arch.n_pos_per_token))  # text: every M-RoPE stream alike
         for window, mask in step.masks.items():
             tensor_set(mask, sequence_mask(seq, pos, self.causal, window))
         if pool_in is not None:

@@ -6,6 +6,8 @@ lowest free cells, so one sequence alone writes cells 0, 1, 2, ... and its steps
 layout exactly), and a token sees a cell when the cell belongs to the token's (first) sequence and is at or
 before its position, within the sliding window if its layer has one. Positions moved by seq_add / seq_div
 leave a per-cell `shift` that the model applies to the cached keys (a RoPE rotation) before its next step.
+For M-RoPE models each cell also keeps `rope_next`, the time position the token after it takes (its own plus
+one for text; after an image's rows, the image's start plus its longer side, as mtmd counts an image's positions).
 
 The sequence operations keep llama.cpp's semantics: p0 < 0 means 0, p1 < 0 means no upper bound, a range
 is [p0, p1); seq_rm with seq_id -1 removes the cells of every sequence; a cell whose position goes below 0
@@ -32,6 +34,7 @@ class KVCells:
         self.pos = np.full(size, -1, dtype=np.int64)
         self.seq = np.zeros((size, n_seq_max), dtype=bool)
         self.shift = np.zeros(size, dtype=np.int64)
+        self.rope_next = np.zeros(size, dtype=np.int64)
 
     # ----- state ---------------------------------------------------------------------------------------
     @property
@@ -66,6 +69,14 @@ class KVCells:
         p = self.pos[self.seq[:, self.check_seq(seq_id)]]
         return int(p.max()) if p.size else -1
 
+    def rope_delta(self, seq_id: int) -> int:
+        """M-RoPE: how far the sequence's next time position is from its next position (0 without images)."""
+        mine = np.flatnonzero(self.seq[:, self.check_seq(seq_id)])
+        if not mine.size:
+            return 0
+        last = mine[np.argmax(self.pos[mine])]
+        return int(self.rope_next[last] - self.pos[last] - 1)
+
     def seq_cells(self, seq_id: int) -> int:
         return int(self.seq[:, self.check_seq(seq_id)].sum())
 
@@ -82,7 +93,7 @@ class KVCells:
         """The same cells for sequence ids [0, n_seq_max) (the ids beyond must hold no cell)."""
         cells = KVCells(self.size, n_seq_max)
         n_keep = min(n_seq_max, self.n_seq_max)
-        cells.pos[:], cells.shift[:] = self.pos, self.shift
+        cells.pos[:], cells.shift[:], cells.rope_next[:] = self.pos, self.shift, self.rope_next
         cells.seq[:, :n_keep] = self.seq[:, :n_keep]
         return cells
 
@@ -99,6 +110,7 @@ class KVCells:
             self.seq[cell] = False
             self.seq[cell, list(ids)] = True
             self.shift[cell] = 0
+            self.rope_next[cell] = p + 1
 
     def free(self, cells: np.ndarray) -> None:
         self.pos[cells] = -1

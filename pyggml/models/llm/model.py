@@ -46,6 +46,7 @@ from pyggml.models.llm.runner import (SingleBackend, backend_list, plan_layers, 
 from pyggml.models.llm.text_output import TextOutput
 from pyggml.models.text.load import load_tokenizer
 from pyggml.models.timings import Stage
+from pyggml.models.llm.mrope import mrope_positions
 from pyggml.models.vision.content import split_image_parts
 from pyggml.models.vision.encoder import VisionEncoder
 from pyggml.models.vision.preprocess import decode_image, preprocess
@@ -269,7 +270,7 @@ class Model:
     def _build(self, n_tokens: int, n_outputs: int, n_kv: int, embd: bool = False, loras: tuple | None = None):
         step = Step.new(n_tokens, n_outputs, n_kv, n_ctx=self.n_ctx,
                         loras=self.loras.active() if loras is None else loras,
-                        n_embd=self.arch.n_embd if embd else 0)
+                        n_embd=self.arch.n_embd if embd else 0, n_pos=self.arch.n_pos_per_token)
         logits = self.arch.build(step, self.kv)
         logits.set_output()
         step.graph.build_forward_expand(logits)
@@ -293,14 +294,17 @@ class Model:
             self.runner.forget(self._steps.popitem(last=False)[1][0].graph)
         return step, logits
 
-    def _run(self, batch: Batch, lo: int, hi: int, placed: list) -> np.ndarray:
+    def _run(self, batch: Batch, lo: int, hi: int, placed: list, mrope) -> np.ndarray:
         """Tokens [lo, hi) of the batch as one step: into the lowest free cells, each token seeing its own
-        sequence's cells; the logits of its flagged tokens ([k, n_vocab])."""
+        sequence's cells; the logits of its flagged tokens ([k, n_vocab]). `mrope`: the batch's M-RoPE positions
+        and rope_next (pyggml.models.llm.mrope) for models that take them."""
         n = hi - lo
         cells = self.cells.find_slot(n)
         placed.append(cells)
         positions = np.asarray(batch.positions[lo:hi], dtype=np.int32)
         self.cells.apply(cells, positions, batch.seq_ids[lo:hi])
+        if mrope is not None:
+            self.cells.rope_next[cells] = mrope[1][lo:hi]
         flagged = np.flatnonzero(batch.logits[lo:hi])
         rows = flagged if flagged.size else np.array([n - 1])  # a step computes at least one row
         step, logits = self._step_for(n, rows.size, self.cells.n_kv(), batch.embd is not None)
@@ -309,7 +313,7 @@ class Model:
             tensor_set(step.embd, batch.embd[lo:hi])
         else:
             tensor_set(step.tokens, np.asarray(batch.tokens[lo:hi], dtype=np.int32))
-        tensor_set(step.positions, positions)
+        tensor_set(step.positions, positions if mrope is None else np.ascontiguousarray(mrope[0][:, lo:hi]))
         if step.out_ids is not None:
             tensor_set(step.out_ids, rows.astype(np.int32))
         first_seq = [ids[0] for ids in batch.seq_ids[lo:hi]]
@@ -334,8 +338,9 @@ class Model:
                                   f"{self.cells.size} (raise n_ctx)")
         self._apply_shift()
         placed: list = []
+        mrope = mrope_positions(self.cells, batch) if self.arch.n_pos_per_token > 1 else None
         try:
-            out = [self._run(batch, i, min(n, i + self.n_batch), placed) for i in range(0, n, self.n_batch)]
+            out = [self._run(batch, i, min(n, i + self.n_batch), placed, mrope) for i in range(0, n, self.n_batch)]
         except BaseException:
             self.cells.free(np.concatenate(placed))
             raise
@@ -355,9 +360,8 @@ class Model:
         other both ways, as mtmd decodes Gemma 3's images); logits as `decode` gives them."""
         if not self.arch.takes_embeddings:
             raise ParameterError(f"decode_embeddings: pyggml's {self.architecture} takes token ids only")
-        rows = np.asarray(rows, dtype=np.float32)
-        if rows.ndim != 2 or rows.shape[1] != self.arch.n_embd or not len(rows):
-            raise ParameterError(f"decode_embeddings: rows must be [n > 0, {self.arch.n_embd}], got {rows.shape}")
+        if np.shape(rows)[-1:] != (self.arch.n_embd,) or np.ndim(rows) != 2 or not len(rows):
+            raise ParameterError(f"decode_embeddings: rows must be [n > 0, {self.arch.n_embd}], got {np.shape(rows)}")
         batch = Batch.embeddings(rows, self.n_past, 0, all_logits)
         batch.causal = causal
         logits = self.decode_batch(batch)
@@ -522,7 +526,7 @@ def attach_vision(model: Model, mmproj, backend, weights: str = "quantized", pro
     """The encoder of an mmproj file for `model`; ImageError if its embeddings do not fit the model."""
     if not model.arch.takes_embeddings:
         raise ImageError(f"pyggml's {model.architecture} does not take image embeddings (vision models here: the llama "
-                         f"family, qwen2, gemma2, gemma3)")
+                         f"family, qwen2, qwen2vl, gemma2, gemma3)")
     encoder = VisionEncoder(mmproj, backend, weights, progress, flash_attn)
     if encoder.n_embd_out != model.arch.n_embd:
         encoder.close()

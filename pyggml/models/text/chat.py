@@ -8,7 +8,7 @@ from pyggml.errors import GGUFError
 # Marker found in the Jinja text -> family, checked in order.
 _MARKERS = [("<start_of_turn>", "gemma"), ("<|start_header_id|>", "llama3"), ("<|im_start|>", "chatml"),
             ("[INST]", "llama2")]
-_DEFAULT_FOR_ARCH = {"gemma3": "gemma", "gemma2": "gemma", "gemma": "gemma", "qwen2": "chatml"}
+_DEFAULT_FOR_ARCH = {"gemma3": "gemma", "gemma2": "gemma", "gemma": "gemma", "qwen2": "chatml", "qwen2vl": "chatml"}
 
 
 def detect_template(template: str | None, architecture: str = "") -> str:

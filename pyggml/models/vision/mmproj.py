@@ -1,5 +1,9 @@
 """An mmproj GGUF as llama.cpp's clip.cpp reads it: the vision hyperparameters (`clip.vision.*`) and the projector
-type (`clip.projector_type`), with the same keys, defaults and refusals (tools/mtmd/clip-impl.h, load_hparams)."""
+type (`clip.projector_type`), with the same keys, defaults and refusals (tools/mtmd/clip-impl.h, load_hparams).
+
+Qwen2.5-VL's files (`qwen2.5vl_merger`) add `clip.vision.n_wa_pattern` (every n-th layer attends the whole image,
+the others windows of WINDOW_PIXELS) and `clip.vision.spatial_merge_size` (2 by default); its images keep their
+aspect and size (within token limits), so `image_size` is not the input's size there."""
 
 from __future__ import annotations
 
@@ -7,7 +11,10 @@ from dataclasses import dataclass
 
 from pyggml.errors import GGUFError
 
-PROJECTORS = ("idefics3", "gemma3")  # llama.cpp's projector type names that pyggml builds
+PROJECTORS = ("idefics3", "gemma3", "qwen2.5vl_merger")  # llama.cpp's projector type names that pyggml builds
+QWEN25VL = "qwen2.5vl_merger"
+WINDOW_PIXELS = 112  # Qwen2.5-VL's attention window side in pixels (clip.cpp's default; its files do not set it)
+QWEN_TOKENS_MIN, QWEN_TOKENS_MAX = 8, 4096  # clip.cpp's image token limits for Qwen-VL (set_limit_image_tokens)
 
 
 @dataclass(frozen=True)
@@ -26,6 +33,8 @@ class VisionHParams:
     use_gelu: bool         # gelu (tanh) in the FFN, else gelu_quick (llama.cpp's default)
     scale_factor: int      # idefics3's pixel shuffle, gemma3's pooling kernel (llama.cpp's n_merge)
     longest_edge: int      # idefics3: the longer side images are resized to before tiling (0: none)
+    use_silu: bool = False  # silu in the FFN (Qwen2.5-VL's gated one)
+    n_wa_pattern: int = 0  # qwen2.5vl: layers il with (il + 1) % n_wa_pattern == 0 attend fully (0: all do)
 
     @property
     def head_dim(self) -> int:
@@ -68,9 +77,13 @@ def read_hparams(gguf) -> VisionHParams:
         projection_dim=_count(gguf, v + "projection_dim", 0), eps=float(gguf.get(v + "attention.layer_norm_epsilon",
                                                                                   1e-6)),
         image_mean=_triple(gguf, v + "image_mean"), image_std=_triple(gguf, v + "image_std"),
-        use_gelu=bool(gguf.get("clip.use_gelu", False)),
-        scale_factor=_count(gguf, v + "projector.scale_factor", 4 if projector == "gemma3" else 1),
-        longest_edge=_count(gguf, v + "preproc_image_size", 0))
+        use_gelu=bool(gguf.get("clip.use_gelu", False)), use_silu=bool(gguf.get("clip.use_silu", False)),
+        scale_factor=(_count(gguf, v + "spatial_merge_size", 2) if projector == QWEN25VL
+                      else _count(gguf, v + "projector.scale_factor", 4 if projector == "gemma3" else 1)),
+        longest_edge=_count(gguf, v + "preproc_image_size", 0),
+        n_wa_pattern=_count(gguf, v + "n_wa_pattern") if projector == QWEN25VL else 0)
+    if h.use_gelu and h.use_silu:
+        raise GGUFError(f"{gguf.path}: clip.use_gelu and clip.use_silu are both true")
     for key, n in (("patch_size", h.patch_size), ("attention.head_count", h.n_head), ("image_size", h.image_size),
                    ("block_count", h.n_layer)):
         if n < 1:
@@ -78,4 +91,7 @@ def read_hparams(gguf) -> VisionHParams:
     if h.image_size % h.patch_size or h.n_embd % h.n_head or h.n_patches_side % h.scale_factor:
         raise GGUFError(f"{gguf.path}: image_size {h.image_size}, patch_size {h.patch_size}, scale_factor "
                         f"{h.scale_factor} and {h.n_head} heads of embedding_length {h.n_embd} do not divide evenly")
+    if projector == QWEN25VL and (h.scale_factor != 2 or h.head_dim % 4):
+        raise GGUFError(f"{gguf.path}: qwen2.5vl_merger needs spatial_merge_size 2 and a head size divisible by 4, "
+                        f"got {h.scale_factor} and {h.head_dim}")
     return h

@@ -6,6 +6,9 @@ to [0, 1] and normalised with the file's mean and std.
   tiles of image_size, cut into a grid of tiles read row by row, plus the whole image at image_size (Lanczos);
   files without that key are sliced as llava-uhd slices (see idefics3_tiles).
 - gemma3: one image_size square: resized with the aspect kept (bilinear) and centred on black.
+- qwen2.5vl_merger: one image of its own aspect, its sides rounded to multiples of 2 x patch_size with the token
+  count kept within clip.cpp's limits (transformers' smart_resize), resized (bicubic, aspect kept, centred on
+  black).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from pyggml.errors import ImageError
-from pyggml.models.vision.mmproj import VisionHParams
+from pyggml.models.vision.mmproj import QWEN25VL, QWEN_TOKENS_MAX, QWEN_TOKENS_MIN, VisionHParams
 
 MAX_IMAGE_PIXELS = 32 * 1024 * 1024  # larger images are refused before they are decoded
 
@@ -26,7 +29,8 @@ MAX_IMAGE_PIXELS = 32 * 1024 * 1024  # larger images are refused before they are
 @dataclass
 class Tiles:
     """What one image becomes: normalised float32 [3, size, size] tiles, the grid they were cut from (columns, rows;
-    (0, 0) for none) and the whole image's own tile (idefics3's global image; None for one-tile projectors)."""
+    (0, 0) for none; qwen2.5vl_merger: the columns and rows of its one image's embeddings) and the whole image's own
+    tile (idefics3's global image; None for one-tile projectors)."""
 
     tiles: list
     grid: tuple = (0, 0)
@@ -124,5 +128,33 @@ def gemma3_tile(image, h: VisionHParams) -> Tiles:
     return Tiles([normalise(_fit(image, (h.image_size, h.image_size), _pillow().BILINEAR), h)])
 
 
+def smart_size(width: int, height: int, h: VisionHParams) -> tuple[int, int]:
+    """clip.cpp's calc_size_preserved_ratio for Qwen-VL: each side rounded to a multiple of 2 x patch_size, then
+    scaled (in float32, as llama.cpp) down to at most QWEN_TOKENS_MAX tokens or up to at least QWEN_TOKENS_MIN."""
+    align = h.patch_size * h.scale_factor
+    min_pixels, max_pixels = QWEN_TOKENS_MIN * align * align, QWEN_TOKENS_MAX * align * align
+    f32, a = np.float32, np.float32(align)
+    w_bar = max(align, math.floor(float(f32(width) / a) + 0.5) * align)  # std::round: halves away from zero
+    h_bar = max(align, math.floor(float(f32(height) / a) + 0.5) * align)
+    if w_bar * h_bar > max_pixels:
+        beta = np.sqrt(f32(height) * f32(width) / f32(max_pixels))
+        h_bar = max(align, int(np.floor(f32(height) / beta / a)) * align)
+        w_bar = max(align, int(np.floor(f32(width) / beta / a)) * align)
+    elif w_bar * h_bar < min_pixels:
+        beta = np.sqrt(f32(min_pixels) / (f32(height) * f32(width)))
+        h_bar = int(np.ceil(f32(height) * beta / a)) * align
+        w_bar = int(np.ceil(f32(width) * beta / a)) * align
+    return w_bar, h_bar
+
+
+def qwen25vl_image(image, h: VisionHParams) -> Tiles:
+    """mtmd_image_preprocessor_dyn_size: the image at smart_size (bicubic, PAD_CEIL), one tile of its own size."""
+    size = smart_size(image.width, image.height, h)
+    block = h.patch_size * h.scale_factor
+    return Tiles([normalise(_fit(image, size, _pillow().BICUBIC), h)], grid=(size[0] // block, size[1] // block))
+
+
 def preprocess(image, h: VisionHParams) -> Tiles:
+    if h.projector == QWEN25VL:
+        return qwen25vl_image(image, h)
     return idefics3_tiles(image, h) if h.projector == "idefics3" else gemma3_tile(image, h)

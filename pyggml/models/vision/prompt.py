@@ -6,6 +6,8 @@ the chunks of its embeddings, and BOS put first when the vocabulary adds one.
   after every row but the last; then "\\n\\n" `<fake_token_around_image><global-img>`, the whole image's
   embeddings and `<fake_token_around_image>`.
 - gemma3: `<start_of_image>`, the embeddings, `<end_of_image>`.
+- qwen2.5vl_merger: `<|vision_start|>`, the embeddings (ImageRows: they keep their grid of columns and rows, which
+  an M-RoPE language model's positions need), `<|vision_end|>`.
 """
 
 from __future__ import annotations
@@ -15,9 +17,26 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pyggml.errors import ImageError
+from pyggml.models.vision.mmproj import QWEN25VL
 from pyggml.models.vision.preprocess import Tiles
 
 MEDIA_MARKER = "<__media__>"  # llama.cpp's mtmd_default_marker
+
+
+class ImageRows(np.ndarray):
+    """An image's embedding rows [nx * ny, n_embd] that know their grid (nx, ny): the tokens row by row
+    (Batch.embeddings reads it). Views and copies keep it."""
+
+    grid: tuple | None = None
+
+    def __array_finalize__(self, obj) -> None:
+        self.grid = getattr(obj, "grid", None)
+
+
+def image_rows(rows: np.ndarray, grid: tuple) -> ImageRows:
+    out = rows.view(ImageRows)
+    out.grid = tuple(int(n) for n in grid)
+    return out
 
 
 @dataclass
@@ -76,6 +95,11 @@ def add_image(prompt: Prompt, model, encoder, tiles: Tiles) -> None:
         prompt.add_tokens(_special(model, "<start_of_image>"))
         prompt.chunks.append(encoder.encode(tiles.tiles[0]))
         prompt.add_tokens(_special(model, "<end_of_image>"))
+        return
+    if encoder.projector == QWEN25VL:
+        prompt.add_tokens(_special(model, "<|vision_start|>"))
+        prompt.chunks.append(image_rows(encoder.encode(tiles.tiles[0]), tiles.grid))
+        prompt.add_tokens(_special(model, "<|vision_end|>"))
         return
     cols, rows = tiles.grid
     for y in range(rows):

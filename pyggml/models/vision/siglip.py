@@ -42,9 +42,13 @@ class VitLayer:
     up_b: Tensor | None
     down_w: Tensor
     down_b: Tensor | None
+    gate_w: Tensor | None = None  # a gated FFN (Qwen2.5-VL's SwiGLU)
+    gate_b: Tensor | None = None
 
 
-def _layer(w, h: VisionHParams, il: int) -> VitLayer:
+def vit_layer(w, h: VisionHParams, il: int) -> VitLayer:
+    """Layer il's weights (biases and the FFN gate optional), up and down swapped back where a converter swapped
+    them."""
     e, p = h.n_embd, f"v.blk.{il}."
     tensors = {}
     for field, name, ne in (("ln_1", "ln1", (e,)), ("ln_2", "ln2", (e,)), ("q", "attn_q", (e, e)),
@@ -58,7 +62,43 @@ def _layer(w, h: VisionHParams, il: int) -> VitLayer:
     if up.ne[:2] != [e, h.n_ff] or down.ne[:2] != [h.n_ff, e]:
         raise GGUFError(f"{w.gguf.path}: {p}ffn_up/ffn_down have shapes {up.ne[:2]}/{down.ne[:2]}, expected "
                         f"[{e}, {h.n_ff}]/[{h.n_ff}, {e}]")
-    return VitLayer(**tensors, up_w=up, up_b=up_b, down_w=down, down_b=down_b)
+    return VitLayer(**tensors, up_w=up, up_b=up_b, down_w=down, down_b=down_b,
+                    gate_w=w.optional(p + "ffn_gate.weight", (e, h.n_ff)), gate_b=w.optional(p + "ffn_gate.bias"))
+
+
+def patch_embeddings(ctx: Context, kernel: Tensor, image: Tensor, patch: int) -> Tensor:
+    """The stride-patch conv as llama.cpp's ggml_conv_2d builds it now: im2col to F16 (F32 for a BF16 kernel),
+    then one product whose kernel operand ggml's CPU rounds to F16 too, as an F16 product's second operand
+    (pyggml's ops.conv_2d keeps ggml 0.15.3's im2col in the kernel's type). [W/p, H/p, n_embd, 1]."""
+    a = kernel
+    cols_type = GGMLType.F32 if a.type == GGMLType.BF16 else GGMLType.F16
+    cols = ops.im2col(ctx, a, image, patch, patch, 0, 0, 1, 1, True, cols_type)
+    kernel = ops.reshape_2d(ctx, a, a.ne[0] * a.ne[1] * a.ne[2], a.ne[3])
+    if cols_type == GGMLType.F16 and a.type == GGMLType.F32:
+        kernel = ops.cast(ctx, kernel, GGMLType.F16)
+    res = ops.mul_mat(ctx, ops.reshape_2d(ctx, cols, cols.ne[0], cols.ne[3] * cols.ne[2] * cols.ne[1]), kernel)
+    res = ops.reshape_4d(ctx, res, cols.ne[1], cols.ne[2], cols.ne[3], a.ne[3])
+    return ops.cont(ctx, ops.permute(ctx, res, 0, 1, 3, 2))
+
+
+def vit_attention(ctx: Context, h: VisionHParams, layer: VitLayer, q: Tensor, k: Tensor, v: Tensor, n_pos: int,
+                  il: int, flash_attn: bool, mask: Tensor | None = None) -> Tensor:
+    """clip_graph::build_attn over q, k, v ([head_dim, n_head, n_pos]), bidirectional, `mask` ([n_pos, n_pos]; F16
+    for flash attention, as clip.cpp casts it) added to the scores; then the output projection."""
+    hd = h.head_dim
+    q, k = ops.permute(ctx, q, 0, 2, 1, 3), ops.permute(ctx, k, 0, 2, 1, 3)
+    if flash_attn:  # K and V in F16, accumulated in F32, as clip.cpp's flash-attention path
+        k = ops.cast(ctx, k, GGMLType.F16)
+        v = ops.cast(ctx, ops.permute(ctx, v, 0, 2, 1, 3), GGMLType.F16)
+        out = ops.flash_attn_ext(ctx, q, k, v, mask, hd ** -0.5, 0.0, 0.0)
+        ops.flash_attn_ext_set_prec(out, Prec.F32)
+        out = ops.reshape_2d(ctx, out, h.n_embd, n_pos).set_name(f"kqv_out-{il}")
+    else:
+        v = ops.cont(ctx, ops.permute(ctx, v, 1, 2, 0, 3))
+        kq = ops.soft_max_ext(ctx, ops.mul_mat(ctx, k, q), mask, hd ** -0.5, 0.0)
+        out = ops.permute(ctx, ops.mul_mat(ctx, v, kq), 0, 2, 1, 3)
+        out = ops.cont_2d(ctx, out, h.n_embd, n_pos).set_name(f"kqv_out-{il}")
+    return linear(ctx, layer.o_w, out, layer.o_b).set_name(f"attn_out-{il}")
 
 
 class Siglip:
@@ -72,7 +112,7 @@ class Siglip:
         self.pos_embd = w.get("v.position_embd.weight", (e, n_pos))
         self.post_ln_w = w.optional("v.post_ln.weight", (e,))
         self.post_ln_b = w.optional("v.post_ln.bias", (e,))
-        self.layers = [_layer(w, h, il) for il in range(h.n_layer)]
+        self.layers = [vit_layer(w, h, il) for il in range(h.n_layer)]
         if h.projector == "idefics3":
             if h.scale_factor < 2:
                 raise GGUFError(f"{w.gguf.path}: idefics3 needs clip.vision.projector.scale_factor >= 2, "
@@ -114,38 +154,14 @@ class Siglip:
         return self.pixel_shuffle(ctx, x) if h.projector == "idefics3" else self.pool_project(ctx, x)
 
     def patch_embeddings(self, ctx: Context, image: Tensor) -> Tensor:
-        """The stride-patch conv as llama.cpp's ggml_conv_2d builds it now: im2col to F16 (F32 for a BF16 kernel),
-        then one product whose kernel operand ggml's CPU rounds to F16 too, as an F16 product's second operand
-        (pyggml's ops.conv_2d keeps ggml 0.15.3's im2col in the kernel's type)."""
-        a, p = self.patch_embd, self.h.patch_size
-        cols_type = GGMLType.F32 if a.type == GGMLType.BF16 else GGMLType.F16
-        cols = ops.im2col(ctx, a, image, p, p, 0, 0, 1, 1, True, cols_type)
-        kernel = ops.reshape_2d(ctx, a, a.ne[0] * a.ne[1] * a.ne[2], a.ne[3])
-        if cols_type == GGMLType.F16 and a.type == GGMLType.F32:
-            kernel = ops.cast(ctx, kernel, GGMLType.F16)
-        res = ops.mul_mat(ctx, ops.reshape_2d(ctx, cols, cols.ne[0], cols.ne[3] * cols.ne[2] * cols.ne[1]), kernel)
-        res = ops.reshape_4d(ctx, res, cols.ne[1], cols.ne[2], cols.ne[3], a.ne[3])
-        return ops.cont(ctx, ops.permute(ctx, res, 0, 1, 3, 2))
+        return patch_embeddings(ctx, self.patch_embd, image, self.h.patch_size)
 
     def attention(self, ctx: Context, layer: VitLayer, cur: Tensor, n_pos: int, il: int) -> Tensor:
-        """Full (bidirectional) attention, as clip_graph::build_attn without flash attention."""
-        h, hd = self.h, self.h.head_dim
-        q = ops.reshape_3d(ctx, linear(ctx, layer.q_w, cur, layer.q_b), hd, h.n_head, n_pos)
-        k = ops.reshape_3d(ctx, linear(ctx, layer.k_w, cur, layer.k_b), hd, h.n_head, n_pos)
-        v = ops.reshape_3d(ctx, linear(ctx, layer.v_w, cur, layer.v_b), hd, h.n_head, n_pos)
-        q, k = ops.permute(ctx, q, 0, 2, 1, 3), ops.permute(ctx, k, 0, 2, 1, 3)
-        if self.flash_attn:  # K and V in F16, accumulated in F32, as clip.cpp's flash-attention path
-            k = ops.cast(ctx, k, GGMLType.F16)
-            v = ops.cast(ctx, ops.permute(ctx, v, 0, 2, 1, 3), GGMLType.F16)
-            out = ops.flash_attn_ext(ctx, q, k, v, None, hd ** -0.5, 0.0, 0.0)
-            ops.flash_attn_ext_set_prec(out, Prec.F32)
-            out = ops.reshape_2d(ctx, out, h.n_embd, n_pos).set_name(f"kqv_out-{il}")
-        else:
-            v = ops.cont(ctx, ops.permute(ctx, v, 1, 2, 0, 3))
-            kq = ops.soft_max_ext(ctx, ops.mul_mat(ctx, k, q), None, hd ** -0.5, 0.0)
-            out = ops.permute(ctx, ops.mul_mat(ctx, v, kq), 0, 2, 1, 3)
-            out = ops.cont_2d(ctx, out, h.n_embd, n_pos).set_name(f"kqv_out-{il}")
-        return linear(ctx, layer.o_w, out, layer.o_b).set_name(f"attn_out-{il}")
+        """Full (bidirectional) attention with biased projections."""
+        h = self.h
+        q, k, v = (ops.reshape_3d(ctx, linear(ctx, wt, cur, b), h.head_dim, h.n_head, n_pos)
+                   for wt, b in ((layer.q_w, layer.q_b), (layer.k_w, layer.k_b), (layer.v_w, layer.v_b)))
+        return vit_attention(ctx, h, layer, q, k, v, n_pos, il, self.flash_attn)
 
     def pixel_shuffle(self, ctx: Context, cur: Tensor) -> Tensor:
         """idefics3: s x s neighbouring patches into one token (llama.cpp's build_patch_merge_permute), projected."""

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pyggml.testing.synthetic import write_gemma3, write_llama
-from pyggml.testing.synthetic_vision import TINY_GEMMA3, TINY_IDEFICS3, vision_vocab, write_mmproj
+from pyggml.models.vision.mmproj import QWEN25VL
+from pyggml.testing.synthetic import write_gemma3, write_llama, write_qwen2vl
+from pyggml.testing.synthetic_vision import (QWEN_IMAGE_TOKENS, TINY_GEMMA3, TINY_IDEFICS3, TINY_QWEN25VL,
+                                             vision_vocab, write_mmproj, write_qwen25vl_mmproj)
 
 N_CTX = 256
 TEXT = "what is <__media__> in the image"
@@ -22,9 +24,18 @@ class VisionCase:
     name: str
     projector: dict
     image_size: tuple  # (width, height) of the random image
+    # the embeddings' bound on max |pyggml - llama.cpp| / max |llama.cpp|. Qwen2.5-VL's merger ends in ggml's GELU,
+    # which reads an F16 table: a pre-activation that float32 rounding (llama.cpp's F32 sums and pyggml's add in
+    # another order) moves across an F16 rounding boundary takes the neighbouring entry, a 2^-11 relative step that
+    # moves that token's embedding by up to ~4e-5 (every other token agrees within 1e-6)
+    embd_rtol: float = 1e-5
 
     def write(self, folder: Path) -> tuple[Path, Path]:
         lm, mmproj = folder / f"{self.name}-lm.gguf", folder / f"{self.name}-mmproj.gguf"
+        if self.projector["projector"] == QWEN25VL:
+            write_qwen2vl(lm, vocab=vision_vocab(QWEN_IMAGE_TOKENS), n_ctx=N_CTX, seed=1)
+            write_qwen25vl_mmproj(mmproj, **{k: v for k, v in self.projector.items() if k != "projector"}, seed=2)
+            return lm, mmproj
         if self.projector["projector"] == "gemma3":
             write_gemma3(lm, vocab=vision_vocab(), n_ctx=N_CTX, n_layer=2, seed=1)
         else:
@@ -46,7 +57,9 @@ class VisionCase:
 
 
 CASES = [VisionCase("idefics3-f32", TINY_IDEFICS3, (80, 60)), VisionCase("gemma3-f32", TINY_GEMMA3, (40, 30)),
-         VisionCase("idefics3-f32-no-longest-edge", {**TINY_IDEFICS3, "longest_edge": 0}, (80, 60))]
+         VisionCase("idefics3-f32-no-longest-edge", {**TINY_IDEFICS3, "longest_edge": 0}, (80, 60)),
+         # resized to 140 x 112 (5 x 4 tokens: two attention windows across), then text at M-RoPE positions
+         VisionCase("qwen25vl-f32", {"projector": QWEN25VL, **TINY_QWEN25VL}, (150, 100), embd_rtol=1e-4)]
 
 
 def sha256(path) -> str:

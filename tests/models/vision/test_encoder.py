@@ -44,7 +44,7 @@ def test_compute_buffer_is_planned_once_and_reused(tmp_path):
     (dict(drop=("clip.vision.patch_size",)), "clip.vision.patch_size"),
     (dict(drop=("mm.model.fc.weight",)), "mm.model.fc.weight"),
     (dict(scale_factor=1), "scale_factor"),
-    (dict(projector="qwen2.5vl_merger"), "projector type 'qwen2.5vl_merger' is not supported"),
+    (dict(projector="qwen2vl_merger"), "projector type 'qwen2vl_merger' is not supported"),
 ])
 def test_bad_mmproj_files_are_refused_naming_what_is_wrong(tmp_path, change, message):
     path = write_mmproj(tmp_path / "bad.gguf", **{**TINY_IDEFICS3, **change})

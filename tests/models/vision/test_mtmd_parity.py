@@ -1,6 +1,7 @@
 """pyggml's image prompts against llama.cpp's mtmd on random-weight model + mmproj pairs (cases.py): the same
-layout of text tokens and image embeddings, the embeddings within 1e-5 relative error (F32 weights) and the text
-after the image with a teacher-forced mean KLD <= 1e-6.
+layout of text tokens and image embeddings, the embeddings within 1e-5 relative error (F32 weights; Qwen2.5-VL's
+1e-4, see cases.py) and the text after the image with a teacher-forced mean KLD <= 1e-6 (for Qwen2.5-VL's language
+model at M-RoPE positions: the image's rows at its row and column, the text after it max(nx, ny) on).
 
 CI compares with the committed outputs (data/mtmd_refs.npz, written by data/make_mtmd_refs.py); the `peer` test
 runs llama-cpp-python's mtmd live.
@@ -22,7 +23,6 @@ from tests.models.vision.cases import CASES, N_CTX, TEXT, sha256
 pytest.importorskip("PIL", reason="images need Pillow (the vision extra)")
 
 DATA = Path(__file__).parent / "data"
-EMBD_RTOL = 1e-5
 KLD_BOUND = 1e-6
 
 
@@ -42,7 +42,7 @@ def pyggml_outputs(case, folder) -> dict:
 def check(case, ref: dict, got: dict) -> None:
     assert got["layout"].tolist() == ref["layout"].tolist(), f"{case.name}: tokens around the image differ"
     err = np.abs(got["embeddings"] - ref["embeddings"]).max() / np.abs(ref["embeddings"]).max()
-    assert err <= EMBD_RTOL, f"{case.name}: image embeddings off by {err:.2e} (relative)"
+    assert err <= case.embd_rtol, f"{case.name}: image embeddings off by {err:.2e} (relative)"
     kld = agreement(ref["logits"], got["logits"])["kld_mean"]
     assert kld <= KLD_BOUND, f"{case.name}: mean KLD {kld:.3e} after the image"
 
