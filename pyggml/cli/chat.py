@@ -88,12 +88,69 @@ def answer(conv, text: str, images: list[str] = ()) -> None:
         print(f"[the context was full: the {conv.dropped} oldest message(s) were dropped]", file=sys.stderr)
 
 
-def run(args) -> int:  # noqa: C901
-    from pyggml.errors import ImageError, ParameterError
+class Session:
+    """What the loop keeps between messages: the conversation, the load time /stats reports, and the images
+    /image attached to the next message (as data URLs)."""
+
+    def __init__(self, model, conv, load_s: float, verbose: bool):
+        self.model, self.conv, self.load_s, self.verbose = model, conv, load_s, verbose
+        self.images: list[str] = []
+
+    def take(self, text: str) -> None:
+        """One message: a command, or text for the model (a line starting with / that holds a space or a
+        newline is text, so a message may begin with a path)."""
+        command = text.strip()
+        if command == "/image" or command.startswith("/image "):
+            self.attach(command[len("/image"):].strip())
+        elif command in COMMANDS:
+            COMMANDS[command](self)
+        elif command.startswith("/") and "\n" not in command and " " not in command:
+            print(f"unknown command {command}; /help lists them", file=sys.stderr)
+        elif command:
+            self.send(text)
+
+    def show_help(self) -> None:
+        print(HELP, file=sys.stderr)
+
+    def clear(self) -> None:
+        self.conv.clear()
+        print("[conversation cleared]", file=sys.stderr)
+
+    def stats(self) -> None:
+        print(speed(self.conv, self.load_s), file=sys.stderr)
+
+    def attach(self, path: str) -> None:
+        """/image PATH; a file that cannot be read is reported and the session goes on."""
+        from pyggml.errors import ImageError
+
+        try:
+            attach_image(self.model, path, self.images)
+        except ImageError as e:
+            print(f"[{e}]", file=sys.stderr)
+
+    def send(self, text: str) -> None:
+        """The message and its attached images to the model, the answer streamed; a message the model refuses
+        (too long for the context, an unreadable image) is reported and the session goes on."""
+        from pyggml.errors import ImageError, ParameterError
+
+        sent, self.images = self.images, []
+        try:
+            answer(self.conv, text, sent)
+        except (ParameterError, ImageError) as e:
+            print(f"[{e}]", file=sys.stderr)
+            return
+        if self.verbose:
+            self.stats()
+
+
+COMMANDS = {"/help": Session.show_help, "/clear": Session.clear, "/stats": Session.stats}
+LEAVE = ("/exit", "/quit", "/bye")
+
+
+def open_session(args) -> Session:
+    """Load the model, saying what is loading and then how long it took (the wait is long for a big file)."""
     from pyggml.models.llm.conversation import Conversation
 
-    with contextlib.suppress(ImportError):
-        import readline  # noqa: F401 - line editing and history for input() where the platform has it
     params = sampling_params(args)
     print(f"loading {args.model} ...", file=sys.stderr, flush=True)
     start = time.perf_counter()
@@ -102,39 +159,25 @@ def run(args) -> int:  # noqa: C901
     conv = Conversation(model, system=args.system, params=params, reply_room=args.reply_room)
     print(f"{model.gguf.path} ({model.architecture}, context {model.n_ctx}) loaded in {load_s:.1f} s. "
           f"/help for commands, Ctrl-D to leave.", file=sys.stderr, flush=True)
-    images: list[str] = []  # data URLs of the images /image attached to the next message
+    return Session(model, conv, load_s, args.verbose)
+
+
+def next_message() -> str | None:
+    """read_message, asked again after a Ctrl-C at the prompt: Ctrl-C stops answers, never the session."""
     while True:
         try:
-            text = read_message()
+            return read_message()
         except KeyboardInterrupt:
             print("\n(Ctrl-D or /exit to leave)", file=sys.stderr)
-            continue
-        if text is None:
-            print(file=sys.stderr)
+
+
+def run(args) -> int:
+    with contextlib.suppress(ImportError):
+        import readline  # noqa: F401 - line editing and history for input() where the platform has it
+    session = open_session(args)
+    while (text := next_message()) is not None:
+        if text.strip() in LEAVE:
             return 0
-        command = text.strip()
-        if command in ("/exit", "/quit", "/bye"):
-            return 0
-        if command == "/help":
-            print(HELP, file=sys.stderr)
-        elif command == "/clear":
-            conv.clear()
-            print("[conversation cleared]", file=sys.stderr)
-        elif command == "/stats":
-            print(speed(conv, load_s), file=sys.stderr)
-        elif command == "/image" or command.startswith("/image "):
-            try:
-                attach_image(model, command[len("/image"):].strip(), images)
-            except ImageError as e:
-                print(f"[{e}]", file=sys.stderr)
-        elif command.startswith("/") and "\n" not in command and " " not in command:
-            print(f"unknown command {command}; /help lists them", file=sys.stderr)
-        elif command:
-            sent, images = images, []
-            try:
-                answer(conv, text, sent)
-            except (ParameterError, ImageError) as e:
-                print(f"[{e}]", file=sys.stderr)
-                continue
-            if args.verbose:
-                print(speed(conv, load_s), file=sys.stderr)
+        session.take(text)
+    print(file=sys.stderr)
+    return 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import dataclass, field
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
@@ -67,49 +68,70 @@ def _tool(t: Fields) -> dict:
     return {"type": "function", "function": function}
 
 
-def _messages(f: Fields) -> list[dict]:  # noqa: C901
+def _messages(f: Fields) -> list[dict]:
+    """OpenAI's messages for the request: the system prompt, then each message's."""
     out = []
     system = f.get("system", (str, list))
     if system:
         out.append({"role": "system", "content": _text(system, "system")})
     for i, raw in enumerate(f.get("messages", list, required=True)):
-        m = Fields(raw, f"messages[{i}]")
-        role = m.get("role", str, required=True, choices=("user", "assistant"))
-        content = m.get("content", (str, list), required=True)
-        if isinstance(content, str):
-            out.append({"role": role, "content": content})
-            continue
-        texts, calls, results, thinking = [], [], [], ""
-        for j, raw_block in enumerate(content):
-            where = f"messages[{i}].content[{j}]"
-            b = Fields(raw_block, where)
-            kind = b.get("type", str, required=True, choices=BLOCKS)
-            if kind == "text":
-                texts.append(b.get("text", str, required=True))
-            elif kind in ("image", "document"):
-                raise APIError(f"'{where}': {kind} input is not supported by this server (no vision model)",
-                               param=where)
-            elif kind == "tool_use":
-                calls.append({"id": b.get("id", str, required=True), "type": "function",
-                              "function": {"name": b.get("name", str, required=True),
-                                           "arguments": json.dumps(b.get("input", dict, {}), ensure_ascii=False)}})
-            elif kind == "tool_result":
-                results.append({"role": "tool", "tool_call_id": b.get("tool_use_id", str, required=True),
-                                "content": _text(b.get("content", (str, list), ""), f"{where}.content")})
-            elif kind == "thinking":
-                thinking += b.get("thinking", str, "")
-        if (calls and role != "assistant") or (results and role != "user"):
-            raise APIError(f"'messages[{i}]': tool_use blocks belong to assistant messages and tool_result "
-                           f"blocks to user messages", param=f"messages[{i}].content")
-        out.extend(results)  # the results answer the calls before: they come first, then the user's text
-        if texts or calls or thinking or not results:
-            message = {"role": role, "content": "".join(texts)}  # text blocks join as OpenAI's text parts do
-            if calls:
-                message["tool_calls"] = calls
-            if thinking:
-                message["reasoning_content"] = thinking
-            out.append(message)
+        out.extend(_message(Fields(raw, f"messages[{i}]")))
     return out
+
+
+def _message(m: Fields) -> list[dict]:
+    """One Anthropic message as OpenAI's: its tool results first, as tool messages (they answer the calls
+    before), then its text, tool calls and thinking as one message of its role."""
+    role = m.get("role", str, required=True, choices=("user", "assistant"))
+    content = m.get("content", (str, list), required=True)
+    if isinstance(content, str):
+        return [{"role": role, "content": content}]
+    blocks = _Blocks()
+    for j, raw_block in enumerate(content):
+        blocks.add(Fields(raw_block, f"{m.where}.content[{j}]"))
+    if (blocks.calls and role != "assistant") or (blocks.results and role != "user"):
+        raise APIError(f"'{m.where}': tool_use blocks belong to assistant messages and tool_result "
+                       f"blocks to user messages", param=f"{m.where}.content")
+    if blocks.texts or blocks.calls or blocks.thinking or not blocks.results:
+        return blocks.results + [blocks.message(role)]
+    return blocks.results
+
+
+@dataclass
+class _Blocks:
+    """A message's content blocks sorted by what OpenAI's messages carry apart: text, tool calls, tool results
+    and thinking."""
+
+    texts: list[str] = field(default_factory=list)
+    calls: list[dict] = field(default_factory=list)
+    results: list[dict] = field(default_factory=list)
+    thinking: str = ""
+
+    def add(self, b: Fields) -> None:
+        kind = b.get("type", str, required=True, choices=BLOCKS)
+        if kind == "text":
+            self.texts.append(b.get("text", str, required=True))
+        elif kind in ("image", "document"):
+            raise APIError(f"'{b.where}': {kind} input is not supported by this server (no vision model)",
+                           param=b.where)
+        elif kind == "tool_use":
+            self.calls.append({"id": b.get("id", str, required=True), "type": "function",
+                               "function": {"name": b.get("name", str, required=True),
+                                            "arguments": json.dumps(b.get("input", dict, {}), ensure_ascii=False)}})
+        elif kind == "tool_result":
+            self.results.append({"role": "tool", "tool_call_id": b.get("tool_use_id", str, required=True),
+                                 "content": _text(b.get("content", (str, list), ""), f"{b.where}.content")})
+        elif kind == "thinking":
+            self.thinking += b.get("thinking", str, "")
+
+    def message(self, role: str) -> dict:
+        """The text (its blocks joined as OpenAI's text parts are), tool calls and thinking as one message."""
+        message = {"role": role, "content": "".join(self.texts)}
+        if self.calls:
+            message["tool_calls"] = self.calls
+        if self.thinking:
+            message["reasoning_content"] = self.thinking
+        return message
 
 
 def _text(value, where: str) -> str:

@@ -29,7 +29,7 @@ PUBLIC_PATHS = ("/", "/health", "/v1/health")  # answered without an API key, as
 CHAT_PAGE = resources.files("pyggml.serve") / "static" / "chat.html"
 
 
-def create_app(state: ServerState, api_key: str | None = None, cors_origins: list[str] | None = None,  # noqa: C901
+def create_app(state: ServerState, api_key: str | None = None, cors_origins: list[str] | None = None,
                access_log: Callable[[dict], None] | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app):
@@ -45,6 +45,17 @@ def create_app(state: ServerState, api_key: str | None = None, cors_origins: lis
     app.add_middleware(CORS, origins=cors_origins)  # outside the key check: 401s carry its headers too
     if access_log is not None:  # outermost: refused requests get their line too
         app.add_middleware(AccessLog, write=access_log)
+    _add_error_handlers(app, state)
+    _add_status_routes(app, state)
+    _add_text_routes(app, state)
+    _add_other_api_routes(app, state)
+    app.include_router(native.routes(state, _json, _disconnect))
+    _add_audio_routes(app, state)
+    return app
+
+
+def _add_error_handlers(app: FastAPI, state: ServerState) -> None:
+    """Every failure as OpenAI's error shape with its status; an unexpected one a logged 500."""
 
     @app.exception_handler(APIError)
     async def api_error(request, e: APIError):
@@ -69,11 +80,14 @@ def create_app(state: ServerState, api_key: str | None = None, cors_origins: lis
         log.exception("unexpected error on %s", request.url.path)
         return JSONResponse(error_body(f"internal error: {type(e).__name__}: {e}", "server_error"), 500)
 
+
+def _add_status_routes(app: FastAPI, state: ServerState) -> None:
+    """The chat page, health, metrics and the model list."""
+
     @app.get("/")
     async def chat_page():
         return HTMLResponse(CHAT_PAGE.read_text(encoding="utf-8"))
 
-    # ----- status ---------------------------------------------------------------------------------
     @app.get("/health")
     @app.get("/v1/health")
     async def health():
@@ -103,7 +117,10 @@ def create_app(state: ServerState, api_key: str | None = None, cors_origins: lis
                          "meta": {"kind": "whisper", "default": name == loaded.whisper_default}})
         return {"object": "list", "data": data}
 
-    # ----- text -----------------------------------------------------------------------------------
+
+def _add_text_routes(app: FastAPI, state: ServerState) -> None:
+    """OpenAI's chat and text completions, LoRA adapters, embeddings, tokenize and detokenize."""
+
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions")
     async def chat(request: Request):
@@ -154,7 +171,10 @@ def create_app(state: ServerState, api_key: str | None = None, cors_origins: lis
             raise APIError(f"'tokens' must be token ids in [0, {model.n_vocab})", param="tokens")
         return {"content": model.detokenize(ids)}
 
-    # ----- other APIs: Anthropic's messages, OpenAI's responses, reranking ---------------------------
+
+def _add_other_api_routes(app: FastAPI, state: ServerState) -> None:
+    """Anthropic's messages (answering in Anthropic's error shape), OpenAI's responses, reranking."""
+
     @app.post("/v1/messages")
     async def anthropic_messages(request: Request):
         try:
@@ -186,9 +206,10 @@ def create_app(state: ServerState, api_key: str | None = None, cors_origins: lis
     async def rerank_documents(request: Request):
         return await rerank.rerank(state, await _json(request))
 
-    app.include_router(native.routes(state, _json, _disconnect))
 
-    # ----- audio ----------------------------------------------------------------------------------
+def _add_audio_routes(app: FastAPI, state: ServerState) -> None:
+    """OpenAI's transcriptions and translations (whisper)."""
+
     @app.post("/v1/audio/transcriptions")
     async def transcriptions(request: Request):
         return await _audio(state, request, "transcribe")
@@ -196,8 +217,6 @@ def create_app(state: ServerState, api_key: str | None = None, cors_origins: lis
     @app.post("/v1/audio/translations")
     async def translations(request: Request):
         return await _audio(state, request, "translate")
-
-    return app
 
 
 class KeyCheck:

@@ -544,47 +544,23 @@ async def start_stream(state: ServerState, job: Job, model_id: str):
     return chunks
 
 
-async def _stream(state: ServerState, job: Job, model_id: str):  # noqa: C901
-    cid, created = _new_id(job), int(time.time())
-    head = {"id": cid, "object": "chat.completion.chunk" if job.chat else "text_completion", "created": created,
-            "model": model_id, "system_fingerprint": SYSTEM_FINGERPRINT}
-    usage_field = {"usage": None} if job.gen.include_usage else {}
-
-    def chunk(index, delta=None, text=None, logprobs=None, finish=None, first=False):
-        if job.chat:
-            choice = {"index": index, "delta": delta or {}, "logprobs": logprobs, "finish_reason": finish}
-        else:
-            choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
-        timings = {"timings": outputs[index].timings()} if finish or (job.timings_per_token and not first) else {}
-        return sse({**head, "choices": [choice], **usage_field, **timings})
-
+async def _stream(state: ServerState, job: Job, model_id: str):
+    """b"" once admitted, then the chunks of every choice as it is decoded, the usage chunk if asked for, and
+    [DONE]; an error after admission is an error chunk (the response has started), before it an HTTP status."""
+    chunks = _Chunks(job, model_id)
     admitted = False
     try:
         async with Run(state, job) as run:
             admitted = True
             yield b""
-            outputs = [ChoiceOutput(i, job, state.require().model.tokenizer) for i in range(job.sequences)]
-            if job.chat:
-                for o in outputs:
-                    yield chunk(o.index, {"role": "assistant", "content": ""}, first=True)
+            for chunk in chunks.start(state.require().model.tokenizer):
+                yield chunk
             async for i, event in run.events():
-                o = outputs[i]
-                if is_done(event):
-                    rest, deltas, reason = o.finish_stream(event)
-                    if rest or o.pending_logprobs:
-                        yield chunk(i, **_piece(job, o, rest))
-                    for delta in deltas:
-                        yield chunk(i, {"tool_calls": [delta]})
-                    yield chunk(i, finish=reason)
-                else:
-                    text = o.add(event)
-                    if text or (job.gen.logprobs and not job.tools):
-                        yield chunk(i, **_piece(job, o, text))
-                    for delta in o.tool_deltas():
-                        yield chunk(i, {"tool_calls": [delta]})
+                for chunk in chunks.take(i, event):
+                    yield chunk
             run.outcome = "completed"
         if job.gen.include_usage:
-            yield sse({**head, "choices": [], "usage": _usage(job, outputs), "timings": outputs[0].timings()})
+            yield chunks.usage()
     except APIError as e:
         if not admitted:
             raise
@@ -592,6 +568,53 @@ async def _stream(state: ServerState, job: Job, model_id: str):  # noqa: C901
     except TimeoutError:
         yield sse(error_body(f"the request ran past its {state.limits.timeout_s:g} s limit", "timeout_error"))
     yield sse("[DONE]")
+
+
+class _Chunks:
+    """One streamed request's chunks: the fields every chunk repeats, and each choice's output so far."""
+
+    def __init__(self, job: Job, model_id: str):
+        self.job = job
+        self.head = {"id": _new_id(job), "object": "chat.completion.chunk" if job.chat else "text_completion",
+                     "created": int(time.time()), "model": model_id, "system_fingerprint": SYSTEM_FINGERPRINT}
+        self.usage_field = {"usage": None} if job.gen.include_usage else {}
+        self.outputs: list[ChoiceOutput] = []
+
+    def chunk(self, index, delta=None, text=None, logprobs=None, finish=None, first=False) -> bytes:
+        if self.job.chat:
+            choice = {"index": index, "delta": delta or {}, "logprobs": logprobs, "finish_reason": finish}
+        else:
+            choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
+        per_token = self.job.timings_per_token and not first
+        timings = {"timings": self.outputs[index].timings()} if finish or per_token else {}
+        return sse({**self.head, "choices": [choice], **self.usage_field, **timings})
+
+    def start(self, tokenizer) -> list[bytes]:
+        """Each choice's output begun; in a chat stream each choice's first chunk names the role."""
+        self.outputs = [ChoiceOutput(i, self.job, tokenizer) for i in range(self.job.sequences)]
+        if not self.job.chat:
+            return []
+        return [self.chunk(o.index, {"role": "assistant", "content": ""}, first=True) for o in self.outputs]
+
+    def take(self, i: int, event) -> list[bytes]:
+        """The chunks one event of choice i makes: its new text (with logprobs) and tool-call deltas."""
+        if is_done(event):
+            return self.finish(i, event)
+        job, o = self.job, self.outputs[i]
+        text = o.add(event)
+        out = [self.chunk(i, **_piece(job, o, text))] if text or (job.gen.logprobs and not job.tools) else []
+        return out + [self.chunk(i, {"tool_calls": [delta]}) for delta in o.tool_deltas()]
+
+    def finish(self, i: int, event) -> list[bytes]:
+        """Choice i's end: the content not sent yet, the tool-call deltas not sent yet, the finish reason."""
+        o = self.outputs[i]
+        rest, deltas, reason = o.finish_stream(event)
+        out = [self.chunk(i, **_piece(self.job, o, rest))] if rest or o.pending_logprobs else []
+        return out + [self.chunk(i, {"tool_calls": [delta]}) for delta in deltas] + [self.chunk(i, finish=reason)]
+
+    def usage(self) -> bytes:
+        return sse({**self.head, "choices": [], "usage": _usage(self.job, self.outputs),
+                    "timings": self.outputs[0].timings()})
 
 
 def _piece(job: Job, o: ChoiceOutput, text: str) -> dict:

@@ -178,73 +178,96 @@ def _call_item(call_id: str, name: str, arguments: str, status: str = "completed
             "arguments": arguments, "status": status}
 
 
-async def _events(deltas, shell: _Shell):  # noqa: C901
+async def _events(deltas, shell: _Shell):
     """The response's events: a message item while text comes, a function_call item per call, each closed
     before the next opens; then response.completed (response.incomplete when cut by max_output_tokens)."""
-    number = 0
-    items: list[dict] = []          # the output items so far, as the final response lists them
-    text = None                     # the open message's text (None: no message open)
-    call = None                     # the open call's item
-
-    def event(kind: str, **fields) -> bytes:
-        nonlocal number
-        number += 1
-        data = {"type": kind, "sequence_number": number - 1, **fields}
-        return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
-
-    def close() -> list[bytes]:
-        nonlocal text, call
-        out, at = [], len(items) - 1
-        if text is not None:
-            items[at] = _message(shell.message_id, text)
-            ids = {"item_id": shell.message_id, "output_index": at, "content_index": 0}
-            out += [event("response.output_text.done", **ids, text=text, logprobs=[]),
-                    event("response.content_part.done", **ids, part=_part(text)),
-                    event("response.output_item.done", output_index=at, item=items[at])]
-        elif call is not None:
-            items[at] = {**call, "status": "completed"}
-            out += [event("response.function_call_arguments.done", item_id=call["id"], output_index=at,
-                          name=call["name"], arguments=call["arguments"]),
-                    event("response.output_item.done", output_index=at, item=items[at])]
-        text = call = None
-        return out
-
-    def open_message() -> list[bytes]:
-        nonlocal text
-        out = close()
-        items.append(_message(shell.message_id, "", "in_progress"))
-        text, at = "", len(items) - 1
-        return out + [event("response.output_item.added", output_index=at, item=items[at]),
-                      event("response.content_part.added", item_id=shell.message_id, output_index=at,
-                            content_index=0, part=_part(""))]
-
-    yield event("response.created", response=shell.response([], None))
-    yield event("response.in_progress", response=shell.response([], None))
+    stream = _EventStream(shell)
+    yield stream.event("response.created", response=shell.response([], None))
+    yield stream.event("response.in_progress", response=shell.response([], None))
     try:
         async for d in deltas:
-            out = []
-            if isinstance(d, TextDelta):
-                out = open_message() if text is None else []
-                text += d.text
-                out.append(event("response.output_text.delta", item_id=shell.message_id, output_index=len(items) - 1,
-                                 content_index=0, delta=d.text, logprobs=[]))
-            elif isinstance(d, CallStart):
-                out = close()
-                call = _call_item(d.id, d.name, "", "in_progress")
-                items.append(call)
-                out.append(event("response.output_item.added", output_index=len(items) - 1, item=call))
-            elif isinstance(d, CallArguments) and call is not None:
-                call["arguments"] += d.text
-                out.append(event("response.function_call_arguments.delta", item_id=call["id"],
-                                 output_index=len(items) - 1, delta=d.text))
-            elif isinstance(d, Finished):
-                out = open_message() if not items else []   # an empty answer is an empty message, as unstreamed
-                out += close()
-                final = shell.response(items, d)
-                out.append(event("response." + final["status"], response=final))  # completed or incomplete
-            for chunk in out:
+            for chunk in stream.take(d):
                 yield chunk
     except APIError as e:
-        yield event("error", code=e.kind, message=e.message, param=e.param)
+        yield stream.event("error", code=e.kind, message=e.message, param=e.param)
     except TimeoutError:
-        yield event("error", code="timeout_error", message="the request ran past its time limit", param=None)
+        yield stream.event("error", code="timeout_error", message="the request ran past its time limit", param=None)
+
+
+class _EventStream:
+    """The output items as the events have built them so far, and the one item still open (a message taking
+    text or a call taking arguments), which the next item's start closes."""
+
+    def __init__(self, shell: _Shell):
+        self.shell = shell
+        self.number = 0                  # the next event's sequence_number
+        self.items: list[dict] = []      # the output items so far, as the final response lists them
+        self.text: str | None = None     # the open message's text (None: no message open)
+        self.call: dict | None = None    # the open call's item
+
+    def event(self, kind: str, **fields) -> bytes:
+        data = {"type": kind, "sequence_number": self.number, **fields}
+        self.number += 1
+        return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+
+    def take(self, d) -> list[bytes]:
+        """The events one delta of the answer makes."""
+        if isinstance(d, TextDelta):
+            return self.add_text(d.text)
+        if isinstance(d, CallStart):
+            return self.open_call(d)
+        if isinstance(d, CallArguments) and self.call is not None:
+            return self.add_arguments(d.text)
+        if isinstance(d, Finished):
+            return self.finish(d)
+        return []
+
+    def add_text(self, text: str) -> list[bytes]:
+        out = self.open_message() if self.text is None else []
+        self.text += text
+        return out + [self.event("response.output_text.delta", item_id=self.shell.message_id,
+                                 output_index=len(self.items) - 1, content_index=0, delta=text, logprobs=[])]
+
+    def open_call(self, d: CallStart) -> list[bytes]:
+        out = self.close()
+        self.call = _call_item(d.id, d.name, "", "in_progress")
+        self.items.append(self.call)
+        return out + [self.event("response.output_item.added", output_index=len(self.items) - 1, item=self.call)]
+
+    def add_arguments(self, text: str) -> list[bytes]:
+        self.call["arguments"] += text
+        return [self.event("response.function_call_arguments.delta", item_id=self.call["id"],
+                           output_index=len(self.items) - 1, delta=text)]
+
+    def finish(self, end: Finished) -> list[bytes]:
+        """The last item closed, then response.completed or response.incomplete; an empty answer is an empty
+        message, as it is unstreamed."""
+        out = self.open_message() if not self.items else []
+        out += self.close()
+        final = self.shell.response(self.items, end)
+        return out + [self.event("response." + final["status"], response=final)]
+
+    def open_message(self) -> list[bytes]:
+        out = self.close()
+        self.items.append(_message(self.shell.message_id, "", "in_progress"))
+        self.text, at = "", len(self.items) - 1
+        return out + [self.event("response.output_item.added", output_index=at, item=self.items[at]),
+                      self.event("response.content_part.added", item_id=self.shell.message_id, output_index=at,
+                                 content_index=0, part=_part(""))]
+
+    def close(self) -> list[bytes]:
+        """The open item's done events, its final form in place of its in-progress one."""
+        out, at = [], len(self.items) - 1
+        if self.text is not None:
+            self.items[at] = _message(self.shell.message_id, self.text)
+            ids = {"item_id": self.shell.message_id, "output_index": at, "content_index": 0}
+            out += [self.event("response.output_text.done", **ids, text=self.text, logprobs=[]),
+                    self.event("response.content_part.done", **ids, part=_part(self.text)),
+                    self.event("response.output_item.done", output_index=at, item=self.items[at])]
+        elif self.call is not None:
+            self.items[at] = {**self.call, "status": "completed"}
+            out += [self.event("response.function_call_arguments.done", item_id=self.call["id"], output_index=at,
+                               name=self.call["name"], arguments=self.call["arguments"]),
+                    self.event("response.output_item.done", output_index=at, item=self.items[at])]
+        self.text = self.call = None
+        return out

@@ -249,33 +249,43 @@ def _skip_space(text: str, i: int) -> int:
 _SCALAR = re.compile(r"-?[0-9][0-9.eE+-]*|true|false|null")
 
 
-def _value_end(text: str, i: int) -> int | None:  # noqa: C901
+def _value_end(text: str, i: int) -> int | None:
     """The end of the JSON value that starts at text[i], or None while it is not complete."""
     if i >= len(text):
         return None
     if text[i] not in '{["':
         m = _SCALAR.match(text, i)
         return m.end() if m and m.end() < len(text) else None  # a number may still grow
-    depth, in_string, escaped = 0, False, False
-    for j in range(i, len(text)):
+    return _nested_end(text, i)
+
+
+def _nested_end(text: str, i: int) -> int | None:
+    """The end of the string, array or object at text[i]: brackets are counted outside strings only."""
+    depth, j = 0, i
+    while j < len(text):
         c = text[j]
-        if in_string:
-            if escaped:
-                escaped = False
-            elif c == "\\":
-                escaped = True
-            elif c == '"':
-                in_string = False
-                if depth == 0:
-                    return j + 1
-        elif c == '"':
-            in_string = True
-        elif c in "{[":
+        if c == '"':
+            j = _string_end(text, j)
+            if j is None or depth == 0:
+                return j
+            continue
+        if c in "{[":
             depth += 1
         elif c in "}]":
             depth -= 1
             if depth == 0:
                 return j + 1
+        j += 1
+    return None
+
+
+def _string_end(text: str, i: int) -> int | None:
+    """The end of the JSON string at text[i] (after its closing quote), None while it is open."""
+    j = i + 1
+    while j < len(text):
+        if text[j] == '"':
+            return j + 1
+        j += 2 if text[j] == "\\" else 1
     return None
 
 

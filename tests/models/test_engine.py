@@ -174,7 +174,11 @@ def test_bad_requests_and_a_closed_engine_are_refused(model_path):
     engine = Engine(model, n_slots=2)
     for bad, match in [(Request([]), "non-empty"), (Request([64]), "outside"), (Request([3] * 60, max_tokens=8),
                        "over the context"), (Request([3], max_tokens=-2), "max_tokens"),
-                       (Request([3], stop="x"), "stop"), (Request([3], n_probs=-1), "n_probs")]:
+                       (Request([3], stop="x"), "stop"), (Request([3], n_probs=-1), "n_probs"),
+                       (Request([True]), "outside"), (Request([3], max_tokens=True), "max_tokens"),
+                       (Request([3, 3, 3], images=[(1, np.zeros((2, model.arch.n_embd)))]), "images"),
+                       (Request([3], sampling=None), "SamplingParams"), (Request([3], n_keep=-2), "n_keep"),
+                       (Request([3], slot=2), "slot"), ([3], "takes a Request")]:
         with pytest.raises(ParameterError, match=match):
             engine.submit(bad)
     engine.close()

@@ -9,7 +9,9 @@ import anthropic
 import httpx
 import pytest
 
+from pyggml.serve.anthropic import to_chat
 from pyggml.serve.app import create_app
+from pyggml.serve.protocol import APIError
 from tests.support.serve import ServerThread, make_state, write_chat_model
 
 SYSTEM = "Be brief."
@@ -125,6 +127,27 @@ def test_tool_use_then_tool_result(client):
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "done"},
                                      {"type": "text", "text": "Thanks"}]}], tool_choice={"type": "none"})
     assert answer.content[0].type == "text" and answer.usage.output_tokens >= 1
+
+
+def test_content_blocks_become_openais_messages():
+    """Tool results come first as tool messages, then the rest of the message; text blocks join; thinking is
+    the reasoning; a message of tool results alone gives no empty message after them."""
+    call = {"type": "tool_use", "id": "t1", "name": "f", "input": {"a": "é"}}
+    body = {"system": [{"type": "text", "text": "S1"}, {"type": "text", "text": "S2"}], "max_tokens": 4, "messages": [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm", "signature": "x"},
+                                          {"type": "text", "text": "A"}, {"type": "text", "text": "B"}, call]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                      "content": [{"type": "text", "text": "R"}]}, {"type": "text", "text": "ok"}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "R2"}]}]}
+    assert to_chat(body)["messages"] == [
+        {"role": "system", "content": "S1\nS2"}, {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "AB", "reasoning_content": "hm", "tool_calls": [
+            {"id": "t1", "type": "function", "function": {"name": "f", "arguments": '{"a": "é"}'}}]},
+        {"role": "tool", "tool_call_id": "t1", "content": "R"}, {"role": "user", "content": "ok"},
+        {"role": "tool", "tool_call_id": "t1", "content": "R2"}]
+    with pytest.raises(APIError, match="'messages\\[0\\]': tool_use blocks belong to assistant messages"):
+        to_chat({"messages": [{"role": "user", "content": [call]}]})
 
 
 @pytest.mark.parametrize("body, where", [

@@ -2,6 +2,7 @@
 text against the chat endpoint's greedy answer to the same messages, streaming events in OpenAI's order adding up
 to the whole response, function calls and function_call_output items, input_tokens, and errors."""
 
+import asyncio
 import json
 
 import httpx
@@ -9,6 +10,9 @@ import openai
 import pytest
 
 from pyggml.serve.app import create_app
+from pyggml.serve.deltas import CallArguments, CallStart, Finished, TextDelta
+from pyggml.serve.protocol import Fields
+from pyggml.serve.responses import _events, _Shell
 from tests.support.serve import ServerThread, make_state, write_chat_model
 
 INPUT = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Red."},
@@ -94,6 +98,45 @@ def test_function_call_then_its_output(client):
         {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
         {"type": "function_call_output", "call_id": call.call_id, "output": "done"}])
     assert answer.output[0].type == "message" and answer.usage.output_tokens >= 1
+
+
+def stream_of(deltas: list) -> list[dict]:
+    """The events _events makes of these deltas, parsed."""
+    shell = _Shell("m", Fields({"input": "x"}))
+
+    async def feed():
+        for d in deltas:
+            yield d
+
+    async def run():
+        return [json.loads(chunk.decode().split("data: ", 1)[1]) async for chunk in _events(feed(), shell)]
+    return asyncio.run(run())
+
+
+def test_streamed_items_open_and_close_in_turn():
+    """Text then two calls: the message is done before the first call is added, each call done before the next;
+    arguments go to the open call; an empty answer is one empty message."""
+    end = Finished(None, "tool_calls", None, 3, 0, 5)
+    events = stream_of([TextDelta("Hi"), TextDelta("!"), CallStart(0, "call_a", "f"), CallArguments(0, "{}"),
+                        CallStart(1, "call_b", "g"), CallArguments(1, '{"x"'), CallArguments(1, ": 1}"), end])
+    assert [(e["type"].removeprefix("response."), e.get("output_index")) for e in events] == [
+        ("created", None), ("in_progress", None), ("output_item.added", 0), ("content_part.added", 0),
+        ("output_text.delta", 0), ("output_text.delta", 0), ("output_text.done", 0), ("content_part.done", 0),
+        ("output_item.done", 0), ("output_item.added", 1), ("function_call_arguments.delta", 1),
+        ("function_call_arguments.done", 1), ("output_item.done", 1), ("output_item.added", 2),
+        ("function_call_arguments.delta", 2), ("function_call_arguments.delta", 2),
+        ("function_call_arguments.done", 2), ("output_item.done", 2), ("completed", None)]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    output = events[-1]["response"]["output"]
+    assert [(o["type"], o.get("name"), o.get("arguments"), o["status"]) for o in output] == [
+        ("message", None, None, "completed"), ("function_call", "f", "{}", "completed"),
+        ("function_call", "g", '{"x": 1}', "completed")]
+    assert output[0]["content"][0]["text"] == "Hi!"
+    empty = stream_of([Finished(None, "length", None, 3, 0, 0)])
+    assert [e["type"] for e in empty][2:] == ["response.output_item.added", "response.content_part.added",
+                                              "response.output_text.done", "response.content_part.done",
+                                              "response.output_item.done", "response.incomplete"]
+    assert empty[-1]["response"]["output"][0]["content"][0]["text"] == ""
 
 
 @pytest.mark.parametrize("body, where", [

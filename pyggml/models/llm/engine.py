@@ -191,11 +191,16 @@ def top_tokens(x: np.ndarray, n: int) -> np.ndarray:
     return ids[np.lexsort((ids, -x[ids]))][:n]
 
 
+def _is_int(value) -> bool:
+    """An integer that is not a bool (True is an Integral, and never a meant count)."""
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
 class Engine:
     """Owns `model` on a thread of its own and serves submitted requests in n_slots parallel sequences."""
 
     def __init__(self, model, n_slots: int = 4, drafter=None, context_shift: bool = False):
-        if isinstance(n_slots, bool) or not isinstance(n_slots, Integral) or n_slots < 1:
+        if not _is_int(n_slots) or n_slots < 1:
             raise ParameterError(f"n_slots must be a positive integer, got {n_slots!r}")
         self.generates = model.kv is not None  # an encoder (an embedder, a reranker) only serves calls
         if self.generates:
@@ -285,7 +290,7 @@ class Engine:
         return self.call(erase)
 
     def _idle_slot(self, slot_id: int) -> Slot:
-        if isinstance(slot_id, bool) or not isinstance(slot_id, Integral) or not 0 <= slot_id < self.n_slots:
+        if not _is_int(slot_id) or not 0 <= slot_id < self.n_slots:
             raise ParameterError(f"slot id {slot_id!r} is outside [0, {self.n_slots})")
         slot = self.slots[slot_id]
         if slot.handle is not None:
@@ -328,66 +333,107 @@ class Engine:
         with self._cv:
             self._cv.notify()
 
-    def _check(self, r: Request) -> None:  # noqa: C901
+    def _check(self, r: Request) -> None:
+        """Refuse, before it is queued, a request the loop could not serve, naming the field that is wrong."""
         if not isinstance(r, Request):
             raise ParameterError(f"submit takes a Request, got {type(r).__name__}")
-        n_vocab, n_ctx = self.model.n_vocab, self.model.n_ctx
         if not self.generates:
             raise ParameterError(f"{self.model.architecture} is an embedding model: it generates no text")
+        self._check_prompt(r)
+        self._check_room(r)
+        self._check_images(r)
+        self._check_output_options(r)
+        self._check_cache_options(r)
+
+    def _check_prompt(self, r: Request) -> None:
+        n_vocab = self.model.n_vocab
         if not isinstance(r.prompt, (list, tuple)) or not r.prompt:
             raise ParameterError("Request.prompt must be a non-empty list of token ids")
-        if not all(isinstance(t, Integral) and not isinstance(t, bool) and 0 <= t < n_vocab for t in r.prompt):
+        if not all(_is_int(t) and 0 <= t < n_vocab for t in r.prompt):
             raise ParameterError(f"Request.prompt holds a token id outside [0, {n_vocab})")
-        if isinstance(r.max_tokens, bool) or not isinstance(r.max_tokens, Integral) or r.max_tokens < -1:
+
+    def _check_room(self, r: Request) -> None:
+        """max_tokens, and the prompt and the tokens asked for within the context (any length under a context
+        shift, which makes room as it goes)."""
+        n_ctx = self.model.n_ctx
+        if not _is_int(r.max_tokens) or r.max_tokens < -1:
             raise ParameterError(f"Request.max_tokens must be an integer >= 0, or -1; got {r.max_tokens!r}")
         if (len(r.prompt) + max(r.max_tokens, 0) > n_ctx and not self.context_shift) or len(r.prompt) >= n_ctx:
             raise ParameterError(f"Request: prompt ({len(r.prompt)} tokens) + max_tokens ({r.max_tokens}) is over "
                                  f"the context of {n_ctx}")
+
+    def _check_images(self, r: Request) -> None:
+        """Image rows replace prompt positions, so they must fit the model's width and leave the last token,
+        whose logits start the answer."""
         for pos, rows in r.images:
             if not 0 <= pos < pos + len(rows) < len(r.prompt) or rows.shape[1:] != (self.model.arch.n_embd,):
                 raise ParameterError(f"Request.images: rows [{len(rows)}, ...] at {pos} must be n_embd wide and lie "
                                      f"before the prompt's last token")
+
+    def _check_output_options(self, r: Request) -> None:
+        """How tokens are chosen (sampling) and what comes back (stop strings, n_probs)."""
+        n_vocab = self.model.n_vocab
         if not isinstance(r.sampling, SamplingParams):
             raise ParameterError("Request.sampling must be a SamplingParams")
         if isinstance(r.stop, str) or not all(isinstance(s, str) and s for s in r.stop):
             raise ParameterError("Request.stop must be a sequence of non-empty strings")
-        if isinstance(r.n_probs, bool) or not isinstance(r.n_probs, Integral) or not 0 <= r.n_probs <= n_vocab:
+        if not _is_int(r.n_probs) or not 0 <= r.n_probs <= n_vocab:
             raise ParameterError(f"Request.n_probs must be an integer in [0, {n_vocab}], got {r.n_probs!r}")
-        if isinstance(r.n_keep, bool) or not isinstance(r.n_keep, Integral) or r.n_keep < -1:
+
+    def _check_cache_options(self, r: Request) -> None:
+        """What a context shift keeps (n_keep) and the slot whose cache the request asks for."""
+        if not _is_int(r.n_keep) or r.n_keep < -1:
             raise ParameterError(f"Request.n_keep must be an integer >= 0, or -1; got {r.n_keep!r}")
-        if r.slot is not None and (isinstance(r.slot, bool) or not isinstance(r.slot, Integral)
-                                   or not 0 <= r.slot < self.n_slots):
+        if r.slot is not None and (not _is_int(r.slot) or not 0 <= r.slot < self.n_slots):
             raise ParameterError(f"Request.slot must be None or in [0, {self.n_slots}), got {r.slot!r}")
 
     # ----- the engine thread ---------------------------------------------------------------------------
     def _busy(self) -> list[Slot]:
         return self.scheduler.busy()
 
-    def _loop(self) -> None:  # noqa: C901
-        while True:
-            with self._cv:
-                while not (self._closed or self._calls or self._queue or self._busy()):
-                    self._cv.wait()
-                if self._closed:
-                    break
-                calls, self._calls = list(self._calls), deque()
-            for fn, future in calls:
-                if future.set_running_or_notify_cancel():
-                    try:
-                        future.set_result(fn(self.model))
-                    except BaseException as e:  # the caller gets it from the future
-                        future.set_exception(e)
-            try:
-                self._drop_cancelled()
-                self._admit()
-                self._update_stats()
-                if self._busy():
-                    self._step()
-            except Exception as e:  # a bug or a failing callback ends the requests in flight, not the engine
-                for slot in self._busy():
-                    self._finish(slot, "error", f"{type(e).__name__}: {e}")
-            self._flush()
+    def _loop(self) -> None:
+        """The engine thread: the calls posted to it, then one step of the requests, until the engine closes."""
+        while (calls := self._wait_for_work()) is not None:
+            self._run_calls(calls)
+            self._run_step()
+        self._shut_down()
+
+    def _wait_for_work(self) -> list | None:
+        """The calls posted since the last step, once there is anything to do; None once the engine is closed."""
+        with self._cv:
+            while not (self._closed or self._calls or self._queue or self._busy()):
+                self._cv.wait()
+            if self._closed:
+                return None
+            calls, self._calls = list(self._calls), deque()
+        return calls
+
+    def _run_calls(self, calls: list) -> None:
+        """call()'s functions, run here because this thread owns the model; each result or error to its future."""
+        for fn, future in calls:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(self.model))
+                except BaseException as e:  # the caller gets it from the future
+                    future.set_exception(e)
+
+    def _run_step(self) -> None:
+        """Admit what fits, decode one step, deliver its events. A bug or a failing callback ends the requests
+        in flight, not the engine."""
+        try:
+            self._drop_cancelled()
+            self._admit()
             self._update_stats()
+            if self._busy():
+                self._step()
+        except Exception as e:
+            for slot in self._busy():
+                self._finish(slot, "error", f"{type(e).__name__}: {e}")
+        self._flush()
+        self._update_stats()
+
+    def _shut_down(self) -> None:
+        """Every request still waiting or running ends with Done("cancelled"), every call not run is cancelled."""
         with self._cv:
             waiting, self._queue = list(self._queue), deque()
             calls, self._calls = list(self._calls), deque()
