@@ -3,9 +3,10 @@ no such model is installable: large-v3-turbo (128 mel bins, 32 encoder and 4 dec
 vocabulary of large-v3), distil-large-v3 (the same with 2 decoder layers) and distil-small.en (small's encoder,
 2 decoder layers, English-only). Their exact shapes are large (turbo F16: 1.6 GB), so tests use small-width
 variants with the same traits (128 mels, few decoder layers, the same vocabularies); the exact shapes are
-written by the command below for a long run.
+written by the command below for a long run, as a whisper.cpp .bin, a GGUF or a CTranslate2 directory (F16
+throughout, as faster-whisper's float16 downloads are).
 
-    python -m tests.models.whisper.random_whisper NAME OUT.bin [--format ggml|gguf] [--seed S]
+    python -m tests.models.whisper.random_whisper NAME OUT [--format ggml|gguf|ct2] [--seed S]
     python -m tests.models.whisper.random_whisper --refs      # whisper.cpp's greedy tokens on the small variants
 
 The references (data/random_refs.json) are whisper.cpp's (pywhispercpp 1.5.1) greedy tokens on en1.wav for the
@@ -71,11 +72,12 @@ def random_whisper(name: str, seed: int = 0):
 
 
 def write(name: str, path: Path, fmt: str = "ggml", seed: int = 0) -> Path:
-    """The random model as an F16 whisper.cpp .bin or GGUF."""
+    """The random model as an F16 whisper.cpp .bin, GGUF or CTranslate2 directory (``path`` then a folder)."""
+    from pyggml.models.whisper.ct2 import write_ct2
     from pyggml.models.whisper.ggml_bin import write_ggml_bin
     from pyggml.models.whisper.gguf_whisper import write_gguf
 
-    (write_ggml_bin if fmt == "ggml" else write_gguf)(random_whisper(name, seed), path)
+    {"ggml": write_ggml_bin, "gguf": write_gguf, "ct2": write_ct2}[fmt](random_whisper(name, seed), path)
     return path
 
 
@@ -138,7 +140,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("name", choices=sorted(SHAPES))
     ap.add_argument("out", type=Path)
-    ap.add_argument("--format", choices=["ggml", "gguf"], default="ggml")
+    ap.add_argument("--format", choices=["ggml", "gguf", "ct2"], default="ggml")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     write(a.name, a.out, a.format, a.seed)
