@@ -8,6 +8,7 @@ throughout, as faster-whisper's float16 downloads are).
 
     python -m tests.models.whisper.random_whisper NAME OUT [--format ggml|gguf|ct2] [--seed S]
     python -m tests.models.whisper.random_whisper --refs      # whisper.cpp's greedy tokens on the small variants
+    python -m tests.models.whisper.random_whisper --mel-refs  # whisper.cpp's 128- and 80-bin log-mel of en1.wav
 
 The references (data/random_refs.json) are whisper.cpp's (pywhispercpp 1.5.1) greedy tokens on en1.wav for the
 small variants' F16 .bin, teacher-forced one token a call after the prefix: test_whisper_random_shapes.py checks
@@ -83,6 +84,8 @@ def write(name: str, path: Path, fmt: str = "ggml", seed: int = 0) -> Path:
 
 SMALL = ("turbo-like", "distil-like.en")
 REFERENCES = Path(__file__).resolve().parent / "data" / "random_refs.json"
+MEL_REFERENCES = Path(__file__).resolve().parent / "data" / "whisper_cpp_mel.npz"
+MEL_FRAME_STEP = 8  # every 8th frame of whisper.cpp's log-mel is committed
 SPEECH = Path(__file__).resolve().parents[2] / "data" / "speech" / "en1.wav"
 STEPS = 12
 
@@ -131,11 +134,28 @@ def make_refs() -> None:
     print(refs)
 
 
+def make_mel_refs() -> None:
+    """whisper.cpp's log-mel of en1.wav (every MEL_FRAME_STEP-th frame), 128 bins through turbo-like's .bin and
+    80 through distil-like.en's: the filters are the file's (pyggml writes the Slaney filters into it)."""
+    import tempfile
+
+    from pyggml.models.whisper.audio import load_audio
+    from tests.support.whisper_peers import whisper_cpp_mel
+
+    samples, refs = load_audio(SPEECH), {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in SMALL:
+            mel = whisper_cpp_mel(write(name, Path(tmp) / f"{name}.bin"), samples)
+            refs[f"mel_{mel.shape[0]}"] = mel[:, ::MEL_FRAME_STEP]
+    np.savez_compressed(MEL_REFERENCES, **refs)
+    print({k: v.shape for k, v in refs.items()})
+
+
 if __name__ == "__main__":
     import sys
 
-    if sys.argv[1:] == ["--refs"]:
-        make_refs()
+    if sys.argv[1:] in (["--refs"], ["--mel-refs"]):
+        make_refs() if sys.argv[1] == "--refs" else make_mel_refs()
         sys.exit()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("name", choices=sorted(SHAPES))
