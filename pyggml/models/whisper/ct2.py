@@ -273,6 +273,7 @@ def read_ct2(directory, parts: list[Path] | None = None) -> WhisperFile:
 
 _DTYPE_CODES = {np.dtype("<f4"): 0, np.dtype("i1"): 1, np.dtype("<i2"): 2, np.dtype("<f2"): 4}
 _GELU = 3  # CTranslate2's Activation.GELU (the erf form)
+_WHISPER_SPEC_REVISION = 3
 _HF_NOSPEECH = "<|nocaptions|>"  # the no-speech token as CTranslate2's converter takes it from Hugging Face
 
 
@@ -344,11 +345,12 @@ def write_ct2(file: WhisperFile, directory, weight_type=GGMLType.F16) -> Path:
         return struct.pack("<H", len(raw)) + raw
 
     with open(directory / "model.bin", "wb") as f:
-        f.write(struct.pack("<I", SUPPORTED_BINARY_VERSIONS[-1]) + string("WhisperSpec") + struct.pack("<II", 3,
-                                                                                                   len(variables)))
+        f.write(struct.pack("<I", SUPPORTED_BINARY_VERSIONS[-1]) + string("WhisperSpec"))
+        f.write(struct.pack("<II", _WHISPER_SPEC_REVISION, len(variables)))
         for name, value in variables.items():
             f.write(string(name) + struct.pack(f"<B{value.ndim}I", value.ndim, *value.shape))
-            f.write(struct.pack("<BI", _DTYPE_CODES[value.dtype], value.nbytes) + value.tobytes())
+            f.write(struct.pack("<BI", _DTYPE_CODES[value.dtype], value.nbytes))
+            value.tofile(f)
         f.write(struct.pack("<I", 1) + string("decoder/projection/weight") + string("decoder/embeddings/weight"))
     config = {"alignment_heads": file.alignment_heads, "suppress_ids": file.suppress_ids,
               "suppress_ids_begin": file.suppress_ids_begin, "lang_ids": file.lang_ids}
