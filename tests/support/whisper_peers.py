@@ -211,23 +211,78 @@ def whisper_cpp_logits(bin_path: Path, samples, tokens: list[int], n_prefix: int
     return in_child(_whisper_cpp_logits, bin_path, samples, tokens, n_prefix, flash_attn)
 
 
-def _whisper_cpp_logits(bin_path: Path, samples, tokens: list[int], n_prefix: int, flash_attn: bool = True):
-    """whisper.cpp's logits, teacher-forced: the prefix tokens in one decoder call, then one token per call
-    as whisper_full decodes; row i predicts tokens[n_prefix + i] (the last row: what follows them all).
-    whisper_context_params is passed as the bytes whisper_context_default_params_by_ref gives, with
-    use_gpu (byte 0) and flash_attn (byte 1) set: the struct starts with these two bools."""
+def _whisper_cpp_context(lib, bin_path: Path, flash_attn: bool, init: str):
+    """A whisper.cpp context of `bin_path` made by `init` (whisper_init_from_file_with_params or its _no_state
+    form), on the CPU. whisper_context_params is passed as the bytes whisper_context_default_params_by_ref gives,
+    with use_gpu (byte 0) and flash_attn (byte 1) set: the struct starts with these two bools."""
     import ctypes
-
-    import numpy as np
-
-    lib = _libwhisper()
 
     class Params(ctypes.Structure):
         _fields_ = [("raw", ctypes.c_uint8 * 48)]
 
     lib.whisper_context_default_params_by_ref.restype = ctypes.POINTER(Params)
-    lib.whisper_init_from_file_with_params.restype = ctypes.c_void_p
-    lib.whisper_init_from_file_with_params.argtypes = [ctypes.c_char_p, Params]
+    getattr(lib, init).restype = ctypes.c_void_p
+    getattr(lib, init).argtypes = [ctypes.c_char_p, Params]
+    lib.whisper_free.argtypes = [ctypes.c_void_p]
+    params = Params.from_buffer_copy(lib.whisper_context_default_params_by_ref().contents)
+    params.raw[0], params.raw[1] = 0, int(flash_attn)
+    ctx = getattr(lib, init)(str(bin_path).encode(), params)
+    if not ctx:
+        raise RuntimeError(f"whisper.cpp could not load {bin_path}")
+    return ctx
+
+
+def whisper_cpp_mel(bin_path: Path, samples):
+    """_whisper_cpp_mel in a child process."""
+    return in_child(_whisper_cpp_mel, bin_path, samples)
+
+
+def _whisper_cpp_mel(bin_path: Path, samples):
+    """whisper.cpp's log-mel of `samples` (n_mels, n_len) with the filters of `bin_path`, as whisper_pcm_to_mel
+    leaves it in a whisper_state. Its API has no getter, so the state's whisper_mel {int n_len, n_len_org, n_mel;
+    std::vector<float> data} is found in the struct's first 16 KiB by its n_len_org (whisper_n_len_from_state) and
+    n_mel, and taken only if the vector after them holds n_mel * n_len floats."""
+    import ctypes
+
+    import numpy as np
+
+    lib = _libwhisper()
+    lib.whisper_init_state.restype = ctypes.c_void_p
+    lib.whisper_init_state.argtypes = [ctypes.c_void_p]
+    lib.whisper_free_state.argtypes = [ctypes.c_void_p]
+    lib.whisper_n_len_from_state.argtypes = [ctypes.c_void_p]
+    lib.whisper_pcm_to_mel_with_state.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_float),
+                                                  ctypes.c_int, ctypes.c_int]
+    lib.whisper_model_n_mels.argtypes = [ctypes.c_void_p]
+    ctx = _whisper_cpp_context(lib, bin_path, True, "whisper_init_from_file_with_params_no_state")
+    state = lib.whisper_init_state(ctx)
+    try:
+        pcm = np.ascontiguousarray(samples, np.float32)
+        assert lib.whisper_pcm_to_mel_with_state(ctx, state, pcm.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+                                                 pcm.size, 2) == 0
+        n_mel, n_len_org = lib.whisper_model_n_mels(ctx), lib.whisper_n_len_from_state(state)
+        ints = np.ctypeslib.as_array((ctypes.c_int32 * 4096).from_address(state))
+        for i in np.flatnonzero((ints[1:-1] == n_len_org) & (ints[2:] == n_mel)):
+            n_len = int(ints[i])
+            at = state + (4 * (int(i) + 3) + 7) // 8 * 8  # the vector after the three ints, pointer-aligned
+            begin, end = (ctypes.c_uint64.from_address(at + k).value for k in (0, 8))
+            if n_len > 0 and end - begin == 4 * n_mel * n_len:
+                return np.ctypeslib.as_array((ctypes.c_float * (n_mel * n_len)).from_address(begin)).reshape(
+                    n_mel, n_len).copy()
+        raise RuntimeError("whisper.cpp's mel was not found in its state (another whisper_state layout?)")
+    finally:
+        lib.whisper_free_state(state)
+        lib.whisper_free(ctx)
+
+
+def _whisper_cpp_logits(bin_path: Path, samples, tokens: list[int], n_prefix: int, flash_attn: bool = True):
+    """whisper.cpp's logits, teacher-forced: the prefix tokens in one decoder call, then one token per call
+    as whisper_full decodes; row i predicts tokens[n_prefix + i] (the last row: what follows them all)."""
+    import ctypes
+
+    import numpy as np
+
+    lib = _libwhisper()
     lib.whisper_get_logits.restype = ctypes.POINTER(ctypes.c_float)
     lib.whisper_get_logits.argtypes = [ctypes.c_void_p]
     lib.whisper_pcm_to_mel.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_float), ctypes.c_int, ctypes.c_int]
@@ -235,12 +290,7 @@ def _whisper_cpp_logits(bin_path: Path, samples, tokens: list[int], n_prefix: in
     lib.whisper_decode.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int32), ctypes.c_int, ctypes.c_int,
                                    ctypes.c_int]
     lib.whisper_n_vocab.argtypes = [ctypes.c_void_p]
-    lib.whisper_free.argtypes = [ctypes.c_void_p]
-    params = Params.from_buffer_copy(lib.whisper_context_default_params_by_ref().contents)
-    params.raw[0], params.raw[1] = 0, int(flash_attn)
-    ctx = lib.whisper_init_from_file_with_params(str(bin_path).encode(), params)
-    if not ctx:
-        raise RuntimeError(f"whisper.cpp could not load {bin_path}")
+    ctx = _whisper_cpp_context(lib, bin_path, flash_attn, "whisper_init_from_file_with_params")
     try:
         n_vocab = lib.whisper_n_vocab(ctx)
         pcm = np.ascontiguousarray(samples, np.float32)

@@ -1,9 +1,9 @@
 """Batched transcription, as faster-whisper's BatchedInferencePipeline: Silero VAD cuts the audio into
 speech segments (at most 30 s each, silences over 160 ms end one), consecutive segments are merged into
 chunks of up to 30 s (faster-whisper's collect_chunks, here with whisper.cpp's 0.1 s of zeros between two
-segments, counted in the 30 s), and `batch_size` chunks are decoded together: each is encoded into its own
-cross-attention slot, then one decoder graph per step advances every chunk's sequence (a matrix product
-over B rows instead of B matrix-vector products, the gain on a CPU).
+segments, counted in the 30 s), and `batch_size` chunks are decoded together: one encoder graph encodes them
+all, each into its own cross-attention slot, then one decoder graph per step advances every chunk's sequence
+(a matrix product over B rows instead of B matrix-vector products, the gain on a CPU).
 
 As faster-whisper's batched mode: greedy, no temperature fallback, no timestamp tokens (one segment per
 chunk, its times those of the chunk's speech), no previous text as prompt (chunks are independent);
@@ -76,11 +76,10 @@ def transcribe_batched(whisper, samples: np.ndarray, batch_size: int, vad_option
     for first in range(0, len(chunks), batch_size):
         batch = chunks[first:first + batch_size]
         start = time.perf_counter()
-        mels = [whisper.log_mel(c.audio)[0][:, :N_FRAMES] for c in batch]
+        mels = np.array([whisper.log_mel(c.audio)[0][:, :N_FRAMES] for c in batch])
         t.mel.add(time.perf_counter() - start)
         start = time.perf_counter()
-        for slot, mel in enumerate(mels):
-            model.encode(mel, slot)
+        model.encode_batch(mels)
         t.encode.add(time.perf_counter() - start, len(batch))
         start = time.perf_counter()
         if language is None:

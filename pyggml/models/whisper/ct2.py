@@ -23,12 +23,12 @@ from pathlib import Path
 
 import numpy as np
 
-from pyggml.core.types import GGMLType, numpy_dtype
-from pyggml.errors import WhisperFileError
+from pyggml.core.types import GGMLType, as_type, numpy_dtype
+from pyggml.errors import UnsupportedTypeError, WhisperFileError
 from pyggml.models.whisper.files import (
     FTYPE_OF_TYPE, Weight, WhisperFile, check_tensors, layout_type)
 from pyggml.models.whisper.hparams import WhisperHParams
-from pyggml.models.whisper.tokenizer import n_text_tokens, special_tokens, token_bytes
+from pyggml.models.whisper.tokenizer import n_text_tokens, special_tokens, token_bytes, token_text
 
 SUPPORTED_BINARY_VERSIONS = (4, 5, 6)
 _DTYPES = {0: np.dtype("<f4"), 1: np.dtype("i1"), 2: np.dtype("<i2"), 3: np.dtype("<i4"), 4: np.dtype("<f2")}
@@ -267,3 +267,94 @@ def read_ct2(directory, parts: list[Path] | None = None) -> WhisperFile:
         alignment_heads=[(int(a), int(b)) for a, b in heads] if heads else None,
         suppress_ids=config.get("suppress_ids"), suppress_ids_begin=config.get("suppress_ids_begin"),
         lang_ids=config.get("lang_ids"), format="ct2", path=where)
+
+
+# -- writing ----------------------------------------------------------------------------------
+
+_DTYPE_CODES = {np.dtype("<f4"): 0, np.dtype("i1"): 1, np.dtype("<i2"): 2, np.dtype("<f2"): 4}
+_GELU = 3  # CTranslate2's Activation.GELU (the erf form)
+_WHISPER_SPEC_REVISION = 3
+_HF_NOSPEECH = "<|nocaptions|>"  # the no-speech token as CTranslate2's converter takes it from Hugging Face
+
+
+def _ct2_variables(file: WhisperFile, dtype) -> dict[str, np.ndarray]:
+    """The inverse of _whisper_tensors: CTranslate2's variables (NumPy shapes) of a WhisperFile, q|k|v and the
+    cross k|v fused with a zero key bias, plus the scalars CTranslate2's WhisperSpec stores."""
+    hp = file.hparams
+    t = {name: w.to_float32().astype(dtype) for name, w in file.tensors.items()}
+    out = {}
+
+    def block(ct2, ours, cross):
+        for a, b in _NORM.items():
+            out[f"{ct2}/self_attention/layer_norm/{a}"] = t[f"{ours}.attn_ln.{b}"]
+            out[f"{ct2}/ffn/layer_norm/{a}"] = t[f"{ours}.mlp_ln.{b}"]
+        zero = np.zeros_like(t[f"{ours}.attn.query.bias"])
+        out[f"{ct2}/self_attention/linear_0/weight"] = np.concatenate(
+            [t[f"{ours}.attn.{p}.weight"] for p in ("query", "key", "value")])
+        out[f"{ct2}/self_attention/linear_0/bias"] = np.concatenate(
+            [t[f"{ours}.attn.query.bias"], zero, t[f"{ours}.attn.value.bias"]])
+        for x in _LINEAR:
+            out[f"{ct2}/self_attention/linear_1/{x}"] = t[f"{ours}.attn.out.{x}"]
+            out[f"{ct2}/ffn/linear_0/{x}"] = t[f"{ours}.mlp.0.{x}"]
+            out[f"{ct2}/ffn/linear_1/{x}"] = t[f"{ours}.mlp.2.{x}"]
+        if cross:
+            for a, b in _NORM.items():
+                out[f"{ct2}/attention/layer_norm/{a}"] = t[f"{ours}.cross_attn_ln.{b}"]
+            for x in _LINEAR:
+                out[f"{ct2}/attention/linear_0/{x}"] = t[f"{ours}.cross_attn.query.{x}"]
+                out[f"{ct2}/attention/linear_2/{x}"] = t[f"{ours}.cross_attn.out.{x}"]
+            out[f"{ct2}/attention/linear_1/weight"] = np.concatenate(
+                [t[f"{ours}.cross_attn.key.weight"], t[f"{ours}.cross_attn.value.weight"]])
+            out[f"{ct2}/attention/linear_1/bias"] = np.concatenate([zero, t[f"{ours}.cross_attn.value.bias"]])
+
+    for i in range(hp.n_audio_layer):
+        block(f"encoder/layer_{i}", f"encoder.blocks.{i}", cross=False)
+    for i in range(hp.n_text_layer):
+        block(f"decoder/layer_{i}", f"decoder.blocks.{i}", cross=True)
+    for c in ("conv1", "conv2"):
+        out[f"encoder/{c}/weight"] = t[f"encoder.{c}.weight"]
+        out[f"encoder/{c}/bias"] = t[f"encoder.{c}.bias"].reshape(-1)
+    for a, b in _NORM.items():
+        out[f"encoder/layer_norm/{a}"] = t[f"encoder.ln_post.{b}"]
+        out[f"decoder/layer_norm/{a}"] = t[f"decoder.ln.{b}"]
+    out["encoder/position_encodings/encodings"] = t["encoder.positional_embedding"]
+    out["decoder/position_encodings/encodings"] = t["decoder.positional_embedding"]
+    out["decoder/embeddings/weight"] = t["decoder.token_embedding.weight"]
+    i8, i16 = np.dtype("i1").type, np.dtype("<i2").type
+    out |= {"encoder/num_heads": i16(hp.n_audio_head), "decoder/num_heads": i16(hp.n_text_head),
+            "decoder/activation": i8(_GELU), "decoder/alibi": i8(0), "decoder/alignment_heads": i16(1),
+            "decoder/alignment_layer": i16(-1), "decoder/pre_norm": i8(1), "decoder/scale_embeddings": i8(0),
+            "decoder/start_from_zero_embedding": i8(0)}
+    return {name: np.asarray(out[name]) for name in sorted(out)}
+
+
+def write_ct2(file: WhisperFile, directory, weight_type=GGMLType.F16) -> Path:
+    """Write ``file`` as a CTranslate2 Whisper directory (model.bin, config.json, vocabulary.txt) with every float
+    variable in ``weight_type`` (F16 or F32), laid out as CTranslate2's converter writes it (binary version 6,
+    WhisperSpec revision 3, variables sorted by name, the output projection an alias of the token embeddings)."""
+    dtypes = {GGMLType.F16: np.dtype("<f2"), GGMLType.F32: np.dtype("<f4")}
+    wtype = as_type(weight_type)
+    if wtype not in dtypes:
+        raise UnsupportedTypeError(f"CTranslate2 Whisper files are written as F16 or F32, not {wtype.name}")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    variables = _ct2_variables(file, dtypes[wtype])
+
+    def string(s: str) -> bytes:
+        raw = s.encode() + b"\0"
+        return struct.pack("<H", len(raw)) + raw
+
+    with open(directory / "model.bin", "wb") as f:
+        f.write(struct.pack("<I", SUPPORTED_BINARY_VERSIONS[-1]) + string("WhisperSpec"))
+        f.write(struct.pack("<II", _WHISPER_SPEC_REVISION, len(variables)))
+        for name, value in variables.items():
+            f.write(string(name) + struct.pack(f"<B{value.ndim}I", value.ndim, *value.shape))
+            f.write(struct.pack("<BI", _DTYPE_CODES[value.dtype], value.nbytes))
+            value.tofile(f)
+        f.write(struct.pack("<I", 1) + string("decoder/projection/weight") + string("decoder/embeddings/weight"))
+    config = {"alignment_heads": file.alignment_heads, "suppress_ids": file.suppress_ids,
+              "suppress_ids_begin": file.suppress_ids_begin, "lang_ids": file.lang_ids}
+    (directory / "config.json").write_text(json.dumps({k: v for k, v in config.items() if v is not None}, indent=2))
+    texts = [_HF_NOSPEECH if t == b"<|nospeech|>" else token_text(t) for t in file.vocab]
+    (directory / "vocabulary.txt").write_text("".join(t + "\n" for t in texts), encoding="utf-8")
+    return directory

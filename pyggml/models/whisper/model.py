@@ -270,10 +270,8 @@ class WhisperModel:
         placement = w.placement
         self.enc_runner = _runner(backends, placement, planner)
         self.dec_runner = _runner(self._decoder_backends(decoder_threads), placement, planner)
-        self._encoders = {0: self._build_encoder(0)}   # slot -> (mel input, graph)
-        self.enc_runner.reserve(self._encoders[0][1])
-        self._ggml_sizes = {"encoder": self.enc_runner.plan.ggml_size}
-        self._encoded_slot = None   # the slot whose encoder graph is placed
+        self._ggml_sizes = {}
+        self._reserve_encoder()
         self._reserve_decoder()
         self._last = None  # (shape, step): the last decoder step graph planned
 
@@ -352,10 +350,18 @@ class WhisperModel:
             return
         self.n_cross = n_slots
         self._make_caches()
-        self._encoders = {}
-        self._encoded_slot = None
+        self._reserve_encoder()
         self._last = None
         self._reserve_decoder()
+
+    def _reserve_encoder(self) -> None:
+        """Plan the encoder's compute buffer for its worst graph, all n_cross windows at once, before any encoder
+        graph is placed: every graph (first slot, windows) then fits that plan, and none keeps tensors in a
+        buffer that a later, larger plan would have replaced."""
+        self._encoders = {(0, self.n_cross): self._build_encoder(0, self.n_cross)}  # (first slot, B) -> (mel, graph)
+        self._placed_encoder = None   # the key of the encoder graph last placed
+        self.enc_runner.reserve(self._encoders[0, self.n_cross][1])
+        self._ggml_sizes["encoder"] = self.enc_runner.plan.ggml_size
 
     def _reserve_decoder(self) -> None:
         """Plan the decoder's compute buffer for its worst step: the longest prefix (a 223-token prompt and the
@@ -380,56 +386,74 @@ class WhisperModel:
 
     # ----- encoder ---------------------------------------------------------------------------------
     def _conv(self, ctx: Context, conv: Linear, x: Tensor, stride: int) -> Tensor:
-        """Conv1d (kernel 3, half padding) of x [time, channels] as im2col + one product: [out channels, time']."""
-        cols = ops.im2col(ctx, conv.weight, x, stride, 0, 1, 0, 1, 0, False, GGMLType.F32)   # [3·IC, T', 1]
+        """Conv1d (kernel 3, half padding) of x [time, channels, B] as im2col + one product over the B windows'
+        columns together: [out channels, time' * B]."""
+        cols = ops.im2col(ctx, conv.weight, x, stride, 0, 1, 0, 1, 0, False, GGMLType.F32)   # [3·IC, T', B]
         k = conv.weight
         y = ops.mul_mat(ctx, ops.reshape_2d(ctx, k, k.ne[0] * k.ne[1], k.ne[2]),
-                        ops.reshape_2d(ctx, cols, cols.ne[0], cols.ne[1]))                 # [OC, T']
+                        ops.reshape_2d(ctx, cols, cols.ne[0], cols.ne[1] * cols.ne[2]))   # [OC, T'·B]
         return self.gelu(ctx, ops.add(ctx, y, ops.reshape_1d(ctx, conv.bias, conv.bias.nelements)))
 
-    def _build_encoder(self, slot: int) -> tuple[Tensor, Graph]:
+    def _build_encoder(self, first_slot: int, n_windows: int) -> tuple[Tensor, Graph]:
+        """The encoder over n_windows windows in one graph (mel [3000, n_mels, B]), their cross K/V into slots
+        first_slot.. : every product has the B windows' 1500 frames as its columns (the weights read once for
+        all), attention per window (the window the 4th dimension)."""
         ctx = Context(no_alloc=True)
         graph = Graph(4096)
-        d, H, n = self.n_state, self.hparams.n_audio_head, self.n_audio_ctx
+        d, H, n, B = self.n_state, self.hparams.n_audio_head, self.n_audio_ctx, n_windows
         hd = d // H
-        mel = ctx.new_tensor_2d(GGMLType.F32, N_FRAMES, self.n_mels, "mel").set_input()
-        x = self._conv(ctx, self.conv1, mel, 1)                                    # [d, 3000]
-        x = self._conv(ctx, self.conv2, ops.cont(ctx, ops.transpose(ctx, x)), 2)   # [d, 1500]
-        x = ops.add(ctx, x, self.enc_pos)
+        mel = ctx.new_tensor_3d(GGMLType.F32, N_FRAMES, self.n_mels, B, "mel").set_input()
+        x = ops.reshape_3d(ctx, self._conv(ctx, self.conv1, mel, 1), d, N_FRAMES, B)
+        x = self._conv(ctx, self.conv2, ops.cont(ctx, ops.permute(ctx, x, 1, 0, 2, 3)), 2)   # [d, 1500·B]
+        x = ops.reshape_2d(ctx, ops.add(ctx, ops.reshape_3d(ctx, x, d, n, B), self.enc_pos), d, n * B)
         scale = 1.0 / math.sqrt(hd)
+
+        def heads(t: Tensor) -> Tensor:   # [d, n·B] -> [hd, H, n, B]
+            return ops.reshape_4d(ctx, t, hd, H, n, B)
+
         for b in self.enc_blocks:
             cur = b.attn_ln(ctx, x)
-            q = ops.permute(ctx, ops.reshape_3d(ctx, b.q(ctx, cur), hd, H, n), 0, 2, 1, 3)
-            k = ops.permute(ctx, ops.reshape_3d(ctx, b.k(ctx, cur), hd, H, n), 0, 2, 1, 3)
-            v = ops.reshape_3d(ctx, b.v(ctx, cur), hd, H, n)
+            q = ops.permute(ctx, heads(b.q(ctx, cur)), 0, 2, 1, 3)                    # [hd, n, H, B]
+            k = ops.permute(ctx, heads(b.k(ctx, cur)), 0, 2, 1, 3)
+            v = heads(b.v(ctx, cur))
             v = ops.permute(ctx, v, 0, 2, 1, 3) if self.flash_attn else ops.cont(ctx, ops.permute(ctx, v, 1, 2, 0, 3))
             x = ops.add(ctx, b.o(ctx, _heads_attention(ctx, q, k, v, scale, self.flash_attn, self.enc_sinks)), x)
             x = b.mlp(ctx, x, self.gelu)
         x = self.ln_post(ctx, x)
         for il, b in enumerate(self.dec_blocks):
-            ck, cv = self.cross_k[il], self.cross_v[il]
-            graph.build_forward_expand(ops.cpy(ctx, b.ck(ctx, x), ops.view_2d(ctx, ck, ck.ne[0], ck.ne[1], ck.nb[1],
-                                                                             slot * ck.nb[2])))
-            v = b.cv(ctx, x)
-            graph.build_forward_expand(ops.cpy(ctx, v if self.flash_attn else ops.transpose(ctx, v),
-                                               ops.view_2d(ctx, cv, cv.ne[0], cv.ne[1], cv.nb[1], slot * cv.nb[2])))
+            for cross, t in ((self.cross_k[il], b.ck(ctx, x)), (self.cross_v[il], b.cv(ctx, x))):
+                t = ops.reshape_3d(ctx, t, d, n, B)
+                if cross is self.cross_v[il] and not self.flash_attn:
+                    t = ops.transpose(ctx, t)                                             # Vᵀ [1500, d, B]
+                dst = ops.view_3d(ctx, cross, cross.ne[0], cross.ne[1], B, cross.nb[1], cross.nb[2],
+                                  first_slot * cross.nb[2])
+                graph.build_forward_expand(ops.cpy(ctx, t, dst))
         return mel, graph
 
     def encode(self, mel: np.ndarray, slot: int = 0) -> None:
         """Run the encoder on one window's log-mel [n_mels, 3000] into cross-attention slot `slot`; the
         decoder then attends to it (sequence b of a batch to slot b)."""
-        mel = np.ascontiguousarray(mel, dtype=np.float32)
-        if mel.shape != (self.n_mels, N_FRAMES):
-            raise GGMLError(f"encode: log-mel of shape {mel.shape}, expected ({self.n_mels}, {N_FRAMES})")
-        if not 0 <= slot < self.n_cross:
-            raise GGMLError(f"encode: slot {slot} is not one of the {self.n_cross} cross-attention slots")
-        if slot not in self._encoders:
-            self._encoders[slot] = self._build_encoder(slot)
-        inp, graph = self._encoders[slot]
-        if self._encoded_slot != slot:
+        self.encode_batch(np.asarray(mel)[None], slot)
+
+    def encode_batch(self, mels: np.ndarray, first_slot: int = 0) -> None:
+        """Run the encoder on B windows' log-mel [B, n_mels, 3000] in one graph, window b into cross-attention
+        slot first_slot + b. The compute buffer is planned for n_cross windows (ensure_cross_slots: activations
+        n_cross times a window's); each (first slot, B) keeps its graph."""
+        mels = np.ascontiguousarray(mels, dtype=np.float32)
+        if mels.ndim != 3 or mels.shape[1:] != (self.n_mels, N_FRAMES) or not mels.shape[0]:
+            raise GGMLError(f"encode: log-mel of shape {mels.shape[1:] if mels.ndim == 3 else mels.shape}, "
+                            f"expected ({self.n_mels}, {N_FRAMES}) per window")
+        key = (first_slot, len(mels))
+        if not 0 <= first_slot <= self.n_cross - len(mels):
+            raise GGMLError(f"encode: slots {first_slot}..{first_slot + len(mels) - 1} are not all among the "
+                            f"{self.n_cross} cross-attention slots")
+        if key not in self._encoders:
+            self._encoders[key] = self._build_encoder(*key)
+        inp, graph = self._encoders[key]
+        if self._placed_encoder != key:
             self.enc_runner.alloc_graph(graph)
-            self._encoded_slot = slot
-        tensor_set(inp, mel)
+            self._placed_encoder = key
+        tensor_set(inp, mels)
         self.enc_runner.compute(graph)
 
     # ----- decoder ---------------------------------------------------------------------------------

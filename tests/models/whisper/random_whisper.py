@@ -3,10 +3,12 @@ no such model is installable: large-v3-turbo (128 mel bins, 32 encoder and 4 dec
 vocabulary of large-v3), distil-large-v3 (the same with 2 decoder layers) and distil-small.en (small's encoder,
 2 decoder layers, English-only). Their exact shapes are large (turbo F16: 1.6 GB), so tests use small-width
 variants with the same traits (128 mels, few decoder layers, the same vocabularies); the exact shapes are
-written by the command below for a long run.
+written by the command below for a long run, as a whisper.cpp .bin, a GGUF or a CTranslate2 directory (F16
+throughout, as faster-whisper's float16 downloads are).
 
-    python -m tests.models.whisper.random_whisper NAME OUT.bin [--format ggml|gguf] [--seed S]
+    python -m tests.models.whisper.random_whisper NAME OUT [--format ggml|gguf|ct2] [--seed S]
     python -m tests.models.whisper.random_whisper --refs      # whisper.cpp's greedy tokens on the small variants
+    python -m tests.models.whisper.random_whisper --mel-refs  # whisper.cpp's 128- and 80-bin log-mel of en1.wav
 
 The references (data/random_refs.json) are whisper.cpp's (pywhispercpp 1.5.1) greedy tokens on en1.wav for the
 small variants' F16 .bin, teacher-forced one token a call after the prefix: test_whisper_random_shapes.py checks
@@ -71,16 +73,19 @@ def random_whisper(name: str, seed: int = 0):
 
 
 def write(name: str, path: Path, fmt: str = "ggml", seed: int = 0) -> Path:
-    """The random model as an F16 whisper.cpp .bin or GGUF."""
+    """The random model as an F16 whisper.cpp .bin, GGUF or CTranslate2 directory (``path`` then a folder)."""
+    from pyggml.models.whisper.ct2 import write_ct2
     from pyggml.models.whisper.ggml_bin import write_ggml_bin
     from pyggml.models.whisper.gguf_whisper import write_gguf
 
-    (write_ggml_bin if fmt == "ggml" else write_gguf)(random_whisper(name, seed), path)
+    {"ggml": write_ggml_bin, "gguf": write_gguf, "ct2": write_ct2}[fmt](random_whisper(name, seed), path)
     return path
 
 
 SMALL = ("turbo-like", "distil-like.en")
 REFERENCES = Path(__file__).resolve().parent / "data" / "random_refs.json"
+MEL_REFERENCES = Path(__file__).resolve().parent / "data" / "whisper_cpp_mel.npz"
+MEL_FRAME_STEP = 8  # every 8th frame of whisper.cpp's log-mel is committed
 SPEECH = Path(__file__).resolve().parents[2] / "data" / "speech" / "en1.wav"
 STEPS = 12
 
@@ -129,16 +134,33 @@ def make_refs() -> None:
     print(refs)
 
 
+def make_mel_refs() -> None:
+    """whisper.cpp's log-mel of en1.wav (every MEL_FRAME_STEP-th frame), 128 bins through turbo-like's .bin and
+    80 through distil-like.en's: the filters are the file's (pyggml writes the Slaney filters into it)."""
+    import tempfile
+
+    from pyggml.models.whisper.audio import load_audio
+    from tests.support.whisper_peers import whisper_cpp_mel
+
+    samples, refs = load_audio(SPEECH), {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in SMALL:
+            mel = whisper_cpp_mel(write(name, Path(tmp) / f"{name}.bin"), samples)
+            refs[f"mel_{mel.shape[0]}"] = mel[:, ::MEL_FRAME_STEP]
+    np.savez_compressed(MEL_REFERENCES, **refs)
+    print({k: v.shape for k, v in refs.items()})
+
+
 if __name__ == "__main__":
     import sys
 
-    if sys.argv[1:] == ["--refs"]:
-        make_refs()
+    if sys.argv[1:] in (["--refs"], ["--mel-refs"]):
+        make_refs() if sys.argv[1] == "--refs" else make_mel_refs()
         sys.exit()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("name", choices=sorted(SHAPES))
     ap.add_argument("out", type=Path)
-    ap.add_argument("--format", choices=["ggml", "gguf"], default="ggml")
+    ap.add_argument("--format", choices=["ggml", "gguf", "ct2"], default="ggml")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     write(a.name, a.out, a.format, a.seed)

@@ -1,6 +1,7 @@
 """Batched transcription (Whisper.transcribe(batch_size=N), as faster-whisper's BatchedInferencePipeline):
-the same text as the unbatched path on the same VAD chunks, each sequence of a batch decoded as its window
-alone, word timestamps inside their chunk, the chunking rule, bad batch sizes refused."""
+the same text as the unbatched path on the same VAD chunks, the batch's windows encoded in one graph as each
+alone, each sequence of a batch decoded as its window alone, word timestamps inside their chunk, the chunking
+rule, bad batch sizes and encoder slots refused."""
 
 from __future__ import annotations
 
@@ -68,8 +69,15 @@ def whisper_text(name: str) -> str:
     return json.loads((SPEECH / "speech.json").read_text())[name]["text"]
 
 
+def cross_kv(model) -> list[np.ndarray]:
+    from pyggml.backend import tensor_get
+    return [tensor_get(t).copy() for t in model.cross_k + model.cross_v]
+
+
 @pytest.mark.parametrize("flash_attn", [True, False])
 def test_each_sequence_of_a_batch_is_its_window_decoded_alone(flash_attn):
+    """The windows encoded in one graph leave the cross K/V each leaves encoded alone (bit for bit), and each
+    sequence decoded in the batch is its window's alone."""
     from pyggml.models.whisper.decoding import LogitFilter, decode_batch, decode_window
     from pyggml.models.whisper.model import N_FRAMES
     from pyggml.models.whisper.transcribe import load_whisper
@@ -82,6 +90,9 @@ def test_each_sequence_of_a_batch_is_its_window_decoded_alone(flash_attn):
     model.ensure_cross_slots(len(mels))
     for slot, mel in enumerate(mels):
         model.encode(mel, slot)
+    alone = cross_kv(model)
+    model.encode_batch(np.array(mels[1:]), 1)      # the windows as the 3rd dimension of one encoder graph
+    assert all(np.array_equal(a, b) for a, b in zip(alone, cross_kv(model), strict=True))
     together = decode_batch(model, flt, prefix, len(mels))
     for k, mel in enumerate(mels):
         if k:
@@ -144,3 +155,18 @@ def test_given_vad_options_never_make_a_chunk_longer_than_30_s(monkeypatch):
     monkeypatch.setattr(batched, "speech_segments", lambda probs, n, opts: seen.append(opts) or [])
     assert whisper().transcribe(clip("en1.wav"), batch_size=2, vad_options=VadOptions.faster_whisper()) == []
     assert seen[0].max_speech_s == 30.0 and seen[0].min_silence_ms == 2000
+
+
+def test_encoder_batch_outside_the_slots_or_of_the_wrong_shape_is_refused():
+    from pyggml.errors import GGMLError
+    from pyggml.models.whisper.model import N_FRAMES
+
+    model = whisper().model
+    model.ensure_cross_slots(2)
+    last = model.n_cross - 1       # earlier tests may have grown the slots
+    with pytest.raises(GGMLError, match=f"slots {last}..{last + 1} are not all among the {model.n_cross}"):
+        model.encode_batch(np.zeros((2, 80, N_FRAMES), np.float32), last)
+    with pytest.raises(GGMLError, match=r"log-mel of shape \(80, 100\), expected \(80, 3000\)"):
+        model.encode_batch(np.zeros((2, 80, 100), np.float32))
+    with pytest.raises(GGMLError, match="log-mel of shape"):
+        model.encode(np.zeros((80, N_FRAMES, 2), np.float32))

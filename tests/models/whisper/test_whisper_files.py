@@ -9,7 +9,7 @@ from pyggml.cli.main import main as cli
 from pyggml.core.types import GGMLType
 from pyggml.errors import UnsupportedTypeError, WhisperFileError
 from pyggml.models.whisper import Weight, load_whisper_file
-from pyggml.models.whisper.ct2 import _Parts, read_variables
+from pyggml.models.whisper.ct2 import _Parts, read_variables, write_ct2
 from pyggml.models.whisper.files import expected_tensors, layout_type, packaged_model_parts
 from pyggml.models.whisper.ggml_bin import write_ggml_bin
 from pyggml.models.whisper.gguf_whisper import write_gguf
@@ -121,6 +121,20 @@ def test_q8_0_files(tiny_en, converted):
 def test_unsupported_write_type(tiny_en, tmp_path):
     with pytest.raises(UnsupportedTypeError, match="F16, Q8_0"):
         write_ggml_bin(tiny_en, tmp_path / "x.bin", weight_type="q4_k")
+
+
+def test_ct2_writer_gives_back_the_installed_model_bin(tiny_en, tmp_path):
+    """Written back as CTranslate2, tiny.en's model.bin is the installed one byte for byte (its converter's
+    variable order, fused projections, scalars and alias), and reads back the same."""
+    write_ct2(tiny_en, tmp_path / "ct2")
+    _, parts = packaged_model_parts("tiny.en")
+    assert (tmp_path / "ct2" / "model.bin").read_bytes() == parts[0].read_bytes()
+    back = load_whisper_file(tmp_path / "ct2")
+    assert_same(back, tiny_en)
+    assert (back.alignment_heads, back.suppress_ids, back.suppress_ids_begin, back.lang_ids) == \
+        (tiny_en.alignment_heads, tiny_en.suppress_ids, tiny_en.suppress_ids_begin, tiny_en.lang_ids)
+    with pytest.raises(UnsupportedTypeError, match="F16 or F32, not Q8_0"):
+        write_ct2(tiny_en, tmp_path / "q8", weight_type="q8_0")
 
 
 def test_base_split_package_loads():
