@@ -67,7 +67,9 @@ def server_command(side: str, args, port: int) -> list[str]:
     quantized = ["--type_k", str(GGML_TYPE[args.kv_type]), "--type_v", str(GGML_TYPE[args.kv_type]),
                  "--flash_attn", "True"]
     # llama.cpp's extra buffer types on (CPU_REPACK: its best), n_batch as pyggml's
-    return [args.llama_python, "-m", "pyggml.testing.llamacpp_server", "--model", args.model, "--host", "127.0.0.1",
+    # llama-cpp-python's own server unless its extra buffer types must be off (the wrapper imports pyggml)
+    server = ["pyggml.testing.llamacpp_server"] if args.llama_no_extra_bufts else ["llama_cpp.server"]
+    return [args.llama_python, "-m", *server, "--model", args.model, "--host", "127.0.0.1",
             "--port", str(port), "--n_ctx", str(args.ctx), "--n_threads", str(args.threads),
             "--n_threads_batch", str(args.threads), "--n_batch", str(args.batch), "--n_ubatch", str(args.batch),
             "--model_alias", "bench", "--interrupt_requests", "False"] + \
