@@ -56,23 +56,24 @@ def server_command(side: str, args, port: int) -> list[str]:
     if side == "pyggml":
         return [sys.executable, "-m", "pyggml.cli.main", "serve", "--model", args.model, "--port", str(port),
                 "--ctx", str(args.ctx), "--parallel", slots, "--whisper-model", "none",
-                "--max-queue", "1024", "--alias", "bench", "--batch", str(args.batch), "--kv-type", args.kv_type]
+                "--max-queue", "1024", "--alias", "bench", "--batch", str(args.batch), "--kv-type", args.kv_type,
+                "-fa", args.flash_attn]
     if side == "llama-server":
-        # its slots share one context of --ctx tokens, as pyggml's; a quantized V needs flash attention there
-        quantized = ["-ctk", args.kv_type.lower(), "-ctv", args.kv_type.lower(), "-fa", "on"]
+        # its slots share one context of --ctx tokens, as pyggml's
+        quantized = ["-ctk", args.kv_type.lower(), "-ctv", args.kv_type.lower()]
         return [args.llama_server, "-m", args.model, "--host", "127.0.0.1", "--port", str(port), "-c", str(args.ctx),
                 "-np", slots, "-t", str(args.threads), "-tb", str(args.threads), "-b", str(args.batch),
-                "-ub", str(args.batch), "-a", "bench", "--no-webui"] + \
+                "-ub", str(args.batch), "-a", "bench", "--no-webui", "-fa", args.flash_attn] + \
             (quantized if args.kv_type != "F16" else [])
-    quantized = ["--type_k", str(GGML_TYPE[args.kv_type]), "--type_v", str(GGML_TYPE[args.kv_type]),
-                 "--flash_attn", "True"]
+    quantized = ["--type_k", str(GGML_TYPE[args.kv_type]), "--type_v", str(GGML_TYPE[args.kv_type])]
     # llama.cpp's extra buffer types on (CPU_REPACK: its best), n_batch as pyggml's
     # llama-cpp-python's own server unless its extra buffer types must be off (the wrapper imports pyggml)
     server = ["pyggml.testing.llamacpp_server"] if args.llama_no_extra_bufts else ["llama_cpp.server"]
     return [args.llama_python, "-m", *server, "--model", args.model, "--host", "127.0.0.1",
             "--port", str(port), "--n_ctx", str(args.ctx), "--n_threads", str(args.threads),
             "--n_threads_batch", str(args.threads), "--n_batch", str(args.batch), "--n_ubatch", str(args.batch),
-            "--model_alias", "bench", "--interrupt_requests", "False"] + \
+            "--model_alias", "bench", "--interrupt_requests", "False",
+            "--flash_attn", str(args.flash_attn != "off")] + \
         (["--no-extra-bufts"] if args.llama_no_extra_bufts else []) + (quantized if args.kv_type != "F16" else [])
 
 
@@ -328,6 +329,9 @@ def main(argv=None) -> int:
                    help="of pyggml, llama-server, llama-cpp-python, engine")
     p.add_argument("--kv-type", default="F16", type=str.upper, choices=sorted(GGML_TYPE),
                    help="KV cache type of K and V on every side (quantized: flash attention on every side)")
+    p.add_argument("--flash-attn", default="on", choices=["on", "off", "auto"],
+                   help="flash attention on every side (llama-server's default, auto, turns it on on a CPU; "
+                        "llama-cpp-python takes on or off: auto is on there; a quantized KV cache needs it)")
     p.add_argument("--llama-server", default="llama-server", help="llama.cpp's llama-server executable")
     p.add_argument("--batched-tok-s", type=float, help="the engine's lockstep generation tok/s at 8 sequences "
                    "(batched_vs_llamacpp.py) to print the server's ratio to")

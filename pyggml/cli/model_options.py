@@ -1,6 +1,6 @@
 """The model options every command that loads a language model takes (generate, chat, serve), added and opened
 in one place so they mean the same everywhere: --model/-m, --threads/-t, --ctx/-c, --batch/-b, --backend,
---rpc, --weights, --kv-type, --mmproj."""
+--rpc, --weights, --kv-type/-ctk/-ctv, --flash-attn/-fa, --mmproj, --lora."""
 
 from __future__ import annotations
 
@@ -45,6 +45,10 @@ def add_model_options(p) -> None:
                    help="KV cache type of K alone, as llama.cpp's -ctk (default: --kv-type)")
     p.add_argument("--cache-type-v", "-ctv", type=str.upper, choices=kv_type_names(),
                    help="KV cache type of V alone, as llama.cpp's -ctv (default: --kv-type)")
+    p.add_argument("--flash-attn", "-fa", default="auto", choices=["on", "off", "auto"],
+                   help="attend with flash attention, as llama.cpp's -fa (auto: when the KV cache is quantized, "
+                        "which needs it; on: also with F16, where a cell the mask hides is never read, so many "
+                        "sequences in one cache each pay for their own cells)")
     p.add_argument("--mmproj", help="vision projector GGUF (llama.cpp's mmproj file): prompts may then hold images")
     add_lora_options(p)
 
@@ -78,4 +82,5 @@ def open_model(args, **kwargs):
         backend = [dev.init_backend() for dev in devices] + backend.split(",")
     return load_model(args.model, backend=backend, n_ctx=args.ctx, n_batch=args.batch, weights=args.weights,
                       kv_type=args.kv_type, kv_type_k=args.cache_type_k, kv_type_v=args.cache_type_v,
-                      n_threads=args.threads, lora=lora_specs(args), mmproj=args.mmproj, **kwargs)
+                      n_threads=args.threads, lora=lora_specs(args), mmproj=args.mmproj,
+                      flash_attn={"on": True, "off": False, "auto": None}[args.flash_attn], **kwargs)

@@ -5,6 +5,7 @@ import sys
 import pytest
 
 from pyggml.cli.main import main
+from pyggml.errors import ParameterError
 
 from tests.support.tiny_models import write_llama
 
@@ -34,6 +35,27 @@ def test_generate_kv_type_f16_halves_the_kv_cache(tmp_path, capsys):
         line = next(x for x in capsys.readouterr().err.splitlines() if x.startswith("KV cache:"))
         sizes[kv_type] = float(line.split()[2])
     assert sizes["F32"] > 0 and sizes["F16"] == sizes["F32"] / 2
+
+
+def test_flash_attention_on_off_and_auto_as_llama_cpps_fa(tmp_path):
+    """-fa on gives the F16 cache's run the same greedy text; -fa off with a quantized V is refused in one line
+    (a quantized V needs flash attention)."""
+    import argparse
+
+    from pyggml.cli.model_options import add_model_options, open_model
+
+    path = write_llama(tmp_path / "tiny.gguf", n_embd=64, n_head=2, n_head_kv=1)  # heads of 64: Q8_0 rows
+    p = argparse.ArgumentParser()
+    add_model_options(p)
+
+    def model(*flags):
+        return open_model(p.parse_args(["--model", str(path), "--ctx", "64", *flags]))
+
+    plain, flash = model(), model("-fa", "on")
+    assert not plain.kv.flash_attn and flash.kv.flash_attn and model("-ctv", "q8_0").kv.flash_attn
+    assert plain.generate("the a", 8) == flash.generate("the a", 8)
+    with pytest.raises(ParameterError, match="needs flash attention"):
+        model("-fa", "off", "--kv-type", "q8_0")
 
 
 def test_generate_on_the_cpu_loads_no_plugin_backend(tmp_path):

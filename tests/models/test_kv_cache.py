@@ -3,7 +3,7 @@
 import numpy as np
 
 from pyggml.backend import init_by_name
-from pyggml.models.llm.kv_cache import KVCache, causal_mask
+from pyggml.models.llm.kv_cache import KVCache, causal_mask, hadamard, rotation_order
 from pyggml.models.llm.kv_cells import KVCells
 
 
@@ -87,3 +87,68 @@ def test_quantized_kv_caches_stay_close_to_the_f16_run(tmp_path):
     assert np.allclose(f16, f16_flash, atol=1e-4) or _kld(f16, f16_flash) < 1e-7
     kld_q8, kld_q4 = _kld(f16, q8), _kld(f16, q4)
     assert kld_q8 < 1e-3 and kld_q8 < kld_q4 < 5e-2
+
+
+def test_hadamard_matrices_are_orthonormal_and_their_own_inverse():
+    for n in (64, 128, 256):
+        h = hadamard(n)
+        assert h.dtype == np.float32 and np.allclose(h @ h, np.eye(n), atol=1e-6)
+        assert np.array_equal(np.abs(h), np.full((n, n), np.float32(1 / np.sqrt(np.float32(n)))))
+        assert np.array_equal(h, h.T) and np.all(h[0] > 0)
+
+
+def test_rotations_as_llama_cpp_picks_them():
+    """K: the largest power of two from 64 dividing the head size; V: 64; none for a float type or a head size
+    64 does not divide."""
+    assert rotation_order("Q8_0", 64, largest=True) == 64
+    assert rotation_order("Q4_0", 128, largest=True) == 128 and rotation_order("Q4_0", 128, largest=False) == 64
+    assert rotation_order("Q4_0", 192, largest=True) == 64 and rotation_order("Q4_0", 256, largest=True) == 256
+    assert rotation_order("F16", 128, largest=True) == 0 and rotation_order("Q8_0", 96, largest=True) == 0
+    cache = KVCache(init_by_name("CPU"), n_layer=1, n_head_kv=1, n_embd_k=128, n_embd_v=128, size=32,
+                    type_="Q4_0", type_v="F16", flash_attn=True)
+    assert list(cache.k_rot.ne[:2]) == [128, 128] and cache.v_rot is None
+
+
+def test_quantized_caches_match_llama_cpps_run_of_the_same_setting(tmp_path):
+    """Each K/V setting's logits against llama.cpp's with the same cache types (committed: make_kv_quant_refs):
+    far closer to llama.cpp's run than either is to the F16 cache's, which holds only if the cache is rotated as
+    llama.cpp rotates it (unrotated: Q4_0 K and V 2.0e-2, Q8_0 6.9e-5; rotated 8.1e-5 and 1.6e-5). The rest is
+    llama.cpp's queries rounded to Q8_0 for the quantized dot products, where pyggml keeps them in float32."""
+    import hashlib
+
+    from pyggml.models import load_model
+    from pyggml.testing.agreement import agreement
+    from tests.models.data.make_kv_quant_refs import N_CTX, OUT, SETTINGS, prompt, write_model
+
+    refs = np.load(OUT)
+    path = write_model(tmp_path / "kv.gguf")
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == str(refs["model_sha256"])
+    bounds = {"F16_F16": 1e-8, "Q8_0_Q8_0": 4e-5, "Q4_0_Q4_0": 5e-4, "Q4_0_F16": 5e-4}
+    for type_k, type_v in SETTINGS:
+        model = load_model(str(path), n_ctx=N_CTX, n_batch=N_CTX, kv_type_k=type_k, kv_type_v=type_v,
+                           flash_attn=True)
+        name = f"{type_k}_{type_v}"
+        got = agreement(refs[name], np.asarray(model.decode(prompt().tolist(), all_logits=True), np.float32))
+        assert got["kld_mean"] < bounds[name], (name, got)
+
+
+def test_a_rotated_quantized_k_moves_as_a_plain_one(tmp_path):
+    """A K-shift of a rotated Q8_0 K (rotated back, roped, rotated again) gives the logits of a fresh run at the
+    new positions, within Q8_0's own rounding (one layer: its keys depend on the token and position alone; F16
+    2.2e-8, Q8_0 1.2e-5)."""
+    from pyggml.models import load_model
+    from pyggml.testing.agreement import agreement
+    from pyggml.testing.synthetic import write_llama
+
+    path = write_llama(tmp_path / "m.gguf", n_embd=128, n_head=2, n_head_kv=1, n_layer=1, n_vocab=64, seed=5)
+    ids = list(range(3, 43))
+    model = load_model(str(path), n_ctx=64, kv_type="Q8_0")
+    assert model.kv.k_rot is not None
+    model.decode(ids[:30])
+    model.seq_rm(0, 1, 11)                 # drop positions 1..10, move 11..29 back by 10
+    model.seq_add(0, 11, 30, -10)
+    shifted = np.stack([model.decode([t]) for t in ids[30:]])
+    fresh = load_model(str(path), n_ctx=64, kv_type="Q8_0")
+    fresh.decode(ids[:1] + ids[11:30])
+    plain = np.stack([fresh.decode([t]) for t in ids[30:]])
+    assert agreement(plain, shifted)["kld_mean"] < 1e-4

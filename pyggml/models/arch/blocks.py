@@ -174,6 +174,7 @@ def attention(step: Step, kv, il: int, q: Tensor, k: Tensor, v: Tensor, kq_scale
     denominator and reads no value.
     """
     ctx = step.ctx
+    q, k, v = kv.rotate_k(ctx, q), kv.rotate_k(ctx, k), kv.rotate_v(ctx, v)  # a quantized cache's rotation
     kv.store(step, il, k, v)
     k_all, v_all = kv.views(ctx, il, step.n_kv)
     q = ops.permute(ctx, q, 0, 2, 1, 3)                       # [head_dim, n_tokens, n_head]
@@ -182,7 +183,7 @@ def attention(step: Step, kv, il: int, q: Tensor, k: Tensor, v: Tensor, kq_scale
                                  0.0, softcap)                # [head_dim_v, n_head, n_tokens]
         ops.flash_attn_ext_add_sinks(out, sinks)
         out.set_name(f"__fattn__-{il}")
-        return ops.reshape_2d(ctx, out, out.ne[0] * out.ne[1], step.n_tokens)
+        return kv.rotate_v(ctx, ops.reshape_2d(ctx, out, out.ne[0] * out.ne[1], step.n_tokens))
     kq = ops.mul_mat(ctx, k_all, q).set_name(f"kq-{il}")     # [n_kv, n_tokens, n_head]
     if softcap:
         kq = soft_cap(ctx, kq, softcap)
@@ -191,7 +192,7 @@ def attention(step: Step, kv, il: int, q: Tensor, k: Tensor, v: Tensor, kq_scale
         ops.soft_max_add_sinks(kq, sinks)
     kqv = ops.mul_mat(ctx, v_all, kq)                         # [head_dim, n_tokens, n_head]
     out = ops.permute(ctx, kqv, 0, 2, 1, 3)                   # [head_dim, n_head, n_tokens]
-    return ops.cont_2d(ctx, out, q.ne[0] * q.ne[2], step.n_tokens).set_name(f"kqv_out-{il}")
+    return kv.rotate_v(ctx, ops.cont_2d(ctx, out, q.ne[0] * q.ne[2], step.n_tokens).set_name(f"kqv_out-{il}"))
 
 
 def soft_cap(ctx: Context, x: Tensor, cap: float) -> Tensor:

@@ -143,6 +143,13 @@ class NoCache:
         return (ops.cont(ctx, ops.permute(ctx, self.k, 0, 2, 1, 3)),
                 ops.cont(ctx, ops.permute(ctx, self.v, 1, 2, 0, 3)))
 
+    @staticmethod
+    def rotate_k(ctx, x: Tensor) -> Tensor:
+        """Nothing is quantized, so nothing is rotated (KVCache.rotate_k)."""
+        return x
+
+    rotate_v = rotate_k
+
 
 def head_input(logits: Tensor, head: Tensor) -> Tensor:
     """A decoder's t_embd: the rows its output head multiplies (llama.cpp's "result_norm"), found below the logits."""

@@ -10,6 +10,12 @@ With flash attention (`flash_attn=True`, which a quantized V needs, as in llama.
 ([n_embd_v, size]), and K and V may be quantized (llama.cpp's -ctk / -ctv: Q8_0 takes 34 bytes per 32 values,
 0.53x F16's memory; Q4_0 18 bytes, 0.28x): set_rows quantizes the step's rows as ggml's quantize_row_<type> does,
 and flash_attn_ext reads them.
+
+A quantized K or V is stored rotated, as llama.cpp stores it: each run of n values (K: the largest power of two
+from 64 dividing the head size; V: 64) multiplied by the orthonormal Walsh-Hadamard matrix of order n, which
+spreads an outlier over its block before the block is quantized. Queries get K's rotation too (q·k is unchanged
+by it), and the attention's output is rotated back by V's (H·H = I). Q4_0 keys and values lose about a third
+of their KLD to the F16 cache this way.
 """
 
 from __future__ import annotations
@@ -58,6 +64,33 @@ class KVCache:
         if self.buffer is None:
             raise AllocationError(f"KV cache of {n_layer} layers x {size} cells could not be allocated")
         self.buffer.clear(0)
+        hd_k, hd_v = n_embd_k // n_head_kv, n_embd_v // n_head_kv
+        self.k_rot, self.v_rot, self._rot_buffer = self._rotations(backend, rotation_order(self.type, hd_k, True),
+                                                                   rotation_order(self.type_v, hd_v, False))
+
+    @staticmethod
+    def _rotations(backend, order_k: int, order_v: int):
+        """The Hadamard matrices K and V are rotated by (None: not rotated), in a buffer of their own so that
+        the cache's bytes stay K's and V's."""
+        orders = sorted({n for n in (order_k, order_v) if n})
+        if not orders:
+            return None, None, None
+        ctx = Context(no_alloc=True)
+        by_order = {n: ctx.new_tensor_2d(GGMLType.F32, n, n, f"attn_rot_{n}") for n in orders}
+        buffer = alloc_ctx_tensors_from_buft(ctx, backend.default_buffer_type)
+        if buffer is None:
+            raise AllocationError("the KV cache's rotation matrices could not be allocated")
+        for n, t in by_order.items():
+            tensor_set(t, hadamard(n))
+        return by_order.get(order_k), by_order.get(order_v), buffer
+
+    def rotate_k(self, ctx: Context, x: Tensor) -> Tensor:
+        """x (queries or keys) rotated as a quantized K is stored; x itself when K is not rotated."""
+        return x if self.k_rot is None else _rotated(ctx, x, self.k_rot)
+
+    def rotate_v(self, ctx: Context, x: Tensor) -> Tensor:
+        """x (values, or the attention's output to rotate back) rotated as a quantized V is stored."""
+        return x if self.v_rot is None else _rotated(ctx, x, self.v_rot)
 
     @property
     def nbytes(self) -> int:
@@ -190,6 +223,35 @@ class CellData:
         data = cls(str(arrays.pop("type")), *map(int, arrays.pop("n_embd")),
                    [arrays.pop(f"k{il}") for il in range(n_layer)], [arrays.pop(f"v{il}") for il in range(n_layer)])
         return data, arrays
+
+
+def rotation_order(type_, head_dim: int, largest: bool) -> int:
+    """The order of the Hadamard rotation of a cache of this type (0: none), as llama.cpp picks it: a quantized
+    type and a head size that 64 divides; K takes the largest power of two dividing the head size, V 64."""
+    if not T.is_quantized(type_) or head_dim % 64:
+        return 0
+    n = 64
+    while largest and head_dim % (2 * n) == 0:
+        n *= 2
+    return n
+
+
+def hadamard(n: int) -> np.ndarray:
+    """The orthonormal Walsh-Hadamard matrix of order n (a power of two), H·H = I, built as llama.cpp builds it:
+    every entry ±1/sqrt(n) in float32."""
+    h = np.ones((1, 1), np.float32)
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return h * np.float32(1.0 / np.float64(np.sqrt(np.float32(n))))
+
+
+def _rotated(ctx: Context, x: Tensor, rot: Tensor) -> Tensor:
+    """x with each run of rot's order of values multiplied by rot (llama.cpp's llama_mul_mat_hadamard)."""
+    n = rot.ne[0]
+    rows = (ops.reshape_2d if x.is_contiguous else ops.cont_2d)(ctx, x, n, x.nelements // n)
+    out = ops.mul_mat(ctx, rot, rows)
+    ops.mul_mat_set_hint(out, ops.OpHint.SRC0_IS_HADAMARD)
+    return ops.reshape_4d(ctx, out, *x.ne)
 
 
 def _runs(cells: np.ndarray) -> list[tuple[int, int, int]]:

@@ -239,17 +239,19 @@ class Model:
 
     def _apply_shift(self) -> None:
         """Rotate the cached keys of cells whose positions moved (llama.cpp's K-shift graph): each layer's K
-        in F32, roped by the per-cell delta with that layer's RoPE, copied back in the cache's type."""
+        in F32 (a quantized K rotated back first, and again after), roped by the per-cell delta with that layer's RoPE,
+        copied back in the cache's type."""
         if not self.cells.has_shift:
             return
-        ctx, graph, kv = Context(no_alloc=True), Graph(4 * len(self.kv.k) + 8), self.kv
+        ctx, graph, kv = Context(no_alloc=True), Graph(16 * len(self.kv.k) + 8), self.kv
         deltas = ctx.new_tensor_1d(GGMLType.I32, kv.size, "k_shift").set_input()
         hd = kv.n_embd_k // kv.n_head_kv
         for il, cache_k in enumerate(kv.k):
             rope = self.arch.layer_rope(il)
             if rope is not None:
                 k = ops.view_3d(ctx, cache_k, hd, kv.n_head_kv, kv.size, T.row_size(kv.type, hd), cache_k.nb[1], 0)
-                rotated = rope.rotate(ctx, ops.cast(ctx, k, GGMLType.F32), deltas, self.n_ctx)
+                plain = kv.rotate_k(ctx, ops.cast(ctx, k, GGMLType.F32))  # a rotated K rotated back (H·H = I)
+                rotated = kv.rotate_k(ctx, rope.rotate(ctx, plain, deltas, self.n_ctx))
                 graph.build_forward_expand(ops.cpy(ctx, rotated, k))
         if graph.n_nodes:
             self.runner.alloc_graph(graph)

@@ -2,7 +2,7 @@
 q·k * scale (soft-capped: softcap * tanh(score * scale / softcap)) plus slope * mask, a softmax whose max
 includes the sink and whose sum is float32, then the weighted sum of V rows divided by that sum (0 for a
 row with every key masked and no sink). One pass over K and one over V per token and K/V head (the query
-heads sharing it are done together), no score matrix."""
+heads sharing it are done together), no score matrix; a key the mask hides (-inf) is skipped, as ggml skips it."""
 
 from __future__ import annotations
 
@@ -84,7 +84,13 @@ def flash_attn_rows(q: np.ndarray, k: np.ndarray, k_strides: np.ndarray, v: np.n
                 for j in range(np.uintp(n_kv)):
                     krow = k_head + j * np.uintp(k_strides[2])
                     for g in range(group):
-                        scores[g, j] = dot_f32(qrows[g], k, krow)
+                        # a cell the mask hides is not read (as ggml's CPU kernel): the many sequences of a
+                        # shared cache each attend their own cells
+                        if has_mask and widen(mask[i3 % mask.shape[0], (hk * group + g) % mask.shape[1], t, j]) \
+                                == np.float32(-np.inf):
+                            scores[g, j] = np.float32(-np.inf)
+                        else:
+                            scores[g, j] = dot_f32(qrows[g], k, krow)
                 for g in range(group):
                     h = hk * group + g
                     m = mask[i3 % mask.shape[0], h % mask.shape[1], t] if has_mask else no_row
