@@ -138,3 +138,32 @@ def test_rope_angles_are_shared_read_only_and_exact():
     fresh_cos, fresh_sin = rope_cos_sin(r1, positions, None)
     assert np.array_equal(cos1, fresh_cos) and np.array_equal(sin1, fresh_sin)
     assert not np.array_equal(cached_cos_sin(r3, positions, None)[0], cos1)
+
+
+@pytest.mark.parametrize("kv_type", [F16, GGMLType.Q8_0])
+@pytest.mark.parametrize("seen", [96, 1500])
+def test_flash_attn_over_many_keys_of_which_each_row_sees_some(kv_type, seen):
+    """Four query rows over 3000 keys, each row seeing its own `seen` of them (the sequences of one shared cache,
+    or one long sequence): the compiled loops skip the hidden keys (and a quantized cache dequantizes only the
+    keys some row sees), BLAS's products take rows that see more than 1024; either way the float64 reference."""
+    ctx = Context()
+    d, n_kv, n_tok, n_head = 32, 3000, 4, 2
+    q = ctx.new_tensor(F32, (d, n_tok, n_head), name="q")
+    k = ctx.new_tensor(kv_type, (d, n_kv, 1), name="k")
+    v = ctx.new_tensor(kv_type, (d, n_kv, 1), name="v")
+    rng = np.random.default_rng(4)
+    for t in (q, k, v):
+        fill_random(t, rng)
+    own = [rng.choice(n_kv, seen, replace=False) for _ in range(n_tok)]
+    hidden = np.full((n_tok, n_kv), -np.inf)
+    for t, cells in enumerate(own):
+        hidden[t, cells] = 0.0
+    mask = ctx.new_tensor(F16, (n_kv, n_tok), name="mask")
+    host_ndarray(mask)[...] = hidden.astype(np.float16)
+    out = ops.flash_attn_ext(ctx, q, k, v, mask, 0.2, 0.0, 0.0)
+    _compute(out)
+    qs, ks, vs = values(q)[0], values(k)[0, 0], values(v)[0, 0]   # (head, tok, d), (kv, d), (kv, d)
+    scores = np.einsum("htd,jd->htj", qs, ks) * 0.2 + hidden[None].astype(np.float64)
+    w = np.exp(scores - scores.max(-1, keepdims=True))
+    expected = np.einsum("htj,jd->thd", w / w.sum(-1, keepdims=True), vs)
+    assert nmse(expected[None], host_ndarray(out).astype(np.float64)) < 1e-9

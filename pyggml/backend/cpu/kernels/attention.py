@@ -112,6 +112,7 @@ def _bits_or_f32(t: Tensor) -> np.ndarray:
 
 
 NO_MASK = np.zeros((0, 0, 0, 0), np.float32)
+NEG_INF_F16_BITS = np.uint16(0xFC00)  # -inf in an F16 mask, as the compiled kernels read it
 NO_SINKS = np.zeros(0, np.float32)
 
 
@@ -312,21 +313,41 @@ COMPILED_ATTN_KEYS = 1024  # more keys than this: BLAS's products too (a reducti
 
 def _dequantizing(t: Tensor):
     """For a quantized 3-D K or V view ([d, n_kv, n_head_kv], rows of whole blocks): (a float32 array of its
-    values (1, n_head_kv, n_kv, d), a call that fills it with the tensor's current values through the type's
-    compiled dequantizer), as ggml's flash attention reads a quantized cache row by row in float32."""
+    values (1, n_head_kv, n_kv, d), a call fill(cells) that fills it with the tensor's current values of those
+    cells, every head, through the type's compiled dequantizer), as ggml's flash attention reads a quantized cache
+    row by row in float32. The other cells' values are left as they were: the mask hides them."""
     src, first = memory_of(t)
     j, h = np.arange(t.ne[1])[None, :], np.arange(t.ne[2])[:, None]
     rows = (first + j * t.nb[1] + h * t.nb[2]).reshape(-1).astype(np.uint64)
     values = np.empty((1, t.ne[2], t.ne[1], t.ne[0]), np.float32)
-    fill = functools.partial(dequantize_rows[int(t.type)], src, rows, blocks_per_row(t), values.reshape(-1, t.ne[0]))
+    dequantize, nb, flat = dequantize_rows[int(t.type)], blocks_per_row(t), values.reshape(-1, t.ne[0])
+
+    def fill(cells: np.ndarray) -> None:
+        if cells.size == t.ne[1]:
+            dequantize(src, rows, nb, flat)
+            return
+        at = (np.arange(t.ne[2])[:, None] * t.ne[1] + cells[None, :]).reshape(-1)
+        part = np.empty((at.size, t.ne[0]), np.float32)
+        dequantize(src, rows[at], nb, part)
+        flat[at] = part
     return values, fill
+
+
+def _key_visibility(m: np.ndarray, n_tokens: int, n_kv: int) -> np.ndarray:
+    """(n_tokens, n_kv): whether some mask plane lets query row t see key j (not -inf; every key without a
+    mask). Many sequences in one cache each see only their own cells."""
+    if m.size == 0:
+        return np.ones((n_tokens, n_kv), bool)
+    rows = m[:, :, :n_tokens, :n_kv]
+    hidden = NEG_INF_F16_BITS if rows.dtype == np.uint16 else np.float32(-np.inf)
+    return (rows != hidden).any(axis=(0, 1))
 
 
 def _bind_quantized_flash_attn(dst: Tensor):
     """flash_attn_ext over a quantized K or V (a quantized KV cache, as llama.cpp's -ctk / -ctv) for a few
     query rows (generation): their rows dequantized to float32 first, then the compiled attention."""
     q, k, v, mask, sinks = dst.src[:5]
-    if (q.ne[1] > COMPILED_ATTN_TOKENS or k.ne[1] > COMPILED_ATTN_KEYS or q.ne[3] != 1
+    if (q.ne[1] > COMPILED_ATTN_TOKENS or q.ne[3] != 1
             or not all(t.type in (F32, F16) or in_blocks(t) for t in (k, v))):
         return None
     parts = [_dequantizing(t) if t.type not in (F32, F16) else (_bits_or_f32(t), None) for t in (k, v)]
@@ -343,8 +364,9 @@ def _bind_quantized_flash_attn(dst: Tensor):
                               np.float32(scale / softcap if softcap != 0.0 else scale), np.float32(softcap))
 
     def call() -> None:
+        cells = np.flatnonzero(_key_visibility(m, q.ne[1], k.ne[1]).any(axis=0))  # the keys some row sees
         for fill in fills:
-            fill()
+            fill(cells)
         bound()
     return call
 
@@ -364,17 +386,29 @@ def _bind_flash_attn(dst: Tensor):
     m = _bits_or_f32(mask) if mask is not None else NO_MASK
     sink = view(sinks).reshape(-1) if sinks is not None else NO_SINKS
     slopes = alibi_slopes(q.ne[2], max_bias)
-    if q.ne[1] > COMPILED_ATTN_TOKENS or k.ne[1] > COMPILED_ATTN_KEYS:
-        return functools.partial(_attention_by_heads, dst, pre_scale, np.float32(softcap), m, slopes, sink)
+    by_heads = functools.partial(_attention_by_heads, dst, pre_scale, np.float32(softcap), m, slopes, sink)
+    if q.ne[1] > COMPILED_ATTN_TOKENS:
+        return by_heads
     qs, ks, vs = _bits_or_f32(q), _bits_or_f32(k), _bits_or_f32(v)
     kv_dims = np.array([k.ne[2], k.ne[1], v.ne[0]], np.int64)
     rest = (slopes, out, pre_scale, np.float32(softcap))
     if any(np.may_share_memory(out, x) for x in (qs, ks, vs, m, sink)):  # planned memory: read copies, same results
-        def on_copies() -> None:
+        def compiled() -> None:
             flash_attn_rows(qs.copy(), *_flat_rows(ks.copy()), *_flat_rows(vs.copy()), kv_dims, m.copy(), sink.copy(),
                             *rest)
-        return on_copies
-    return functools.partial(flash_attn_rows, qs, *_flat_rows(ks), *_flat_rows(vs), kv_dims, m, sink, *rest)
+    else:
+        compiled = functools.partial(flash_attn_rows, qs, *_flat_rows(ks), *_flat_rows(vs), kv_dims, m, sink, *rest)
+    if k.ne[1] <= COMPILED_ATTN_KEYS:
+        return compiled
+    if mask is None:
+        return by_heads
+
+    def by_visible_keys() -> None:
+        """Many keys: the compiled loops, which skip a key the mask hides, when no row sees more than
+        COMPILED_ATTN_KEYS of them (the sequences of a shared cache); else BLAS's products."""
+        seen = int(_key_visibility(m, q.ne[1], k.ne[1]).sum(axis=1).max())
+        (compiled if seen <= COMPILED_ATTN_KEYS else by_heads)()
+    return by_visible_keys
 
 
 def _attention_by_heads(dst: Tensor, pre_scale, softcap, mask, slopes, sinks) -> None:
