@@ -117,6 +117,9 @@ class Server:
         return buffer_types(text)
 
     def __exit__(self, *exc) -> None:
+        if exc[0] is not None:  # what the server said before the run failed
+            self.log.seek(0)
+            print(f"{self.side} server's log, last lines:\n{self.log.read()[-3000:]}", file=sys.stderr, flush=True)
         self.proc.send_signal(signal.SIGINT)
         try:
             self.proc.wait(30)
@@ -212,7 +215,9 @@ async def level(side: str, concurrency: int, prompts: list, args, eog: list[int]
     """One concurrency level against a server."""
     import httpx
 
-    async with httpx.AsyncClient(base_url=server.url, timeout=3600) as http:
+    # a connection per request: llama-server may close a kept-alive connection that the client then reuses
+    fresh = httpx.Limits(max_keepalive_connections=0)
+    async with httpx.AsyncClient(base_url=server.url, timeout=3600, limits=fresh) as http:
         def send(p):
             return one_request(http, side, p, args, eog)
 

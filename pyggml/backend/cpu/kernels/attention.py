@@ -343,11 +343,21 @@ def _key_visibility(m: np.ndarray, n_tokens: int, n_kv: int) -> np.ndarray:
     return (rows != hidden).any(axis=(0, 1))
 
 
+def _few_keys_seen(visible: np.ndarray) -> bool:
+    """Whether the compiled loops, which skip each key the mask hides, beat BLAS's products over every key: no
+    query row sees more than COMPILED_ATTN_KEYS keys, and the rows are few (generation) or each sees a quarter of
+    the keys at most (the sequences of one shared cache, each over its own cells)."""
+    seen = visible.sum(axis=1)
+    return bool(seen.max() <= COMPILED_ATTN_KEYS
+                and (visible.shape[0] <= COMPILED_ATTN_TOKENS or 4 * seen.sum() <= visible.size))
+
+
 def _bind_quantized_flash_attn(dst: Tensor):
     """flash_attn_ext over a quantized K or V (a quantized KV cache, as llama.cpp's -ctk / -ctv) for a few
-    query rows (generation): their rows dequantized to float32 first, then the compiled attention."""
+    query rows (generation) or rows that each see few keys (many sequences' steps): the rows some query sees
+    dequantized to float32 first, then the compiled attention."""
     q, k, v, mask, sinks = dst.src[:5]
-    if (q.ne[1] > COMPILED_ATTN_TOKENS or q.ne[3] != 1
+    if ((q.ne[1] > COMPILED_ATTN_TOKENS and mask is None) or q.ne[3] != 1
             or not all(t.type in (F32, F16) or in_blocks(t) for t in (k, v))):
         return None
     parts = [_dequantizing(t) if t.type not in (F32, F16) else (_bits_or_f32(t), None) for t in (k, v)]
@@ -364,7 +374,11 @@ def _bind_quantized_flash_attn(dst: Tensor):
                               np.float32(scale / softcap if softcap != 0.0 else scale), np.float32(softcap))
 
     def call() -> None:
-        cells = np.flatnonzero(_key_visibility(m, q.ne[1], k.ne[1]).any(axis=0))  # the keys some row sees
+        visible = _key_visibility(m, q.ne[1], k.ne[1])
+        if q.ne[1] > COMPILED_ATTN_TOKENS and not _few_keys_seen(visible):
+            flash_attn_ext(dst)  # a prompt over its own keys: the NumPy kernel's products
+            return
+        cells = np.flatnonzero(visible.any(axis=0))  # the keys some row sees
         for fill in fills:
             fill(cells)
         bound()
@@ -387,7 +401,8 @@ def _bind_flash_attn(dst: Tensor):
     sink = view(sinks).reshape(-1) if sinks is not None else NO_SINKS
     slopes = alibi_slopes(q.ne[2], max_bias)
     by_heads = functools.partial(_attention_by_heads, dst, pre_scale, np.float32(softcap), m, slopes, sink)
-    if q.ne[1] > COMPILED_ATTN_TOKENS:
+    few_rows, few_keys = q.ne[1] <= COMPILED_ATTN_TOKENS, k.ne[1] <= COMPILED_ATTN_KEYS
+    if mask is None and not (few_rows and few_keys):
         return by_heads
     qs, ks, vs = _bits_or_f32(q), _bits_or_f32(k), _bits_or_f32(v)
     kv_dims = np.array([k.ne[2], k.ne[1], v.ne[0]], np.int64)
@@ -398,16 +413,12 @@ def _bind_flash_attn(dst: Tensor):
                             *rest)
     else:
         compiled = functools.partial(flash_attn_rows, qs, *_flat_rows(ks), *_flat_rows(vs), kv_dims, m, sink, *rest)
-    if k.ne[1] <= COMPILED_ATTN_KEYS:
+    if few_rows and few_keys:
         return compiled
-    if mask is None:
-        return by_heads
 
     def by_visible_keys() -> None:
-        """Many keys: the compiled loops, which skip a key the mask hides, when no row sees more than
-        COMPILED_ATTN_KEYS of them (the sequences of a shared cache); else BLAS's products."""
-        seen = int(_key_visibility(m, q.ne[1], k.ne[1]).sum(axis=1).max())
-        (compiled if seen <= COMPILED_ATTN_KEYS else by_heads)()
+        """Many rows or keys: the compiled loops when each row sees few of the keys, else BLAS's products."""
+        (compiled if _few_keys_seen(_key_visibility(m, q.ne[1], k.ne[1])) else by_heads)()
     return by_visible_keys
 
 
