@@ -23,12 +23,12 @@ from pathlib import Path
 
 import numpy as np
 
+from pyggml.core import GGMLType
 from pyggml.models import load_model
 from pyggml.testing.agreement import Agreement
 
 TEXT = Path(__file__).parent / "data" / "GPL-3.txt"
 SETTINGS = [("F16", "F16"), ("Q8_0", "Q8_0"), ("Q4_0", "Q4_0"), ("Q8_0", "F16")]  # (K, V); the first is the ref
-GGML_TYPE = {"F16": 1, "Q4_0": 2, "Q8_0": 8}
 
 LLAMA_SCRIPT = """
 import sys
@@ -62,7 +62,7 @@ def llama_logits(python: str, path: str, chunks: np.ndarray, ctx: int, threads: 
     np.save(tmp / "chunks.npy", chunks)
     out = tmp / f"llama_{type_k}_{type_v}.npy"
     subprocess.run([python, "-c", LLAMA_SCRIPT, path, str(tmp / "chunks.npy"), str(out), str(ctx), str(threads),
-                    str(GGML_TYPE[type_k]), str(GGML_TYPE[type_v])], check=True, timeout=3600)
+                    str(int(GGMLType[type_k])), str(int(GGMLType[type_v]))], check=True, timeout=3600)
     return np.load(out, mmap_mode="r")
 
 

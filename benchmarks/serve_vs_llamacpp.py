@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-GGML_TYPE = {"F16": 1, "Q4_0": 2, "Q8_0": 8}  # ggml_type ids, as llama-cpp-python's --type_k takes them
+KV_TYPES = ("F16", "Q8_0", "Q4_0")
 
 
 def free_port() -> int:
@@ -65,7 +65,10 @@ def server_command(side: str, args, port: int) -> list[str]:
                 "-np", slots, "-t", str(args.threads), "-tb", str(args.threads), "-b", str(args.batch),
                 "-ub", str(args.batch), "-a", "bench", "--no-webui", "-fa", args.flash_attn] + \
             (quantized if args.kv_type != "F16" else [])
-    quantized = ["--type_k", str(GGML_TYPE[args.kv_type]), "--type_v", str(GGML_TYPE[args.kv_type])]
+    from pyggml.core import GGMLType
+
+    type_id = str(int(GGMLType[args.kv_type]))  # the ggml_type id, as llama-cpp-python's --type_k takes it
+    quantized = ["--type_k", type_id, "--type_v", type_id]
     # llama.cpp's extra buffer types on (CPU_REPACK: its best), n_batch as pyggml's
     # llama-cpp-python's own server unless its extra buffer types must be off (the wrapper imports pyggml)
     server = ["pyggml.testing.llamacpp_server"] if args.llama_no_extra_bufts else ["llama_cpp.server"]
@@ -332,7 +335,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=512, help="prompt tokens per step, both sides")
     p.add_argument("--sides", default="pyggml,llama-server,llama-cpp-python",
                    help="of pyggml, llama-server, llama-cpp-python, engine")
-    p.add_argument("--kv-type", default="F16", type=str.upper, choices=sorted(GGML_TYPE),
+    p.add_argument("--kv-type", default="F16", type=str.upper, choices=KV_TYPES,
                    help="KV cache type of K and V on every side (quantized: flash attention on every side)")
     p.add_argument("--flash-attn", default="on", choices=["on", "off", "auto"],
                    help="flash attention on every side (llama-server's default, auto, turns it on on a CPU; "

@@ -41,12 +41,12 @@ from pyggml.models.llm.kv_cache import KV_TYPES, CellData, KVCache
 from pyggml.models.llm.kv_cells import KVCells
 from pyggml.models.llm.known_models import model_path
 from pyggml.models.llm.lora import LoraSet
+from pyggml.models.llm.mrope import mrope_positions
 from pyggml.models.llm.runner import (SingleBackend, backend_list, plan_layers, remote_prefixes, set_threads,
                                       split_layers)
 from pyggml.models.llm.text_output import TextOutput
 from pyggml.models.text.load import load_tokenizer
 from pyggml.models.timings import Stage
-from pyggml.models.llm.mrope import mrope_positions
 from pyggml.models.vision.content import split_image_parts
 from pyggml.models.vision.encoder import VisionEncoder
 from pyggml.models.vision.preprocess import decode_image, preprocess

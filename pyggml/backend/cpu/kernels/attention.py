@@ -314,16 +314,16 @@ COMPILED_ATTN_KEYS = 1024  # more keys than this: BLAS's products too (a reducti
 def _dequantizing(t: Tensor):
     """For a quantized 3-D K or V view ([d, n_kv, n_head_kv], rows of whole blocks): (a float32 array of its
     values (1, n_head_kv, n_kv, d), a call fill(cells) that fills it with the tensor's current values of those
-    cells, every head, through the type's compiled dequantizer), as ggml's flash attention reads a quantized cache
-    row by row in float32. The other cells' values are left as they were: the mask hides them."""
+    cells (None: all), every head, through the type's compiled dequantizer), as ggml's flash attention reads a
+    quantized cache row by row in float32. The other cells' values are left as they were: the mask hides them."""
     src, first = memory_of(t)
     j, h = np.arange(t.ne[1])[None, :], np.arange(t.ne[2])[:, None]
     rows = (first + j * t.nb[1] + h * t.nb[2]).reshape(-1).astype(np.uint64)
     values = np.empty((1, t.ne[2], t.ne[1], t.ne[0]), np.float32)
     dequantize, nb, flat = dequantize_rows[int(t.type)], blocks_per_row(t), values.reshape(-1, t.ne[0])
 
-    def fill(cells: np.ndarray) -> None:
-        if cells.size == t.ne[1]:
+    def fill(cells: np.ndarray | None) -> None:
+        if cells is None or cells.size == t.ne[1]:
             dequantize(src, rows, nb, flat)
             return
         at = (np.arange(t.ne[2])[:, None] * t.ne[1] + cells[None, :]).reshape(-1)
@@ -334,10 +334,8 @@ def _dequantizing(t: Tensor):
 
 
 def _key_visibility(m: np.ndarray, n_tokens: int, n_kv: int) -> np.ndarray:
-    """(n_tokens, n_kv): whether some mask plane lets query row t see key j (not -inf; every key without a
-    mask). Many sequences in one cache each see only their own cells."""
-    if m.size == 0:
-        return np.ones((n_tokens, n_kv), bool)
+    """(n_tokens, n_kv): whether some plane of the mask m lets query row t see key j (not -inf). Many sequences
+    in one cache each see only their own cells."""
     rows = m[:, :, :n_tokens, :n_kv]
     hidden = NEG_INF_F16_BITS if rows.dtype == np.uint16 else np.float32(-np.inf)
     return (rows != hidden).any(axis=(0, 1))
@@ -374,11 +372,13 @@ def _bind_quantized_flash_attn(dst: Tensor):
                               np.float32(scale / softcap if softcap != 0.0 else scale), np.float32(softcap))
 
     def call() -> None:
-        visible = _key_visibility(m, q.ne[1], k.ne[1])
-        if q.ne[1] > COMPILED_ATTN_TOKENS and not _few_keys_seen(visible):
-            flash_attn_ext(dst)  # a prompt over its own keys: the NumPy kernel's products
-            return
-        cells = np.flatnonzero(visible.any(axis=0))  # the keys some row sees
+        cells = None  # without a mask: every key
+        if mask is not None:
+            visible = _key_visibility(m, q.ne[1], k.ne[1])
+            if q.ne[1] > COMPILED_ATTN_TOKENS and not _few_keys_seen(visible):
+                flash_attn_ext(dst)  # a prompt over its own keys: the NumPy kernel's products
+                return
+            cells = np.flatnonzero(visible.any(axis=0))  # the keys some row sees
         for fill in fills:
             fill(cells)
         bound()
