@@ -38,8 +38,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--audio-ctx-pad", type=positive_int, default=256,
                    help="attend over the 1500 audio positions padded with zero cells to a multiple of this, as "
                         "whisper.cpp's flash attention does (default 256); 1: the audio alone, as faster-whisper")
-    p.add_argument("--mel-padding", default="whisper.cpp", choices=["whisper.cpp", "faster-whisper"],
-                   help="log-mel padding: 30 s of zero audio (whisper.cpp, default) or zero log-mel frames")
+    p.add_argument("--mel-padding", default=None, choices=["whisper.cpp", "faster-whisper"],
+                   help="whose padding of the audio: whisper.cpp's (30 s of zero audio before the log-mel, the zero "
+                        "cells of --audio-ctx-pad) or faster-whisper's (zero log-mel frames, attention over the audio "
+                        "alone); default whisper.cpp's, with --vad that of --vad-defaults")
     p.add_argument("--stream", action="store_true",
                    help="real-time transcription: AUDIO is a file, '-' (16 kHz mono s16le PCM on stdin) or 'mic' "
                         "(needs sounddevice); partial text goes to stderr, final segments to stdout")
@@ -74,7 +76,7 @@ def run(args) -> int:
           f"load {w.timings.load_s:.2f} s", file=sys.stderr)
     for path in args.audio:
         if args.detect_language:
-            probs = w.language_probabilities(path, padding=args.mel_padding)
+            probs = w.language_probabilities(path, padding=args.mel_padding or "whisper.cpp")
             top = list(probs.items())[:5]
             print(f"{path}: language {top[0][0]} (p = {top[0][1]:.3f}); "
                   + ", ".join(f"{lang} {p:.3f}" for lang, p in top))

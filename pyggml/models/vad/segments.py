@@ -12,8 +12,11 @@ The two programs' defaults differ; both are here (`VadOptions.whisper_cpp()`, th
 `VadOptions.faster_whisper()`).
 
 `SpeechAudio` is whisper.cpp's `whisper_vad`: the segments laid end to end (each but the last extended by
-`samples_overlap` seconds), 0.1 s of zeros between them, and a table of (time in that audio, time in the
-original) points through which Whisper's timestamps are mapped back by linear interpolation.
+`samples_overlap` seconds), `gap_s` of zeros between them (whisper.cpp 0.1 s; faster-whisper's collect_chunks
+joins them with none), and a table of (time in that audio, time in the original) points through which
+Whisper's timestamps are mapped back by linear interpolation. `VadOptions.padding` names the front end the
+speech audio then goes through (Whisper.log_mel): each program's own, so that with one program's options
+pyggml decodes the same audio the same way as that program.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ class VadOptions:
     speech_pad_ms: int = 30
     samples_overlap: float = 0.1           # seconds added after each segment but the last (whisper.cpp)
     merge_gap_ms: int = 200                # whisper.cpp merges segments closer than this; 0: no merging
+    gap_s: float = GAP_S                   # zeros between two segments in the speech-only audio
+    padding: str = "whisper.cpp"           # the speech audio's padding (Whisper.log_mel): whose front end
 
     @classmethod
     def whisper_cpp(cls, **changes) -> VadOptions:
@@ -49,14 +54,16 @@ class VadOptions:
     def faster_whisper(cls, **changes) -> VadOptions:
         """faster-whisper's `VadOptions` (vad_filter=True): long silences only, generous padding."""
         return replace(cls(min_speech_ms=0, min_silence_ms=2000, speech_pad_ms=400, samples_overlap=0.0,
-                           merge_gap_ms=0), **changes).check()
+                           merge_gap_ms=0, gap_s=0.0, padding="faster-whisper"), **changes).check()
 
     def check(self) -> VadOptions:
         if not 0.0 < self.threshold < 1.0:
             raise WhisperError(f"VAD threshold must be between 0 and 1, got {self.threshold}")
         if self.neg_threshold is not None and not 0.0 <= self.neg_threshold <= self.threshold:
             raise WhisperError(f"VAD neg_threshold must be between 0 and threshold, got {self.neg_threshold}")
-        for name in ("min_speech_ms", "min_silence_ms", "speech_pad_ms", "samples_overlap", "merge_gap_ms"):
+        if self.padding not in ("whisper.cpp", "faster-whisper"):
+            raise WhisperError(f"VAD padding must be 'whisper.cpp' or 'faster-whisper', got {self.padding!r}")
+        for name in ("min_speech_ms", "min_silence_ms", "speech_pad_ms", "samples_overlap", "merge_gap_ms", "gap_s"):
             if getattr(self, name) < 0:
                 raise WhisperError(f"VAD {name} must be >= 0, got {getattr(self, name)}")
         if not self.max_speech_s > 0:
@@ -140,10 +147,10 @@ class SpeechAudio:
     """The speech-only audio of `segments` (sample pairs) cut from `audio`, and the way back to its times."""
 
     def __init__(self, audio: np.ndarray, segments: list[tuple[int, int]], samples_overlap: float = 0.1,
-                 speech_pad_s: float = 0.0):
+                 speech_pad_s: float = 0.0, gap_s: float = GAP_S):
         self.segments = segments
         parts, points, gaps, offset = [], [], [], 0
-        overlap, gap = int(samples_overlap * SAMPLE_RATE), int(GAP_S * SAMPLE_RATE)
+        overlap, gap = int(samples_overlap * SAMPLE_RATE), int(gap_s * SAMPLE_RATE)
         pads = [min(int(speech_pad_s * SAMPLE_RATE), (b - a) // 2) for a, b in segments]
         for i, (a, b) in enumerate(segments):
             last = i + 1 == len(segments)
@@ -158,7 +165,7 @@ class SpeechAudio:
                 offset += gap
         self.audio = np.concatenate(parts, dtype=np.float32) if parts else np.zeros(0, np.float32)
         self._starts = np.array([p for p, o in points[::4]], np.float64) / SAMPLE_RATE   # each segment's, processed
-        table = sorted(dict(points).items())          # one point per processed time, in order
+        table = points       # in processed order; a join without a gap is two points at one processed time
         self._processed = np.array([p for p, _ in table], np.float64) / SAMPLE_RATE
         self._original = np.array([o for _, o in table], np.float64) / SAMPLE_RATE
         self._gaps = np.array(gaps, np.float64).reshape(-1, 4) / SAMPLE_RATE   # processed from, to; original

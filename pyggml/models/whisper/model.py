@@ -23,7 +23,8 @@ so each softmax's denominator gains 36·exp(0 - max). Against whisper.cpp's teac
 a median KL of 5e-5 to 1.6e-4 per step when it is left out, 2e-6 to 1.3e-5 with it, and it decides
 near-ties. Here the zero cells are a sink of logit ln(36) per head: the same sum without the cells.
 `audio_ctx_pad=1` attends over the audio alone, as the model was trained and as faster-whisper and
-whisper.cpp without flash attention compute.
+whisper.cpp without flash attention compute; `pad_audio_attention(False)` does the same for the transcriptions
+that follow faster-whisper (Whisper.log_mel's padding="faster-whisper").
 """
 
 from __future__ import annotations
@@ -317,9 +318,19 @@ class WhisperModel:
             self.enc_sinks = ctx.new_tensor_1d(GGMLType.F32, self.hparams.n_audio_head, "audio_pad_sinks_enc")
             self.cross_sinks = ctx.new_tensor_1d(GGMLType.F32, self.n_head, "audio_pad_sinks_cross")
         self.cross_buffers = [alloc_ctx_tensors_from_buft(ctx, b.default_buffer_type) for b, ctx in ctxs.values()]
+        self._audio_padded = None
+        self.pad_audio_attention(True)
+
+    def pad_audio_attention(self, padded: bool) -> None:
+        """From the next encode on, attend over the audio as whisper.cpp does (its zero cells, as sinks) or over
+        the audio alone, as faster-whisper and openai do (sinks of -inf add nothing to a softmax). Nothing to
+        switch in a model made with audio_ctx_pad=1."""
+        if self.enc_sinks is None or padded == self._audio_padded:
+            return
+        value = math.log(self.n_audio_pad) if padded else -np.inf
         for sinks in (self.enc_sinks, self.cross_sinks):
-            if sinks is not None:
-                tensor_set(sinks, np.full(sinks.ne[0], math.log(self.n_audio_pad), np.float32))
+            tensor_set(sinks, np.full(sinks.ne[0], value, np.float32))
+        self._audio_padded = padded
 
     def _make_kv(self) -> None:
         """The self-attention KV cache for n_seq sequences, each layer's on the backend of its layer."""

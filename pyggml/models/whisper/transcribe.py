@@ -87,11 +87,15 @@ class Whisper:
 
     # ----- front end -------------------------------------------------------------------------------
     def log_mel(self, audio, padding: str = "whisper.cpp") -> tuple[np.ndarray, int]:
-        """(log-mel [n_mels, frames] with at least 30 s after the audio, frames holding audio)."""
+        """(log-mel [n_mels, frames] with at least 30 s after the audio, frames holding audio). `padding` is
+        whose padding of the audio the windows encoded next get: whisper.cpp's (30 s of zero samples before the
+        log-mel, attention over 1536 audio positions) or faster-whisper's (one hop, zero log-mel frames,
+        attention over the 1500 alone; pyggml.models.whisper.mel and .model say what each changes)."""
         from pyggml.models.whisper.mel import log_mel_spectrogram
 
         samples = _samples(audio)
         mel = log_mel_spectrogram(samples, n_mels=self.model.n_mels, padding=padding, filters=self.file.mel_filters)
+        self.model.pad_audio_attention(padding == "whisper.cpp")
         content = samples.size // HOP
         if mel.shape[1] < content + N_FRAMES:
             mel = np.pad(mel, ((0, 0), (0, content + N_FRAMES - mel.shape[1])))
@@ -138,18 +142,19 @@ class Whisper:
 
         return Stream(self, options, **transcribe_options)
 
-    def transcribe(self, audio, padding: str = "whisper.cpp", vad: bool = False, vad_options=None,
+    def transcribe(self, audio, padding: str | None = None, vad: bool = False, vad_options=None,
                    batch_size: int | None = None, **options) -> list[Segment]:
         """Segments of text with their times (seconds) for `audio`: a path (WAV; other formats with
         soundfile) or 16 kHz mono float samples. Options: see `Options` (language=None detects it on
         multilingual models; beam_size > 1 for beam search; temperatures=(0.0,) turns off the fallback).
+        `padding` (see log_mel): whisper.cpp's unless given, with vad=True the VAD options' own.
 
-        vad=True decodes only the speech Silero VAD finds, as whisper.cpp's --vad: the segments laid end to
-        end with 0.1 s of silence between them; the times are mapped back to the original audio.
-        `vad_options` is a pyggml.models.vad.segments.VadOptions; the default is faster-whisper's (only
-        silences over 2 s removed, 400 ms kept around speech): with whisper.cpp's 30 ms padding the first
-        sounds of many segments are cut off ("armoured" for "farmers"), and on the long benchmark WER was
-        0.151 against 0.113 with faster-whisper's rules (0.122 with whisper.cpp's at 200 ms padding).
+        vad=True decodes only the speech Silero VAD finds: the segments laid end to end, then transcribed as
+        one audio; the times are mapped back to the original audio. `vad_options` is a
+        pyggml.models.vad.segments.VadOptions; the default is faster-whisper's, end to end (only silences over
+        2 s removed, 400 ms kept around speech, no gap between segments, its padding): with whisper.cpp's
+        30 ms the first sounds of many segments are cut off ("armoured" for "farmers"), and on pause-heavy
+        speech faster-whisper's whole pipeline decodes the text faster-whisper decodes (docs/whisper.md).
 
         batch_size > 1 decodes that many VAD-cut chunks of up to 30 s together, as faster-whisper's
         BatchedInferencePipeline (pyggml.models.whisper.batched: VAD always, greedy, one segment per chunk;
@@ -157,17 +162,17 @@ class Whisper:
         if batch_size is not None and check_batch_size(batch_size) > 1:
             return transcribe_batched(self, _samples(audio), batch_size, vad_options, Options(**options))
         if not vad:
-            return self._transcribe(audio, padding, options)
+            return self._transcribe(audio, padding or "whisper.cpp", options)
         from pyggml.models.vad.segments import SpeechAudio, VadOptions, speech_segments
 
         vopts = (vad_options or VadOptions.faster_whisper()).check()
         samples = _samples(audio)
         start = time.perf_counter()
         speech = SpeechAudio(samples, speech_segments(self.vad().probs(samples), samples.size, vopts),
-                             vopts.samples_overlap, vopts.speech_pad_ms / 1000)
+                             vopts.samples_overlap, vopts.speech_pad_ms / 1000, vopts.gap_s)
         vad_s = time.perf_counter() - start
         if speech.audio.size >= HOP:
-            segments = self._transcribe(speech.audio, padding, options)
+            segments = self._transcribe(speech.audio, padding or vopts.padding, options)
         else:                                   # no speech: nothing to decode
             segments, self.timings = [], Timings(load_s=self.timings.load_s)
         self.timings.vad_s, self.timings.audio_s = vad_s, samples.size / SAMPLE_RATE

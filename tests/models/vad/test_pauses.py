@@ -37,3 +37,27 @@ def test_vad_costs_no_words_and_times_stay_in_the_speech():
         assert sentence.split()[0].lower() in words
     for s in segments:
         assert any(a - 0.5 <= s.start and s.end <= b + 0.5 for a, b in spans), (s.start, s.end, s.text)
+
+
+def test_vad_decodes_the_clip_as_faster_whisper():
+    """The default VAD path is faster-whisper's end to end (its segments, joined without a gap, its log-mel
+    padding, attention over the audio alone): the text faster-whisper's vad_filter gives on the clip
+    (committed by make_faster_whisper_refs.py), greedy."""
+    import json
+
+    from tests.models.vad.pause_audio import load
+    from tests.models.whisper.test_whisper_transcribe import whisper
+
+    pytest.importorskip("soundfile", reason="reading FLAC needs soundfile")
+    audio, _, _ = load(CLIP)
+    w = whisper("tiny.en")
+    paddings = []
+    log_mel = w.log_mel
+    w.log_mel = lambda samples, padding="whisper.cpp": paddings.append(padding) or log_mel(samples, padding)
+    try:
+        segments = w.transcribe(audio, vad=True, temperatures=(0.0,))
+    finally:
+        del w.log_mel
+    expected = json.loads((Path(__file__).parent / "data" / "faster_whisper_pauses1.json").read_text())["texts"]
+    assert [s.text for s in segments] == expected
+    assert paddings == ["faster-whisper"]

@@ -77,6 +77,24 @@ def test_speech_audio_maps_times_back():
     assert SpeechAudio(audio, []).audio.size == 0
 
 
+def test_faster_whisper_options_join_segments_without_a_gap():
+    """faster-whisper's collect_chunks joins the speech with nothing between: with its options the speech audio
+    is the segments' samples end to end, read through its front end; times still map back per segment."""
+    audio = np.arange(10 * 16000, dtype=np.float32)
+    opts = VadOptions.faster_whisper()
+    assert (opts.gap_s, opts.samples_overlap, opts.padding) == (0.0, 0.0, "faster-whisper")
+    assert VadOptions.whisper_cpp().gap_s == 0.1 and VadOptions.whisper_cpp().padding == "whisper.cpp"
+    segments = [(16000, 32000), (80000, 96000)]
+    sa = SpeechAudio(audio, segments, opts.samples_overlap, 0.0, opts.gap_s)
+    np.testing.assert_array_equal(sa.audio, np.concatenate([audio[a:b] for a, b in segments]))
+    assert sa.original_time(0.5) == 1.5 and sa.original_time(1.5) == 5.5
+    assert sa.original_span(1.2, 1.8) == (5.2, 5.8)
+    with pytest.raises(WhisperError, match="padding"):
+        VadOptions.faster_whisper(padding="openai")
+    with pytest.raises(WhisperError, match="gap_s"):
+        VadOptions.whisper_cpp(gap_s=-0.1)
+
+
 def test_transcribe_with_vad_decodes_speech_only_and_maps_times():
     """The mixed clip (silence, en2, noise, en3, silence): the same words as without VAD, segment times inside
     the speech, and the VAD's share of the time reported; silence alone gives nothing."""

@@ -79,6 +79,22 @@ def test_logits_match_numpy_reference(audio_ctx_pad):
         got = w.model.decode(tokens[-1:], [len(tokens) - 1])[0]
 
 
+def test_faster_whisper_padding_attends_over_the_audio_alone():
+    """A window read with padding="faster-whisper" is attended without whisper.cpp's 36 zero cells, as a model
+    made with audio_ctx_pad=1 attends; whisper.cpp's padding after it puts them back."""
+    padded, alone = whisper("tiny.en"), whisper("tiny.en", 1)
+
+    def first_logits(w, padding):
+        w.model.encode(w.log_mel(str(SPEECH / "en1.wav"), padding)[0][:, :3000])
+        return w.model.decode([w.tokenizer.sot], [0])[0]
+
+    expected = first_logits(alone, "faster-whisper")
+    np.testing.assert_allclose(first_logits(padded, "faster-whisper"), expected, rtol=0, atol=1e-4)
+    with_cells = first_logits(padded, "whisper.cpp")
+    assert np.abs(with_cells - first_logits(alone, "whisper.cpp")).max() > 1e-3
+    np.testing.assert_allclose(with_cells, first_logits(whisper("tiny.en"), "whisper.cpp"), rtol=0, atol=1e-5)
+
+
 def test_sequences_have_their_own_cache_cells():
     """Beam search's sequences: the same tokens in another sequence's cells give the same logits, and a
     sequence copied over another continues like the original."""
