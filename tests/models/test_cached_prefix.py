@@ -40,3 +40,4 @@ def test_rows_of_no_known_image_are_never_reused():
     images = [(1, rows(2, A)), (3, rows(2))]
     cells = prompt_cells([1, 0, 0, 0, 0, 2], images)
     assert reusable_prefix(cells, list(cells), images) == 3  # up to the unknown image, though the cells agree
+    assert rows(3, A)[:2].identity is None and rows(3, A).copy().identity is None  # a part is not the image

@@ -391,7 +391,7 @@ class Model:
     # ----- generation ------------------------------------------------------------------------------
     def decode_prompt(self, prompt: list[int] | Prompt, start: int = 0) -> np.ndarray:
         """A prompt's last logits: token ids, or a prompt with images whose chunks are fed in order; from
-        position `start` on (the positions before it are in the cache already; it is no position inside an image)."""
+        position `start` on (the positions before it are in the cache already; `start` is not inside an image)."""
         if not isinstance(prompt, Prompt):
             return self.decode(prompt[start:])
         pos = 0

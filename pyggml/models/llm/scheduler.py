@@ -16,9 +16,8 @@ Images (a request's embedding rows in place of placeholder tokens) are decoded a
 them; `cached` lists their cells by the image's identity (a negative number, see cached_prefix), so a prompt
 that holds the same image at the same position after the same tokens reuses its cells, and reuse stops at the
 first image (or token) that differs; rows of no known image are never reused. A speculative draft only borrows
-cells from its own
-promise (a draft is never longer than the tokens the request may still write) and gives back what the
-target rejects.
+cells from its own promise (a draft is never longer than the tokens the request may still write) and gives back
+what the target rejects.
 
 Context shift (llama-server's --context-shift): a request holds at most its share of the context less one
 cell; when it is full, its first n_keep tokens (and the BOS) stay, the oldest half of the rest is dropped and

@@ -27,14 +27,14 @@ MEDIA_MARKER = "<__media__>"  # llama.cpp's mtmd_default_marker
 class ImageRows(np.ndarray):
     """A chunk of an image's embedding rows [n, n_embd] that know the image they come from (`identity`: what their
     cells hold in a cached token list, see image_cache.chunk_identity) and, for an M-RoPE model, their grid
-    (nx, ny): the tokens row by row (Batch.embeddings reads it). Views and copies keep both."""
+    (nx, ny): the tokens row by row (Batch.embeddings reads it). Views and copies keep the grid but not the
+    identity: a part of the rows is not the image whose cells a later prompt may reuse."""
 
     grid: tuple | None = None
     identity: int | None = None
 
     def __array_finalize__(self, obj) -> None:
         self.grid = getattr(obj, "grid", None)
-        self.identity = getattr(obj, "identity", None)
 
 
 def image_rows(rows: np.ndarray, grid: tuple | None, identity: int | None = None) -> ImageRows:
