@@ -148,3 +148,16 @@ def test_image_identity_is_the_sha256_of_the_bytes():
     assert image_identity(data) == hashlib.sha256(data).digest()
     pixels = Image.fromarray(np.zeros((2, 3, 3), np.uint8))
     assert image_identity(pixels) == image_identity(pixels.copy()) != image_identity(pixels.convert("L"))
+
+
+def test_a_restored_slot_s_image_cells_match_no_prompt(case_files, tmp_path):
+    case, (lm, mmproj) = case_files
+    if not case.name.startswith("gemma3"):
+        pytest.skip("one projector is enough: the saved file is the same for all")
+    model = load_model(lm, n_ctx=256, mmproj=mmproj)
+    with Engine(model, n_slots=1) as engine:
+        _, images, _, _ = run(engine, model, TEXT, case.image())
+        n = engine.save_slot(0, tmp_path / "s.npz").result()
+        assert engine.restore_slot(0, tmp_path / "s.npz").result() == n
+        _, _, _, done = run(engine, model, TEXT, case.image())
+    assert done.cached_tokens == images[0][0]  # the saved file keeps no identity: the image is read afresh
