@@ -161,3 +161,20 @@ def test_a_restored_slot_s_image_cells_match_no_prompt(case_files, tmp_path):
         assert engine.restore_slot(0, tmp_path / "s.npz").result() == n
         _, _, _, done = run(engine, model, TEXT, case.image())
     assert done.cached_tokens == images[0][0]  # the saved file keeps no identity: the image is read afresh
+
+
+def test_the_image_cache_option(case_files, capsys):
+    import argparse
+
+    from pyggml.cli.model_options import add_model_options, open_model
+
+    case, (lm, mmproj) = case_files
+    if not case.name.startswith("gemma3"):
+        pytest.skip("one projector is enough for an option")
+    p = argparse.ArgumentParser()
+    add_model_options(p)
+    model = open_model(p.parse_args(["-m", str(lm), "--ctx", "256", "--mmproj", str(mmproj), "--image-cache", "3"]))
+    assert model.vision.cache.max_bytes == 3 << 20
+    with pytest.raises(SystemExit):
+        p.parse_args(["--image-cache", "-1"])
+    assert "must be an integer >= 0" in capsys.readouterr().err
