@@ -5,6 +5,8 @@ last are kept by content (image_cache), so a resent image costs no encoding."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from pyggml.backend import Backend, init_by_name, tensor_get, tensor_set
@@ -31,6 +33,7 @@ class VisionEncoder:
     def __init__(self, path, backend: str | Backend = "CPU", weights: str = "quantized", progress: bool | None = None,
                  flash_attn: bool = True, cache_bytes: int = DEFAULT_CACHE_BYTES):
         self.cache = ImageCache(cache_bytes)
+        self.key = os.urandom(8)  # in its images' cell identities: a cell another encoder filled is never reused
         self.gguf = GGUFFile.open(path)
         try:
             self.hparams = read_hparams(self.gguf)

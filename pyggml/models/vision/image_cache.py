@@ -25,11 +25,11 @@ def image_identity(source) -> bytes:
     return h.digest()
 
 
-def chunk_identity(identity: bytes, index: int) -> int:
+def chunk_identity(identity: bytes, index: int, encoder_key: bytes) -> int:
     """The number the cells of an image's index-th chunk of rows hold in a cached sequence's token list: negative
-    (tokens are >= 0; -1 is kept for rows of no known image), 62 bits of a hash of the image's identity and the
-    chunk's index."""
-    digest = hashlib.sha256(identity + index.to_bytes(4, "little")).digest()
+    (tokens are >= 0; -1 is kept for rows of no known image), 62 bits of a hash of the image's identity, the
+    chunk's index and the encoder's key (another encoder's embeddings of the same image are other cells)."""
+    digest = hashlib.sha256(identity + index.to_bytes(4, "little") + encoder_key).digest()
     return -2 - (int.from_bytes(digest[:8], "little") >> 2)
 
 

@@ -99,7 +99,8 @@ def encode_tiles(encoder, tiles: Tiles, identity: bytes) -> EncodedImage:
     last); the rows carry the image's identity (and Qwen2.5-VL's its grid)."""
     pixels = tiles.tiles + ([tiles.overview] if tiles.overview is not None else [])
     grid = tiles.grid if encoder.projector == QWEN25VL else None
-    chunks = [image_rows(encoder.encode(p), grid, chunk_identity(identity, i)) for i, p in enumerate(pixels)]
+    chunks = [image_rows(encoder.encode(p), grid, chunk_identity(identity, i, encoder.key))
+              for i, p in enumerate(pixels)]
     return EncodedImage(chunks, tiles.grid)
 
 

@@ -163,7 +163,7 @@ def test_a_restored_slot_s_image_cells_match_no_prompt(case_files, tmp_path):
     assert done.cached_tokens == images[0][0]  # the saved file keeps no identity: the image is read afresh
 
 
-def test_the_image_cache_option(case_files, capsys):
+def test_the_image_cache_option_and_each_encoder_s_own_identities(case_files, capsys):
     import argparse
 
     from pyggml.cli.model_options import add_model_options, open_model
@@ -175,6 +175,9 @@ def test_the_image_cache_option(case_files, capsys):
     add_model_options(p)
     model = open_model(p.parse_args(["-m", str(lm), "--ctx", "256", "--mmproj", str(mmproj), "--image-cache", "3"]))
     assert model.vision.cache.max_bytes == 3 << 20
+    again = load_model(lm, n_ctx=256, mmproj=mmproj)  # another encoder: its cells are its own
+    assert (model.vision.encode_image(case.image()).chunks[0].identity
+            != again.vision.encode_image(case.image()).chunks[0].identity)
     with pytest.raises(SystemExit):
         p.parse_args(["--image-cache", "-1"])
     assert "must be an integer >= 0" in capsys.readouterr().err
