@@ -1,10 +1,10 @@
 """The model options every command that loads a language model takes (generate, chat, serve), added and opened
 in one place so they mean the same everywhere: --model/-m, --threads/-t, --ctx/-c, --batch/-b, --backend,
---rpc, --weights, --kv-type/-ctk/-ctv, --flash-attn/-fa, --mmproj, --lora."""
+--rpc, --weights, --kv-type/-ctk/-ctv, --flash-attn/-fa, --mmproj, --image-cache, --lora."""
 
 from __future__ import annotations
 
-from pyggml.cli.args import positive_int
+from pyggml.cli.args import non_negative_int, positive_int
 from pyggml.cli.lora import add_lora_options, lora_specs
 
 DEFAULT_CTX = 4096  # one default for every command (llama.cpp's CLI and server took 4096 too)
@@ -50,6 +50,9 @@ def add_model_options(p) -> None:
                         "which needs it; on: also with F16, where a cell the mask hides is never read, so many "
                         "sequences in one cache each pay for their own cells)")
     p.add_argument("--mmproj", help="vision projector GGUF (llama.cpp's mmproj file): prompts may then hold images")
+    p.add_argument("--image-cache", type=non_negative_int, default=64, metavar="MIB",
+                   help="MiB of image embeddings kept by content, so an image sent again is not encoded again "
+                        "(default 64)")
     add_lora_options(p)
 
 
@@ -83,4 +86,5 @@ def open_model(args, **kwargs):
     return load_model(args.model, backend=backend, n_ctx=args.ctx, n_batch=args.batch, weights=args.weights,
                       kv_type=args.kv_type, kv_type_k=args.cache_type_k, kv_type_v=args.cache_type_v,
                       n_threads=args.threads, lora=lora_specs(args), mmproj=args.mmproj,
+                      image_cache=args.image_cache << 20,
                       flash_attn={"on": True, "off": False, "auto": None}[args.flash_attn], **kwargs)

@@ -1,8 +1,9 @@
 """A conversation with one model, turn by turn, as llama.cpp's `llama-cli -cnv` holds it: the whole history is
 rendered by the model's chat template each turn, and only what changed since the last turn is decoded (the KV
 cache keeps the common prefix). When history and a reply's room no longer fit the context, the oldest turns are
-dropped (the system message stays). Images go in the history as OpenAI image_url parts; the cache is reused
-only up to the first image (image cells hold no token to compare), so a turn after one re-reads the rest."""
+dropped (the system message stays). Images go in the history as OpenAI image_url parts; each turn finds them
+in the encoder's cache of images, and the KV cache is reused through an image it still holds (see
+cached_prefix), so a turn about an image reads only the new messages."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 from typing import Iterator
 
 from pyggml.errors import ImageError, ParameterError
+from pyggml.models.llm.cached_prefix import prompt_cells, reusable_prefix
 from pyggml.models.llm.generate import Sampler, SamplingParams
 from pyggml.models.vision.content import has_image_parts, image_part, split_image_parts
 from pyggml.models.vision.prompt import Prompt
@@ -26,7 +28,7 @@ class Conversation:
         if not 0 < self.reply_room < model.n_ctx:
             raise ParameterError(f"the reply's room must be 1 to {model.n_ctx - 1} tokens, got {self.reply_room}")
         self.turns: list[dict] = []   # user and assistant messages, oldest first
-        self.cached: list[int] = []   # the tokens in the KV cache (sequence 0), from position 0
+        self.cached: list[int] = []   # what the KV cache's cells hold (sequence 0), from position 0
         self.dropped = 0              # turns dropped by the last reply to fit the context
         self.last = {"prompt_tokens": 0, "prompt_s": 0.0, "gen_tokens": 0, "gen_s": 0.0}
 
@@ -92,20 +94,17 @@ class Conversation:
     def _generate(self, prompt: list[int] | Prompt, answer: list[int]) -> Iterator[int]:
         model, last = self.model, self.last
         ids, images = prompt.engine_prompt() if isinstance(prompt, Prompt) else (prompt, [])
-        for pos, rows in images:
-            ids[pos:pos + len(rows)] = [-1] * len(rows)  # image cells: no token, so no later prefix matches them
-        keep = 0
-        while keep < min(len(self.cached), len(ids) - 1) and self.cached[keep] == ids[keep] != -1:
-            keep += 1
+        cells = prompt_cells(ids, images)
+        keep = min(reusable_prefix(cells, self.cached, images), len(ids) - 1)
         model.seq_rm(0, keep, -1)
-        self.cached = ids[:keep]
+        self.cached = cells[:keep]
         sampler = Sampler(self.params)
-        for t in ids:
-            if t != -1:
+        for t in cells:
+            if t >= 0:  # tokens, not image rows
                 sampler.accept(t)
         start = time.perf_counter()
         logits = model.decode_prompt(prompt, keep)
-        self.cached = list(ids)
+        self.cached = cells
         last.update(prompt_tokens=len(ids) - keep, prompt_s=time.perf_counter() - start, gen_tokens=0, gen_s=0.0)
         for _ in range(self.reply_room):
             token = sampler.sample(logits)

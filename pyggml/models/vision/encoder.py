@@ -1,8 +1,11 @@
 """An mmproj file loaded and ready to encode images: its weights on a backend (quantized ones kept in their block
 formats, as every model here), one graph for an image of the encoder's size, planned once by a GraphAllocator
-(Qwen2.5-VL takes images of any size: a graph is built for each new size, the last one kept)."""
+(Qwen2.5-VL takes images of any size: a graph is built for each new size, the last one kept). The images it encoded
+last are kept by content (image_cache), so a resent image costs no encoding."""
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
@@ -12,7 +15,10 @@ from pyggml.errors import ImageError
 from pyggml.models.gguf.gguf_file import GGUFFile
 from pyggml.models.gguf.gguf_loader import load_weights
 from pyggml.models.llm.runner import SingleBackend
+from pyggml.models.vision.image_cache import DEFAULT_CACHE_BYTES, EncodedImage, ImageCache, image_identity
 from pyggml.models.vision.mmproj import QWEN25VL, read_hparams
+from pyggml.models.vision.preprocess import decode_image, preprocess, read_image
+from pyggml.models.vision.prompt import encode_tiles
 from pyggml.models.vision.qwen25vl import Qwen25VL
 from pyggml.models.vision.siglip import Siglip
 
@@ -21,10 +27,13 @@ GRAPH_SIZE = 8192
 
 class VisionEncoder:
     """`encode(pixels)`: [n_tokens, n_out] embeddings of one normalised image (see preprocess.py), as llama.cpp's
-    clip_image_batch_encode gives them."""
+    clip_image_batch_encode gives them; `encode_image(image)`: every chunk of an image file's, from `cache` when
+    the same image was encoded lately (at most `cache_bytes` of embeddings are kept)."""
 
     def __init__(self, path, backend: str | Backend = "CPU", weights: str = "quantized", progress: bool | None = None,
-                 flash_attn: bool = True):
+                 flash_attn: bool = True, cache_bytes: int = DEFAULT_CACHE_BYTES):
+        self.cache = ImageCache(cache_bytes)
+        self.key = os.urandom(8)  # in its images' cell identities: a cell another encoder filled is never reused
         self.gguf = GGUFFile.open(path)
         try:
             self.hparams = read_hparams(self.gguf)
@@ -108,6 +117,16 @@ class VisionEncoder:
                 tensor_set(tensor, values)
         self.runner.compute(self.graph)
         return np.asarray(tensor_get(self.out), dtype=np.float32).reshape(-1, self.n_embd_out).copy()
+
+    def encode_image(self, source) -> EncodedImage:
+        """An image (bytes, a path or a Pillow image) decoded, cut into tiles and encoded; ImageError for a bad one."""
+        data = read_image(source)
+        identity = image_identity(data)
+        image = self.cache.get(identity)
+        if image is None:
+            image = encode_tiles(self, preprocess(decode_image(data), self.hparams), identity)
+            self.cache.put(identity, image)
+        return image
 
     def close(self) -> None:
         self.gguf.close()

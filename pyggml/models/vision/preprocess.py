@@ -45,17 +45,24 @@ def _pillow():
     return Image
 
 
+def read_image(source):
+    """An image's encoded bytes (a path's are read), or the Pillow image it is."""
+    if isinstance(source, (str, Path)):
+        try:
+            return Path(source).read_bytes()
+        except OSError as e:
+            raise ImageError(f"cannot read image {source}: {e.strerror}") from None
+    return source if isinstance(source, _pillow().Image) else bytes(source)
+
+
 def decode_image(source, max_pixels: int = MAX_IMAGE_PIXELS):
     """An RGB Pillow image from bytes, a path or a Pillow image; ImageError for data that is not an image or an image
     of more than max_pixels pixels."""
     image_mod = _pillow()
-    if isinstance(source, image_mod.Image):
-        image = source
+    data = read_image(source)
+    if isinstance(data, image_mod.Image):
+        image = data
     else:
-        try:
-            data = Path(source).read_bytes() if isinstance(source, (str, Path)) else bytes(source)
-        except OSError as e:
-            raise ImageError(f"cannot read image {source}: {e.strerror}") from None
         try:
             image = image_mod.open(io.BytesIO(data))
         except image_mod.DecompressionBombError as e:

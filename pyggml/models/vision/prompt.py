@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pyggml.errors import ImageError
+from pyggml.models.vision.image_cache import EncodedImage, chunk_identity
 from pyggml.models.vision.mmproj import QWEN25VL
 from pyggml.models.vision.preprocess import Tiles
 
@@ -24,18 +25,22 @@ MEDIA_MARKER = "<__media__>"  # llama.cpp's mtmd_default_marker
 
 
 class ImageRows(np.ndarray):
-    """An image's embedding rows [nx * ny, n_embd] that know their grid (nx, ny): the tokens row by row
-    (Batch.embeddings reads it). Views and copies keep it."""
+    """A chunk of an image's embedding rows [n, n_embd] that know the image they come from (`identity`: what their
+    cells hold in a cached token list, see image_cache.chunk_identity) and, for an M-RoPE model, their grid
+    (nx, ny): the tokens row by row (Batch.embeddings reads it). Views and copies keep the grid but not the
+    identity: a part of the rows is not the image whose cells a later prompt may reuse."""
 
     grid: tuple | None = None
+    identity: int | None = None
 
     def __array_finalize__(self, obj) -> None:
         self.grid = getattr(obj, "grid", None)
 
 
-def image_rows(rows: np.ndarray, grid: tuple) -> ImageRows:
+def image_rows(rows: np.ndarray, grid: tuple | None, identity: int | None = None) -> ImageRows:
     out = rows.view(ImageRows)
-    out.grid = tuple(int(n) for n in grid)
+    out.grid = None if grid is None else tuple(int(n) for n in grid)
+    out.identity = identity
     return out
 
 
@@ -89,32 +94,42 @@ def _special(model, text: str) -> list[int]:
     return model.tokenize(text, add_special=False, parse_special=True)
 
 
-def add_image(prompt: Prompt, model, encoder, tiles: Tiles) -> None:
+def encode_tiles(encoder, tiles: Tiles, identity: bytes) -> EncodedImage:
+    """Every tile of one image through the encoder, in the order add_image lays them out (idefics3's whole image
+    last); the rows carry the image's identity (and Qwen2.5-VL's its grid)."""
+    pixels = tiles.tiles + ([tiles.overview] if tiles.overview is not None else [])
+    grid = tiles.grid if encoder.projector == QWEN25VL else None
+    chunks = [image_rows(encoder.encode(p), grid, chunk_identity(identity, i, encoder.key))
+              for i, p in enumerate(pixels)]
+    return EncodedImage(chunks, tiles.grid)
+
+
+def add_image(prompt: Prompt, model, projector: str, image: EncodedImage) -> None:
     """The image's tokens and embeddings, in the projector's layout (see the module docstring)."""
-    if encoder.projector == "gemma3":
+    if projector == "gemma3":
         prompt.add_tokens(_special(model, "<start_of_image>"))
-        prompt.chunks.append(encoder.encode(tiles.tiles[0]))
+        prompt.chunks.append(image.chunks[0])
         prompt.add_tokens(_special(model, "<end_of_image>"))
         return
-    if encoder.projector == QWEN25VL:
+    if projector == QWEN25VL:
         prompt.add_tokens(_special(model, "<|vision_start|>"))
-        prompt.chunks.append(image_rows(encoder.encode(tiles.tiles[0]), tiles.grid))
+        prompt.chunks.append(image.chunks[0])
         prompt.add_tokens(_special(model, "<|vision_end|>"))
         return
-    cols, rows = tiles.grid
+    cols, rows = image.grid
     for y in range(rows):
         for x in range(cols):
             prompt.add_tokens(_special(model, f"<fake_token_around_image><row_{y + 1}_col_{x + 1}>"))
-            prompt.chunks.append(encoder.encode(tiles.tiles[y * cols + x]))
+            prompt.chunks.append(image.chunks[y * cols + x])
         if y != rows - 1:
             prompt.add_tokens(_piece_token(model, "\n"))
     prompt.add_tokens(_piece_token(model, "\n\n") + _piece_token(model, "<fake_token_around_image>")
                       + _piece_token(model, "<global-img>"))
-    prompt.chunks.append(encoder.encode(tiles.overview))
+    prompt.chunks.append(image.chunks[-1])
     prompt.add_tokens(_piece_token(model, "<fake_token_around_image>"))
 
 
-def build_prompt(model, encoder, text: str, images: list[Tiles], add_special: bool = True) -> Prompt:
+def build_prompt(model, projector: str, text: str, images: list[EncodedImage], add_special: bool = True) -> Prompt:
     """`text` with one MEDIA_MARKER per image (markers are put first when the text has none)."""
     n_markers = text.count(MEDIA_MARKER)
     if n_markers == 0 and images:
@@ -126,7 +141,7 @@ def build_prompt(model, encoder, text: str, images: list[Tiles], add_special: bo
     for i, part in enumerate(parts):
         prompt.add_tokens(_special(model, part) if part else [])
         if i < len(images):
-            add_image(prompt, model, encoder, images[i])
+            add_image(prompt, model, projector, images[i])
     tok = model.tokenizer
     if add_special and tok.add_bos:
         if prompt.chunks and isinstance(prompt.chunks[0], list):

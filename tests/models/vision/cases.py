@@ -64,3 +64,10 @@ CASES = [VisionCase("idefics3-f32", TINY_IDEFICS3, (80, 60)), VisionCase("gemma3
 
 def sha256(path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def counting_encodes(model, monkeypatch) -> list:
+    """The tiles the model's encoder runs on from now on (one entry each)."""
+    runs = []
+    monkeypatch.setattr(model.vision, "encode", lambda pixels, run=model.vision.encode: runs.append(1) or run(pixels))
+    return runs

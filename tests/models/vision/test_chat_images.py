@@ -1,6 +1,6 @@
 """Images in a conversation: `pyggml chat`'s /image PATH keeps the image in the history as an OpenAI image_url part,
-the answers match a fresh run over the same history, the cache is reused only up to the first image, and a model
-without a projector says so instead of failing."""
+the answers match a fresh run over the same history, a later turn neither encodes the image again nor reads it
+again (the KV cache is reused through it), and a model without a projector says so instead of failing."""
 
 import builtins
 import io
@@ -10,10 +10,12 @@ import pytest
 
 from pyggml.cli.main import main
 from pyggml.models import load_model
+from pyggml.models.llm.batch import common_prefix
 from pyggml.models.llm.conversation import Conversation
 from pyggml.models.vision.content import data_url_bytes, image_data_url
 from pyggml.testing.synthetic import write_gemma3
 from pyggml.testing.synthetic_vision import TINY_GEMMA3, vision_vocab, write_mmproj
+from tests.models.vision.cases import counting_encodes
 
 Image = pytest.importorskip("PIL.Image", reason="images need Pillow (the vision extra)")
 
@@ -28,9 +30,10 @@ def files(tmp_path_factory):
             write_mmproj(d / "mm.gguf", **TINY_GEMMA3), d / "cat.png")
 
 
-def test_a_conversation_with_an_image_answers_as_a_fresh_run(files):
+def test_a_conversation_with_an_image_answers_as_a_fresh_run(files, monkeypatch):
     lm, mmproj, image = files
     model = load_model(lm, n_ctx=256, mmproj=mmproj)
+    encoded = counting_encodes(model, monkeypatch)
     url = image_data_url(image)
     assert url.startswith("data:image/png;base64,") and data_url_bytes(url) == image.read_bytes()
     conv = Conversation(model, reply_room=6)
@@ -41,14 +44,19 @@ def test_a_conversation_with_an_image_answers_as_a_fresh_run(files):
     conv.cached = []
     "".join(conv.reply("what is it", [url]))  # from an empty cache, so the next turn can reuse a prefix
     history = [dict(t) for t in conv.turns]
+    before = list(conv.cached)
     second = "".join(conv.reply("and now?"))
-    image_pos = conv.cached.index(-1)
-    assert conv.last["prompt_tokens"] == len(conv.cached) - conv.last["gen_tokens"] - image_pos  # from the image on
+    assert len(encoded) == 1  # the first turn encoded the image; every later render found it in the cache
+    n_prompt = len(conv.cached) - conv.last["gen_tokens"]
+    kept = n_prompt - conv.last["prompt_tokens"]
+    image_end = max(i for i, t in enumerate(conv.cached) if t < 0) + 1
+    assert kept == common_prefix(before, conv.cached[:n_prompt]) > image_end  # through the image
 
     fresh = Conversation(model, reply_room=6)
     fresh.turns = history
     model.reset()
     assert "".join(fresh.reply("and now?")) == second
+    assert fresh.last["prompt_tokens"] == n_prompt  # nothing cached: the whole history read
 
 
 def test_the_image_command(files, monkeypatch, capsys):

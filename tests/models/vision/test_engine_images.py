@@ -1,5 +1,5 @@
 """Images through the batching engine (what the server runs) and the generate command: the same text as
-Model.generate, image cells never reused by another request's prefix nor drafted from, and --image refusals."""
+Model.generate, image cells never reused for another image nor drafted from, and --image refusals."""
 
 import io
 
@@ -38,7 +38,7 @@ def test_engine_requests_with_images_give_generate_s_text(files):
             events = list(engine.submit(Request(ids, max_tokens=5, images=images,
                                                 causal_images=model.vision.causal)))
             assert "".join(e.text for e in events if isinstance(e, Token)) == want
-            assert events[-1].cached_tokens <= images[0][0]  # never past the first image
+            assert events[-1].cached_tokens <= images[0][0]  # its slot last held another image: not past it
     with Engine(model, n_slots=1, drafter=NgramDrafter()) as engine:  # image cells hold nothing to draft from
         ids, images = model.image_prompt("what <__media__> is", [png(0)]).engine_prompt()
         events = list(engine.submit(Request(ids, max_tokens=5, images=images, causal_images=model.vision.causal)))

@@ -1,7 +1,7 @@
 """The server's chat completions with OpenAI image_url parts: base64 data URLs answered as Model.generate answers
-them with the image tokens counted in usage; remote URLs, undecodable images and images sent to a server without
---mmproj are 400s in OpenAI's error shape, and the server keeps serving; /v1/models says whether the model sees
-images."""
+them with the image tokens counted in usage (as cached ones when a later turn resends the image); remote URLs,
+undecodable images and images sent to a server without --mmproj are 400s in OpenAI's error shape, and the server
+keeps serving; /v1/models says whether the model sees images."""
 
 import base64
 import io
@@ -56,7 +56,8 @@ def test_images_in_chat_content_and_their_refusals(files):
     url = data_url()
     want = load_model(lm, n_ctx=256, mmproj=mmproj)
     text = want.generate(image_message(url), chat=True, n=4)
-    n_prompt = len(want.image_prompt(want.chat_prompt("<__media__>what is it"), [base64.b64decode(url[22:])]))
+    prompt = want.image_prompt(want.chat_prompt("<__media__>what is it"), [base64.b64decode(url[22:])])
+    n_prompt, (image_pos, image) = len(prompt), prompt.engine_prompt()[1][0]
     with serve(lm, mmproj) as srv:
         meta = httpx.get(srv.base_url + "/v1/models").json()["data"][0]["meta"]
         assert meta["modalities"] == {"vision": True}  # what the chat page shows its image button by
@@ -65,6 +66,13 @@ def test_images_in_chat_content_and_their_refusals(files):
         body = ok.json()
         assert body["choices"][0]["message"]["content"] == text
         assert body["usage"]["prompt_tokens"] == n_prompt
+        # the next turn resends the image: its cells are reused, and counted as cached
+        turn = image_message(url) + [{"role": "assistant", "content": text}, {"role": "user", "content": "and now?"}]
+        again = chat(srv, turn)
+        assert again.status_code == 200, again.text
+        usage, timings = again.json()["usage"], again.json()["timings"]
+        assert usage["prompt_tokens_details"]["cached_tokens"] == timings["cache_n"] > image_pos + len(image)
+        assert timings["prompt_n"] == usage["prompt_tokens"] - timings["cache_n"]
         for bad, message in (("https://example.com/cat.png", "remote URLs are not fetched"),
                              ("data:image/png;base64," + base64.b64encode(b"not an image").decode(),
                               "not a decodable image")):
