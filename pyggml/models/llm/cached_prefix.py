@@ -14,7 +14,8 @@ from pyggml.models.llm.batch import common_prefix
 NO_IDENTITY = -1  # the cells of rows whose image is not known
 
 
-def image_identity(rows) -> int:
+def cell_identity(rows) -> int:
+    """The number an image's cells hold in a cached sequence: its rows' identity, or NO_IDENTITY."""
     identity = getattr(rows, "identity", None)
     return NO_IDENTITY if identity is None else identity
 
@@ -23,7 +24,7 @@ def prompt_cells(prompt: Sequence[int], images: Sequence) -> list[int]:
     """What the prompt's cells hold once decoded: its tokens, and its images' identities at their rows' positions."""
     cells = list(prompt)
     for pos, rows in images:
-        cells[pos:pos + len(rows)] = [image_identity(rows)] * len(rows)
+        cells[pos:pos + len(rows)] = [cell_identity(rows)] * len(rows)
     return cells
 
 
@@ -32,4 +33,4 @@ def reusable_prefix(cells: Sequence[int], cached: Sequence[int], images: Sequenc
     common prefix, cut back to the start of an image it would end inside, or of the first image of no identity."""
     n = common_prefix(cells, cached)
     return min([n] + [pos for pos, rows in images
-                      if pos < n and (image_identity(rows) == NO_IDENTITY or n < pos + len(rows))])
+                      if pos < n and (cell_identity(rows) == NO_IDENTITY or n < pos + len(rows))])

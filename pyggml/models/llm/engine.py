@@ -47,7 +47,7 @@ from typing import AsyncIterator, Callable, Iterator, Sequence, TypeVar, Union
 import numpy as np
 
 from pyggml.errors import GGMLError, ParameterError
-from pyggml.models.llm.cached_prefix import NO_IDENTITY, image_identity
+from pyggml.models.llm.cached_prefix import NO_IDENTITY, cell_identity
 from pyggml.models.llm.generate import SamplingParams
 from pyggml.models.llm.kv_cache import CellData
 from pyggml.models.llm.scheduler import Scheduler, Slot
@@ -373,7 +373,7 @@ class Engine:
             if not 0 <= pos < pos + len(rows) < len(r.prompt) or rows.shape[1:] != (self.model.arch.n_embd,):
                 raise ParameterError(f"Request.images: rows [{len(rows)}, ...] at {pos} must be n_embd wide and lie "
                                      f"before the prompt's last token")
-            if not _is_int(image_identity(rows)) or image_identity(rows) >= 0:
+            if not _is_int(cell_identity(rows)) or cell_identity(rows) >= 0:
                 raise ParameterError(f"Request.images: the rows at {pos} have the identity {rows.identity!r}; an "
                                      f"image's identity is a negative integer (token ids are not)")
 

@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass, field
 
 from pyggml.models.llm.batch import Batch
-from pyggml.models.llm.cached_prefix import image_identity, prompt_cells, reusable_prefix
+from pyggml.models.llm.cached_prefix import cell_identity, prompt_cells, reusable_prefix
 from pyggml.models.llm.generate import Sampler
 from pyggml.models.llm.text_output import TextOutput
 
@@ -220,7 +220,7 @@ class Scheduler:
     def fed_image(self, slot: Slot) -> None:
         """The image that starts at the slot's next prompt position is in the cache (cells of its identity)."""
         rows = next(rows for pos, rows in slot.handle.request.images if pos == slot.fed)
-        slot.cached += [image_identity(rows)] * len(rows)
+        slot.cached += [cell_identity(rows)] * len(rows)
         slot.cells_left -= len(rows)
         slot.fed += len(rows)
 
