@@ -6,7 +6,9 @@ The cache lives in the user's cache directory ($NUMBA_CACHE_DIR, else $XDG_CACHE
 ~/.cache/pyggml/numba), not beside the installed sources, so that a reinstall of the same sources keeps it. A
 cached kernel is valid for the exact sources of its own folder and of the CPU backend's kernels (a kernel carries
 the code of the functions it calls from other modules: an edit to quants.py must recompile mul_mat.py's kernels
-too), for this Numba and this CPU.
+too), for this Numba and this CPU. Each version of those sources has a folder of its own, so two installs of
+different versions (two environments, an upgrade and a rollback) do not overwrite each other's kernels at every
+alternate run; an old version's folder is a few MB.
 Division follows C and NumPy (error_model "numpy": x / 0 gives inf or NaN, no exception, no check).
 
 This module is below every layer (core): the memory planner (alloc) and the CPU backend both compile with it.
@@ -50,19 +52,20 @@ def sources_digest(folder: Path) -> str:
 
 
 class PackageCacheLocator(caching._CacheLocator):
-    """Numba's cache for this package's functions: a folder per source folder under cache_root(), valid while the
-    sources of the function's folder and of the shared kernels are unchanged (Numba's own stamp covers the
-    function's file alone)."""
+    """Numba's cache for this package's functions: a folder per source folder and version of its sources under
+    cache_root(), valid while the sources of the function's folder and of the shared kernels are unchanged
+    (Numba's own stamp covers the function's file alone)."""
 
     def __init__(self, py_func, py_file: str):
         self._folder = Path(py_file).resolve().parent
         self._lineno = py_func.__code__.co_firstlineno
-        self._cache_path = str(cache_root() / self._folder.relative_to(PACKAGE))
+        version = hashlib.sha1("".join(self.get_source_stamp()).encode()).hexdigest()[:16]
+        self._cache_path = str(cache_root() / self._folder.relative_to(PACKAGE) / version)
 
     def get_cache_path(self) -> str:
         return self._cache_path
 
-    def get_source_stamp(self):
+    def get_source_stamp(self) -> tuple[str, str]:
         return sources_digest(self._folder), sources_digest(SHARED_KERNELS)
 
     def get_disambiguator(self) -> str:

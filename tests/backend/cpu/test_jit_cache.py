@@ -4,6 +4,7 @@ per ggml type, the compile clock, and a model loading its kernels before its fir
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numba
 import numpy as np
@@ -23,12 +24,28 @@ def test_the_package_kernels_cache_under_the_cache_root_and_go_stale_with_their_
 
     locator = rms_norm_rows._cache._impl._locator
     assert isinstance(locator, core_jit.PackageCacheLocator)
-    assert locator.get_cache_path() == str(core_jit.cache_root() / "backend" / "cpu" / "jit")
+    path = Path(locator.get_cache_path())
+    assert path.parent == core_jit.cache_root() / "backend" / "cpu" / "jit" and len(path.name) == 16
     (tmp_path / "a.py").write_text("x = 1\n")
     before = core_jit.sources_digest(tmp_path)
     (tmp_path / "a.py").write_text("x = 2\n")
     core_jit.sources_digest.cache_clear()
     assert core_jit.sources_digest(tmp_path) != before
+
+
+def test_two_versions_of_the_sources_keep_their_kernels_apart(tmp_path, monkeypatch):
+    """Two installs of different sources (two environments) cache in folders of their own: neither makes the
+    other recompile at every alternate run, as one folder with one index per kernel did."""
+    from pyggml.backend.cpu.jit.norm import rms_norm_rows
+
+    folder = Path(rms_norm_rows.py_func.__code__.co_filename).resolve().parent
+    first = core_jit.PackageCacheLocator(rms_norm_rows.py_func, str(folder / "norm.py")).get_cache_path()
+    monkeypatch.setattr(core_jit, "SHARED_KERNELS", tmp_path)
+    core_jit.sources_digest.cache_clear()
+    (tmp_path / "k.py").write_text("x = 1\n")
+    other = core_jit.PackageCacheLocator(rms_norm_rows.py_func, str(folder / "norm.py")).get_cache_path()
+    core_jit.sources_digest.cache_clear()
+    assert Path(first).parent == Path(other).parent and first != other
 
 
 def test_the_user_cache_directory_is_the_default(monkeypatch, tmp_path):
