@@ -1,9 +1,10 @@
 """Batched transcription, as faster-whisper's BatchedInferencePipeline: Silero VAD cuts the audio into
 speech segments (at most 30 s each, silences over 160 ms end one), consecutive segments are merged into
-chunks of up to 30 s (faster-whisper's collect_chunks, here with whisper.cpp's 0.1 s of zeros between two
-segments, counted in the 30 s), and `batch_size` chunks are decoded together: one encoder graph encodes them
-all, each into its own cross-attention slot, then one decoder graph per step advances every chunk's sequence
-(a matrix product over B rows instead of B matrix-vector products, the gain on a CPU).
+chunks of up to 30 s (faster-whisper's collect_chunks: back to back; with whisper.cpp's VAD options 0.1 s of
+zeros between two segments, counted in the 30 s), read through the VAD options' front end (VadOptions.padding),
+and `batch_size` chunks are decoded together: one encoder graph encodes them all, each into its own
+cross-attention slot, then one decoder graph per step advances every chunk's sequence (a matrix product over
+B rows instead of B matrix-vector products, the gain on a CPU).
 
 As faster-whisper's batched mode: greedy, no temperature fallback, no timestamp tokens (one segment per
 chunk, its times those of the chunk's speech), no previous text as prompt (chunks are independent);
@@ -18,7 +19,7 @@ from dataclasses import replace
 import numpy as np
 
 from pyggml.errors import ParameterError
-from pyggml.models.vad.segments import GAP_S, SpeechAudio, VadOptions, speech_segments
+from pyggml.models.vad.segments import SpeechAudio, VadOptions, speech_segments
 from pyggml.models.whisper.decoding import LogitFilter, compression_ratio, decode_batch
 from pyggml.models.whisper.model import N_FRAMES
 from pyggml.models.whisper.results import HOP, MAX_SEQUENCES, Segment, Timings
@@ -32,10 +33,11 @@ def batched_vad_options(**changes) -> VadOptions:
     return VadOptions.faster_whisper(min_silence_ms=160, max_speech_s=CHUNK_S, **changes)
 
 
-def speech_chunks(segments: list[tuple[int, int]], max_s: float = CHUNK_S) -> list[list[tuple[int, int]]]:
-    """Consecutive speech segments (sample pairs) merged while the chunk, 0.1 s of zeros between two of
+def speech_chunks(segments: list[tuple[int, int]], max_s: float = CHUNK_S,
+                  gap_s: float = 0.0) -> list[list[tuple[int, int]]]:
+    """Consecutive speech segments (sample pairs) merged while the chunk, gap_s of zeros between two of
     them, lasts at most max_s seconds (faster-whisper's collect_chunks)."""
-    limit, gap = int(max_s * SAMPLE_RATE), int(GAP_S * SAMPLE_RATE)
+    limit, gap = int(max_s * SAMPLE_RATE), int(gap_s * SAMPLE_RATE)
     chunks, current, size = [], [], 0
     for a, b in segments:
         grown = size + gap + b - a if current else b - a
@@ -63,8 +65,9 @@ def transcribe_batched(whisper, samples: np.ndarray, batch_size: int, vad_option
     start = time.perf_counter()
     vopts = replace(vad_options, max_speech_s=min(vad_options.max_speech_s, CHUNK_S)).check() if vad_options \
         else batched_vad_options()   # as faster-whisper, a segment never outlasts a chunk
-    chunks = [SpeechAudio(samples, c, 0.0, vopts.speech_pad_ms / 1000)
-              for c in speech_chunks(speech_segments(whisper.vad().probs(samples), samples.size, vopts))]
+    segments = speech_segments(whisper.vad().probs(samples), samples.size, vopts)
+    chunks = [SpeechAudio(samples, c, 0.0, vopts.speech_pad_ms / 1000, vopts.gap_s)
+              for c in speech_chunks(segments, CHUNK_S, vopts.gap_s)]
     t.vad_s = time.perf_counter() - start
     if opts.language is not None:
         tok.language_token(opts.language)  # an unknown language fails before any work
@@ -76,7 +79,7 @@ def transcribe_batched(whisper, samples: np.ndarray, batch_size: int, vad_option
     for first in range(0, len(chunks), batch_size):
         batch = chunks[first:first + batch_size]
         start = time.perf_counter()
-        mels = np.array([whisper.log_mel(c.audio)[0][:, :N_FRAMES] for c in batch])
+        mels = np.array([whisper.log_mel(c.audio, vopts.padding)[0][:, :N_FRAMES] for c in batch])
         t.mel.add(time.perf_counter() - start)
         start = time.perf_counter()
         model.encode_batch(mels)

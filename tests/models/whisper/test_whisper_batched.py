@@ -49,7 +49,7 @@ def chunks_of(audio: np.ndarray):
 
     opts = batched_vad_options()
     segments = speech_segments(whisper().vad().probs(audio), audio.size, opts)
-    return [SpeechAudio(audio, c, 0.0, opts.speech_pad_ms / 1000) for c in speech_chunks(segments)]
+    return [SpeechAudio(audio, c, 0.0, opts.speech_pad_ms / 1000, opts.gap_s) for c in speech_chunks(segments)]
 
 
 def test_batched_text_equals_unbatched_on_the_same_chunks():
@@ -57,7 +57,7 @@ def test_batched_text_equals_unbatched_on_the_same_chunks():
     segments = batched()
     assert len(chunks) >= 2 and len(segments) == len(chunks)
     for chunk, segment in zip(chunks, segments, strict=True):
-        alone = whisper().transcribe(chunk.audio, timestamps=False, temperatures=(0.0,))
+        alone = whisper().transcribe(chunk.audio, "faster-whisper", timestamps=False, temperatures=(0.0,))
         assert wer(" ".join(s.text for s in alone), segment.text) <= 0.01
         assert (segment.start, segment.end) == (chunk.segments[0][0] / 16000, chunk.segments[-1][1] / 16000)
     truth = " ".join(whisper_text(name) for name in CLIPS)
@@ -118,6 +118,8 @@ def test_speech_segments_merge_into_chunks_of_at_most_30_s():
     assert speech_chunks(segments) == [[(0, 10 * s), (12 * s, 25 * s), (26 * s, 31 * s)], [(40 * s, 70 * s)],
                                        [(71 * s, 72 * s)]]
     assert speech_chunks([]) == []
+    near = [(0, 15 * s), (16 * s, 31 * s - 800)]              # 29.95 s of speech: one chunk back to back
+    assert speech_chunks(near) == [near] and speech_chunks(near, gap_s=0.1) == [near[:1], near[1:]]
 
 
 @pytest.mark.parametrize("bad", [0, 17, 2.5, "4", True])
