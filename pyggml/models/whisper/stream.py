@@ -16,7 +16,7 @@ the probability stays below the negative threshold for `min_silence_ms`, or the 
 yields no text.
 
 The final decode hears the previous utterances too: as many of the last ones as fit in `context_s` (15) seconds
-laid end to end with 0.1 s of silence between (as transcribe(vad=True) lays speech), then the new utterance,
+laid end to end with 0.1 s of silence between (as whisper.cpp's VAD lays speech), then the new utterance,
 with the final text before them as prompt; the words whose time (word timestamps) lies past the join are the new
 final text. An offline run with VAD decodes each utterance after the ones before it in the same window; decoded
 alone, tiny.en misheard far more: "let me cut my hand" for "the baker sells fresh bread". Finals' WER on the long
@@ -42,7 +42,7 @@ from pyggml.errors import AudioError, WhisperError
 
 SAMPLE_RATE = 16000
 WINDOW = 512
-JOIN = SAMPLE_RATE // 10        # silence between the context and the new utterance (transcribe(vad=True)'s gap)
+JOIN = SAMPLE_RATE // 10        # silence between the context and the new utterance (whisper.cpp's VAD join)
 MAX_DECODE = 29 * SAMPLE_RATE   # context + join + utterance stay inside one 30 s Whisper window
 PARTIAL_SHARE = 0.25            # partials may keep the decoder busy this part of the stream's time, no more
 
