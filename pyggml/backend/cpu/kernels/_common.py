@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
+from pyggml.backend.cpu.kernels._blocks import THREADS_MAX, threads
 from pyggml.core import types as T
 from pyggml.core.tensor import Tensor, host_ndarray
 
@@ -17,6 +21,29 @@ _BLAS = ThreadpoolController()  # scanning the loaded BLAS libraries costs ~1 ms
 def blas_threads(n: int):
     """A context that limits BLAS to n threads (about 10 us to enter and leave)."""
     return _BLAS.limit(limits=n, user_api="blas")
+
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def split_over_threads(work, parts: int) -> None:
+    """work(i) for every i < parts, shared out over this thread's kernel threads (`threads()`) as Python threads
+    with BLAS on one thread each: BLAS calls and compiled kernels (which release the GIL) side by side. Work
+    made of many small BLAS products and compiled loops between them (attention's heads) ran 2-3x faster so
+    than with BLAS's threads, which spin between its calls while the compiled loops run on one core."""
+    n = min(threads(), parts)
+    if n <= 1:
+        for i in range(parts):
+            work(i)
+        return
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(THREADS_MAX, thread_name_prefix="pyggml-cpu")
+    with blas_threads(1):
+        for _ in _POOL.map(lambda first: [work(i) for i in range(first, parts, n)], range(n)):
+            pass
 
 
 def expanded_values(t: Tensor) -> np.ndarray | None:

@@ -17,7 +17,7 @@ from pyggml.backend.cpu.jit.rope import rope_rows
 from pyggml.backend.cpu.jit.softmax import soft_max_rows
 from pyggml.backend.cpu.kernels import kernel
 from pyggml.backend.cpu.kernels._blocks import blocks_per_row, in_blocks, memory_of
-from pyggml.backend.cpu.kernels._common import as_f32, overlap, store, view
+from pyggml.backend.cpu.kernels._common import as_f32, overlap, split_over_threads, store, view
 from pyggml.backend.cpu.kernels._dequant_cache import dequantizable
 from pyggml.core.ops.attention import RopeType, rope_yarn_corr_dims
 from pyggml.core.tensor import Op, Tensor
@@ -423,24 +423,32 @@ def _bind_flash_attn(dst: Tensor):
 
 
 def _attention_by_heads(dst: Tensor, pre_scale, softcap, mask, slopes, sinks) -> None:
-    """flash_attn_ext for many query rows: per K/V head, scores by BLAS, exp rows compiled, weighted V by BLAS."""
+    """flash_attn_ext for many query rows: per K/V head, scores by BLAS, exp rows compiled, weighted V by BLAS;
+    the K/V heads shared out over the threads (split_over_threads), each writing its heads' part of dst."""
     q, k, v = dst.src[:3]
     n_head_kv, group = k.ne[2], q.ne[2] // k.ne[2]
     qs, ks, vs = as_f32(q), as_f32(k), as_f32(v)        # (ne3, head, token, d)
-    out = np.empty((q.ne[3], q.ne[1], q.ne[2], v.ne[0]), np.float32)  # (ne3, token, head, d_v): dst's order
-    totals = np.empty((q.ne[3], group, q.ne[1]), np.float32)
+    out = view(dst)                                     # (ne3, token, head, d_v)
+    apart = any(np.may_share_memory(out, x) for x in (qs, ks, vs, mask))
+    if apart:
+        out = np.empty_like(out)  # planned memory over a source: written after every head has read it
     m = mask if mask.size == 0 else np.ascontiguousarray(mask[:, :, :q.ne[1], :k.ne[1]])
-    for hk in range(n_head_kv):
+
+    def head(hk: int) -> None:
         heads = slice(hk * group, (hk + 1) * group)
         scores = np.matmul(qs[:, heads], ks[:, hk, None].swapaxes(-1, -2))  # (ne3, group, token, kv)
         head_mask = m if m.size == 0 or m.shape[1] == 1 else _heads_of(m, heads, q.ne[2])
+        totals = np.empty((q.ne[3], group, q.ne[1]), np.float32)
         exp_score_rows(scores, pre_scale, softcap, head_mask, slopes[heads], sinks[heads] if sinks.size else sinks,
                        totals)
         weighted = np.matmul(scores, vs[:, hk, None])  # (ne3, group, token, d_v)
         weighted /= totals[..., None]
         weighted[totals == 0] = 0  # every key masked and no sink: zeros, as in ggml
         out[:, :, heads] = weighted.transpose(0, 2, 1, 3)
-    store(dst, out)
+
+    split_over_threads(head, n_head_kv)
+    if apart:
+        store(dst, out)
 
 
 def _heads_of(mask: np.ndarray, heads: slice, n_head: int) -> np.ndarray:
