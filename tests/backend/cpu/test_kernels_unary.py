@@ -81,5 +81,5 @@ def test_gelu_tables_are_ggmls_entry_for_entry():
     x = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
     finite = np.isfinite(x)
     for name, fn in (("gelu", K.gelu), ("gelu_quick", K.gelu_quick)):
-        got = fn(x[finite]).astype(np.float16).view(np.uint16)
-        assert np.array_equal(got, tables[name][finite]), f"{name}: {np.sum(got != tables[name][finite])} entries differ"
+        got, want = fn(x[finite]).astype(np.float16).view(np.uint16), tables[name][finite]
+        assert np.array_equal(got, want), f"{name}: {np.sum(got != want)} entries differ"

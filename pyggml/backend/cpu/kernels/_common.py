@@ -46,6 +46,17 @@ def split_over_threads(work, parts: int) -> None:
             pass
 
 
+SPLIT_VALUES = 1 << 18  # element-wise work on fewer values stays on the calling thread (a split costs ~50 us)
+
+
+def split_rows(n_rows: int, n_values: int, work) -> None:
+    """work(lo, hi) over rows [lo, hi) covering [0, n_rows), split into one band per thread when there are
+    SPLIT_VALUES values or more (an encoder's GELU over 4096 x 4304 values)."""
+    n = min(threads(), n_rows) if n_values >= SPLIT_VALUES else 1
+    per = -(-n_rows // n) if n_rows else 0
+    split_over_threads(lambda i: work(i * per, min(n_rows, (i + 1) * per)), n)
+
+
 def expanded_values(t: Tensor) -> np.ndarray | None:
     """The float32 values of a tensor in a CPU_F32 buffer (shape ne[::-1], in place); None for others."""
     return t.buffer.values(t) if t.extra is F32_EXPANDED else None

@@ -5,7 +5,8 @@ pyggml.backend.cpu.interleave) is multiplied in int8 against src1 quantized to Q
 kernels do. A src0 in a block format the compiled kernels decode (F16, BF16, Q4_0 ... Q6_K, IQ4_NL/XS, MXFP4;
 see pyggml.backend.cpu.jit) is read in place: a few columns go through `mul_mat_vec` (rows dequantized in
 registers, threads over rows), many columns through row bands shared out over the threads, each band's
-tiles of rows dequantized to float32 and multiplied by a one-thread BLAS sgemm on that thread; an F32 matrix (weight or KV cache) is read in place the same way up to GROUPED_COLUMNS columns.
+tiles of rows dequantized to float32 and multiplied by a one-thread BLAS sgemm on that thread; an F32
+matrix (weight or KV cache) is read in place the same way up to GROUPED_COLUMNS columns.
 Other sources (F32 beyond that, CPU_F32 values, or a cached dequantized copy) go to BLAS directly.
 ggml converts src1 to src0's vec_dot type (F16, Q8_0, Q8_K) before its dot products; here src1 stays float32,
 which is at least as accurate (within ggml's 5e-4 NMSE for these ops).

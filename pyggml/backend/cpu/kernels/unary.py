@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import functools
 from functools import cache
 
 import numpy as np
 
 from pyggml.backend.cpu.jit import glu as jit_glu
 from pyggml.backend.cpu.kernels import kernel
-from pyggml.backend.cpu.kernels._common import as_f32, overlap, rows_2d, store, view
+from pyggml.backend.cpu.kernels._common import as_f32, overlap, rows_2d, split_rows, store, view
 from pyggml.backend.cpu.kernels.elementwise import unary_types_ok
 from pyggml.core.tensor import GluOp, Op, Tensor, UnaryOp
 from pyggml.core.types import GGMLType as G
@@ -206,9 +205,12 @@ def _bind_unary(dst: Tensor):
     x, out = rows_2d(view(dst.src[0])), rows_2d(view(dst))
     if x is None or out is None or x.shape != out.shape:
         return None
-    if overlap(out, x):  # planned memory partly over the input: read a copy, same results
-        return lambda: jit_glu.unary_rows(x.copy(), out, kind, f16_table(gelu_tanh))
-    return functools.partial(jit_glu.unary_rows, x, out, kind, f16_table(gelu_tanh))
+    table, copy = f16_table(gelu_tanh), overlap(out, x)  # planned memory partly over the input: read a copy
+
+    def call() -> None:
+        xs = x.copy() if copy else x
+        split_rows(x.shape[0], x.size, lambda lo, hi: jit_glu.unary_rows(xs[lo:hi], out[lo:hi], kind, table))
+    return call
 
 
 @kernel(Op.UNARY, supports=_unary_supported, bind=_bind_unary)
@@ -271,9 +273,13 @@ def _bind_glu(dst: Tensor):
     out = rows_2d(view(dst))
     if x is None or g is None or out is None:
         return None
-    if np.may_share_memory(out, x) or np.may_share_memory(out, g):  # planned memory: read copies, same results
-        return lambda: jit_glu.glu_rows(x.copy(), g.copy(), out, kind, f16_table(gelu_tanh))
-    return functools.partial(jit_glu.glu_rows, x, g, out, kind, f16_table(gelu_tanh))
+    table = f16_table(gelu_tanh)
+    copy = np.may_share_memory(out, x) or np.may_share_memory(out, g)  # planned memory: read copies, same results
+
+    def call() -> None:
+        xs, gs = (x.copy(), g.copy()) if copy else (x, g)
+        split_rows(x.shape[0], x.size, lambda lo, hi: jit_glu.glu_rows(xs[lo:hi], gs[lo:hi], out[lo:hi], kind, table))
+    return call
 
 
 @kernel(Op.GLU, supports=_glu_supported, bind=_bind_glu)

@@ -1,6 +1,7 @@
 """Writes ggml's CPU GELU and GELU_QUICK over every F16 input (ggml_table_gelu_f16 and ggml_table_gelu_quick_f16,
 as its ops read them for -10 < x < 10) to ggml_gelu_tables.npz, computed by the ggml of llama-cpp-python (run it
-with a Python that has llama_cpp; its ggml library fills the tables with the C library's tanhf and expf, so the C library's name and version are kept with them):
+with a Python that has llama_cpp). ggml fills the tables with the C library's tanhf and expf, so the C library's
+name and version are kept with them:
 
     python -m tests.backend.cpu.data.make_ggml_gelu_tables
 """
