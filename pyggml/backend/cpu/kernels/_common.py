@@ -41,8 +41,15 @@ def split_over_threads(work, parts: int) -> None:
     with _POOL_LOCK:
         if _POOL is None:
             _POOL = ThreadPoolExecutor(THREADS_MAX, thread_name_prefix="pyggml-cpu")
+    errors = np.geterr()  # the caller's floating-point error handling (the backend's C semantics), per thread
+
+    def share(first: int) -> None:
+        with np.errstate(**errors):
+            for i in range(first, parts, n):
+                work(i)
+
     with blas_threads(1):
-        for _ in _POOL.map(lambda first: [work(i) for i in range(first, parts, n)], range(n)):
+        for _ in _POOL.map(share, range(n)):
             pass
 
 
