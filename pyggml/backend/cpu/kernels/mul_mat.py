@@ -88,10 +88,10 @@ FEW_ROWS = 4 * VEC_COLUMNS  # mul_mat_id: an expert used by up to this many rows
 # F16-table GELU can turn into a step of 2^-11 (random F32 GPT-2: KLD 2.5e-9 batched against alone, 6e-13 this
 # way; random Gemma 3 4.1e-9 with the F32 KV cache still on sgemm).
 GROUPED_COLUMNS = 4 * VEC_COLUMNS
-# float32 scratch for a tile of dequantized rows: a vision encoder's matrices whole, a prompt's in few tiles, so
-# that each sgemm sees many rows (SigLIP's 768 x 768 F16 in 2 MiB tiles of 682 and 86 rows took 2x the time of
-# one sgemm, its 768 x 3072 in tiles of 170 rows 1.35x)
-TILE_BYTES = 32 << 20
+# float32 scratch (one per thread, kept) for a tile of dequantized rows: a vision encoder's row bands whole, a
+# prompt's in few tiles, so that each sgemm sees many rows (SigLIP's 768 x 768 F16 in 2 MiB tiles of 682 and 86
+# rows took 2x the time of one sgemm, its 768 x 3072 in tiles of 170 rows 1.35x)
+TILE_BYTES = 16 << 20
 BANDS_PER_THREAD = 4       # row bands per thread in mul_mat_vec: a busy core delays only a small band
 FLOAT_ROWS = (T.GGMLType.F32, T.GGMLType.F16)  # matrices of the float rows kernel (mul_mat_float_columns)
 
