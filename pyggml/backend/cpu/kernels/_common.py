@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -42,15 +43,20 @@ def split_over_threads(work, parts: int) -> None:
         if _POOL is None:
             _POOL = ThreadPoolExecutor(THREADS_MAX, thread_name_prefix="pyggml-cpu")
     errors = np.geterr()  # the caller's floating-point error handling (the backend's C semantics), per thread
+    taken = itertools.count()  # each thread takes the next part when done with its last (next() is atomic)
 
-    def share(first: int) -> None:
+    def share(_) -> None:
         with np.errstate(**errors):
-            for i in range(first, parts, n):
+            while (i := next(taken)) < parts:
                 work(i)
 
     with blas_threads(1):
-        for _ in _POOL.map(share, range(n)):
-            pass
+        helpers = [_POOL.submit(share, None) for _ in range(n - 1)]
+        try:
+            share(None)  # the calling thread is one of the n
+        finally:
+            for helper in helpers:  # every part is done (or failed) before the caller goes on
+                helper.result()
 
 
 SPLIT_VALUES = 1 << 18  # element-wise work on fewer values stays on the calling thread (a split costs ~50 us)
