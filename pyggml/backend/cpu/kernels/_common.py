@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -24,8 +25,17 @@ def blas_threads(n: int):
     return _BLAS.limit(limits=n, user_api="blas")
 
 
-_POOL: ThreadPoolExecutor | None = None
+_POOL: tuple[int, ThreadPoolExecutor] | None = None  # (the process that made it, the pool): a forked child's own
 _POOL_LOCK = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    """The kernels' worker threads, made once per process (a child forked after they started has none of them)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL[0] != os.getpid():
+            _POOL = (os.getpid(), ThreadPoolExecutor(THREADS_MAX, thread_name_prefix="pyggml-cpu"))
+        return _POOL[1]
 
 
 def split_over_threads(work, parts: int) -> None:
@@ -38,10 +48,7 @@ def split_over_threads(work, parts: int) -> None:
         for i in range(parts):
             work(i)
         return
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = ThreadPoolExecutor(THREADS_MAX, thread_name_prefix="pyggml-cpu")
+    pool = _pool()
     errors = np.geterr()  # the caller's floating-point error handling (the backend's C semantics), per thread
     taken = itertools.count()  # each thread takes the next part when done with its last (next() is atomic)
 
@@ -51,7 +58,7 @@ def split_over_threads(work, parts: int) -> None:
                 work(i)
 
     with blas_threads(1):
-        helpers = [_POOL.submit(share, None) for _ in range(n - 1)]
+        helpers = [pool.submit(share, None) for _ in range(n - 1)]
         try:
             share(None)  # the calling thread is one of the n
         finally:
