@@ -62,9 +62,10 @@ def split_over_threads(work, parts: int) -> None:
         helpers = [pool.submit(share, None) for _ in range(n - 1)]
         try:
             share(None)  # the calling thread is one of the n
-        finally:
-            for helper in helpers:  # every part is done (or failed) before the caller goes on
-                helper.result()
+        finally:  # every part is done (or failed) before the caller goes on; a helper that has not started
+            for helper in helpers:  # by then has nothing left to take (nor waits behind busy workers: no deadlock)
+                if not helper.cancel():
+                    helper.result()
 
 
 SPLIT_VALUES = 1 << 18  # element-wise work on fewer values stays on the calling thread (a split costs ~50 us)
