@@ -9,7 +9,7 @@ from tests.support.opcheck import fill_random
 
 from pyggml.backend.cpu import kernels
 from pyggml.backend.cpu.jit import glu as jit_glu
-from pyggml.backend.cpu.jit.f16 import f16_bits_small, f32_to_f16
+from pyggml.backend.cpu.jit.f16 import f16_bits, f16_bits_small, f16_to_f32_values, f32_to_f16
 from pyggml.backend.cpu.jit.floatbits import expf
 from pyggml.backend.cpu.jit import jit
 from pyggml.core import ops
@@ -64,10 +64,25 @@ def test_f16_rounding_matches_numpy_on_every_half_and_the_midpoints():
     assert np.array_equal(out[~nan], want[~nan]) and np.isnan(out[nan].view(np.float16)).all()
 
 
+def test_f16_to_f32_values_widens_every_half_as_numpy():
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    out = np.empty(bits.size, np.float32)
+    f16_to_f32_values(bits, out)
+    want = bits.view(np.float16).astype(np.float32)
+    nan = np.isnan(want)
+    assert np.array_equal(out[~nan].view(np.uint32), want[~nan].view(np.uint32)) and np.isnan(out[nan]).all()
+
+
 @jit
 def _f16_bits_small_all(x, out):
     for i in range(x.shape[0]):
         out[i] = f16_bits_small(x[i])
+
+
+@jit
+def _f16_bits_all(x, out):
+    for i in range(x.shape[0]):
+        out[i] = f16_bits(x[i])
 
 
 def test_branch_free_f16_rounding_equals_f16_bits_below_65504():
@@ -78,7 +93,7 @@ def test_branch_free_f16_rounding_equals_f16_bits_below_65504():
     for x in (positive, -positive, midpoints, -midpoints):
         got, want = np.empty(x.size, np.uint32), np.empty(x.size, np.uint16)
         _f16_bits_small_all(x, got)
-        f32_to_f16(x, want)
+        _f16_bits_all(x, want)  # f32_to_f16 takes f16_bits_small itself below 65504
         assert np.array_equal(got, want)
     got = np.empty(1, np.uint32)
     _f16_bits_small_all(np.float32([np.nan]), got)

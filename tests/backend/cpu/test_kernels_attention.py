@@ -168,3 +168,27 @@ def test_flash_attn_over_many_keys_of_which_each_row_sees_some(kv_type, seen, n_
     w = np.exp(scores - scores.max(-1, keepdims=True))
     expected = np.einsum("htj,jd->thd", w / w.sum(-1, keepdims=True), vs)
     assert nmse(expected[None], host_ndarray(out).astype(np.float64)) < 1e-9
+
+
+@pytest.mark.parametrize("window", [64, 100])
+def test_flash_attn_of_many_rows_in_windows_reads_each_blocks_keys(window):
+    """600 query rows over their own 600 keys in windows (a vision encoder's window attention; -inf outside a row's
+    window, a window of 100 straddling the blocks of query rows): BLAS's products over the span of keys each block
+    of rows sees, against the float64 reference."""
+    ctx = Context()
+    d, n, n_head = 16, 600, 2
+    q, k, v = (ctx.new_tensor(t, (d, n, n_head), name=name) for t, name in ((F32, "q"), (F16, "k"), (F16, "v")))
+    rng = np.random.default_rng(5)
+    for t in (q, k, v):
+        fill_random(t, rng)
+    ids = np.arange(n) // window
+    hidden = np.where(ids[:, None] == ids[None, :], 0.0, -np.inf)
+    mask = ctx.new_tensor(F16, (n, n), name="mask")
+    host_ndarray(mask)[...] = hidden.astype(np.float16)
+    out = ops.flash_attn_ext(ctx, q, k, v, mask, 0.25, 0.0, 0.0)
+    _compute(out)
+    qs, ks, vs = values(q)[0], values(k)[0], values(v)[0]   # (head, token, d)
+    scores = np.einsum("htd,hjd->htj", qs, ks) * 0.25 + hidden[None]
+    w = np.exp(scores - scores.max(-1, keepdims=True))
+    expected = np.einsum("htj,hjd->thd", w / w.sum(-1, keepdims=True), vs)
+    assert nmse(expected[None], host_ndarray(out).astype(np.float64)) < 1e-9

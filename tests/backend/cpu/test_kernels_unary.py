@@ -66,3 +66,20 @@ def test_swiglu_oai_needs_f32():
     split = ops.swiglu_split(ctx, ctx.new_tensor(G.F32, (8, 2)), ctx.new_tensor(G.F32, (8, 2)))
     split.src[1] = ctx.new_tensor(G.F16, (8, 2))  # as a graph file could have it: ggml has no such kernel
     assert not kernels.supports(split)
+
+
+def test_gelu_tables_are_ggmls_entry_for_entry():
+    """ggml's CPU GELU and GELU_QUICK over every finite F16 input (data/make_ggml_gelu_tables.py), bit for bit. ggml
+    fills its tables with the C library's tanhf and expf, so they are compared where that C library made them."""
+    import platform
+    from pathlib import Path
+
+    with np.load(Path(__file__).parent / "data" / "ggml_gelu_tables.npz") as f:
+        libc, tables = str(f["libc"]), {name: f[name] for name in ("gelu", "gelu_quick")}
+    if " ".join(platform.libc_ver()) != libc:
+        pytest.skip(f"the tables were made with {libc}'s tanhf and expf")
+    x = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+    finite = np.isfinite(x)
+    for name, fn in (("gelu", K.gelu), ("gelu_quick", K.gelu_quick)):
+        got, want = fn(x[finite]).astype(np.float16).view(np.uint16), tables[name][finite]
+        assert np.array_equal(got, want), f"{name}: {np.sum(got != want)} entries differ"

@@ -72,6 +72,23 @@ def f16_bits_small(x: np.float32) -> np.uint32:
 
 @jit
 def f32_to_f16(x: np.ndarray, out: np.ndarray) -> None:
-    """out (uint16 bit patterns) = x (float32) rounded to F16, element by element (1-D, same length)."""
+    """out (uint16 bit patterns) = x (float32) rounded to F16, element by element (1-D, same length): one loop that
+    vectorises over the values below 65504 in magnitude, then f16_bits for the rare others (and NaN). NumPy's
+    cast converts one value at a time (2.6 ns each: 25 ms per layer of an encoder's K and V)."""
+    n = np.uintp(x.shape[0])
+    rare = 0
+    for i in range(n):
+        v = x[i]
+        out[i] = np.uint16(f16_bits_small(v))
+        rare += 0 if abs(v) < np.float32(65504) else 1
+    if rare:
+        for i in range(n):
+            if not abs(x[i]) < np.float32(65504):
+                out[i] = f16_bits(x[i])
+
+
+@jit
+def f16_to_f32_values(x: np.ndarray, out: np.ndarray) -> None:
+    """out (float32) = x (F16 bit patterns as uint16), 1-D, same length: vcvtph2ps over the loop."""
     for i in range(np.uintp(x.shape[0])):
-        out[i] = f16_bits(x[i])
+        out[i] = f16_to_f32(x[i])

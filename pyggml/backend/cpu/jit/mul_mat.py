@@ -6,9 +6,10 @@ A weight is read in place from its buffer's bytes: `src` is the whole buffer (ui
   column in registers by its type's row dot (vec_dot.py), or, for a type without one, dequantized into a
   small per-band F32 scratch first. The weight bytes are read once per call, which is what bounds a
   token's time.
-- `dequantize_rows` (prompts: many columns): a tile of rows becomes F32 on one thread, and the caller
-  hands it to BLAS sgemm (dequantizing on Numba's threads right before BLAS's made both pools spin
-  against each other on 2 cores: 2.5-3x slower than dequantizing on one).
+- `dequantize_rows` (prompts: many columns): a tile of rows becomes F32 on the calling thread, which
+  hands it to a one-thread BLAS sgemm; the caller shares row bands out over Python threads
+  (dequantizing on Numba's threads right before BLAS's made both pools spin against each other on
+  2 cores: 2.5-3x slower than dequantizing on one).
 """
 
 from __future__ import annotations

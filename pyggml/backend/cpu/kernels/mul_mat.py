@@ -4,8 +4,9 @@ A src0 in CPU_INTERLEAVED (a matrix, or a MoE layer's stack of experts, of a typ
 pyggml.backend.cpu.interleave) is multiplied in int8 against src1 quantized to Q8_0 or Q8_K, as ggml's CPU
 kernels do. A src0 in a block format the compiled kernels decode (F16, BF16, Q4_0 ... Q6_K, IQ4_NL/XS, MXFP4;
 see pyggml.backend.cpu.jit) is read in place: a few columns go through `mul_mat_vec` (rows dequantized in
-registers, threads over rows), many columns through tiles of rows dequantized to float32 on one thread
-and BLAS sgemm; an F32 matrix (weight or KV cache) is read in place the same way up to GROUPED_COLUMNS columns.
+registers, threads over rows), many columns through row bands shared out over the threads, each band's
+tiles of rows dequantized to float32 and multiplied by a one-thread BLAS sgemm on that thread; an F32
+matrix (weight or KV cache) is read in place the same way up to GROUPED_COLUMNS columns.
 Other sources (F32 beyond that, CPU_F32 values, or a cached dequantized copy) go to BLAS directly.
 ggml converts src1 to src0's vec_dot type (F16, Q8_0, Q8_K) before its dot products; here src1 stays float32,
 which is at least as accurate (within ggml's 5e-4 NMSE for these ops).
@@ -14,6 +15,7 @@ which is at least as accurate (within ggml's 5e-4 NMSE for these ops).
 from __future__ import annotations
 
 import functools
+import threading
 
 import numpy as np
 
@@ -23,9 +25,9 @@ from pyggml.backend.cpu.jit.ir.vnni_ir import ROWS
 from pyggml.backend.cpu.jit.ir.vnni_k_ir import K_FORMATS
 from pyggml.backend.cpu.jit.repack import gemm_16x4_q8_0, gemm_16x4_q8_K, quantize_q8_0, quantize_q8_K
 from pyggml.backend.cpu.kernels import kernel
-from pyggml.backend.cpu.kernels._blocks import THREADS_MAX, blocks_per_row, in_blocks, memory_of
+from pyggml.backend.cpu.kernels._blocks import THREADS_MAX, blocks_per_row, in_blocks, memory_of, threads
 from pyggml.backend.cpu.kernels._common import (FLOAT_TYPES, INTERLEAVED, as_f32, blas_threads, expanded_values,
-                                                view)
+                                                split_over_threads, view)
 from pyggml.backend.cpu.kernels._dequant_cache import DEQUANT_CACHE, dequantizable
 from pyggml.core import types as T
 from pyggml.core.tensor import Op, Tensor, host_ndarray
@@ -86,7 +88,10 @@ FEW_ROWS = 4 * VEC_COLUMNS  # mul_mat_id: an expert used by up to this many rows
 # F16-table GELU can turn into a step of 2^-11 (random F32 GPT-2: KLD 2.5e-9 batched against alone, 6e-13 this
 # way; random Gemma 3 4.1e-9 with the F32 KV cache still on sgemm).
 GROUPED_COLUMNS = 4 * VEC_COLUMNS
-TILE_BYTES = 2 << 20       # float32 scratch for a tile of dequantized rows
+# float32 scratch (one per thread, kept) for a tile of dequantized rows: a vision encoder's row bands whole, a
+# prompt's in few tiles, so that each sgemm sees many rows (SigLIP's 768 x 768 F16 in 2 MiB tiles of 682 and 86
+# rows took 2x the time of one sgemm, its 768 x 3072 in tiles of 170 rows 1.35x)
+TILE_BYTES = 16 << 20
 BANDS_PER_THREAD = 4       # row bands per thread in mul_mat_vec: a busy core delays only a small band
 FLOAT_ROWS = (T.GGMLType.F32, T.GGMLType.F16)  # matrices of the float rows kernel (mul_mat_float_columns)
 
@@ -245,6 +250,21 @@ def _interleaved_rows(dst: Tensor) -> np.ndarray:
     return np.ascontiguousarray(np.reshape(as_f32(b), (-1, b.ne[0])), dtype=np.float32)
 
 
+class _TileScratch(threading.local):
+    """The dequantized tiles' float32 scratch, one per thread that multiplies, kept and grown to the largest tile:
+    a fresh one per product would fault its pages in again every time."""
+
+    values = np.empty(0, np.float32)
+
+    def tile(self, rows: int, k: int) -> np.ndarray:
+        if self.values.size < rows * k:
+            self.values = np.empty(rows * k, np.float32)
+        return self.values[: rows * k].reshape(rows, k)
+
+
+_TILES = _TileScratch()
+
+
 def _product_on_blocks(a: Tensor, src: np.ndarray, planes: np.ndarray, x: np.ndarray, y: np.ndarray) -> None:
     """y[i] = x[i] · (a's matrix at byte planes[i] of src)ᵀ for float32 x (P, n, k) and y (P, n, a.ne1)."""
     if x.shape[1] <= VEC_COLUMNS or (x.shape[1] <= GROUPED_COLUMNS and a.type in FLOAT_ROWS):
@@ -256,22 +276,31 @@ def _product_on_blocks(a: Tensor, src: np.ndarray, planes: np.ndarray, x: np.nda
             _matvec_call(a, src, planes, np.ascontiguousarray(x[:, c:c + VEC_COLUMNS]), part)()
             y[:, c:c + part.shape[1]] = part
         return
-    qtype, nb = int(a.type), blocks_per_row(a)
-    tile_rows = max(1, min(a.ne[1], TILE_BYTES // (4 * a.ne[0])))
-    tile = np.empty((tile_rows, a.ne[0]), np.float32)
-    for plane in np.unique(planes):
+    qtype, nb, k = int(a.type), blocks_per_row(a), a.ne[0]
+    distinct = np.unique(planes)
+    bands = threads() if len(distinct) < threads() else 1  # few matrices: each split into row bands
+    per = -(-a.ne[1] // bands)
+
+    def band_of(i: int) -> None:
+        """Rows [r_lo, r_hi) of one matrix of a, tile by tile: dequantized on this thread, then one sgemm."""
+        plane, r_lo = distinct[i // bands], (i % bands) * per
+        r_hi = min(a.ne[1], r_lo + per)
         using = np.flatnonzero(planes == plane)
         if using[-1] - using[0] + 1 == len(using):  # consecutive planes of b (the query heads of one KV head):
             using = slice(using[0], using[-1] + 1)   # views of x and y, no copies
         xs = x[using]
-        for r0 in range(0, a.ne[1], tile_rows):
-            rows = plane + np.arange(r0, min(r0 + tile_rows, a.ne[1]), dtype=np.uint64) * np.uint64(a.nb[1])
+        tile_rows = max(1, min(r_hi - r_lo, TILE_BYTES // (4 * k)))
+        tile = _TILES.tile(tile_rows, k)
+        for r0 in range(r_lo, r_hi, tile_rows):
+            rows = plane + np.arange(r0, min(r0 + tile_rows, r_hi), dtype=np.uint64) * np.uint64(a.nb[1])
             values = tile[:len(rows)]
             dequantize_rows(qtype, src, rows, nb, values)
             if isinstance(using, slice):
                 np.matmul(xs, values.T, out=y[using, :, r0:r0 + len(rows)])
             else:
                 y[using, :, r0:r0 + len(rows)] = np.matmul(xs, values.T)
+
+    split_over_threads(band_of, len(distinct) * bands)
 
 
 def _vector_operands(dst: Tensor, first: int):
