@@ -32,7 +32,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from pyggml.backend.cpu.jit.ir.block_ir import F32, FAST, I32, I64, splat
+from pyggml.backend.cpu.jit.ir.block_ir import F32, I32, I64, splat
 from pyggml.backend.cpu.jit.ir.vnni_ir import (ROWS, TOKENS, VF16, VF32, VI32, VI8, code_book_values, dpbusd,
                                                load_at)
 from pyggml.core.types import GGMLType
@@ -243,6 +243,26 @@ def _tile(qtype: int):
     return intrinsic(typer)
 
 
+def _minimums_term(builder, mins, bsum, t: int):
+    """Σ m_j · (token t's values summed in sub-block j), as float."""
+    term = _i32(builder, 0)
+    for j, m in enumerate(mins):
+        term = builder.add(term, builder.mul(m, splat(builder, bsum(t, j), VI32)))
+    return builder.sitofp(term, VF32)
+
+
+def _block_into_row(builder, acc, total, d, dx, minimums):
+    """acc + (total·d - minimums·dmin)·dx as explicit fused multiply-adds: the same operations in the 4-token and
+    the 1-token loop, so a token's sum is the same to the last bit alone and in a batch (a sequence's logits must
+    not depend on its neighbours; with fast-math flags LLVM chose how to fuse per loop)."""
+    fma = builder.module.declare_intrinsic("llvm.fma.v16f32", fnty=ir.FunctionType(VF32, [VF32] * 3))
+    if minimums is None:
+        return builder.call(fma, [builder.fmul(total, d), dx, acc])
+    term, dmin = minimums
+    scaled = builder.call(fma, [builder.fneg(total), d, builder.fmul(term, dmin)])  # minimums·dmin - total·d
+    return builder.call(fma, [builder.fneg(scaled), dx, acc])
+
+
 def _tokens(builder, layout: KLayout, data, g_, nb_, t0_, n_tokens: int, yo_, ys_) -> None:
     """Tokens t0 .. t0 + n_tokens - 1 of the group at byte g_: one float accumulator each, over the nb blocks."""
     accs = [cgutils.alloca_once_value(builder, ir.Constant(VF32, [0.0] * ROWS)) for _ in range(n_tokens)]
@@ -274,14 +294,9 @@ def _tokens(builder, layout: KLayout, data, g_, nb_, t0_, n_tokens: int, yo_, ys
                 totals[t] = builder.add(totals[t], builder.mul(s, scale))
         for t, acc in enumerate(accs):
             dx = splat(builder, load_at(builder, data[4], ats[t], F32, 4), VF32)
-            block_sum = builder.fmul(builder.sitofp(totals[t], VF32), builder.fmul(d, dx, flags=FAST), flags=FAST)
-            if mins is not None:
-                term = _i32(builder, 0)
-                for j, m in enumerate(mins):                     # Σ m_j · (the token's values summed in sub-block j)
-                    term = builder.add(term, builder.mul(m, splat(builder, bsum(t, j), VI32)))
-                scaled = builder.fmul(builder.sitofp(term, VF32), builder.fmul(dmin, dx, flags=FAST), flags=FAST)
-                block_sum = builder.fsub(block_sum, scaled, flags=FAST)
-            builder.store(builder.fadd(builder.load(acc), block_sum, flags=FAST), acc)
+            builder.store(_block_into_row(builder, builder.load(acc), builder.sitofp(totals[t], VF32), d, dx,
+                                          None if mins is None else (_minimums_term(builder, mins, bsum, t), dmin)),
+                          acc)
     for t, acc in zip(tokens, accs, strict=True):
         out = builder.add(yo_, builder.mul(t, ys_))
         builder.store(builder.load(acc), builder.bitcast(builder.gep(data[7], [out]), VF32.as_pointer()), align=4)
