@@ -6,8 +6,9 @@ read bandwidth with the same threads (a parallel sum over 1 GiB, as generate_vs_
 and shape replays the step's products of that kind one layer after another (so the weights come from memory,
 not from cache) and prints their GB/s and the fraction of the bandwidth; then whole steps: tok/s, the weight
 bytes a token reads over the step's time, and what the step spends besides the weight products. Medians over
---rounds; the load average at the start and the end. A kind whose matrices together fit in the last-level cache
-(a 1B model's 512-row K and V projections) reads partly from it and may pass 100%.
+--rounds (the steps and the products are timed apart, so on a busy machine "besides the weight products" can
+even come out negative); the load average at the start and the end. A kind whose matrices together fit in the
+last-level cache (a 1B model's 512-row K and V projections) reads partly from it and may pass 100%.
 
     python -m benchmarks.decode_products --synthetic 1b-q4_k_m --keep /tmp/1b-q4_k_m.gguf
     python -m benchmarks.decode_products --model model.gguf --threads 2
