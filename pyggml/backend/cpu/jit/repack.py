@@ -130,18 +130,18 @@ def quantize_q8_0_rows(x: np.ndarray, first: np.intp, end: np.intp, xq: np.ndarr
     """Rows first .. end-1 of x (n, nb·32) float32 -> xq (n·nb·32,) int8 bits, xd (n·nb,) fp16-rounded
     scales, xs (n·nb,) Σq, xm (n·nb,) Q8_1's s = fp16(d·Σq). As ggml's AVX code: q = round(x·127/max),
     to nearest even (_mm256_round_ps)."""
-    nb = x.shape[1] // 32
-    for t in range(first, end):
+    nb = U(x.shape[1]) // U(32)  # unsigned indices, as quantize_q8_K_rows
+    for t in range(U(first), U(end)):
         for b in range(nb):
-            row = x[t, b * 32: b * 32 + 32]
+            row = x[t, b * U(32): b * U(32) + U(32)]
             amax = np.float32(0)
-            for j in range(32):
+            for j in range(U(32)):
                 amax = max(amax, abs(row[j]))
             d = amax / np.float32(127)
             inv = np.float32(127) / amax if amax != 0 else np.float32(0)
             total = np.int32(0)
-            at = (t * nb + b) * 32
-            for j in range(32):
+            at = (t * nb + b) * U(32)
+            for j in range(U(32)):
                 q = np.int32(np.rint(row[j] * inv))
                 xq[at + j] = np.uint8(q & 0xFF)
                 total += q
