@@ -297,6 +297,20 @@ def test_k_tile_products_follow_ggml_integer_dots_and_the_dequantized_product(qt
     np.testing.assert_allclose(y, integer, rtol=0, atol=2e-6 * np.abs(integer).max())
 
 
+@pytest.mark.parametrize("qtype", K_TYPES)
+def test_a_token_alone_gets_the_same_bits_as_in_a_tile_of_four(qtype):
+    """A generation step's token (the 1-token loop) and the same token among others (the 4-token loop, a batch
+    of sequences) are summed alike to the last bit: a sequence's logits must not depend on its neighbours."""
+    cols = 1024
+    w = repack_16x4(int(qtype), _q_rows(32, cols, qtype=qtype)).reshape(-1)
+    x = np.random.default_rng(3).standard_normal((5, cols)).astype(np.float32)
+    alone, batch = np.empty((1, 32), np.float32), np.empty((5, 32), np.float32)
+    for rows, y in ((x[:1], alone), (x, batch)):
+        firsts, starts = _one_segment(len(rows))
+        gemm_16x4_q8_K(int(qtype), w, firsts, cols // 256, 2, *_quantized_k(rows), starts, y)
+    np.testing.assert_array_equal(alone[0], batch[0])
+
+
 def _placed(raw: np.ndarray, buft, cols: int, qtype=Q, n_expert: int = 1):
     """raw's rows as a matrix (or a stack of n_expert matrices) of qtype in buft."""
     ctx = Context(no_alloc=True)

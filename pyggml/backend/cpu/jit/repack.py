@@ -33,6 +33,7 @@ from pyggml.backend.cpu.jit.ir.vnni_ir import (FORMATS, ROWS, tile_iq4_nl, tile_
                                                tile_q5_1, tile_q8_0)
 from pyggml.backend.cpu.jit.ir.vnni_k_ir import (K_FORMATS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, tile_iq4_xs, tile_q2_K,
                                                  tile_q3_K, tile_q4_K, tile_q5_K, tile_q6_K)
+from pyggml.backend.cpu.jit.quants import U
 from pyggml.core.types import GGMLType
 
 Q4_0, Q4_1, Q5_0, Q5_1 = int(GGMLType.Q4_0), int(GGMLType.Q4_1), int(GGMLType.Q5_0), int(GGMLType.Q5_1)
@@ -129,18 +130,18 @@ def quantize_q8_0_rows(x: np.ndarray, first: np.intp, end: np.intp, xq: np.ndarr
     """Rows first .. end-1 of x (n, nb·32) float32 -> xq (n·nb·32,) int8 bits, xd (n·nb,) fp16-rounded
     scales, xs (n·nb,) Σq, xm (n·nb,) Q8_1's s = fp16(d·Σq). As ggml's AVX code: q = round(x·127/max),
     to nearest even (_mm256_round_ps)."""
-    nb = x.shape[1] // 32
-    for t in range(first, end):
+    nb = U(x.shape[1]) // U(32)  # unsigned indices, as quantize_q8_K_rows
+    for t in range(U(first), U(end)):
         for b in range(nb):
-            row = x[t, b * 32: b * 32 + 32]
+            row = x[t, b * U(32): b * U(32) + U(32)]
             amax = np.float32(0)
-            for j in range(32):
+            for j in range(U(32)):
                 amax = max(amax, abs(row[j]))
             d = amax / np.float32(127)
             inv = np.float32(127) / amax if amax != 0 else np.float32(0)
             total = np.int32(0)
-            at = (t * nb + b) * 32
-            for j in range(32):
+            at = (t * nb + b) * U(32)
+            for j in range(U(32)):
                 q = np.int32(np.rint(row[j] * inv))
                 xq[at + j] = np.uint8(q & 0xFF)
                 total += q
@@ -218,32 +219,32 @@ def quantize_q8_K_rows(x: np.ndarray, first: np.intp, end: np.intp, xq: np.ndarr
     """Rows first .. end-1 of x (n, nb·256) float32 -> xq (n·nb·256,) int8 bits, xd (n·nb,) scales, xb (n·nb·16,)
     the sums of each 16 quants: ggml's quantize_row_q8_K (its x86 build uses the reference code): iscale =
     -127/max, max the value of largest magnitude, q = min(127, round(iscale·x)) to nearest even, d = 1/iscale."""
-    nb = x.shape[1] // 256
+    nb = U(x.shape[1]) // U(256)  # unsigned indices: signed ones kept the loops scalar (2x slower)
     lanes = np.empty(16, np.float32)  # 16 running maxima: one chain of 256 dependent maxima took half the time
-    for t in range(first, end):
+    for t in range(U(first), U(end)):
         for b in range(nb):
-            row = x[t, b * 256: b * 256 + 256]
-            at = (t * nb + b) * 256
+            row = x[t, b * U(256): b * U(256) + U(256)]
+            at = (t * nb + b) * U(256)
             lanes[:] = 0
-            for j in range(0, 256, 16):
-                for i in range(16):
+            for j in range(U(0), U(256), U(16)):
+                for i in range(U(16)):
                     a = abs(row[j + i])
                     lanes[i] = a if a > lanes[i] else lanes[i]   # NaN never wins, as in ggml's `ax > amax`
             amax, vmax = np.float32(0), np.float32(0)
-            for i in range(16):
+            for i in range(U(16)):
                 amax = lanes[i] if lanes[i] > amax else amax
-            for j in range(256):  # ggml keeps the first value of that magnitude
+            for j in range(U(256)):  # ggml keeps the first value of that magnitude
                 if abs(row[j]) == amax:
                     vmax = row[j]
                     break
             iscale = np.float32(-127) / vmax if amax != 0 else np.float32(0)
-            for i in range(16):
+            for i in range(U(16)):
                 total = np.int32(0)
-                for j in range(16 * i, 16 * i + 16):
-                    q = min(np.int32(127), np.int32(np.rint(iscale * row[j])))
-                    xq[at + j] = np.uint8(q & 0xFF)
+                for j in range(U(16)):
+                    q = min(np.int32(127), np.int32(np.rint(iscale * row[i * U(16) + j])))
+                    xq[at + i * U(16) + j] = np.uint8(q & 0xFF)
                     total += q
-                xb[(t * nb + b) * 16 + i] = total
+                xb[(t * nb + b) * U(16) + i] = total
             xd[t * nb + b] = np.float32(1) / iscale if amax != 0 else np.float32(0)
 
 

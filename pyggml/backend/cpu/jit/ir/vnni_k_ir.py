@@ -16,8 +16,8 @@ float order.
 Layout (jit/repack.py, same bytes as the file's): per 16-row group and block, each 2-byte field for the 16 rows
 in turn, then the other fields as vectors of 64 bytes (vector j: bytes 4j .. 4j+3 of each row, so an int32 lane
 is one row), in K_FORMATS' order: Q2_K: d, dmin, scales (4 vectors), qs (16); Q3_K: d, scales (3), hmask (8),
-qs (16); Q4_K: d, dmin, scales (3), qs (32); Q5_K: d, dmin, scales, qh (8), qs (32); Q6_K: d, scales (4), ql
-(32), qh (16); IQ4_XS: d, scales_h, scales_l (1), qs (32).
+qs (16); Q4_K: d, dmin, scales (3), qs (32); Q5_K: d, dmin, scales, qh (8), qs (32); Q6_K: d, scales (4), then ql
+and qh in pieces of 4 vectors in the order they are read (Q6_K_QUANTS); IQ4_XS: d, scales_h, scales_l (1), qs (32).
 
 `tile_<type>` is an intrinsic (w, g, nb, xq, xd, xb, n, y, yo, ys): for the group whose blocks start at byte g
 of w and tokens 0 .. n-1, y[yo + t·ys + r] = Σ over the nb blocks of row r, four tokens at a time, then one.
@@ -32,7 +32,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from pyggml.backend.cpu.jit.ir.block_ir import F32, FAST, I32, I64, splat
+from pyggml.backend.cpu.jit.ir.block_ir import F32, I32, I64, splat
 from pyggml.backend.cpu.jit.ir.vnni_ir import (ROWS, TOKENS, VF16, VF32, VI32, VI8, code_book_values, dpbusd,
                                                load_at)
 from pyggml.core.types import GGMLType
@@ -40,12 +40,20 @@ from pyggml.core.types import GGMLType
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS = (int(t) for t in (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K,
                                                        GGMLType.Q6_K, GGMLType.IQ4_XS))
 
+# Q6_K's quants in the order the products read them, 16 bytes of a row at a time: for each half h of the block
+# and half of each 32-value run, ql's bytes of runs g = 0, 2 (their low and high nibbles), then g = 1, 3, then
+# qh's (all four runs' high bits): 768 contiguous bytes serve four sub-blocks, and a block is read front to back.
+# In the file's order (all ql, then all qh) the products read from three places at once and ran at a third of
+# the speed from memory (one thread, 7.5 against 25 GB/s), though as fast from cache.
+Q6_K_QUANTS = tuple(piece for h in range(2) for half in range(2) for piece in (
+    (64 * h + 16 * half, 16), (64 * h + 32 + 16 * half, 16), (128 + 32 * h + 16 * half, 16)))
+
 # per type: block bytes, its fields in the interleaved order as (offset in the file's block, bytes), fp16 d first
 K_FORMATS = {Q2_K: (84, ((80, 2), (82, 2), (0, 16), (16, 64))),
              Q3_K: (110, ((108, 2), (96, 12), (0, 32), (32, 64))),
              Q4_K: (144, ((0, 2), (2, 2), (4, 12), (16, 128))),
              Q5_K: (176, ((0, 2), (2, 2), (4, 12), (16, 32), (48, 128))),
-             Q6_K: (210, ((208, 2), (192, 16), (0, 128), (128, 64))),
+             Q6_K: (210, ((208, 2), (192, 16), *Q6_K_QUANTS)),
              IQ4_XS: (136, ((0, 2), (2, 2), (4, 4), (8, 128)))}
 DMIN = {Q2_K: 82, Q4_K: 2, Q5_K: 2}          # where the fp16 scale of the minimums is
 ZERO_POINT = {Q3_K: 4, Q6_K: 32, IQ4_XS: 128}  # unsigned quants minus this are the values: -zero·Σq starts a sum
@@ -87,7 +95,9 @@ class KLayout:
     """Where a type's fields lie in a 16-row group block (from K_FORMATS), and how its sub-blocks' unsigned
     quant vectors are made: `sub_blocks()` gives, per sub-block, [(vector, index of the first of the four
     values each lane holds)] and its scale vector, and the minimums (one per sub-block) where the type has them;
-    `size` values a sub-block, `zero` the quants' zero point."""
+    `size` values a sub-block, `zero` the quants' zero point. The sub-blocks come lazily, each one's IR emitted
+    as the caller takes it: built all before the products, Q6_K's 64 quant vectors outlived the 32 vector
+    registers and went through the stack (its product 1.36x slower from cache)."""
 
     def __init__(self, qtype: int):
         block_bytes, fields = K_FORMATS[qtype]
@@ -107,43 +117,46 @@ class KLayout:
         return builder.fpext(load_at(builder, data, builder.add(block, ir.Constant(I64, self.at[field])), VF16), VF32)
 
     def sub_blocks(self, builder, data, block):
-        """([(quants [(vector, first value)], scale <16 x i32>)], mins [<16 x i32> per sub-block] or None)."""
+        """(an iterator of (sub-block, quants [(vector, first value)], scale <16 x i32>), in the order that keeps
+        the fewest loaded vectors live, mins [<16 x i32> per sub-block] or None)."""
         return {Q2_K: self._q2_k, Q3_K: self._q3_k, Q6_K: self._q6_k, IQ4_XS: self._iq4_xs}.get(
             self.qtype, self._q4_k_q5_k)(builder, data, block)
 
     def _q4_k_q5_k(self, builder, data, block):
         words = [self.vector(builder, data, block, 4, j, VI32) for j in range(3)]
         scales, mins = _scales_mins_k4(builder, words)
-        out = []
-        for j in range(8):                      # sub-block j: chunk j // 2's low (j even) or high nibbles
-            quants = []
-            for m in range(8):
-                packed = self.vector(builder, data, block, 16 if self.qtype == Q4_K else 48, 8 * (j // 2) + m)
-                nibble = builder.lshr(packed, _i8(4)) if j % 2 else builder.and_(packed, _i8(15))
-                if self.qtype == Q5_K:          # bit j of the row's qh byte l is value 32j + l's fifth bit
-                    high = builder.and_(self.vector(builder, data, block, 16, m), _i8(1 << j))
-                    nibble = builder.or_(nibble, _shift_bytes(builder, high, 4 - j))
-                quants.append((nibble, 32 * j + 4 * m))
-            out.append((quants, scales[j]))
-        return out, mins
+        return ((j, self._q4_k_q5_k_quants(builder, data, block, j), scales[j]) for j in range(8)), mins
+
+    def _q4_k_q5_k_quants(self, builder, data, block, j: int):
+        """Sub-block j: chunk j // 2's low (j even) or high nibbles, Q5_K's fifth bits put back."""
+        quants = []
+        for m in range(8):
+            packed = self.vector(builder, data, block, 16 if self.qtype == Q4_K else 48, 8 * (j // 2) + m)
+            nibble = builder.lshr(packed, _i8(4)) if j % 2 else builder.and_(packed, _i8(15))
+            if self.qtype == Q5_K:          # bit j of the row's qh byte l is value 32j + l's fifth bit
+                high = builder.and_(self.vector(builder, data, block, 16, m), _i8(1 << j))
+                nibble = builder.or_(nibble, _shift_bytes(builder, high, 4 - j))
+            quants.append((nibble, 32 * j + 4 * m))
+        return quants
 
     def _q6_k(self, builder, data, block):
         """Q6_K's 16 sub-blocks of 16: value 128h + 32g + l (l < 32) has its low 4 bits in ql byte 64h + 32(g % 2)
         + l (low nibble for g < 2, high for g >= 2) and its high 2 bits at bit 2g of qh byte 32h + l; scales are
         signed bytes."""
         words = [self.vector(builder, data, block, 192, j, VI32) for j in range(4)]
-        out = []
-        for k in range(16):
-            h, g, half = k // 8, (k % 8) // 2, k % 2
-            scale = builder.ashr(builder.shl(words[k // 4], _i32(builder, 24 - 8 * (k % 4))), _i32(builder, 24))
-            quants = []
-            for m in range(4 * half, 4 * half + 4):
-                ql = self.vector(builder, data, block, 0, 16 * h + 8 * (g % 2) + m)
-                low = builder.lshr(ql, _i8(4)) if g >= 2 else builder.and_(ql, _i8(15))
-                qh = _shift_bytes(builder, self.vector(builder, data, block, 128, 8 * h + m), 4 - 2 * g)
-                quants.append((builder.or_(low, builder.and_(qh, _i8(0x30))), 128 * h + 32 * g + 4 * m))
-            out.append((quants, scale))
-        return out, None
+        order = [8 * h + 2 * g + half for h in range(2) for half in range(2) for g in range(4)]  # g = 0 .. 3 in a row
+        return ((k, *self._q6_k_sub_block(builder, data, block, words, k)) for k in order), None
+
+    def _q6_k_sub_block(self, builder, data, block, words, k: int):
+        h, g, half = k // 8, (k % 8) // 2, k % 2
+        scale = builder.ashr(builder.shl(words[k // 4], _i32(builder, 24 - 8 * (k % 4))), _i32(builder, 24))
+        quants = []
+        for m in range(4):
+            ql = self.vector(builder, data, block, 64 * h + 32 * (g % 2) + 16 * half, m)
+            low = builder.lshr(ql, _i8(4)) if g >= 2 else builder.and_(ql, _i8(15))
+            qh = _shift_bytes(builder, self.vector(builder, data, block, 128 + 32 * h + 16 * half, m), 4 - 2 * g)
+            quants.append((builder.or_(low, builder.and_(qh, _i8(0x30))), 128 * h + 32 * g + 16 * half + 4 * m))
+        return quants, scale
 
     def _two_bits(self, builder, data, block, k: int):
         """Q2_K's and Q3_K's sub-block k (16 values): value 128n + 32j + 16h + l takes bits 2j of qs byte 32n + 16h
@@ -156,30 +169,28 @@ class KLayout:
     def _q2_k(self, builder, data, block):
         """Q2_K: 16 sub-blocks of 16, a scale byte each (low 4 bits the scale, high 4 the minimum)."""
         words = [self.vector(builder, data, block, 0, j, VI32) for j in range(4)]
-        out, mins = [], []
-        for k in range(16):
-            out.append((self._two_bits(builder, data, block, k), _bits(builder, words[k // 4], 8 * (k % 4), 15)))
-            mins.append(_bits(builder, words[k // 4], 8 * (k % 4) + 4, 15))
-        return out, mins
+        mins = [_bits(builder, words[k // 4], 8 * (k % 4) + 4, 15) for k in range(16)]
+        return ((k, self._two_bits(builder, data, block, k), _bits(builder, words[k // 4], 8 * (k % 4), 15))
+                for k in range(16)), mins
 
     def _q3_k(self, builder, data, block):
         """Q3_K: 16 sub-blocks of 16; value k's third bit is bit k // 32 of hmask byte k % 32 (its quant then is the
         2 low bits + 4·bit, zero point 4); 6-bit scales minus 32, their low 4 bits in byte k % 8 of the 12 scale
         bytes (high nibble from k = 8), the top 2 at bit 2(k // 4) of byte 8 + k % 4 (ggml's kmask shuffle)."""
         words = [self.vector(builder, data, block, 96, j, VI32) for j in range(3)]
-        out = []
-        for k in range(16):
-            n, j, h = k // 8, (k % 8) // 2, k % 2
-            bit = 4 * n + j
-            quants = []
-            for a, (low, first) in enumerate(self._two_bits(builder, data, block, k)):
-                high = builder.and_(self.vector(builder, data, block, 0, 4 * h + a), _i8(1 << bit))
-                quants.append((builder.or_(low, _shift_bytes(builder, high, 2 - bit)), first))
-            word, byte = words[(k % 8) // 4], k % 4
-            scale = builder.or_(_bits(builder, word, 8 * byte + 4 * (k // 8), 15),
-                                builder.shl(_bits(builder, words[2], 8 * byte + 2 * (k // 4), 3), _i32(builder, 4)))
-            out.append((quants, builder.sub(scale, _i32(builder, 32))))
-        return out, None
+        return ((k, *self._q3_k_sub_block(builder, data, block, words, k)) for k in range(16)), None
+
+    def _q3_k_sub_block(self, builder, data, block, words, k: int):
+        n, j, h = k // 8, (k % 8) // 2, k % 2
+        bit = 4 * n + j
+        quants = []
+        for a, (low, first) in enumerate(self._two_bits(builder, data, block, k)):
+            high = builder.and_(self.vector(builder, data, block, 0, 4 * h + a), _i8(1 << bit))
+            quants.append((builder.or_(low, _shift_bytes(builder, high, 2 - bit)), first))
+        word, byte = words[(k % 8) // 4], k % 4
+        scale = builder.or_(_bits(builder, word, 8 * byte + 4 * (k // 8), 15),
+                            builder.shl(_bits(builder, words[2], 8 * byte + 2 * (k // 4), 3), _i32(builder, 4)))
+        return quants, builder.sub(scale, _i32(builder, 32))
 
     def _iq4_xs(self, builder, data, block):
         """IQ4_XS: 8 sub-blocks of 32 (like IQ4_NL's blocks: value l < 16 the low nibble of byte l, l + 16 the high
@@ -188,17 +199,17 @@ class KLayout:
         low_bits = self.vector(builder, data, block, 4, 0, VI32)
         high_bits = builder.zext(load_at(builder, data, builder.add(block, ir.Constant(I64, self.at[2])),
                                          ir.VectorType(ir.IntType(16), ROWS)), VI32)
-        out = []
-        for k in range(8):
-            quants = []
-            for a in range(4):
-                packed = self.vector(builder, data, block, 8, 4 * k + a)
-                quants += [(code_book_values(builder, builder.and_(packed, _i8(15))), 32 * k + 4 * a),
-                           (code_book_values(builder, builder.lshr(packed, _i8(4))), 32 * k + 16 + 4 * a)]
-            scale = builder.or_(_bits(builder, low_bits, 4 * k, 15),
-                                builder.shl(_bits(builder, high_bits, 2 * k, 3), _i32(builder, 4)))
-            out.append((quants, builder.sub(scale, _i32(builder, 32))))
-        return out, None
+        return ((k, *self._iq4_xs_sub_block(builder, data, block, low_bits, high_bits, k)) for k in range(8)), None
+
+    def _iq4_xs_sub_block(self, builder, data, block, low_bits, high_bits, k: int):
+        quants = []
+        for a in range(4):
+            packed = self.vector(builder, data, block, 8, 4 * k + a)
+            quants += [(code_book_values(builder, builder.and_(packed, _i8(15))), 32 * k + 4 * a),
+                       (code_book_values(builder, builder.lshr(packed, _i8(4))), 32 * k + 16 + 4 * a)]
+        scale = builder.or_(_bits(builder, low_bits, 4 * k, 15),
+                            builder.shl(_bits(builder, high_bits, 2 * k, 3), _i32(builder, 4)))
+        return quants, builder.sub(scale, _i32(builder, 32))
 
 
 def _bits8(builder, v, shift: int, mask: int):
@@ -232,6 +243,26 @@ def _tile(qtype: int):
     return intrinsic(typer)
 
 
+def _minimums_term(builder, mins, bsum, t: int):
+    """Σ m_j · (token t's values summed in sub-block j), as float."""
+    term = _i32(builder, 0)
+    for j, m in enumerate(mins):
+        term = builder.add(term, builder.mul(m, splat(builder, bsum(t, j), VI32)))
+    return builder.sitofp(term, VF32)
+
+
+def _block_into_row(builder, acc, total, d, dx, minimums):
+    """acc + (total·d - minimums·dmin)·dx as explicit fused multiply-adds: the same operations in the 4-token and
+    the 1-token loop, so a token's sum is the same to the last bit alone and in a batch (a sequence's logits must
+    not depend on its neighbours; with fast-math flags LLVM chose how to fuse per loop)."""
+    fma = builder.module.declare_intrinsic("llvm.fma.v16f32", fnty=ir.FunctionType(VF32, [VF32] * 3))
+    if minimums is None:
+        return builder.call(fma, [builder.fmul(total, d), dx, acc])
+    term, dmin = minimums
+    scaled = builder.call(fma, [builder.fneg(total), d, builder.fmul(term, dmin)])  # minimums·dmin - total·d
+    return builder.call(fma, [builder.fneg(scaled), dx, acc])
+
+
 def _tokens(builder, layout: KLayout, data, g_, nb_, t0_, n_tokens: int, yo_, ys_) -> None:
     """Tokens t0 .. t0 + n_tokens - 1 of the group at byte g_: one float accumulator each, over the nb blocks."""
     accs = [cgutils.alloca_once_value(builder, ir.Constant(VF32, [0.0] * ROWS)) for _ in range(n_tokens)]
@@ -249,9 +280,11 @@ def _tokens(builder, layout: KLayout, data, g_, nb_, t0_, n_tokens: int, yo_, ys
                     for i in range(layout.size // 16 * j, layout.size // 16 * (j + 1))]
             return pair[0] if len(pair) == 1 else builder.add(*pair)
 
+        d = layout.header(builder, data[0], block, layout.d_at)             # the block's bytes in order
         subs, mins = layout.sub_blocks(builder, data[0], block)
+        dmin = None if mins is None else layout.header(builder, data[0], block, layout.dmin_at)
         totals = [_i32(builder, 0) for _ in tokens]
-        for j, (quants, scale) in enumerate(subs):
+        for j, quants, scale in subs:
             for t in range(n_tokens):
                 s = (splat(builder, builder.mul(bsum(t, j), ir.Constant(I32, -layout.zero)), VI32) if layout.zero
                      else _i32(builder, 0))                                       # zero point z: -z·Σq
@@ -259,18 +292,11 @@ def _tokens(builder, layout: KLayout, data, g_, nb_, t0_, n_tokens: int, yo_, ys
                     four = load_at(builder, data[3], builder.add(q0s[t], ir.Constant(I64, k)), I32)
                     s = dpbusd(builder, s, vector, builder.bitcast(splat(builder, four, VI32), VI8))
                 totals[t] = builder.add(totals[t], builder.mul(s, scale))
-        d = layout.header(builder, data[0], block, layout.d_at)
-        dmin = None if mins is None else layout.header(builder, data[0], block, layout.dmin_at)
         for t, acc in enumerate(accs):
             dx = splat(builder, load_at(builder, data[4], ats[t], F32, 4), VF32)
-            block_sum = builder.fmul(builder.sitofp(totals[t], VF32), builder.fmul(d, dx, flags=FAST), flags=FAST)
-            if mins is not None:
-                term = _i32(builder, 0)
-                for j, m in enumerate(mins):                     # Σ m_j · (the token's values summed in sub-block j)
-                    term = builder.add(term, builder.mul(m, splat(builder, bsum(t, j), VI32)))
-                scaled = builder.fmul(builder.sitofp(term, VF32), builder.fmul(dmin, dx, flags=FAST), flags=FAST)
-                block_sum = builder.fsub(block_sum, scaled, flags=FAST)
-            builder.store(builder.fadd(builder.load(acc), block_sum, flags=FAST), acc)
+            builder.store(_block_into_row(builder, builder.load(acc), builder.sitofp(totals[t], VF32), d, dx,
+                                          None if mins is None else (_minimums_term(builder, mins, bsum, t), dmin)),
+                          acc)
     for t, acc in zip(tokens, accs, strict=True):
         out = builder.add(yo_, builder.mul(t, ys_))
         builder.store(builder.load(acc), builder.bitcast(builder.gep(data[7], [out]), VF32.as_pointer()), align=4)
