@@ -42,6 +42,14 @@ def _patches(image: np.ndarray, kh: int, kw: int, s: tuple, p: tuple, d: tuple, 
     return gathered.transpose(0, 2, 3, 1, 4, 5).reshape(image.shape[0], oh, ow, -1)
 
 
+def _patches_1d(signal: np.ndarray, kw: int, s: int, p: int, d: int, ow: int) -> np.ndarray:
+    """(N, IC, L) -> (N, OW, IC*KW) as _patches with one row: strided windows copied once (fancy indexing
+    gathered each value: a batch of 7 Whisper windows' second convolution 115 -> 52 ms)."""
+    padded = np.pad(signal, ((0, 0), (0, 0), (p, p)))
+    windows = sliding_window_view(padded, (kw - 1) * d + 1, axis=2)[:, :, ::s][:, :, :ow, ::d]   # (N, IC, OW, KW)
+    return windows.transpose(0, 2, 1, 3).reshape(signal.shape[0], ow, -1)
+
+
 @kernel(Op.IM2COL, supports=lambda dst: dst.type in (F32, F16) and dst.src[1].type in FLOATS)
 def im2col(dst: Tensor) -> None:
     """dst[n, oh, ow, (ic, kh, kw)] = b[n, ic, oh*s1 + kh*d1 - p1, ow*s0 + kw*d0 - p0], zero outside b."""
@@ -50,8 +58,7 @@ def im2col(dst: Tensor) -> None:
     if is_2d:
         cols = _patches(as_f32(b), a.ne[1], a.ne[0], (s0, s1), (p0, p1), (d0, d1), dst.ne[2], dst.ne[1])
     else:
-        signal = as_f32(b)[0][:, :, None, :]                         # (N, IC, 1, L)
-        cols = _patches(signal, 1, a.ne[0], (s0, 1), (p0, 0), (d0, 1), 1, dst.ne[1])
+        cols = _patches_1d(as_f32(b)[0], a.ne[0], s0, p0, d0, dst.ne[1])   # from (N, IC, L)
     store(dst, cols.reshape(view(dst).shape))
 
 
