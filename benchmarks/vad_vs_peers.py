@@ -3,7 +3,7 @@ the ggml VAD file pyggml writes) and faster-whisper (vad_filter=True); and pyggm
 
 The audio: the 60 sentences of benchmarks/data/vad_sentences.txt spoken twice by espeak-ng (voices and speeds
 varied), with 1-5 s of silence, faint white noise or louder brown noise between them (seeded), about 11 minutes
-of which over 40 % is pause. Every engine: tiny.en, 2 threads, greedy without fallback, English, in a process
+of which over 40 % is pause. Every engine: tiny.en (--model), 2 threads, greedy without fallback, English, in a process
 of its own; RTF = transcription wall time / audio seconds; WER against the sentences in order.
 
 Streaming: the first --stream-s seconds played at real-time pace into Whisper.stream(); latency = wall time
@@ -107,7 +107,8 @@ def bench_audio(workdir: Path, pauses: str | None) -> tuple[np.ndarray, list[str
     return make(int(n), int(seed or 0))
 
 
-def worker(engine: str, workdir: Path, pauses: str | None = None, fallback: bool = False) -> dict:
+def worker(engine: str, workdir: Path, pauses: str | None = None, fallback: bool = False,
+           model: str = "tiny.en") -> dict:
     from tests.support import whisper_peers as peers
 
     audio, _, _ = bench_audio(workdir, pauses)
@@ -124,19 +125,20 @@ def worker(engine: str, workdir: Path, pauses: str | None = None, fallback: bool
     start = time.perf_counter()
     if engine.startswith("pyggml"):
         from pyggml.models.whisper.transcribe import load_whisper
-        w = load_whisper("tiny.en", n_threads=THREADS)
+        w = load_whisper(model, n_threads=THREADS)
         if vad or batch:
             w.vad()
         load_s = time.perf_counter() - start
         start = time.perf_counter()
         temperatures = {} if fallback else {"temperatures": (0.0,)}
-        text = " ".join(s.text.strip() for s in w.transcribe(audio, vad=vad, **temperatures, **batch))
+        english = {"language": "en"} if w.is_multilingual else {}   # as the peers are told
+        text = " ".join(s.text.strip() for s in w.transcribe(audio, vad=vad, **temperatures, **batch, **english))
         t = w.timings
         stages = {"vad_s": t.vad_s, "mel_s": t.mel_s, "encode_s": t.encode_s, "decode_s": t.decode_s,
                   "windows": t.windows, "decoder_steps": t.decoder_steps}
     elif engine.startswith("faster-whisper"):
         from faster_whisper import WhisperModel
-        fw = WhisperModel(str(peers.ct2_dir("tiny.en", workdir)), device="cpu", compute_type="float32",
+        fw = WhisperModel(str(peers.ct2_dir(model, workdir)), device="cpu", compute_type="float32",
                           cpu_threads=THREADS)
         load_s = time.perf_counter() - start
         start = time.perf_counter()
@@ -154,7 +156,7 @@ def worker(engine: str, workdir: Path, pauses: str | None = None, fallback: bool
         vad_file = workdir / "ggml-silero-v6.bin"
         write_ggml_vad(load_silero(), vad_file)
         params = dict(vad=True, vad_model_path=str(vad_file)) if vad else {}
-        wc = Model(str(peers.ggml_bin("tiny.en", workdir)), n_threads=THREADS, print_progress=False,
+        wc = Model(str(peers.ggml_bin(model, workdir)), n_threads=THREADS, print_progress=False,
                    print_realtime=False, language="en", **params, **({} if fallback else {"temperature_inc": 0.0}))
         load_s = time.perf_counter() - start
         start = time.perf_counter()
@@ -215,13 +217,15 @@ def main() -> None:
     ap.add_argument("--json", help="also write the results to this file")
     ap.add_argument("--pauses", help="N or N:SEED: pause-heavy audio of N sentences instead of the long audio")
     ap.add_argument("--fallback", action="store_true", help="decode with each engine's temperature fallback")
+    ap.add_argument("--model", default="tiny.en", help="an installed Whisper model's name (default tiny.en; streaming "
+                    "always runs tiny.en)")
     ap.add_argument("--per-sentence", action="store_true", help="print the sentences whose errors differ by engine")
     args = ap.parse_args()
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     if args.worker:
         r = (stream_worker(workdir, args.stream_s, args.stream_fast, args.pauses) if args.worker == "stream"
-             else worker(args.worker, workdir, args.pauses, args.fallback))
+             else worker(args.worker, workdir, args.pauses, args.fallback, args.model))
         print(json.dumps(r))
         return
     audio, texts, spans = bench_audio(workdir, args.pauses)
@@ -229,7 +233,7 @@ def main() -> None:
     audio_s = audio.size / SR
     reference = " ".join(texts)
     print(f"{audio_s:.1f} s of audio, {len(texts)} sentences, {100 * (1 - speech_s / audio_s):.0f} % pauses; "
-          f"tiny.en, {THREADS} threads, greedy{' with fallback' if args.fallback else ''}")
+          f"{args.model}, {THREADS} threads, greedy{' with fallback' if args.fallback else ''}")
     env = dict(os.environ, OMP_NUM_THREADS=str(THREADS), GGML_NO_BACKTRACE="1",
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     results, rounds = {}, []
@@ -241,7 +245,8 @@ def main() -> None:
         before = os.getloadavg()[0]
         cmd = [sys.executable, "-m", "benchmarks.vad_vs_peers", "--worker", job, "--workdir", str(workdir),
                "--stream-s", str(args.stream_s)] + (["--stream-fast"] if args.stream_fast else []) \
-            + (["--pauses", args.pauses] if args.pauses else []) + (["--fallback"] if args.fallback else [])
+            + (["--pauses", args.pauses] if args.pauses else []) + (["--fallback"] if args.fallback else []) \
+            + ["--model", args.model]
         out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
         if out.returncode != 0:
             print(f"{job}: failed\n{out.stderr[-2000:]}", file=sys.stderr)
