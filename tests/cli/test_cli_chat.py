@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.support.serve import write_chat_model
+from tests.support.serve import default_sigint, write_chat_model
 
 pexpect = pytest.importorskip("pexpect")
 ENV = {**os.environ, "PYTHONPATH": os.getcwd(), "TERM": "dumb"}
@@ -20,7 +20,7 @@ def tiny(tmp_path_factory):
 
 def start(model, *args):
     child = pexpect.spawn(sys.executable, ["-m", "pyggml.cli.main", "chat", "--model", str(model), *args],
-                          env=ENV, encoding="utf-8", timeout=120)
+                          env=ENV, encoding="utf-8", timeout=120, preexec_fn=default_sigint)
     child.expect("loaded in")
     child.expect("> ")
     return child

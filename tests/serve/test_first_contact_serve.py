@@ -16,14 +16,14 @@ import time
 import httpx
 import pytest
 
-from tests.support.serve import write_chat_model
+from tests.support.serve import default_sigint, write_chat_model
 
 ENV = {**os.environ, "PYTHONPATH": os.getcwd()}
 
 
 def serve(*args) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "pyggml.cli.main", "serve", *args], stderr=subprocess.PIPE,
-                            text=True, env=ENV)
+                            text=True, env=ENV, preexec_fn=default_sigint)
 
 
 def lines_of(proc) -> queue.Queue:

@@ -91,3 +91,12 @@ def write_infill_model(path, n_ctx: int = 512):
     for kind, token_id in FIM_TOKEN_IDS.items():
         vocab.keys[f"tokenizer.ggml.{kind}_token_id"] = (token_id, GGUFValueType.UINT32, None)
     return write_llama(path, vocab=vocab, n_vocab=vocab.n_tokens, n_embd=64, n_ctx=n_ctx, seed=1)
+
+
+def default_sigint() -> None:
+    """A child's preexec_fn: SIGINT as a terminal delivers it, so that a test's Ctrl-C reaches the command even when
+    the suite itself runs as a background job (a shell starts those with SIGINT ignored, the child inherits that,
+    and Python then installs no KeyboardInterrupt)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -21,9 +21,28 @@ Image = pytest.importorskip("PIL.Image", reason="images need Pillow (the vision 
 REUSE_CASES = [c for c in CASES if c.name in ("gemma3-f32", "idefics3-f32", "qwen25vl-f32")]
 
 
+GEMMA3 = next(c for c in REUSE_CASES if c.name == "gemma3-f32")
+
+
+def written(case, tmp_path_factory):
+    return case, case.write(tmp_path_factory.mktemp(case.name))
+
+
 @pytest.fixture(scope="module", params=REUSE_CASES, ids=lambda c: c.name)
 def case_files(request, tmp_path_factory):
-    return request.param, request.param.write(tmp_path_factory.mktemp(request.param.name))
+    return written(request.param, tmp_path_factory)
+
+
+@pytest.fixture(scope="module", params=[c for c in REUSE_CASES if not c.name.startswith("qwen")], ids=lambda c: c.name)
+def gridless_case_files(request, tmp_path_factory):
+    """The projectors whose rows can go to the engine as bare arrays (Qwen's M-RoPE rows need their grid)."""
+    return written(request.param, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def gemma3_files(tmp_path_factory):
+    """One projector, for what is the same for all (the slot file, an option)."""
+    return written(GEMMA3, tmp_path_factory)
 
 
 def other_image(size: tuple) -> bytes:
@@ -86,10 +105,8 @@ def test_a_different_image_at_the_same_position_is_read_afresh(case_files, monke
     assert_same_answer(tokens, fresh)
 
 
-def test_rows_of_no_known_image_are_never_reused(case_files):
-    case, (lm, mmproj) = case_files
-    if case.name.startswith("qwen"):
-        pytest.skip("M-RoPE rows need their grid, which bare arrays do not carry")
+def test_rows_of_no_known_image_are_never_reused(gridless_case_files):
+    case, (lm, mmproj) = gridless_case_files
     model = load_model(lm, n_ctx=256, mmproj=mmproj)
     ids, images = model.image_prompt(TEXT, [case.image()]).engine_prompt()
     plain = [(pos, np.asarray(rows)) for pos, rows in images]  # bare arrays: no identity
@@ -150,10 +167,8 @@ def test_image_identity_is_the_sha256_of_the_bytes():
     assert image_identity(pixels) == image_identity(pixels.copy()) != image_identity(pixels.convert("L"))
 
 
-def test_a_restored_slot_s_image_cells_match_no_prompt(case_files, tmp_path):
-    case, (lm, mmproj) = case_files
-    if not case.name.startswith("gemma3"):
-        pytest.skip("one projector is enough: the saved file is the same for all")
+def test_a_restored_slot_s_image_cells_match_no_prompt(gemma3_files, tmp_path):
+    case, (lm, mmproj) = gemma3_files
     model = load_model(lm, n_ctx=256, mmproj=mmproj)
     with Engine(model, n_slots=1) as engine:
         _, images, _, _ = run(engine, model, TEXT, case.image())
@@ -163,14 +178,12 @@ def test_a_restored_slot_s_image_cells_match_no_prompt(case_files, tmp_path):
     assert done.cached_tokens == images[0][0]  # the saved file keeps no identity: the image is read afresh
 
 
-def test_the_image_cache_option_and_each_encoder_s_own_identities(case_files, capsys):
+def test_the_image_cache_option_and_each_encoder_s_own_identities(gemma3_files, capsys):
     import argparse
 
     from pyggml.cli.model_options import add_model_options, open_model
 
-    case, (lm, mmproj) = case_files
-    if not case.name.startswith("gemma3"):
-        pytest.skip("one projector is enough for an option")
+    case, (lm, mmproj) = gemma3_files
     p = argparse.ArgumentParser()
     add_model_options(p)
     model = open_model(p.parse_args(["-m", str(lm), "--ctx", "256", "--mmproj", str(mmproj), "--image-cache", "3"]))
