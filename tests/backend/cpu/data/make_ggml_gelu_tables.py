@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tests.support.ggml_peer import declare
+
 OUT = Path(__file__).parent / "ggml_gelu_tables.npz"
 GGML_TYPE_F32 = 0
 
@@ -35,12 +37,7 @@ def ggml_library():
                   "ggml_gelu": (p, [p, p]), "ggml_gelu_quick": (p, [p, p]), "ggml_get_data_f32": (p, [p]),
                   "ggml_new_graph": (p, [p]), "ggml_build_forward_expand": (None, [p, p]),
                   "ggml_graph_compute_with_ctx": (C.c_int, [p, p, C.c_int]), "ggml_free": (None, [p])}
-    funcs = {}
-    for name, (restype, argtypes) in signatures.items():
-        fn = next(getattr(h, name) for h in handles if hasattr(h, name))
-        fn.restype, fn.argtypes = restype, argtypes
-        funcs[name] = fn
-    return funcs
+    return declare(handles, signatures)
 
 
 def main() -> None:
