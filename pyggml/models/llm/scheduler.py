@@ -65,9 +65,10 @@ class Slot:
     def prompt(self) -> list[int]:
         return self.handle.request.prompt
 
-    def start(self, handle, reuse: int, max_new: int, cells: int, share: int, tokenizer) -> None:
-        request = handle.request
-        self.cached = prompt_cells(request.prompt, request.images)[:reuse]
+    def start(self, handle, reused: list[int], max_new: int, cells: int, share: int, tokenizer) -> None:
+        """Run the request from the cells it reuses (what they hold: its prompt's first cells)."""
+        request, reuse = handle.request, len(reused)
+        self.cached = reused
         self.handle, self.fed, self.n_cached, self.max_new, self.cells_left = handle, reuse, reuse, max_new, cells
         self.generated, self.pending, self.draft, self.n_drafted, self.n_accepted = [], None, [], 0, 0
         self.share, self.truncated = share, False
@@ -122,8 +123,9 @@ class Scheduler:
         prompt, max_new = list(request.prompt), self.max_new(request)
         wanted = prompt_cells(prompt, request.images)
         sources = idle if self.context_shift else self.slots  # shifting slots share no cells
-        best = max(sources, key=lambda s: (reusable_prefix(wanted, s.cached, request.images), s.handle is None))
-        reuse = min(reusable_prefix(wanted, best.cached, request.images), len(prompt) - 1)  # the last gives logits
+        prefix, best = max(((reusable_prefix(wanted, s.cached, request.images), s) for s in sources),
+                           key=lambda p: (p[0], p[1].handle is None))
+        reuse = min(prefix, len(prompt) - 1)  # the last prompt token gives logits
         reuse = reuse if request.cache_prompt else 0
         in_place = reuse > 0 and best in idle  # an idle slot holding the prefix serves it itself
         target = best if in_place else min(idle, key=lambda s: (bool(s.cached), s.last_used))
@@ -147,7 +149,7 @@ class Scheduler:
         else:
             self.model.seq_rm(target.seq_id)
             self.model.seq_cp(best.seq_id, target.seq_id, 0, reuse)
-        target.start(handle, reuse, max_new, need, self.share(request), self.model.tokenizer)
+        target.start(handle, wanted[:reuse], max_new, need, self.share(request), self.model.tokenizer)
         return True
 
     def shift_full(self) -> None:

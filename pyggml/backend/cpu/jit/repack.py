@@ -91,18 +91,15 @@ def _repack_groups(rows: np.ndarray, row_bytes: int, block_bytes: int, table: np
                 offset, size, piece, flip = table[f, 0], table[f, 1], table[f, 2], np.uint8(table[f, 3])
                 for p in range(0, size, piece):
                     src = first + b * block_bytes + offset + p
-                    if piece == 4:  # the quants' vectors: four bytes a row, written as one word
-                        for _ in range(ROWS):
+                    for _ in range(ROWS):
+                        if piece == 4:  # the quants' vectors: four statements the compiler makes one word
                             out[at] = rows[src] ^ flip
                             out[at + 1] = rows[src + 1] ^ flip
                             out[at + 2] = rows[src + 2] ^ flip
                             out[at + 3] = rows[src + 3] ^ flip
-                            at += 4
-                            src += row_bytes
-                        continue
-                    for _ in range(ROWS):
-                        for i in range(piece):
-                            out[at + i] = rows[src + i] ^ flip
+                        else:
+                            for i in range(piece):
+                                out[at + i] = rows[src + i] ^ flip
                         at += piece
                         src += row_bytes
 

@@ -265,6 +265,13 @@ class _TileScratch(threading.local):
 _TILES = _TileScratch()
 
 
+def _users(planes: np.ndarray, plane) -> np.ndarray | slice:
+    """The planes of b that multiply the matrix at byte `plane`: a slice when consecutive (the query heads of one
+    KV head: views of x and y, no copies), else their indices."""
+    using = np.flatnonzero(planes == plane)
+    return slice(using[0], using[-1] + 1) if using[-1] - using[0] + 1 == len(using) else using
+
+
 def _product_on_blocks(a: Tensor, src: np.ndarray, planes: np.ndarray, x: np.ndarray, y: np.ndarray) -> None:
     """y[i] = x[i] · (a's matrix at byte planes[i] of src)ᵀ for float32 x (P, n, k) and y (P, n, a.ne1)."""
     if x.shape[1] <= VEC_COLUMNS or (x.shape[1] <= GROUPED_COLUMNS and a.type in FLOAT_ROWS):
@@ -278,16 +285,14 @@ def _product_on_blocks(a: Tensor, src: np.ndarray, planes: np.ndarray, x: np.nda
         return
     qtype, nb, k = int(a.type), blocks_per_row(a), a.ne[0]
     distinct = np.unique(planes)
+    users = [_users(planes, plane) for plane in distinct]
     bands = threads() if len(distinct) < threads() else 1  # few matrices: each split into row bands
     per = -(-a.ne[1] // bands)
 
     def band_of(i: int) -> None:
         """Rows [r_lo, r_hi) of one matrix of a, tile by tile: dequantized on this thread, then one sgemm."""
-        plane, r_lo = distinct[i // bands], (i % bands) * per
+        plane, using, r_lo = distinct[i // bands], users[i // bands], (i % bands) * per
         r_hi = min(a.ne[1], r_lo + per)
-        using = np.flatnonzero(planes == plane)
-        if using[-1] - using[0] + 1 == len(using):  # consecutive planes of b (the query heads of one KV head):
-            using = slice(using[0], using[-1] + 1)   # views of x and y, no copies
         xs = x[using]
         tile_rows = max(1, min(r_hi - r_lo, TILE_BYTES // (4 * k)))
         tile = _TILES.tile(tile_rows, k)
