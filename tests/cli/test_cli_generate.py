@@ -172,3 +172,39 @@ def test_generate_splits_the_layers_over_an_rpc_server(tmp_path, capsys):
         finally:
             RPC_REG.remove_server(server.endpoint)  # the registry outlives the server: later tests list devices
     assert "RPC" in capsys.readouterr().err
+
+
+def _program(*argv: str) -> list[str]:
+    """The `pyggml` program as its console script runs it (run_and_exit), with these arguments."""
+    code = "import sys; from pyggml.cli.main import run_and_exit; sys.argv[0] = 'pyggml'; run_and_exit()"
+    return [sys.executable, "-c", code, *argv]
+
+
+def test_the_program_flushes_all_its_output_and_keeps_mains_status(tmp_path):
+    """It ends without Python's teardown: what was printed still arrives whole through a pipe, and the exit
+    status is main()'s (0 for text, 2 for an error)."""
+    import subprocess
+    path = write_llama(tmp_path / "tiny.gguf")
+    done = subprocess.run(_program("generate", "the a", "--model", str(path), "-n", "5", "--ctx", "32"),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.startswith("the a") and done.stdout.endswith("\n")
+    assert done.stderr.rstrip().splitlines()[-1].startswith("peak RSS:")
+    bad = subprocess.run(_program("generate", "x", "--model", str(tmp_path / "none.gguf")), capture_output=True,
+                         text=True, timeout=300)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "none.gguf" in bad.stderr
+
+
+def test_a_reader_that_goes_away_ends_the_program_quietly(tmp_path):
+    """`pyggml generate ... | head -c 3` once head has gone: the broken pipe ends it with SIGPIPE's shell status and
+    no traceback."""
+    import os
+    import subprocess
+    path = write_llama(tmp_path / "tiny.gguf")
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first word is written
+    try:
+        done = subprocess.run(_program("generate", "the a", "--model", str(path), "-n", "5", "--ctx", "32"),
+                              stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=300)
+    finally:
+        os.close(write_end)
+    assert done.returncode == 141 and "Traceback" not in done.stderr

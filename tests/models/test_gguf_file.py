@@ -287,3 +287,19 @@ def test_released_pages_read_back_the_same(tmp_path):
             f.release_pages(t.offset_in_file, t.nbytes)
         f.release_pages(0, f.file_size + 4096)  # a range past the end is clipped
         assert {t.name: bytes(f.tensor_bytes(t)) for t in f.tensors} == before
+
+
+def test_string_arrays_read_whole_with_empty_strings_and_every_utf8_width():
+    values = ["", "a", "", "é", "日本", "😀x", ""]
+    f = GGUFFile.from_bytes(build([kv_str("general.architecture", "tiny"), kv_str_array("k", values)], [], b"")[0])
+    assert list(f.get("k")) == values and f.get("k").lengths().tolist() == [len(v.encode()) for v in values]
+
+
+@pytest.mark.parametrize("values, index", [
+    ([b"ok", "日".encode()[:1], "日".encode()[1:]], 1),  # one character cut across two strings: the whole is UTF-8
+    ([b"ok", b"", b"\x80"], 2),                          # a string that starts with a continuation byte
+    ([b"\xff", b"ok"], 0),
+])
+def test_a_string_that_is_not_utf8_on_its_own_is_rejected_by_index(values, index):
+    with pytest.raises(GGUFError, match=rf"'k'\[{index}\].*invalid UTF-8"):
+        GGUFFile.from_bytes(build([kv_str("general.architecture", "tiny"), kv_str_array("k", values)], [], b"")[0])

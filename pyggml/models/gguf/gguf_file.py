@@ -180,8 +180,58 @@ class _Cursor:
         return [self.value(f"{field}[{i}]", etype, depth) for i in range(n)]
 
     def strings(self, field, n):
-        """``n`` strings in a row, kept as one StringTable: the tight loop that keeps a 262k-token vocabulary
-        fast, each string checked for UTF-8 here and decoded again only when asked for."""
+        """``n`` strings in a row, kept as one StringTable (a 262k-token vocabulary without a Python object per
+        token), each checked to be UTF-8: found with one short loop over their lengths and checked all at once
+        (a vocabulary's 98k strings took 0.1 s one by one); a file that fails is read one string at a time
+        instead, for the error that names the string."""
+        start = self.pos
+        starts = self._string_starts(n)
+        table = None if starts is None else self._utf8_table(start, starts)
+        if table is None:
+            self.pos = start
+            return self._strings_one_by_one(field, n)
+        return table
+
+    def _utf8_table(self, start, starts):
+        """The strings between `start` and here, whose text begins at `starts`, as a StringTable; None if one
+        of them is not UTF-8 (no view of the file is left behind: a failed parse closes it)."""
+        end = self.pos
+        at = np.frombuffer(starts, np.int64) - start  # each string's first byte, from the first length
+        region = np.frombuffer(self.buf, np.uint8, count=end - start, offset=start)
+        is_text = np.ones(end - start, bool)
+        is_text[((at - 8)[:, None] + np.arange(8)).ravel()] = False  # the 8-byte lengths between the strings
+        blob = region[is_text]  # a copy
+        lengths = np.append(at[1:] - 8, end - start) - at
+        offsets = np.zeros(len(at) + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        try:
+            str(blob, "utf-8")  # the whole is UTF-8, and no string starts inside a character: each one is
+        except UnicodeDecodeError:
+            return None
+        firsts = blob[offsets[:-1][lengths > 0]]
+        return None if ((firsts & 0xC0) == 0x80).any() else StringTable(blob, offsets)
+
+    def _string_starts(self, n):
+        """The file positions of ``n`` length-prefixed strings from here, moving past them; None (and the
+        position unmoved) where a length runs past the end of the file."""
+        buf, pos, unpack_length = self.buf, self.pos, _U64.unpack_from
+        starts = array("q")
+        append = starts.append
+        try:
+            for _ in range(n):
+                (length,) = unpack_length(buf, pos)
+                pos += 8
+                append(pos)
+                pos += length
+        except (struct.error, OverflowError):  # a length past the end, or past any offset at all
+            return None
+        if pos > self.size:
+            return None
+        self.pos = pos
+        return starts
+
+    def _strings_one_by_one(self, field, n):
+        """strings() one at a time: the first string that is cut short or not UTF-8 fails with its index."""
         buf, size, pos = self.buf, self.size, self.pos
         unpack_length = _U64.unpack_from
         blob = bytearray()
@@ -194,7 +244,7 @@ class _Cursor:
             pos += 8
             if length > size - pos:
                 self.fail(f"{field}[{i}]", f"string length {length} exceeds the {size - pos} bytes left in the file")
-            raw = bytes(buf[pos : pos + length])  # a copy: no view of the file outlives a failed parse
+            raw = bytes(buf[pos : pos + length])
             try:
                 str(raw, "utf-8")
             except UnicodeDecodeError as e:

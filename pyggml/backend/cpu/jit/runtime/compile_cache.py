@@ -51,19 +51,22 @@ def load_cached(dispatchers: list) -> int:
     generation step with all the weights resident (about 12 MiB more peak RSS). Entries made for other
     sources, another type or another CPU are left alone; returns the number of kernels loaded.
     """
+    from numba.core.compiler_lock import global_compiler_lock
+
     loaded = 0
-    for d in dispatchers:
-        try:
-            cache = d._cache
-            index = cache._cache_file._load_index()
-        except AttributeError:
-            continue  # not a caching dispatcher, or Numba's cache layout is not the known one
-        if not index:
-            continue
-        codegen = d.targetctx.codegen()
-        for key in index:
-            args = key[0]
-            if tuple(args) not in d.overloads and key == cache._index_key(args, codegen):
-                d.compile(args)
-                loaded += 1
+    with global_compiler_lock:  # held across all the loads: LLVM's pages are given back once, at the end
+        for d in dispatchers:
+            try:
+                cache = d._cache
+                index = cache._cache_file._load_index()
+            except AttributeError:
+                continue  # not a caching dispatcher, or Numba's cache layout is not the known one
+            if not index:
+                continue
+            codegen = d.targetctx.codegen()
+            for key in index:
+                args = key[0]
+                if tuple(args) not in d.overloads and key == cache._index_key(args, codegen):
+                    d.compile(args)
+                    loaded += 1
     return loaded
