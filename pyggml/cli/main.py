@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import os
@@ -76,10 +77,8 @@ def run_and_exit() -> None:
     code = main()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe or stream: nothing more can reach it
             stream.flush()
-        except (OSError, ValueError):  # a closed pipe or stream: nothing more can reach it
-            pass
     os._exit(code)
 
 
