@@ -62,6 +62,7 @@ def pyggml_command(model: str | None, n: int) -> list[str]:
 def run_pyggml(model: str | None, n: int, cache_dir: str) -> dict:
     """One `pyggml generate` process: seconds to its first generated token and to its exit, compile seconds."""
     env = {**os.environ, "NUMBA_CACHE_DIR": cache_dir, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # Python's own cache of compiled modules, as a user's Python keeps it
     start = time.perf_counter()
     proc = subprocess.Popen(pyggml_command(model, n), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                             cwd=REPO)
