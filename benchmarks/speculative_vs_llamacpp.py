@@ -144,10 +144,11 @@ def run_llama(args) -> dict:
 
 
 def run_llama_speculative(binary: str, target: str, draft: str, prompt_file: str, args) -> dict:
-    """llama.cpp's own speculative program (llama-speculative-simple's log: decoded, n_drafted, n_accept)."""
+    """llama.cpp's own speculative program, llama-speculative-simple (common/speculative.cpp's drafting, as the
+    server's; its log: decoded, n_drafted, n_accept; the draft options as this llama.cpp names them)."""
     cmd = [binary, "-m", target, "-md", draft, "-f", prompt_file, "-n", str(args.n), "-t", str(args.threads),
-           "--temp", "0", "-c", str(args.ctx), "--draft-max", str(args.draft_max), "--draft-min", str(args.draft_min),
-           "--draft-p-min", str(args.p_min)]
+           "--temp", "0", "-c", str(args.ctx), "--spec-type", "draft-simple", "--spec-draft-n-max", str(args.draft_max),
+           "--spec-draft-n-min", str(args.draft_min), "--spec-draft-p-min", str(args.p_min)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{binary} failed:\n{done.stderr[-3000:]}")
@@ -227,7 +228,8 @@ def main() -> None:
     p.add_argument("--keep", help="write the draft case's target here, and reuse it if it exists")
     p.add_argument("--llama-python", default=sys.executable, help="a Python with llama_cpp installed ('none': "
                                                                   "pyggml's rows only)")
-    p.add_argument("--llama-speculative", help="llama.cpp's llama-speculative-simple program, for the draft case")
+    p.add_argument("--llama-speculative", help="llama.cpp's llama-speculative-simple program, for the "
+                                                "draft case")
     p.add_argument("--cases", default="lookup,self,draft", help="of lookup, self, draft (default all)")
     p.add_argument("-n", type=int, default=256, help="tokens to generate at most (default 256; EOS ends earlier)")
     p.add_argument("--ctx", type=int, default=2048)
