@@ -94,7 +94,7 @@ Row r of plane i starts at byte planes[i] + r·row_stride of src and holds nb bl
 machine)."""
 
 
-PREFETCH_ROWS = 8  # rows ahead that a strided matrix's row is asked for (K product from memory: 2 -> 90 us, 8 -> 76)
+PREFETCH_ROWS = 8  # rows ahead a strided row is asked for: the best of 2, 4, 8, 16 (an 8B layer's K product)
 
 
 @jit(fastmath=FASTMATH)
