@@ -8,6 +8,7 @@ from tests.support.opcheck import check, fill_random
 from pyggml.alloc import alloc_ctx_tensors_from_buft
 from pyggml.backend import BufferUsage, cpu
 from pyggml.backend.cpu import kernels
+from pyggml.backend.cpu.jit.mul_mat import mul_mat_float_columns
 from pyggml.backend.cpu.kernels._dequant_cache import DequantCache
 from pyggml.core import ops
 from pyggml.core.context import Context
@@ -48,6 +49,27 @@ def test_up_to_16_columns_each_give_their_product_alone_to_the_bit(a_type):
     alone = np.concatenate([product(x[c:c + 1]) for c in range(16)])
     for n in (2, 5, 8, 16):
         np.testing.assert_array_equal(product(x[:n]), alone[:n])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["F32", "F16"])
+@pytest.mark.parametrize("columns", [1, 4])
+def test_float_rows_far_apart_give_the_contiguous_rows_result(dtype, columns):
+    """Rows far apart (a KV cache's heads within its cells) are prefetched ahead, up to past the end of the array:
+    the same sums, to the bit, as the same rows back to back, and the float64 products to float32 rounding."""
+    rng = np.random.default_rng(3)
+    heads, cells, k = 3, 40, 48
+    cache = rng.uniform(-1, 1, (cells, heads * k)).astype(dtype)  # cell-major: a head's rows are heads·k apart
+    x = rng.uniform(-1, 1, (heads, columns, k)).astype(np.float32)
+    strided, contiguous = (np.empty((heads, columns, cells), np.float32) for _ in range(2))
+    values = cache.view(np.uint16) if dtype == np.float16 else cache
+    mul_mat_float_columns(values.reshape(-1), np.arange(heads, dtype=np.uint64) * k, heads * k, cells, k, x,
+                          strided, 3)
+    apart = np.ascontiguousarray(values.reshape(cells, heads, k).transpose(1, 0, 2))
+    mul_mat_float_columns(apart.reshape(-1), np.arange(heads, dtype=np.uint64) * cells * k, k, cells, k, x,
+                          contiguous, 3)
+    assert np.array_equal(strided.view(np.uint32), contiguous.view(np.uint32))
+    reference = np.einsum("hck,nhk->hcn", x.astype(np.float64), cache.reshape(cells, heads, k).astype(np.float64))
+    np.testing.assert_allclose(strided, reference, rtol=1e-5, atol=1e-5)
 
 
 def test_quant_types_covered():
