@@ -25,7 +25,7 @@ from pyggml.backend.cpu.jit.ir.vnni_k_ir import K_FORMATS
 from pyggml.backend.cpu.jit.repack import repack_16x4_into
 from pyggml.backend.cpu.kernels._common import INTERLEAVED, split_over_threads
 from pyggml.core import types as T
-from pyggml.core.host_memory import aligned_bytes
+from pyggml.core.host_memory import aligned_bytes, map_for_reading
 from pyggml.core.tensor import Tensor
 from pyggml.errors import BackendError
 
@@ -88,6 +88,7 @@ class InterleavedBuffer(ConvertedBuffer):
 
         def repack(i: int) -> None:
             at = i * piece
+            map_for_reading(src[at: at + piece])
             repack_16x4_into(int(t.type), src[at: at + piece].reshape(-1, row_bytes), dst[at: at + piece])
 
         split_over_threads(repack, -(-size // piece))
