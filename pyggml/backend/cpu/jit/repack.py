@@ -81,7 +81,7 @@ def _field_table(qtype: int) -> np.ndarray:
 
 
 @jit
-def _repack_groups(rows: np.ndarray, row_bytes: int, block_bytes: int, table: np.ndarray, out: np.ndarray) -> None:
+def repack_groups(rows: np.ndarray, row_bytes: int, block_bytes: int, table: np.ndarray, out: np.ndarray) -> None:
     """repack_16x4 of the flat bytes rows into out, each piece moved as one word. Indices unsigned: signed ones
     add a check for negative values to every move."""
     nb = U(row_bytes // block_bytes)
@@ -111,7 +111,7 @@ def _repack_groups(rows: np.ndarray, row_bytes: int, block_bytes: int, table: np
 def repack_16x4_into(qtype: int, rows: np.ndarray, out: np.ndarray) -> None:
     """repack_16x4 compiled, written straight into out (uint8, rows.size) on this thread, without the GIL: the
     loader's path, without the NumPy version's temporary arrays (an 8B file's weights: 24 s with those)."""
-    _repack_groups(rows.reshape(-1), rows.shape[-1], fields(qtype)[0], _field_table(qtype), out)
+    repack_groups(rows.reshape(-1), rows.shape[-1], fields(qtype)[0], _field_table(qtype), out)
 
 
 @functools.cache

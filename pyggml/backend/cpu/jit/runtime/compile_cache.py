@@ -23,13 +23,16 @@ def shared_kernels() -> list:
 
 def type_kernels(qtypes: Iterable[int] | None) -> list:
     """The kernels made per type (PerType) that tensors of these ggml types (None: every type) may call: products
-    and row reads."""
+    and row reads, and the repack of the types that are interleaved."""
     from pyggml.backend.cpu.jit import mul_mat, quants, repack
     from pyggml.backend.cpu.jit.ir.vnni_ir import FORMATS
     from pyggml.backend.cpu.jit.ir.vnni_k_ir import K_FORMATS
 
     found = []
-    for qtype in sorted(set(map(int, quants.BLOCKS if qtypes is None else qtypes))):
+    qtypes = sorted(set(map(int, quants.BLOCKS if qtypes is None else qtypes)))
+    if any(qtype in FORMATS or qtype in K_FORMATS for qtype in qtypes):
+        found.append(repack.repack_groups)  # what the loader interleaves these types' weights with
+    for qtype in qtypes:
         if qtype in quants.BLOCKS:
             found += [mul_mat.mul_mat_vec[qtype], mul_mat.dequantize_rows[qtype]]
         if qtype in FORMATS:
