@@ -30,9 +30,10 @@ from pyggml.core.tensor import Tensor
 from pyggml.errors import BackendError
 
 INTERLEAVED_TYPES = frozenset(FORMATS) | frozenset(K_FORMATS)
-PIECE_BYTES = 1 << 21  # a write is repacked in pieces of this size or so, each kernel thread taking the next when
-# done: a parallel loop split in equal halves waited for a thread that shared its core with another process (a
-# 1B file's weights 0.7 to 1.7 s on two busy cores, 0.2 s on one thread)
+# A write is repacked in pieces of about this size, each kernel thread taking the next when done: one parallel
+# loop split in equal halves waited for a thread that shared its core with another process (a 1B file's layers:
+# 0.7 to 1.7 s on two busy cores, 0.2 s on one thread).
+PIECE_BYTES = 1 << 21
 
 
 @functools.cache
