@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pyggml.backend import BufferUsage, init_by_name
-from pyggml.core.host_memory import aligned_bytes, populate, release_file_pages, zero_anonymous
+from pyggml.core.host_memory import aligned_bytes, map_for_reading, populate, release_file_pages, zero_anonymous
 from tests.support.resident import mapping_of, resident_share
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/smaps and madvise are Linux's")
@@ -46,6 +46,17 @@ def test_through_a_memoryview_as_the_gguf_reader_holds_it(data_file):
     arr.sum()
     assert release_file_pages(arr)
     assert resident_kib(arr) <= mmap.PAGESIZE // 1024
+
+
+def test_map_for_reading_maps_every_page_a_view_touches_in_one_call(data_file):
+    """A piece of a file mapping is mapped whole before a kernel reads it, the pages it only partly covers too."""
+    with open(data_file, "rb") as f:
+        buf = np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), np.uint8)
+    assert resident_kib(buf) == 0
+    if not map_for_reading(buf[100: 100 + 3 * mmap.PAGESIZE]):
+        pytest.skip("no MADV_POPULATE_READ (Linux 5.14) here")
+    assert resident_kib(buf) >= 4 * mmap.PAGESIZE // 1024     # (the kernel may map the pages around them too)
+    assert map_for_reading(buf[100: 100 + 3 * mmap.PAGESIZE])  # mapped already: a look, still True
 
 
 def test_own_memory_and_writable_mappings_are_left_alone(data_file):

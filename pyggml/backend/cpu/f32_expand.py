@@ -21,7 +21,7 @@ from pyggml.backend.cpu.buffer import TENSOR_ALIGNMENT, ConvertedBuffer
 from pyggml.backend.cpu.kernels._common import F32_EXPANDED
 from pyggml.backend.cpu.kernels._dequant_cache import dequantizable
 from pyggml.core import types as T
-from pyggml.core.host_memory import aligned_bytes
+from pyggml.core.host_memory import aligned_bytes, map_for_reading
 from pyggml.core.tensor import Tensor
 from pyggml.errors import BackendError
 
@@ -56,6 +56,7 @@ class F32ExpandedBuffer(ConvertedBuffer):
             raise BackendError(f"CPU_F32: writes to {t.name!r} must be whole rows of {row} bytes "
                                f"(got {size} bytes at offset {offset})")
         rows = np.frombuffer(data, np.uint8, count=size).reshape(-1, row)
+        map_for_reading(rows)
         first = offset // row
         self.values(t).reshape(-1, t.ne[0])[first: first + rows.shape[0]] = T.to_float(t.type, rows)
 

@@ -12,7 +12,6 @@ packed layout; a file packed that way always passes here).
 
 import mmap
 import struct
-import sys
 from array import array
 from dataclasses import dataclass
 from itertools import pairwise
@@ -348,19 +347,6 @@ class GGUFFile:
         if self._buf is None:
             raise GGUFError(f"{self.path}: tensor '{info.name}' read after close()")
         return self._buf[info.offset_in_file : info.offset_in_file + info.nbytes]
-
-    def populate_pages(self, offset: int, size: int) -> None:
-        """Map this process onto the file's pages of bytes [offset, offset + size) in one call (Linux 5.14's
-        MADV_POPULATE_READ), before a conversion reads them all: a page fault per 4 KiB cost about 1.5 s per GiB
-        of an 8B file's weights (already in the page cache), the one call 0.03 s. Elsewhere, or where the
-        kernel refuses, the pages fault in as they are read."""
-        if self._mmap is None or not sys.platform.startswith("linux"):
-            return
-        start = offset // mmap.PAGESIZE * mmap.PAGESIZE
-        end = min(offset + size, self.file_size)
-        with contextlib.suppress(OSError):
-            self._mmap.madvise(getattr(mmap, "MADV_POPULATE_READ", 22), start, end - start)
-
 
     def release_pages(self, offset: int, size: int) -> None:
         """Let the OS drop this process's resident pages of bytes [offset, offset + size) of the file, e.g. a

@@ -194,7 +194,6 @@ def _place_converted(gguf: GGUFFile, buft, ctx: Context, infos: dict, bar: tqdm)
         slab = CONVERT_ROWS * T.row_size(t.type, t.ne[0])
         for start in range(0, raw.size, slab):
             chunk = raw[start:start + slab]
-            gguf.populate_pages(info.offset_in_file + start, chunk.size)
             try:
                 tensor_set(t, chunk, start, chunk.size)
             except GGMLError as e:

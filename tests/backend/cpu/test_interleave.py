@@ -6,7 +6,7 @@ import pytest
 
 from pyggml.alloc import alloc_ctx_tensors_from_buft
 from pyggml.backend import init_by_name, tensor_get, tensor_set
-from pyggml.backend.cpu import kernels
+from pyggml.backend.cpu import interleave, kernels
 from pyggml.backend.cpu.interleave import has_vnni
 from pyggml.backend.cpu.jit.mul_mat import dequantize_rows
 from pyggml.backend.cpu.jit.repack import (fields, gemm_16x4_q8_0, gemm_16x4_q8_K, quantize_q8_0, quantize_q8_K,
@@ -74,6 +74,22 @@ def test_the_compiled_repack_equals_the_numpy_layout(qtype):
     out = np.full(rows.size, 0xAA, np.uint8)
     repack_16x4_into(int(qtype), rows, out)
     np.testing.assert_array_equal(out, repack_16x4(int(qtype), rows).reshape(-1))
+
+
+@pytest.mark.parametrize("qtype", [GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.MXFP4, GGMLType.Q4_K, GGMLType.Q6_K],
+                         ids=lambda t: t.name)
+def test_a_write_is_repacked_in_pieces_shared_over_the_threads(cpu, qtype, monkeypatch):
+    """A write into CPU_INTERLEAVED is repacked a few groups at a time, the kernel threads taking the pieces in
+    turn: the buffer holds repack_16x4's bytes of the whole matrix, for a write at an offset and a last piece
+    shorter than the others too."""
+    cols = 2 * T.blck_size(qtype) if T.blck_size(qtype) > 32 else 64
+    raw = _q_rows(16 * 7, cols, seed=2, qtype=qtype)
+    group = 16 * raw.shape[1]
+    monkeypatch.setattr(interleave, "PIECE_BYTES", 2 * group)
+    _, interleaved = cpu.device.extra_buffer_types()
+    w, buffer = _placed(raw[:32], interleaved, cols, qtype, rows=raw.shape[0])
+    tensor_set(w, raw[32:].reshape(-1), 2 * group, raw[32:].nbytes)
+    np.testing.assert_array_equal(buffer.quant_bytes(w), repack_16x4(int(qtype), raw).reshape(-1))
 
 
 @pytest.mark.parametrize("qtype", TYPES)
@@ -311,13 +327,14 @@ def test_a_token_alone_gets_the_same_bits_as_in_a_tile_of_four(qtype):
     np.testing.assert_array_equal(alone[0], batch[0])
 
 
-def _placed(raw: np.ndarray, buft, cols: int, qtype=Q, n_expert: int = 1):
-    """raw's rows as a matrix (or a stack of n_expert matrices) of qtype in buft."""
+def _placed(raw: np.ndarray, buft, cols: int, qtype=Q, n_expert: int = 1, rows: int | None = None):
+    """raw's rows as a matrix (or a stack of n_expert matrices) of qtype in buft: the first rows of one of `rows`
+    rows (default: all of it)."""
+    rows = raw.shape[0] if rows is None else rows
     ctx = Context(no_alloc=True)
-    w = ctx.new_tensor(qtype, (cols, raw.shape[0] // n_expert, n_expert) if n_expert > 1 else (cols, raw.shape[0]),
-                       "w")
+    w = ctx.new_tensor(qtype, (cols, rows // n_expert, n_expert) if n_expert > 1 else (cols, rows), "w")
     buffer = alloc_ctx_tensors_from_buft(ctx, buft)
-    tensor_set(w, raw)
+    tensor_set(w, raw.reshape(-1), 0, raw.nbytes)
     return w, buffer
 
 

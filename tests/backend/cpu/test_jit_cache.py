@@ -124,6 +124,23 @@ print(first, len(rms_norm_rows.overloads), compile_cache.load_cached([rms_norm_r
     assert loaded >= 1 and overloads == loaded and again == 0
 
 
+def test_load_cached_hands_llvms_pages_back_once_after_all_its_loads():
+    _run("""
+from pyggml.backend.cpu.jit.norm import norm_rows, rms_norm_rows
+import numpy as np
+x = np.ones((2, 8), np.float32); rms_norm_rows(x, x, np.float32(1e-5)); norm_rows(x, x, np.float32(1e-5))
+""")
+    out = _run("""
+from pyggml.backend.cpu.jit.runtime import compile_cache, compiler_pages
+from pyggml.backend.cpu.jit.norm import norm_rows, rms_norm_rows
+releases = []
+compiler_pages.release_compiler_pages = lambda: releases.append(1)
+print(compile_cache.load_cached([rms_norm_rows, norm_rows]), len(releases))
+""")
+    loaded, releases = map(int, out.split())
+    assert loaded >= 2 and releases == 1
+
+
 def test_the_cpu_backend_offers_threads_and_kernel_loading_as_extensions():
     from pyggml.backend import init_by_name, load_kernels, set_n_threads
 

@@ -9,7 +9,7 @@ from pyggml.backend.cpu import kernels
 from pyggml.backend.cpu.kernels import unary as K
 from pyggml.core import ops
 from pyggml.core.context import Context
-from pyggml.core.tensor import host_ndarray
+from pyggml.core.tensor import GluOp, host_ndarray
 from pyggml.core.types import GGMLType as G
 
 
@@ -83,3 +83,19 @@ def test_gelu_tables_are_ggmls_entry_for_entry():
     for name, fn in (("gelu", K.gelu), ("gelu_quick", K.gelu_quick)):
         got, want = fn(x[finite]).astype(np.float16).view(np.uint16), tables[name][finite]
         assert np.array_equal(got, want), f"{name}: {np.sum(got != want)} entries differ"
+
+
+def test_only_gelu_kinds_build_the_gelu_table():
+    """SwiGLU and SiLU (a llama's step) run without ggml's GELU table; GEGLU builds it at its first bind."""
+    K.f16_table.cache_clear()
+    ctx = Context()
+    values = np.linspace(-4, 4, 64, dtype=np.float32).reshape(2, 32)
+    x = ctx.tensor_from_numpy(values)
+    silu_glu = ops.glu(ctx, x, GluOp.SWIGLU, False)
+    kernels.bound(silu_glu, kernels.KERNELS[silu_glu.op])()
+    assert K.f16_table.cache_info().currsize == 0
+    a, gate = values[:, :16].astype(np.float64), values[:, 16:]
+    np.testing.assert_allclose(host_ndarray(silu_glu).reshape(2, 16), a / (1 + np.exp(-a)) * gate, rtol=1e-5)
+    gelu_glu = ops.glu(ctx, x, GluOp.GEGLU, False)
+    kernels.bound(gelu_glu, kernels.KERNELS[gelu_glu.op])
+    assert K.f16_table.cache_info().currsize == 1

@@ -26,7 +26,7 @@ import functools
 import numpy as np
 from numba import prange
 
-from pyggml.backend.cpu.jit import PARALLEL_LAUNCH, PerType, jit, parallel_jit
+from pyggml.backend.cpu.jit import PerType, jit, parallel_jit
 from pyggml.backend.cpu.jit.f16 import f16_bits
 from pyggml.backend.cpu.jit.floatbits import f16_to_f32
 from pyggml.backend.cpu.jit.ir.vnni_ir import (FORMATS, ROWS, tile_iq4_nl, tile_mxfp4, tile_q4_0, tile_q4_1, tile_q5_0,
@@ -34,6 +34,7 @@ from pyggml.backend.cpu.jit.ir.vnni_ir import (FORMATS, ROWS, tile_iq4_nl, tile_
 from pyggml.backend.cpu.jit.ir.vnni_k_ir import (K_FORMATS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, tile_iq4_xs, tile_q2_K,
                                                  tile_q3_K, tile_q4_K, tile_q5_K, tile_q6_K)
 from pyggml.backend.cpu.jit.quants import U
+from pyggml.backend.cpu.jit.unaligned import load_u16, load_u32, store_u16, store_u32
 from pyggml.core.types import GGMLType
 
 Q4_0, Q4_1, Q5_0, Q5_1 = int(GGMLType.Q4_0), int(GGMLType.Q4_1), int(GGMLType.Q5_0), int(GGMLType.Q5_1)
@@ -71,45 +72,46 @@ def repack_16x4(qtype: int, rows: np.ndarray) -> np.ndarray:
 
 @functools.cache
 def _field_table(qtype: int) -> np.ndarray:
-    """repack_16x4's layout as int64 rows (offset in the block, bytes, piece bytes, XOR applied) for the compiled
-    repack: 1- and 2-byte fields (E8M0, fp16) move whole, the others in pieces of 4; Q8_0's quants become
-    uint8 + 128."""
-    table = [(offset, size, size if size <= 2 else 4, 0x80 if qtype == Q8_0 and offset else 0)
+    """repack_16x4's layout as int64 rows (offset in the block, bytes, piece bytes, XOR applied to each piece) for
+    the compiled repack: 1- and 2-byte fields (E8M0, fp16) move whole, the others in pieces of 4; Q8_0's quants
+    become uint8 + 128."""
+    table = [(offset, size, size if size <= 2 else 4, 0x80808080 if qtype == Q8_0 and offset else 0)
              for offset, size in fields(qtype)[1]]
     return np.array(table, np.int64)
 
 
-@parallel_jit
-def _repack_groups(rows: np.ndarray, row_bytes: int, block_bytes: int, table: np.ndarray, out: np.ndarray) -> None:
-    """repack_16x4 of the flat bytes rows into out, a thread per 16-row group, each byte moved once."""
-    nb = row_bytes // block_bytes
-    for g in prange(rows.size // (ROWS * row_bytes)):
-        first = g * ROWS * row_bytes
+@jit
+def repack_groups(rows: np.ndarray, row_bytes: int, block_bytes: int, table: np.ndarray, out: np.ndarray) -> None:
+    """repack_16x4 of the flat bytes rows into out, each piece moved as one word. Indices unsigned: signed ones
+    add a check for negative values to every move."""
+    nb = U(row_bytes // block_bytes)
+    stride = U(row_bytes)
+    for g in range(rows.size // (ROWS * row_bytes)):
+        first = U(g) * U(ROWS) * stride
         at = first
         for b in range(nb):
+            block = first + b * U(block_bytes)
             for f in range(table.shape[0]):
-                offset, size, piece, flip = table[f, 0], table[f, 1], table[f, 2], np.uint8(table[f, 3])
-                for p in range(0, size, piece):
-                    src = first + b * block_bytes + offset + p
-                    for _ in range(ROWS):
-                        if piece == 4:  # the quants' vectors: four statements the compiler makes one word
-                            out[at] = rows[src] ^ flip
-                            out[at + 1] = rows[src + 1] ^ flip
-                            out[at + 2] = rows[src + 2] ^ flip
-                            out[at + 3] = rows[src + 3] ^ flip
-                        else:
-                            for i in range(piece):
-                                out[at + i] = rows[src + i] ^ flip
-                        at += piece
-                        src += row_bytes
+                src, size, piece, flip = block + U(table[f, 0]), U(table[f, 1]), table[f, 2], np.uint32(table[f, 3])
+                if piece == 4:
+                    for p in range(U(0), size, U(4)):
+                        for r in range(U(ROWS)):
+                            store_u32(out, at, load_u32(rows, src + p + r * stride) ^ flip)
+                            at += U(4)
+                elif piece == 2:
+                    for r in range(U(ROWS)):
+                        store_u16(out, at, load_u16(rows, src + r * stride))
+                        at += U(2)
+                else:
+                    for r in range(U(ROWS)):
+                        out[at] = rows[src + r * stride]
+                        at += U(1)
 
 
 def repack_16x4_into(qtype: int, rows: np.ndarray, out: np.ndarray) -> None:
-    """repack_16x4 compiled, written straight into out (uint8, rows.size): the loader's path, without the
-    NumPy version's temporary arrays (an 8B file's weights: 24 s with those, on one thread)."""
-    block_bytes = fields(qtype)[0]
-    with PARALLEL_LAUNCH:
-        _repack_groups(rows.reshape(-1), rows.shape[-1], block_bytes, _field_table(qtype), out)
+    """repack_16x4 compiled, written straight into out (uint8, rows.size) on this thread, without the GIL: the
+    loader's path, without the NumPy version's temporary arrays (an 8B file's weights: 24 s with those)."""
+    repack_groups(rows.reshape(-1), rows.shape[-1], fields(qtype)[0], _field_table(qtype), out)
 
 
 @functools.cache
