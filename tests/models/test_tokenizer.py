@@ -240,6 +240,23 @@ def test_bpe_merges_by_rank_within_words(gpt2):
     assert gpt2.decode(ids) == "hello world"
 
 
+def test_bpe_merge_ranks_split_each_merge_at_its_first_space(gpt2):
+    """As llama.cpp's BPE reads merges: "a b c" is the pair ("a", "b c"), never ("a b", "c")."""
+    import copy
+
+    tok = copy.copy(gpt2)
+    tok.ranks = {"x y z": 0, "h e": 1}
+    assert tok._rank("x", "y z") == 0 and tok._rank("x y", "z") is None and tok._rank("h", "e") == 1
+    assert gpt2._rank("h", "e") == MERGES.index("h e") and gpt2._rank("he", "ll") == MERGES.index("he ll")
+    assert gpt2._rank("e", "h") is None
+
+
+def test_bpe_a_repeated_merge_keeps_its_first_rank(tmp_path):
+    tok = write_vocab(tmp_path / "r.gguf", "gpt2", [*BYTE_CHARS, "he", "ll"], [TokenType.NORMAL] * 258,
+                      merges=["l l", "h e", "l l"], pre="gpt-2")
+    assert tok._rank("l", "l") == 0 and tok._rank("h", "e") == 1
+
+
 def test_bpe_special_tokens_and_no_bos_by_default(gpt2):
     eot = gpt2.token_to_id["<|endoftext|>"]
     assert not gpt2.add_bos and gpt2.is_eog(eot)

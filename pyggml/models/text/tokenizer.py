@@ -473,11 +473,9 @@ class BPETokenizer(Tokenizer):
         if not self.pre_tokenizer.default_bos:
             self.default_bos = None
         super().__init__(gguf)
-        self.ranks = {}
-        for rank, merge in enumerate(_array(gguf, "tokenizer.ggml.merges", (GGUFValueType.STRING,))):
-            cut = merge.find(" ", 1)
-            pair = (merge[:cut], merge[cut + 1 :]) if cut >= 0 else ("", "")
-            self.ranks.setdefault(pair, rank)
+        merges = list(_array(gguf, "tokenizer.ggml.merges", (GGUFValueType.STRING,)))
+        # by text, and a merge listed twice keeps its first rank (the later entries are written first)
+        self.ranks = dict(zip(reversed(merges), range(len(merges) - 1, -1, -1), strict=True))
         self._byte_to_char = _bytes_to_unicode()
         self._char_to_byte = {c: b for b, c in self._byte_to_char.items()}
 
@@ -506,6 +504,14 @@ class BPETokenizer(Tokenizer):
             return self.token_to_id.get(word)
         return None
 
+    def _rank(self, left, right):
+        """The rank of the merge of left and right, or None. A merge's text is split at its first space after
+        the first character, as llama.cpp splits it; the ranks are kept by text (no pair built for each of a
+        vocabulary's merges at load), so a text found is the pair's only if it splits there."""
+        text = f"{left} {right}"
+        rank = self.ranks.get(text)
+        return rank if rank is not None and text.find(" ", 1) == len(left) else None
+
     def _merge(self, word, out):
         """llm_tokenizer_bpe_session for one word: merge the lowest-ranked pair until none is left."""
         token_to_id = self.token_to_id
@@ -522,7 +528,7 @@ class BPETokenizer(Tokenizer):
         def try_pair(left, right):
             if left < 0 or right < 0:
                 return
-            rank = self.ranks.get((symbols[left], symbols[right]))
+            rank = self._rank(symbols[left], symbols[right])
             if rank is not None:
                 heapq.heappush(queue, (rank, left, right, symbols[left] + symbols[right]))
 
