@@ -1,8 +1,7 @@
 """Batched transcription (Whisper.transcribe(batch_size=N), as faster-whisper's BatchedInferencePipeline):
 the same text as the unbatched path on the same VAD chunks, the batch's windows encoded in one graph as each
 alone, each sequence of a batch decoded as its window alone (each over its own cells, at its own positions), word
-timestamps inside their chunk, the chunking
-rule, bad batch sizes and encoder slots refused."""
+timestamps inside their chunk, the chunking rule, bad batch sizes and encoder slots refused."""
 
 from __future__ import annotations
 
