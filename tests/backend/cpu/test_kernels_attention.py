@@ -192,3 +192,37 @@ def test_flash_attn_of_many_rows_in_windows_reads_each_blocks_keys(window):
     w = np.exp(scores - scores.max(-1, keepdims=True))
     expected = np.einsum("htj,hjd->thd", w / w.sum(-1, keepdims=True), vs)
     assert nmse(expected[None], host_ndarray(out).astype(np.float64)) < 1e-9
+
+
+@pytest.mark.parametrize("n_tok, n_kv", [(40, 64), (1, 1100)])
+@pytest.mark.parametrize("mask_planes", [0, 1, 3])
+@pytest.mark.parametrize("score_bytes", [None, 2 * 4 * 1100])
+def test_flash_attn_over_planes_of_the_4th_dimension(n_tok, n_kv, mask_planes, score_bytes, monkeypatch):
+    """q with 3 planes in its 4th dimension (a batch of Whisper windows: 40 encoder rows each, or one decoder row
+    over 1100 audio keys), a mask with none, one or one per plane, the tasks
+    taking a plane each or several (`score_bytes` lets two of the three share one): the float64 reference."""
+    from pyggml.backend.cpu.kernels import attention
+
+    if score_bytes:
+        monkeypatch.setattr(attention, "ATTN_SCORE_BYTES", score_bytes)
+    ctx = Context()
+    d, n_head, n3 = 16, 2, 3
+    q = ctx.new_tensor(F32, (d, n_tok, n_head, n3), name="q")
+    k, v = (ctx.new_tensor(F32, (d, n_kv, n_head, n3), name=name) for name in ("k", "v"))
+    rng = np.random.default_rng(6)
+    for t in (q, k, v):
+        fill_random(t, rng)
+    hidden = np.zeros((max(mask_planes, 1), n_tok, n_kv))
+    mask = None
+    if mask_planes:
+        hidden = np.where(rng.random(hidden.shape) < 0.5, -np.inf, 0.0)
+        hidden[..., 0] = 0.0                                   # every row sees a key
+        mask = ctx.new_tensor(F16, (n_kv, n_tok, 1, mask_planes), name="mask")
+        host_ndarray(mask)[...] = hidden[:, None].astype(np.float16)
+    out = ops.flash_attn_ext(ctx, q, k, v, mask, 0.25, 0.0, 0.0)
+    _compute(out)
+    qs, ks, vs = values(q), values(k), values(v)               # (plane, head, token, d)
+    scores = np.einsum("phtd,phjd->phtj", qs, ks) * 0.25 + hidden[np.arange(n3) % hidden.shape[0], None]
+    w = np.exp(scores - scores.max(-1, keepdims=True))
+    expected = np.einsum("phtj,phjd->pthd", w / w.sum(-1, keepdims=True), vs)
+    assert nmse(expected, host_ndarray(out).astype(np.float64)) < 1e-9

@@ -1,7 +1,7 @@
 """Batched transcription (Whisper.transcribe(batch_size=N), as faster-whisper's BatchedInferencePipeline):
 the same text as the unbatched path on the same VAD chunks, the batch's windows encoded in one graph as each
-alone, each sequence of a batch decoded as its window alone, word timestamps inside their chunk, the chunking
-rule, bad batch sizes and encoder slots refused."""
+alone, each sequence of a batch decoded as its window alone (each over its own cells, at its own positions), word
+timestamps inside their chunk, the chunking rule, bad batch sizes and encoder slots refused."""
 
 from __future__ import annotations
 
@@ -100,6 +100,28 @@ def test_each_sequence_of_a_batch_is_its_window_decoded_alone(flash_attn):
         alone = decode_window(model, flt, prefix)
         assert together[k].tokens == alone.tokens and len(alone.tokens) > 10
         assert together[k].avg_logprob == pytest.approx(alone.avg_logprob, abs=1e-3)
+
+
+def test_a_batch_step_whose_runs_stand_at_different_positions_attends_each_sequences_own_cells():
+    """A batched step's self-attention is over each sequence's own first cells up to its run's positions: run 0
+    at position 3 and run 1 going back to position 1 (its cells past it left as they were) give the logits
+    each prefix gives decoded alone (the same window in both slots)."""
+    from pyggml.models.whisper.model import N_FRAMES
+
+    w = whisper()
+    tok, model = w.tokenizer, w.model
+    prefix = tok.sot_sequence("en", "transcribe", False) + tok.encode(" The weather station")
+    mel = w.log_mel(clip("en1.wav"))[0][:, :N_FRAMES]
+    model.ensure_cross_slots(2)
+    model.ensure_sequences(2)
+    for slot in (0, 1):
+        model.encode(mel, slot)
+    n = len(prefix) - 1
+    assert n >= 4
+    model.decode(prefix[:n] * 2, list(range(n)) * 2, [0] * n + [1] * n, [n - 1, 2 * n - 1], n_batch=2)
+    both = model.decode([prefix[n], prefix[1]], [n, 1], [0, 1], [0, 1], n_batch=2)
+    assert np.allclose(both[0], model.decode(prefix, range(n + 1))[0], atol=1e-4)
+    assert np.allclose(both[1], model.decode(prefix[:2], range(2))[0], atol=1e-4)
 
 
 def test_word_timestamps_lie_inside_their_chunk():

@@ -329,12 +329,15 @@ def _mul_mat_blocks(dst: Tensor) -> None:
 
 def _bind_mul_mat(dst: Tensor):
     """The compiled call for a few float32 columns of b read in place (a generation step's products), a read
-    where it is: in its blocks, or float32 (the KV cache)."""
+    where it is: in its blocks, or float32 (the KV cache); up to GROUPED_COLUMNS of them for a float matrix, which
+    the float rows kernel takes in one pass as _product_on_blocks does (eight sequences' steps: the call bound
+    once, not its operands looked up again every step)."""
     a, b = dst.src[0], dst.src[1]
     if a.extra is INTERLEAVED:
         x = _interleaved_rows(dst)
         return _interleaved_call(dst, x) if np.shares_memory(x, view(b)) else None
-    if b.type != T.GGMLType.F32 or b.ne[1] > VEC_COLUMNS or not in_blocks(a, f32=True):
+    columns = GROUPED_COLUMNS if a.type in FLOAT_ROWS else VEC_COLUMNS
+    if b.type != T.GGMLType.F32 or b.ne[1] > columns or not in_blocks(a, f32=True):
         return None
     src, first = memory_of(a)
     try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 from functools import cache
 
 import numpy as np
@@ -206,14 +207,31 @@ COMPILED_UNARY = {UnaryOp.GELU: jit_glu.GELU, UnaryOp.SILU: jit_glu.SILU, UnaryO
                   UnaryOp.GELU_ERF: jit_glu.GELU_ERF}
 
 
+def _bound_sigmoid(x: np.ndarray, out: np.ndarray) -> None:
+    """sigmoid's float32 steps (negate, exp, + 1, 1 / that) written into out."""
+    np.negative(x, out=out)
+    np.exp(out, out=out)
+    out += np.float32(1)
+    np.divide(np.float32(1), out, out=out)
+
+
+BOUND_NUMPY_UNARY = {UnaryOp.SIGMOID: _bound_sigmoid, UnaryOp.TANH: lambda x, out: np.tanh(x, out=out)}
+
+
 def _bind_unary(dst: Tensor):
-    """The compiled GELU / GELU_ERF / SILU / RELU for F32."""
+    """The compiled GELU / GELU_ERF / SILU / RELU for F32; SIGMOID and TANH as NumPy's in place on views bound
+    once (an LSTM step's gates: a few hundred values, where looking up the views took 4x the function)."""
     kind = COMPILED_UNARY.get(dst.unary_op)
-    if kind is None or dst.type != G.F32 or dst.src[0].type != G.F32:
+    numpy_fn = BOUND_NUMPY_UNARY.get(dst.unary_op)
+    if (kind is None and numpy_fn is None) or dst.type != G.F32 or dst.src[0].type != G.F32:
         return None
     x, out = rows_2d(view(dst.src[0])), rows_2d(view(dst))
     if x is None or out is None or x.shape != out.shape:
         return None
+    if numpy_fn is not None:
+        if overlap(out, x):
+            return None
+        return functools.partial(numpy_fn, x, out)
     table, copy = gelu_table_for(kind), overlap(out, x)  # planned memory partly over the input: read a copy
 
     def call() -> None:
