@@ -26,9 +26,40 @@ from typing import Callable
 
 import numba
 from numba.core import caching, config, event
+from numba.core.runtime import rtsys
 
-jit = functools.partial(numba.njit, cache=True, nogil=True, error_model="numpy")
-parallel_jit = functools.partial(numba.njit, cache=True, nogil=True, error_model="numpy", parallel=True)
+
+
+class QuickLoadCache(caching.FunctionCache):
+    """Numba's disk cache of one function, loaded without refreshing Numba's target context first.
+
+    Numba refreshes it before every cache load: the first refresh of a process imports and registers every
+    implementation Numba has (0.2-0.3 s, a fifth of a warm `pyggml generate`), which only compiling needs, and
+    a compile refreshes it itself. Loading machine code needs Numba's runtime alone (NRT), started here."""
+
+    def load_overload(self, sig, target_context):
+        rtsys.initialize(target_context)
+        with self._guard_against_spurious_io_errors():
+            return self._load_overload(sig, target_context)
+
+
+def _loading_quickly(dispatcher):
+    if type(getattr(dispatcher, "_cache", None)) is caching.FunctionCache:  # Numba's own, as njit(cache=True) made it
+        dispatcher._cache = QuickLoadCache(dispatcher.py_func)
+    return dispatcher
+
+
+def _njit(**options):
+    """numba.njit with these options, its disk cache loading quickly: `@decorator` or `@decorator(**more)`."""
+    def decorate(fn=None, **more):
+        if fn is None:
+            return lambda f: _loading_quickly(numba.njit(f, **options, **more))
+        return _loading_quickly(numba.njit(fn, **options, **more))
+    return decorate
+
+
+jit = _njit(cache=True, nogil=True, error_model="numpy")
+parallel_jit = _njit(cache=True, nogil=True, error_model="numpy", parallel=True)
 
 PACKAGE = Path(__file__).resolve().parents[1]
 SHARED_KERNELS = PACKAGE / "backend" / "cpu" / "jit"  # the kernels whose code others inline or call

@@ -124,6 +124,31 @@ print(first, len(rms_norm_rows.overloads), compile_cache.load_cached([rms_norm_r
     assert loaded >= 1 and overloads == loaded and again == 0
 
 
+def test_a_model_from_a_warm_cache_runs_without_numbas_implementation_registries(tmp_path):
+    """Cached kernels load without the refresh of Numba's target context (QuickLoadCache): a model loads and
+    decodes, the same logits as a process that compiled, and Numba's implementations (numba.np.linalg, imported
+    only by that refresh) are never imported; compiling a new kernel afterwards still works (it refreshes)."""
+    from pyggml.testing.synthetic import write_llama
+
+    path = write_llama(tmp_path / "m.gguf", qtype=8)  # Q8_0
+    step = f"""
+import sys, numpy as np
+from pyggml.models import load_model
+m = load_model({str(path)!r}, n_ctx=64)
+print(float(m.decode(m.tokenize("hello world")).sum()), "numba.np.linalg" in sys.modules)
+"""
+    cache = str(tmp_path / "cache")
+    first = _run(step, NUMBA_CACHE_DIR=cache).split()  # compiles
+    warm = _run(step + """
+import numba
+from pyggml.backend.cpu.jit.norm import rms_norm_rows
+twice = numba.njit(lambda x: 2 * x)
+print(twice(21), type(rms_norm_rows._cache).__name__)
+""", NUMBA_CACHE_DIR=cache).split()
+    assert warm[0] == first[0] and first[1] == "True" and warm[1] == "False"
+    assert warm[2:] == ["42", "QuickLoadCache"]
+
+
 def test_load_cached_hands_llvms_pages_back_once_after_all_its_loads():
     _run("""
 from pyggml.backend.cpu.jit.norm import norm_rows, rms_norm_rows

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Iterable
 
 from numba.core.compiler_lock import global_compiler_lock
-from numba.core.runtime import rtsys
 
 
 def shared_kernels() -> list:
@@ -73,25 +72,7 @@ def load_cached(dispatchers: list) -> int:
             for key in index:
                 args = key[0]
                 if tuple(args) not in d.overloads and key == cache._index_key(args, codegen):
-                    loaded += _load_overload(d, args)
+                    d.compile(args)
+                    loaded += 1
     return loaded
 
-
-def _load_overload(dispatcher, args) -> bool:
-    """One cached signature into the dispatcher, as its compile() takes it from the cache, less the refresh of
-    Numba's target context: that imports and registers every implementation Numba has (0.2-0.3 s, a fifth of
-    a warm `pyggml generate`), which only compiling needs; a kernel compiled later refreshes it then. Where
-    Numba's internals are not the known ones, compile() does it all."""
-    try:
-        rtsys.initialize(dispatcher.targetctx)  # Numba's runtime (NRT), which the refresh would have started
-        cres = dispatcher._cache._load_overload(args, dispatcher.targetctx)
-    except AttributeError:
-        dispatcher.compile(args)
-        return True
-    if cres is None:
-        return False
-    dispatcher._cache_hits[args] += 1
-    if not cres.objectmode:
-        dispatcher.targetctx.insert_user_function(cres.entry_point, cres.fndesc, [cres.library])
-    dispatcher.add_overload(cres)
-    return True
