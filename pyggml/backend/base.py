@@ -365,6 +365,9 @@ class Backend:
 
     name: str = "?"
     guid: bytes = bytes(16)
+    # a batch of up to this many tokens gives each one the results it gets decoded alone, bit for bit (None: no
+    # such promise): speculative decoding keeps its verification steps within it, so greedy output is plain's
+    tokens_as_alone: int | None = None
 
     def __init__(self, device: Device):
         if not isinstance(self.guid, bytes) or len(self.guid) != 16:

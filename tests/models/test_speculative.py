@@ -100,6 +100,26 @@ def test_greedy_is_identical_to_plain_decoding_through_continuous_batching(paths
     assert model.cells.used == 0
 
 
+def test_verification_steps_stay_within_the_tokens_a_batch_computes_as_alone(paths, monkeypatch):
+    """llama.cpp's default 16-token draft, drafting for itself (every draft accepted, so drafts run full): no
+    step after the prompt feeds more than the backend's tokens_as_alone (16 on the CPU: pending token and 15
+    drafted), so each row's logits are the token's alone and greedy text is plain decoding's."""
+    target_path, _ = paths
+    model = _model(target_path)
+    limit = model.backend.tokens_as_alone
+    assert limit == 16
+    request = Request(_repeating_prompts(model.n_vocab)[0], max_tokens=60, ignore_eos=True)
+    (plain,), _ = _run(model, [request], n_slots=1)
+    steps = []
+    decode_batch = model.decode_batch
+    monkeypatch.setattr(model, "decode_batch",
+                        lambda batch, **kw: steps.append(len(batch)) or decode_batch(batch, **kw))
+    drafter = ModelDrafter(_model(target_path), SpecParams(n_max=16, p_min=0.0))
+    (spec,), stats = _run(model, [request], drafter, n_slots=1)
+    assert spec[:2] == plain[:2] and stats.draft_accepted == stats.draft_tokens > 0
+    assert max(steps[1:]) == limit  # the prompt first, then full drafts cut to the limit
+
+
 def test_sample_against_a_draft_is_distributed_as_sample():
     rng = np.random.default_rng(3)
     logits = rng.normal(0, 1.5, 12).astype(np.float32)

@@ -23,7 +23,7 @@ from pyggml.backend.cpu.f32_expand import F32ExpandedBufferType
 from pyggml.backend.cpu.interleave import InterleavedBufferType
 from pyggml.backend.cpu.kernels._blocks import set_threads
 from pyggml.backend.cpu.kernels._common import INTERLEAVED, blas_threads
-from pyggml.backend.cpu.kernels.mul_mat import forget_quantized_activations
+from pyggml.backend.cpu.kernels.mul_mat import GROUPED_COLUMNS, forget_quantized_activations
 from pyggml.core.tensor import Tensor
 from pyggml.errors import BackendError, UnsupportedOpError
 
@@ -129,6 +129,7 @@ class CpuBackend(Backend):
 
     name = "CPU"
     guid = CPU_GUID
+    tokens_as_alone = GROUPED_COLUMNS  # each column of such a product is summed as that token's alone
 
     def __init__(self, device: CpuDevice):
         super().__init__(device)

@@ -496,13 +496,21 @@ class Engine:
         return self.scheduler.place(handle, idle)
 
     def _draft(self) -> None:
-        """Each generating slot's guess of the tokens after its pending one (speculative decoding)."""
-        for slot in self.scheduler.busy():
-            room = min(self.drafter.params.n_max, slot.draft_room) if slot.pending is not None else 0
+        """Each generating slot's guess of the tokens after its pending one (speculative decoding). The drafts
+        and pending tokens of a step stay within the backend's tokens_as_alone, so that each row's logits are
+        those the token gets decoded alone and greedy output is plain decoding's (on the CPU, 17 tokens of
+        llama.cpp's default 16-token draft went to sgemm, whose sums differ by float32 rounding: a random 1B
+        model's greedy text parted from plain decoding's at a 0.05 logit tie)."""
+        generating = [slot for slot in self.scheduler.busy() if slot.pending is not None]
+        limit = self.model.backend.tokens_as_alone
+        budget = float("inf") if limit is None else limit - len(generating)
+        for slot in generating:
+            room = int(min(self.drafter.params.n_max, slot.draft_room, budget))
             room = 0 if slot.handle.request.images else room  # image cells hold no tokens for a drafter to read
             if room > 0:
                 slot.draft = self.drafter.draft(slot.seq_id, slot.cached + [slot.pending], room)
                 slot.n_drafted += len(slot.draft)
+                budget -= len(slot.draft)
 
     def _step(self) -> None:
         """One decode: every generating slot's pending token and draft, then prompt chunks while n_batch
