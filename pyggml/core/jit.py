@@ -52,9 +52,10 @@ def _loading_quickly(dispatcher):
 def _njit(**options):
     """numba.njit with these options, its disk cache loading quickly: `@decorator` or `@decorator(**more)`."""
     def decorate(fn=None, **more):
+        chosen = {**options, **more}  # the call's own options win (cache=False among them)
         if fn is None:
-            return lambda f: _loading_quickly(numba.njit(f, **options, **more))
-        return _loading_quickly(numba.njit(fn, **options, **more))
+            return lambda f: _loading_quickly(numba.njit(f, **chosen))
+        return _loading_quickly(numba.njit(fn, **chosen))
     return decorate
 
 
