@@ -29,7 +29,6 @@ from numba.core import caching, config, event
 from numba.core.runtime import rtsys
 
 
-
 class QuickLoadCache(caching.FunctionCache):
     """Numba's disk cache of one function, loaded without refreshing Numba's target context first.
 

@@ -89,8 +89,9 @@ class InterleavedBuffer(ConvertedBuffer):
 
         def repack(i: int) -> None:
             at = i * piece
-            map_for_reading(src[at: at + piece])
-            repack_16x4_into(int(t.type), src[at: at + piece].reshape(-1, row_bytes), dst[at: at + piece])
+            part = src[at: at + piece]
+            map_for_reading(part)
+            repack_16x4_into(int(t.type), part.reshape(-1, row_bytes), dst[at: at + piece])
 
         split_over_threads(repack, -(-size // piece))
 

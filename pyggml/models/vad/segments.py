@@ -165,9 +165,9 @@ class SpeechAudio:
                 offset += gap
         self.audio = np.concatenate(parts, dtype=np.float32) if parts else np.zeros(0, np.float32)
         self._starts = np.array([p for p, o in points[::4]], np.float64) / SAMPLE_RATE   # each segment's, processed
-        table = points       # in processed order; a join without a gap is two points at one processed time
-        self._processed = np.array([p for p, _ in table], np.float64) / SAMPLE_RATE
-        self._original = np.array([o for _, o in table], np.float64) / SAMPLE_RATE
+        # in processed order; a join without a gap is two points at one processed time
+        self._processed = np.array([p for p, _ in points], np.float64) / SAMPLE_RATE
+        self._original = np.array([o for _, o in points], np.float64) / SAMPLE_RATE
         self._gaps = np.array(gaps, np.float64).reshape(-1, 4) / SAMPLE_RATE   # processed from, to; original
 
     def original_time(self, t: float, end: bool = False) -> float:

@@ -438,11 +438,17 @@ MASKED_QUERY_ROWS = 128     # with a mask, blocks of at most this many query row
 SPAN_SLACK = 4              # BLAS over the spans while they hold at most this many times the keys the rows see
 
 
+def _score_rows(dst: Tensor) -> int:
+    """Query rows whose float32 scores against every key, for the query heads of one K/V head, fill ATTN_SCORE_BYTES."""
+    q, k = dst.src[0], dst.src[1]
+    return ATTN_SCORE_BYTES // (4 * k.ne[1] * (q.ne[2] // k.ne[2]))
+
+
 def _query_block(dst: Tensor, masked: bool) -> int:
     """Query rows per task of _attention_by_heads: blocks of even size without a mask (Whisper's 1500 rows: 750 and
     750, not 1398 and 102); with one, multiples of MASKED_QUERY_ROWS, which windows of a power of two align to."""
-    q, k = dst.src[0], dst.src[1]
-    rows = max(1, ATTN_SCORE_BYTES // (4 * k.ne[1] * (q.ne[2] // k.ne[2])))
+    q = dst.src[0]
+    rows = max(1, _score_rows(dst))
     if masked:
         return min(q.ne[1], MASKED_QUERY_ROWS, rows)
     return -(-q.ne[1] // -(-q.ne[1] // rows))
@@ -487,10 +493,7 @@ def _attention_by_heads(dst: Tensor, pre_scale, softcap, mask, slopes, sinks, sp
         first, last = i3 * per_task, min(n_planes, (i3 + 1) * per_task)
         plane = slice(first, last)
         scores = np.matmul(qs[plane, heads, rows], ks[plane, hk, None, keys].swapaxes(-1, -2))  # (planes, group, ..)
-        if m.size:   # mask planes reused by index modulo; a task of several planes has one or one per plane
-            m3 = plane if m.shape[0] > 1 else slice(0, 1) if per_task > 1 else \
-                slice(first % m.shape[0], first % m.shape[0] + 1)
-        head_mask = m if m.size == 0 else np.ascontiguousarray(m[m3, :, rows, keys])
+        head_mask = m if m.size == 0 else np.ascontiguousarray(m[_mask_planes(m, first, last), :, rows, keys])
         if head_mask.size and head_mask.shape[1] > 1:
             head_mask = _heads_of(head_mask, heads, q.ne[2])
         totals = np.empty(scores.shape[:3], np.float32)
@@ -510,11 +513,20 @@ def _planes_per_task(dst: Tensor, mask: np.ndarray) -> int:
     """Planes of q's 4th dimension that one task of _attention_by_heads takes: one, unless a plane's rows are few
     (Whisper's batched decoder steps: a row per window) and the mask has one plane or one per q plane; then as
     many as fill ATTN_SCORE_BYTES of scores."""
-    q, k = dst.src[:2]
+    q = dst.src[0]
     if mask.size and mask.shape[0] not in (1, q.ne[3]):
         return 1
-    rows = ATTN_SCORE_BYTES // (4 * k.ne[1] * (q.ne[2] // k.ne[2]))
-    return max(1, min(q.ne[3], rows // q.ne[1]))
+    return max(1, min(q.ne[3], _score_rows(dst) // q.ne[1]))
+
+
+def _mask_planes(mask: np.ndarray, first: int, last: int) -> slice:
+    """The planes of the mask that q's planes [first, last) read: mask planes are reused by index modulo, as
+    ggml's; a task of several planes has a mask of one plane or of one per q plane (_planes_per_task)."""
+    if mask.shape[0] == 1:
+        return slice(0, 1)
+    if last - first == 1:
+        return slice(first % mask.shape[0], first % mask.shape[0] + 1)
+    return slice(first, last)
 
 
 def _heads_of(mask: np.ndarray, heads: slice, n_head: int) -> np.ndarray:

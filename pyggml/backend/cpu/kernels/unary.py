@@ -119,9 +119,13 @@ def silu(x: np.ndarray) -> np.ndarray:
         return np.divide(x, y, out=y)
 
 
-def sigmoid(x: np.ndarray) -> np.ndarray:
+def sigmoid(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """1 / (1 + exp(-x)) in float32's steps (negate, exp, + 1, 1 / that), into `out` when given."""
+    out = np.negative(x, out=out)
     with np.errstate(over="ignore"):
-        return np.float32(1) / (np.float32(1) + np.exp(-x))
+        np.exp(out, out=out)
+    out += np.float32(1)
+    return np.divide(np.float32(1), out, out=out)
 
 
 def hardsigmoid(x: np.ndarray) -> np.ndarray:
@@ -207,15 +211,7 @@ COMPILED_UNARY = {UnaryOp.GELU: jit_glu.GELU, UnaryOp.SILU: jit_glu.SILU, UnaryO
                   UnaryOp.GELU_ERF: jit_glu.GELU_ERF}
 
 
-def _bound_sigmoid(x: np.ndarray, out: np.ndarray) -> None:
-    """sigmoid's float32 steps (negate, exp, + 1, 1 / that) written into out."""
-    np.negative(x, out=out)
-    np.exp(out, out=out)
-    out += np.float32(1)
-    np.divide(np.float32(1), out, out=out)
-
-
-BOUND_NUMPY_UNARY = {UnaryOp.SIGMOID: _bound_sigmoid, UnaryOp.TANH: lambda x, out: np.tanh(x, out=out)}
+BOUND_NUMPY_UNARY = {UnaryOp.SIGMOID: sigmoid, UnaryOp.TANH: np.tanh}  # fn(x, out)
 
 
 def _bind_unary(dst: Tensor):

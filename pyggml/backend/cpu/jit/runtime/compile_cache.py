@@ -75,4 +75,3 @@ def load_cached(dispatchers: list) -> int:
                     d.compile(args)
                     loaded += 1
     return loaded
-
