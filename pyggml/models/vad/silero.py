@@ -17,6 +17,7 @@ tensors of their own, copied back at the end of the graph, so consecutive calls 
 from __future__ import annotations
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from pyggml.alloc import alloc_ctx_tensors_from_buft
 from pyggml.backend import Backend, BufferUsage, tensor_get, tensor_set
@@ -27,7 +28,7 @@ from pyggml.models.llm.runner import SingleBackend
 from pyggml.models.vad.files import CONTEXT, CONV_STRIDES, HIDDEN, WINDOW, load_silero
 
 SAMPLE_RATE = 16000
-BLOCK = 64              # windows per graph (2 s of audio)
+BLOCK = 512             # windows per graph (16 s of audio)
 STFT_HOP = 128
 
 
@@ -85,7 +86,7 @@ class SileroVAD:
     def _build(self, n: int) -> tuple[Tensor, Graph, Tensor]:
         """(input [576, n] windows with their context, graph, output [n] probabilities)."""
         ctx = Context(no_alloc=True)
-        graph = Graph(64 + 24 * n)
+        graph = Graph()
         frames = ctx.new_tensor_2d(GGMLType.F32, CONTEXT + WINDOW, n, "vad_windows").set_input()
         x = ops.reshape_3d(ctx, ops.pad_reflect_1d(ctx, frames, 0, CONTEXT), CONTEXT * 2 + WINDOW, 1, n)
         basis = self.t["stft"]
@@ -100,30 +101,19 @@ class SileroVAD:
             feat = self._conv(ctx, feat, i)                                                # [128, 1, n]
         gates_x = ops.add(ctx, ops.mul_mat(ctx, self.t["w_ih"], ops.reshape_2d(ctx, feat, HIDDEN, n)),
                           self.t["b"])                                                     # [512, n]
-        h = ops.view_1d(ctx, self.state, HIDDEN, 0)
-        c = ops.view_1d(ctx, self.state, HIDDEN, self.state.nb[1])
-        hs = []
-        for t in range(n):
-            g = ops.add(ctx, ops.view_1d(ctx, gates_x, 4 * HIDDEN, t * gates_x.nb[1]),
-                        ops.reshape_1d(ctx, ops.mul_mat(ctx, self.t["w_hh"], h), 4 * HIDDEN))
-            s = ops.sigmoid(ctx, g)
-            part = [ops.view_1d(ctx, s, HIDDEN, j * HIDDEN * 4) for j in range(4)]        # i, f, (g), o
-            cand = ops.tanh(ctx, ops.view_1d(ctx, g, HIDDEN, 2 * HIDDEN * 4))
-            c = ops.add(ctx, ops.mul(ctx, part[1], c), ops.mul(ctx, part[0], cand))
-            h = ops.mul(ctx, part[3], ops.tanh(ctx, c))
-            hs.append(h)
-        while len(hs) > 1:      # [128, n] from the n hidden states, pairwise
-            hs = [ops.concat(ctx, hs[j], hs[j + 1], 1) if j + 1 < len(hs) else hs[j] for j in range(0, len(hs), 2)]
-        logit = ops.add(ctx, ops.mul_mat(ctx, self.t["dec_w"], ops.relu(ctx, ops.reshape_2d(ctx, hs[0], HIDDEN, n))),
-                        self.t["dec_b"])
+        steps = ops.lstm(ctx, gates_x, self.t["w_hh"], self.state)                         # [128, n + 2]
+        hs = ops.view_2d(ctx, steps, HIDDEN, n, steps.nb[1], 0)
+        logit = ops.add(ctx, ops.mul_mat(ctx, self.t["dec_w"], ops.relu(ctx, hs)), self.t["dec_b"])
         probs = ops.sigmoid(ctx, logit).set_output()
         graph.build_forward_expand(probs)
-        graph.build_forward_expand(ops.cpy(ctx, h, ops.view_1d(ctx, self.state, HIDDEN, 0)))
-        graph.build_forward_expand(ops.cpy(ctx, c, ops.view_1d(ctx, self.state, HIDDEN, self.state.nb[1])))
+        graph.build_forward_expand(ops.cpy(ctx, ops.view_2d(ctx, steps, HIDDEN, 2, steps.nb[1], n * steps.nb[1]),
+                                           self.state))
         return frames, graph, probs
 
-    def _run(self, windows: np.ndarray) -> np.ndarray:
-        n = windows.shape[0]
+    def _run(self, span: np.ndarray) -> np.ndarray:
+        """Probabilities of the whole windows of `span` (the 64 samples of context, then the windows), each
+        window with the 64 samples before it: overlapping views of the span, copied once into the input."""
+        n = (span.size - CONTEXT) // WINDOW
         entry = self._graphs.get(n)
         if entry is None:
             entry = self._graphs[n] = self._build(n)
@@ -131,27 +121,30 @@ class SileroVAD:
         if self._placed is not graph:
             self.runner.alloc_graph(graph)
             self._placed = graph
-        tensor_set(frames, np.ascontiguousarray(windows, np.float32))
+        tensor_set(frames, np.ascontiguousarray(sliding_window_view(span, CONTEXT + WINDOW)[::WINDOW]))
         self.runner.compute(graph)
         return np.asarray(tensor_get(probs), np.float32).reshape(n)
 
     # ----- use ------------------------------------------------------------------------------------------
     def process(self, samples) -> np.ndarray:
         """Probabilities of the complete 512-sample windows that `samples` (16 kHz float) completes, in order;
-        what is left over waits for the next call."""
+        what is left over waits for the next call. The samples go in a block of windows at a time (never copied
+        whole: a copy of 10 minutes of audio costs more than its VAD's products, in fresh pages)."""
         samples = np.asarray(samples, np.float32).reshape(-1)
-        if samples.size and not np.isfinite(samples).all():
+        if samples.size and not np.isfinite([samples.min(), samples.max()]).all():  # NaN or inf: no temporary
             raise AudioError("VAD input has NaN or infinite samples")
-        audio = np.concatenate([self._pending, samples])
-        n = audio.size // WINDOW
-        self._pending = audio[n * WINDOW:]
-        if n == 0:
-            return np.zeros(0, np.float32)
-        chunks = audio[:n * WINDOW].reshape(n, WINDOW)
-        context = np.concatenate([self._context[None], chunks[:-1, -CONTEXT:]], axis=0)
-        self._context = chunks[-1, -CONTEXT:].copy()
-        windows = np.concatenate([context, chunks], axis=1)
-        return np.concatenate([self._run(windows[i:i + self.block]) for i in range(0, n, self.block)])
+        carry, used, out = np.concatenate([self._context, self._pending]), 0, []
+        while True:
+            take = CONTEXT + self.block * WINDOW - carry.size   # up to a block of windows after the context
+            span = np.concatenate([carry, samples[used:used + take]])
+            used += take
+            end = CONTEXT + (span.size - CONTEXT) // WINDOW * WINDOW
+            if end == CONTEXT:
+                break
+            out.append(self._run(span[:end]))
+            carry = span[end - CONTEXT:]
+        self._context, self._pending = span[:CONTEXT].copy(), span[CONTEXT:].copy()
+        return np.concatenate(out) if out else np.zeros(0, np.float32)
 
     def flush(self) -> np.ndarray:
         """The probability of the last partial window (zero-padded), if any."""
