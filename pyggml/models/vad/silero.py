@@ -8,10 +8,11 @@ to window, then ReLU, a 1x1 convolution and a sigmoid. (whisper.cpp reflect-pads
 sides instead of prepending the context, which moves its probabilities by up to 0.2 from Silero's.)
 
 One graph computes `n` windows: the encoder for all of them at once (im2col + one product per
-convolution, windows side by side), then the LSTM cell unrolled over the n windows (the input projection
-of all windows is one product) and the output layer over the n hidden states. The LSTM's h and c live in
-tensors of their own, copied back at the end of the graph, so consecutive calls continue the stream;
-`reset()` clears them. Graphs are kept per window count (a block of `block` windows, and the remainder).
+convolution, windows side by side), then the LSTM cell over the n windows (the input projection of all
+windows is one product, the steps one `ops.lstm` node: unrolled, they were ten nodes a window) and the
+output layer over the n hidden states. The LSTM's h and c live in a tensor of their own, copied back at the
+end of the graph, so consecutive calls continue the stream; `reset()` clears them. Graphs are kept per
+window count (a block of `block` windows, and the remainder).
 """
 
 from __future__ import annotations
