@@ -1,4 +1,5 @@
-"""The LSTM op: its builder's shapes and refusals, the compiled loop and the NumPy kernel against a float64 LSTM."""
+"""The LSTM op: its builder's shapes and refusals, the compiled loop and the NumPy kernel against a float64 LSTM,
+the RPC server's refusal."""
 
 import functools
 
@@ -89,3 +90,12 @@ def test_strided_gates_run_the_numpy_kernel():
     assert kernels.supports(node)
     kernels.compute(node)
     assert np.abs(host_ndarray(node)[0, 0] - expected).max() < 2e-6
+
+
+def test_rpc_does_not_serve_it():
+    """No ggml build knows LSTM: an RPC server refuses the node rather than send it to a ggml peer."""
+    from pyggml.backend.rpc.validate import Refused, check_node
+
+    node, _ = lstm_case(4, 3)
+    with pytest.raises(Refused, match="LSTM is not served"):
+        check_node(node, kernels.supports)
