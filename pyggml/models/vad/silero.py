@@ -17,6 +17,8 @@ window count (a block of `block` windows, and the remainder).
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
@@ -31,6 +33,8 @@ from pyggml.models.vad.files import CONTEXT, CONV_STRIDES, HIDDEN, WINDOW, load_
 SAMPLE_RATE = 16000
 BLOCK = 512             # windows per graph (16 s of audio)
 STFT_HOP = 128
+# frames into each convolution: the STFT's 4 (640 samples, 256 taps, hop 128), then (F - 1) // stride + 1 each
+FRAMES_IN = list(accumulate(CONV_STRIDES[:-1], lambda frames, stride: (frames - 1) // stride + 1, initial=4))
 
 
 class SileroVAD:
@@ -59,7 +63,10 @@ class SileroVAD:
         arrays = {"stft": w.stft_basis.reshape(258, 1, 256), "w_ih": w.w_ih, "w_hh": w.w_hh,
                   "b": w.b_ih + w.b_hh, "dec_w": w.dec_w.reshape(1, HIDDEN), "dec_b": w.dec_b.reshape(1)}
         for i in range(4):
-            arrays[f"conv{i}"], arrays[f"conv{i}_b"] = w.conv_w[i], w.conv_b[i]
+            kernel = w.conv_w[i]                                   # [out, in, 3]
+            if self._one_frame_out(i):  # the taps that meet the input's frames, frame-major: [out, frames, in]
+                kernel = kernel[:, :, 1:1 + FRAMES_IN[i]].transpose(0, 2, 1)
+            arrays[f"conv{i}"], arrays[f"conv{i}_b"] = kernel, w.conv_b[i]
         self.t = {name: ctx.new_tensor(GGMLType.F32, a.shape[::-1], name) for name, a in arrays.items()}
         self.state = ctx.new_tensor_2d(GGMLType.F32, HIDDEN, 2, "lstm_state")
         self.buffer = alloc_ctx_tensors_from_buft(ctx, self.backend.default_buffer_type)
@@ -74,15 +81,26 @@ class SileroVAD:
         self._pending = np.zeros(0, np.float32)
 
     # ----- the graph ------------------------------------------------------------------------------------
+    @staticmethod
+    def _one_frame_out(i: int) -> bool:
+        """Whether convolution i gives one frame: its input's frames fit in one stride. Its kernel's tap 0 (and
+        any past the frames) then meets only padding: one product over the frames as they lie replaces the
+        permute, im2col and a third or more of the product."""
+        return FRAMES_IN[i] <= CONV_STRIDES[i]
+
     def _conv(self, ctx: Context, x: Tensor, i: int) -> Tensor:
-        """Conv (kernel 3, padding 1) + bias + ReLU of x [channels, frames, n] -> [out channels, frames' · n]."""
-        k = self.t[f"conv{i}"]
-        x = ops.cont(ctx, ops.permute(ctx, x, 1, 0, 2, 3))                               # [frames, C, n]
-        cols = ops.im2col(ctx, k, x, CONV_STRIDES[i], 0, 1, 0, 1, 0, False, GGMLType.F32)  # [3C, frames', n]
-        y = ops.mul_mat(ctx, ops.reshape_2d(ctx, k, k.ne[0] * k.ne[1], k.ne[2]),
-                        ops.reshape_2d(ctx, cols, cols.ne[0], cols.ne[1] * cols.ne[2]))
+        """Conv (kernel 3, padding 1) + bias + ReLU of x [channels, frames, n] -> [out channels, frames', n]."""
+        k, n = self.t[f"conv{i}"], x.ne[2]
+        if self._one_frame_out(i):
+            cols, frames = x, 1                                                            # [C, frames, n]
+        else:
+            x = ops.cont(ctx, ops.permute(ctx, x, 1, 0, 2, 3))                               # [frames, C, n]
+            cols = ops.im2col(ctx, k, x, CONV_STRIDES[i], 0, 1, 0, 1, 0, False, GGMLType.F32)  # [3C, frames', n]
+            frames = cols.ne[1]
+        depth = k.ne[0] * k.ne[1]                                                          # taps x channels
+        y = ops.mul_mat(ctx, ops.reshape_2d(ctx, k, depth, k.ne[2]), ops.reshape_2d(ctx, cols, depth, frames * n))
         y = ops.relu(ctx, ops.add(ctx, y, self.t[f"conv{i}_b"]))
-        return ops.reshape_3d(ctx, y, y.ne[0], cols.ne[1], cols.ne[2])
+        return ops.reshape_3d(ctx, y, y.ne[0], frames, n)
 
     def _build(self, n: int) -> tuple[Tensor, Graph, Tensor]:
         """(input [576, n] windows with their context, graph, output [n] probabilities)."""
