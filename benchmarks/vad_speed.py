@@ -1,7 +1,8 @@
 """The VAD stage of batched transcription alone: pyggml's Silero VAD (SileroVAD.probs, then speech_segments with the
 batched pipeline's options) against faster-whisper's (get_speech_timestamps: the same Silero v6 network in ONNX
 Runtime, then its segment rules), alternating within each round in one process, both on one thread as each
-pipeline runs it (--threads gives pyggml's more); per-round wall and CPU times, medians, the ratio, the load
+pipeline runs it (--threads gives pyggml's more: its BLAS threads then spin a while after each of its rounds, into
+faster-whisper's, so compare wall times only); per-round wall and CPU times, medians, the ratio, the load
 average, and whether the segments are the same (sample for sample).
 
 The audio: benchmarks/vad_vs_peers.py's long audio (813 s of espeak-ng speech with pauses; made once and cached in
