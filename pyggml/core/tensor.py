@@ -32,10 +32,11 @@ Op = IntEnum(
     "ROLL ARANGE TIMESTEP_EMBEDDING ARGSORT TOP_K LEAKY_RELU TRI FILL FLASH_ATTN_EXT FLASH_ATTN_BACK SSM_CONV "
     "SSM_SCAN WIN_PART WIN_UNPART GET_REL_POS ADD_REL_POS RWKV_WKV6 GATED_LINEAR_ATTN RWKV_WKV7 SOLVE_TRI "
     "GATED_DELTA_NET UNARY MAP_CUSTOM1 MAP_CUSTOM2 MAP_CUSTOM3 CUSTOM CROSS_ENTROPY_LOSS CROSS_ENTROPY_LOSS_BACK "
-    "OPT_STEP_ADAMW OPT_STEP_SGD GLU",
+    "OPT_STEP_ADAMW OPT_STEP_SGD GLU LSTM",
     start=0,
 )
-Op.__doc__ = "ggml_op with ggml 0.15.3's numbering (the RPC wire format depends on it)."
+Op.__doc__ = ("ggml_op with ggml 0.15.3's numbering (the RPC wire format depends on it), then pyggml's own ops, which "
+              "no ggml build knows and RPC does not serve: LSTM (Silero VAD's recurrence, see ops.lstm).")
 
 UnaryOp = IntEnum(
     "UnaryOp",

@@ -12,3 +12,4 @@ from pyggml.core.ops.layout import *  # noqa: F401,F403
 from pyggml.core.ops.matmul import *  # noqa: F401,F403
 from pyggml.core.ops.attention import *  # noqa: F401,F403
 from pyggml.core.ops.conv import *  # noqa: F401,F403
+from pyggml.core.ops.recurrent import *  # noqa: F401,F403

@@ -87,7 +87,7 @@ def speech_segments(probs, n_samples: int, opts: VadOptions | None = None) -> li
     silence_at_max = _ms(98)
     speeches: list[list[int]] = []
     triggered, start, temp_end, prev_end, next_start = False, 0, 0, 0, 0
-    for i, p in enumerate(np.asarray(probs, np.float64)):
+    for i, p in enumerate(np.asarray(probs, np.float64).tolist()):   # floats compare faster than NumPy scalars
         sample = WINDOW * i
         if p >= opts.threshold and temp_end:
             temp_end = 0

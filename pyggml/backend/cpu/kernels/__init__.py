@@ -93,5 +93,5 @@ def compute(t: Tensor) -> None:
 
 # Kernel modules register themselves on import.
 from pyggml.backend.cpu.kernels import (  # noqa: E402,F401
-    attention, conv, elementwise, layout, mul_mat, norm, reduce, unary,
+    attention, conv, elementwise, layout, mul_mat, norm, recurrent, reduce, unary,
 )
