@@ -25,7 +25,7 @@ from pyggml.backend.cpu.jit.ir.vnni_k_ir import K_FORMATS
 from pyggml.backend.cpu.jit.repack import repack_16x4_into
 from pyggml.backend.cpu.kernels._common import INTERLEAVED, split_over_threads
 from pyggml.core import types as T
-from pyggml.core.host_memory import aligned_bytes, map_for_reading
+from pyggml.core.host_memory import aligned_bytes, map_for_reading, populate
 from pyggml.core.tensor import Tensor
 from pyggml.errors import BackendError
 
@@ -89,9 +89,10 @@ class InterleavedBuffer(ConvertedBuffer):
 
         def repack(i: int) -> None:
             at = i * piece
-            part = src[at: at + piece]
+            part, out = src[at: at + piece], dst[at: at + piece]
             map_for_reading(part)
-            repack_16x4_into(int(t.type), part.reshape(-1, row_bytes), dst[at: at + piece])
+            populate(out.ctypes.data, out.nbytes)
+            repack_16x4_into(int(t.type), part.reshape(-1, row_bytes), out)
 
         split_over_threads(repack, -(-size // piece))
 
@@ -110,7 +111,7 @@ class InterleavedBufferType(BufferType):
         return interleavable(type_, ne)
 
     def _alloc_buffer(self, size: int) -> InterleavedBuffer:
-        return InterleavedBuffer(self, aligned_bytes(size, fill=None))
+        return InterleavedBuffer(self, aligned_bytes(size, fill=None, huge_pages=False))
 
     def _alloc_size(self, t: Tensor) -> int:
         return t.nbytes
