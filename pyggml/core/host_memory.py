@@ -20,10 +20,10 @@ def aligned_bytes(nbytes: int, alignment: int = HOST_ALIGNMENT, fill: int | None
     """A uint8 array of nbytes whose first byte sits at a multiple of alignment.
 
     NumPy asks for transparent huge pages for large arrays; `huge_pages=False` takes 4 KiB pages instead, before
-    any byte is written. Where the kernel makes huge pages on demand only for ranges that ask (Linux's
-    transparent_hugepage/defrag "madvise", the default), each huge page's first write may first compact memory:
-    on a machine whose memory is full of page cache 760 MiB first written took 1.5-2.6 s in huge pages against
-    0.4-0.8 s in 4 KiB pages (0.15-0.3 s populated, `populate`), measured in one process one after another."""
+    any byte is written (the pages ggml_aligned_malloc gets under Linux's default "madvise" policy). On a virtual
+    machine that hands the guest's free 2 MiB blocks back to its host (free-page reporting), a fresh huge page is
+    faulted in on the host as well: 760 MiB first written took 1.5-2.6 s in huge pages against 0.4-0.8 s in 4 KiB
+    pages (0.15-0.3 s populated, `populate`), measured in one process one after another, without compaction."""
     raw = np.empty(nbytes + alignment, dtype=np.uint8)
     start = (-raw.ctypes.data) % alignment
     arr = raw[start: start + nbytes]

@@ -105,8 +105,8 @@ def vm_flags(address: int) -> set[str]:
 
 
 def test_huge_pages_refused_before_the_first_write_where_asked():
-    """NumPy advises huge pages on large arrays; buffers the backend fills itself take 4 KiB pages (on demand,
-    a huge page's first write may compact memory first: 3-5x slower here)."""
+    """NumPy advises huge pages on large arrays; the CPU buffers and CPU_INTERLEAVED take 4 KiB pages (a fresh
+    huge page's first write cost 3-5x more on a virtual machine: aligned_bytes)."""
     inner = 2 * mmap.PAGESIZE  # past the partial page the array starts in
     assert "nh" not in vm_flags(aligned_bytes(FRESH, fill=None).ctypes.data + inner)
     small = aligned_bytes(FRESH, fill=None, huge_pages=False)
