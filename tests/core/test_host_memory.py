@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from pyggml.backend import BufferUsage, init_by_name
+from pyggml.backend.cpu.interleave import InterleavedBufferType
 from pyggml.core.host_memory import aligned_bytes, map_for_reading, populate, release_file_pages, zero_anonymous
 from tests.support.resident import mapping_of, resident_share
 
@@ -87,6 +88,32 @@ def test_populate_makes_the_whole_pages_resident():
 def test_populate_refuses_a_range_without_a_whole_page():
     arr = aligned_bytes(mmap.PAGESIZE, fill=None)
     assert not populate(arr.ctypes.data + 1, mmap.PAGESIZE - 2)
+
+
+def vm_flags(address: int) -> set[str]:
+    """The VmFlags of the mapping holding address (/proc/self/smaps): "hg" asked for huge pages, "nh" refused."""
+    with open("/proc/self/smaps") as f:
+        inside = False
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                start, end = (int(x, 16) for x in head.split("-"))
+                inside = start <= address < end
+            elif inside and head == "VmFlags:":
+                return set(line.split()[1:])
+    raise LookupError(f"no mapping holds 0x{address:x}")
+
+
+def test_huge_pages_refused_before_the_first_write_where_asked():
+    """NumPy advises huge pages on large arrays; the CPU buffers and CPU_INTERLEAVED take 4 KiB pages (a fresh
+    huge page's first write cost 3-5x more on a virtual machine: aligned_bytes)."""
+    inner = 2 * mmap.PAGESIZE  # past the partial page the array starts in
+    assert "nh" not in vm_flags(aligned_bytes(FRESH, fill=None).ctypes.data + inner)
+    small = aligned_bytes(FRESH, fill=None, huge_pages=False)
+    assert "nh" in vm_flags(small.ctypes.data + inner) and "hg" not in vm_flags(small.ctypes.data + inner)
+    for buft in (init_by_name("CPU").default_buffer_type, InterleavedBufferType(None)):
+        buf = buft.alloc_buffer(FRESH)
+        assert "nh" in vm_flags(buf.base + inner), buft.name
 
 
 def test_compute_buffers_are_resident_when_designated_others_are_not():

@@ -240,6 +240,21 @@ def test_bpe_merges_by_rank_within_words(gpt2):
     assert gpt2.decode(ids) == "hello world"
 
 
+def test_bpe_words_merged_once_tokenize_as_merged_afresh(gpt2, monkeypatch):
+    """A word's tokens come from the word cache after its first merge, and only WORD_CACHE words are kept."""
+    import copy
+
+    from pyggml.models.text import tokenizer
+
+    text = "hello world yellow hello world " * 3
+    cached = gpt2.encode(text)
+    assert gpt2._word_tokens["hello"] == (gpt2.token_to_id["hello"],)
+    monkeypatch.setattr(tokenizer, "WORD_CACHE", 0)
+    fresh = copy.copy(gpt2)
+    fresh._word_tokens = {}
+    assert fresh.encode(text) == cached and fresh._word_tokens == {}
+
+
 def test_bpe_merge_ranks_split_each_merge_at_its_first_space(gpt2):
     """As llama.cpp's BPE reads merges: "a b c" is the pair ("a", "b c"), never ("a b", "c")."""
     import copy

@@ -109,8 +109,9 @@ class CpuBufferType(BufferType):
     is_host = True
 
     def _alloc_buffer(self, size: int) -> Buffer:
-        # uninitialised, like ggml_aligned_malloc
-        return CpuBuffer(self, aligned_bytes(size, fill=None), anonymous=True)
+        # uninitialised and in 4 KiB pages, like ggml_aligned_malloc's under Linux's default transparent huge pages
+        # ("madvise": only ranges that ask get them; see aligned_bytes)
+        return CpuBuffer(self, aligned_bytes(size, fill=None, huge_pages=False), anonymous=True)
 
 
 class CpuMappedBufferType(CpuBufferType):

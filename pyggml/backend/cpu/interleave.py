@@ -15,6 +15,7 @@ MUL_MAT, MUL_MAT_ID and GET_ROWS read it (`Tensor.extra` is INTERLEAVED).
 from __future__ import annotations
 
 import functools
+import threading
 
 import numpy as np
 
@@ -25,7 +26,7 @@ from pyggml.backend.cpu.jit.ir.vnni_k_ir import K_FORMATS
 from pyggml.backend.cpu.jit.repack import repack_16x4_into
 from pyggml.backend.cpu.kernels._common import INTERLEAVED, split_over_threads
 from pyggml.core import types as T
-from pyggml.core.host_memory import aligned_bytes, map_for_reading
+from pyggml.core.host_memory import aligned_bytes, map_for_reading, populate
 from pyggml.core.tensor import Tensor
 from pyggml.errors import BackendError
 
@@ -34,6 +35,7 @@ INTERLEAVED_TYPES = frozenset(FORMATS) | frozenset(K_FORMATS)
 # loop split in equal halves waited for a thread that shared its core with another process (a 1B file's layers:
 # 0.7 to 1.7 s on two busy cores, 0.2 s on one thread).
 PIECE_BYTES = 1 << 21
+POPULATE_BYTES = 1 << 25  # fresh memory made resident in pieces of this size by a thread of its own
 
 
 @functools.cache
@@ -89,11 +91,20 @@ class InterleavedBuffer(ConvertedBuffer):
 
         def repack(i: int) -> None:
             at = i * piece
-            part = src[at: at + piece]
+            part, out = src[at: at + piece], dst[at: at + piece]
             map_for_reading(part)
-            repack_16x4_into(int(t.type), part.reshape(-1, row_bytes), dst[at: at + piece])
+            populate(out.ctypes.data, out.nbytes)
+            repack_16x4_into(int(t.type), part.reshape(-1, row_bytes), out)
 
         split_over_threads(repack, -(-size // piece))
+
+
+def _populate_backwards(memory: np.ndarray) -> None:
+    """populate() over memory in POPULATE_BYTES pieces from its end (the thread holds the array: never freed
+    under it)."""
+    for end in range(memory.nbytes, 0, -POPULATE_BYTES):
+        start = max(0, end - POPULATE_BYTES)
+        populate(memory.ctypes.data + start, end - start)
 
 
 class InterleavedBufferType(BufferType):
@@ -110,7 +121,12 @@ class InterleavedBufferType(BufferType):
         return interleavable(type_, ne)
 
     def _alloc_buffer(self, size: int) -> InterleavedBuffer:
-        return InterleavedBuffer(self, aligned_bytes(size, fill=None))
+        """Memory in 4 KiB pages (see aligned_bytes), made resident from its end backwards on a thread of its own
+        from now on (without the GIL), while the loader does the rest of a model's load; the repack makes each
+        piece resident itself before writing it, so the two meet somewhere in between."""
+        memory = aligned_bytes(size, fill=None, huge_pages=False)
+        threading.Thread(target=_populate_backwards, args=(memory,), name="pyggml-populate", daemon=True).start()
+        return InterleavedBuffer(self, memory)
 
     def _alloc_size(self, t: Tensor) -> int:
         return t.nbytes

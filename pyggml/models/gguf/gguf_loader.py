@@ -18,6 +18,8 @@ yardstick, against 1.00 all float), as llama.cpp quantizes the activations of ev
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 from tqdm import tqdm
 
@@ -88,7 +90,7 @@ class Weights:
 
 
 def load_weights(gguf: GGUFFile, backend, weights: str = "quantized", progress: bool | None = None,
-                 elsewhere_prefixes: tuple[str, ...] = ()) -> Weights:
+                 elsewhere_prefixes: tuple[str, ...] = (), meanwhile: Callable[[], None] | None = None) -> Weights:
     """Create every tensor of `gguf` and put its data on `backend`'s device (see the module docstring).
 
     `weights` is "quantized" (the file's block formats, or the interleaved layout of the same bytes) or
@@ -96,6 +98,10 @@ def load_weights(gguf: GGUFFile, backend, weights: str = "quantized", progress: 
 
     Tensors whose names start with one of `elsewhere_prefixes` are created but left unplaced, for the
     caller to place on other backends (`Weights.file_bytes` gives their bytes).
+
+    `meanwhile()` runs once the buffers are made and before any weight is written into them: the rest of a
+    model's load (its tokenizer, its kernels) while a converting buffer's fresh memory is made resident on
+    another thread (CPU_INTERLEAVED does so from its allocation).
     """
     direct, converted, elsewhere = Context(no_alloc=True), Context(no_alloc=True), Context(no_alloc=True)
     if weights not in WEIGHT_KINDS:
@@ -122,8 +128,12 @@ def load_weights(gguf: GGUFFile, backend, weights: str = "quantized", progress: 
     # progress None: a bar on a terminal only (tqdm's disable=None); True/False: always/never
     with tqdm(total=total, desc="loading", unit="B", unit_scale=True, unit_divisor=1024,
               disable=None if progress is None else not progress) as bar:
+        converted_buffer = alloc_ctx_tensors_from_buft(converted, expand_type or interleave_type) if len(converted) \
+            else None
+        if meanwhile is not None:
+            meanwhile()
         buffers = [b for b in (_place_direct(gguf, backend, direct, infos, bar),
-                               _place_converted(gguf, expand_type or interleave_type, converted, infos, bar))
+                               _place_converted(gguf, converted_buffer, converted, infos, bar))
                    if b is not None]
     for b in buffers:
         b.usage = BufferUsage.WEIGHTS
@@ -182,13 +192,12 @@ def _place_direct(gguf: GGUFFile, backend, ctx: Context, infos: dict, bar: tqdm)
     return buf
 
 
-def _place_converted(gguf: GGUFFile, buft, ctx: Context, infos: dict, bar: tqdm):
-    """Quantized tensors written into a converting buffer type (CPU_F32, CPU_INTERLEAVED) a slab of rows at a
-    time (so a 262144-row embedding is never converted in one piece), each slab's file pages released once
+def _place_converted(gguf: GGUFFile, buf, ctx: Context, infos: dict, bar: tqdm):
+    """Quantized tensors written into their buffer of a converting type (CPU_F32, CPU_INTERLEAVED) a slab of rows
+    at a time (so a 262144-row embedding is never converted in one piece), each slab's file pages released once
     converted."""
-    if not len(ctx):
+    if buf is None:
         return None
-    buf = alloc_ctx_tensors_from_buft(ctx, buft)
     for t in ctx:
         info, raw = infos[t.name], _raw(gguf, infos[t.name])
         slab = CONVERT_ROWS * T.row_size(t.type, t.ne[0])
@@ -198,7 +207,7 @@ def _place_converted(gguf: GGUFFile, buft, ctx: Context, infos: dict, bar: tqdm)
                 tensor_set(t, chunk, start, chunk.size)
             except GGMLError as e:
                 raise GGUFError(f"{gguf.path}: tensor '{t.name}' of type {T.type_name(t.type)} cannot be placed in "
-                                f"{buft.name}: {e}") from e
+                                f"{buf.buft.name}: {e}") from e
             gguf.release_pages(info.offset_in_file + start, chunk.size)
             bar.update(chunk.size)
     return buf

@@ -104,13 +104,17 @@ class Model:
         self.gguf = gguf
         self.backend = backend = backends[-1]
         arch_class = architecture_of(gguf)  # refuse an unknown architecture before reading any weight
-        self.tokenizer = load_tokenizer(gguf)
-        for b in backends:  # the kernels of the file's types load now, while the weights are still unread
-            load_kernels(b, {info.type for info in gguf.tensors})
         n_layer = hparam_count(gguf, "block_count", limit=MAX_LAYERS)
         placement = plan_layers(n_layer, backends) if len(backends) > 1 else None
+
+        def meanwhile() -> None:  # while the weights' fresh memory is made resident, before any is written
+            self.tokenizer = load_tokenizer(gguf)
+            for b in backends:  # the kernels of the file's types, while the weights are still unread
+                load_kernels(b, {info.type for info in gguf.tensors})
+
         self.weights = load_weights(gguf, backend, weights=weights, progress=progress,
-                                    elsewhere_prefixes=remote_prefixes(placement) if placement else ())
+                                    elsewhere_prefixes=remote_prefixes(placement) if placement else (),
+                                    meanwhile=meanwhile)
         self.arch = arch_class(gguf, self.weights)
         self.weights.check_all_asked()
         self.loras = LoraSet.load(lora, backend, self.weights)
