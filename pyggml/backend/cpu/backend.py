@@ -18,7 +18,7 @@ import numpy as np
 from pyggml.backend.base import (Backend, BackendReg, Buffer, BufferType, Device, DeviceCaps, DeviceType, Status,
                                  check_graph_buffers, computed_nodes)
 from pyggml.backend.cpu import kernels
-from pyggml.backend.cpu.buffer import CpuBuffer, CpuBufferType, CpuMappedBufferType
+from pyggml.backend.cpu.buffer import CpuBuffer, CpuBufferType, CpuMappedBufferType, make_resident
 from pyggml.backend.cpu.f32_expand import F32ExpandedBufferType
 from pyggml.backend.cpu.interleave import InterleavedBufferType
 from pyggml.backend.cpu.kernels._blocks import set_threads
@@ -147,6 +147,7 @@ class CpuBackend(Backend):
                                          f"from ({srcs}) in node {node.name!r}")
             steps.append((node, kernels.bound(node, kernel)))
         tensors = list({id(t): t for node, _ in steps for t in (node, *node.srcs)}.values())
+        make_resident(tensors)
         buffers = list({id(b): b for t in tensors if (b := (t.view_src or t).buffer) is not None}.values())
         interleaved = any(t.extra is INTERLEAVED for t in tensors)
         return CpuGraphPlan(graph, steps, tensors, _data(tensors), buffers, blas_on_one_thread=interleaved)
