@@ -124,6 +124,19 @@ print(first, len(rms_norm_rows.overloads), compile_cache.load_cached([rms_norm_r
     assert loaded >= 1 and overloads == loaded and again == 0
 
 
+def test_cache_loads_call_llvm_without_numbas_lock_events_which_come_back_after():
+    from llvmlite import binding as llvm
+    from numba.core import event
+
+    from pyggml.backend.cpu.jit.runtime.compile_cache import llvm_lock_events_off
+
+    with event.install_recorder("numba:llvm_lock") as during, llvm_lock_events_off():
+        llvm.get_process_triple()
+    with event.install_recorder("numba:llvm_lock") as after:
+        llvm.get_process_triple()
+    assert during.buffer == [] and after.buffer  # the lock taken and released at each call into LLVM
+
+
 def test_a_model_from_a_warm_cache_runs_without_numbas_implementation_registries(tmp_path):
     """Cached kernels load without the refresh of Numba's target context (QuickLoadCache): a model loads and
     decodes, the same logits as a process that compiled, and Numba's implementations (numba.np.linalg, imported
