@@ -208,3 +208,25 @@ def test_a_reader_that_goes_away_ends_the_program_quietly(tmp_path):
     finally:
         os.close(write_end)
     assert done.returncode == 141 and "Traceback" not in done.stderr
+
+
+def test_importing_pyggml_leaves_the_collector_as_found_and_the_program_freezes_what_imports_made():
+    """The imports run without collections (the collector's state restored after them); the program moves what
+    they made out of the collector's sight before its command runs."""
+    import subprocess
+    code = """
+import gc, sys
+gc.disable()
+import pyggml
+print(gc.isenabled(), end=" ")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout == "False ", done.stderr
+    code = """
+import gc, sys
+from pyggml.cli import main
+main.main = lambda: print(gc.isenabled(), gc.get_freeze_count() > 10000) or 0
+main.run_and_exit()
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.split() == ["True", "True"], done.stderr
