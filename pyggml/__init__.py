@@ -11,9 +11,10 @@ import os
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "22")
 
 # The cyclic garbage collector is held off while the package and its dependencies (NumPy, Numba, LLVM's bindings)
-# import: their hundreds of thousands of new objects set off about 160 collections, three of them full, for
-# 40-70 ms of a warm `pyggml generate`, and nothing they make is garbage yet. The collector's state is restored
-# after; whatever cycles the imports left are collected by its next run.
+# import, and what they made is then moved out of its sight (gc.freeze): it lives as long as the process (modules,
+# their functions and tables), yet every collection walked it. The imports' hundreds of thousands of objects set
+# off about 160 collections, three of them full, and the later collections of a model's load and steps walked
+# them again: 0.1-0.2 s of CPU in a 32-token `pyggml generate`. The collector's on/off state is restored after.
 _collecting = gc.isenabled()
 gc.disable()
 try:
@@ -27,6 +28,7 @@ try:
     from pyggml import sched
     from pyggml import models
 finally:
+    gc.freeze()
     if _collecting:
         gc.enable()
     del _collecting

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import importlib
 import logging
 import os
@@ -74,13 +73,7 @@ def run_and_exit() -> None:
     Once a command has returned there is nothing left to save: it closed its files and servers, and Numba
     wrote its cache when it compiled. Tearing down the interpreter (every module's objects, LLVM's compiled
     code, OpenMP's threads) took 0.2 s of a 1.8 s `pyggml generate -n 32`; the memory goes back to the OS
-    either way. So the logs and the standard streams are flushed and the process exits with main()'s status.
-
-    What the imports made (modules, NumPy's and Numba's tables) lives as long as the process: it is moved out of
-    the garbage collector's sight first (gc.freeze), so that the collections set off by loading a model and by
-    its steps look at their own objects only, not at hundreds of thousands of others (0.1-0.2 s of CPU in a
-    32-token `pyggml generate`)."""
-    gc.freeze()
+    either way. So the logs and the standard streams are flushed and the process exits with main()'s status."""
     code = main()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
