@@ -104,8 +104,9 @@ class Model:
         self.backend = backend = backends[-1]
         arch_class = architecture_of(gguf)  # refuse an unknown architecture before reading any weight
         self.tokenizer = load_tokenizer(gguf)
-        for b in backends:  # the kernels of the file's types load now, while the weights are still unread
-            load_kernels(b, {info.type for info in gguf.tensors})
+        types = {info.type for info in gguf.tensors} | {T.as_type(t) for t in (kv_type, kv_type_v) if t is not None}
+        for b in backends:  # the kernels of the file's and cache's types load now, while the weights are unread
+            load_kernels(b, types)
         n_layer = hparam_count(gguf, "block_count", limit=MAX_LAYERS)
         placement = plan_layers(n_layer, backends) if len(backends) > 1 else None
         self.weights = load_weights(gguf, backend, weights=weights, progress=progress,

@@ -185,3 +185,15 @@ def test_the_cpu_backend_offers_threads_and_kernel_loading_as_extensions():
     backend = init_by_name("CPU")
     assert set_n_threads(backend, 3) and backend.n_threads == 3
     assert load_kernels(backend, [8]) >= 0
+
+
+def test_a_models_types_load_their_own_row_writes_and_activation_quantizers_only():
+    from pyggml.backend.cpu.jit import repack, rows
+    from pyggml.backend.cpu.jit.runtime.compile_cache import type_kernels
+    from pyggml.core.types import GGMLType
+
+    q4_1_f16_cache = type_kernels([GGMLType.F32, GGMLType.Q4_1, GGMLType.F16])
+    assert rows.set_rows_f16 in q4_1_f16_cache and repack.quantize_q8_0_rows in q4_1_f16_cache
+    assert not {rows.set_rows_q8_0, rows.set_rows_q4_0, repack.quantize_q8_K_rows} & set(q4_1_f16_cache)
+    every = type_kernels(None)
+    assert {rows.set_rows_f32, rows.set_rows_q4_0, repack.quantize_q8_K_parallel} <= set(every)
