@@ -147,10 +147,16 @@ class CpuBackend(Backend):
                                          f"from ({srcs}) in node {node.name!r}")
             steps.append((node, kernels.bound(node, kernel)))
         tensors = list({id(t): t for node, _ in steps for t in (node, *node.srcs)}.values())
-        make_resident(tensors)
         buffers = list({id(b): b for t in tensors if (b := (t.view_src or t).buffer) is not None}.values())
         interleaved = any(t.extra is INTERLEAVED for t in tensors)
         return CpuGraphPlan(graph, steps, tensors, _data(tensors), buffers, blas_on_one_thread=interleaved)
+
+    def _resident_plan(self, graph) -> CpuGraphPlan:
+        """A plan for computing the graph again and again, its memory in compute buffers made resident now
+        (make_resident); a graph computed once, without a plan, faults its pages in as it writes them."""
+        plan = self._plan(graph)
+        make_resident(plan.tensors)
+        return plan
 
     def _run(self, plan: CpuGraphPlan) -> Status:
         """The plan's calls in order. A graph whose weight products run on Numba's threads (interleaved weights)
@@ -171,10 +177,10 @@ class CpuBackend(Backend):
         return self._run(self._plan(graph))
 
     def _graph_plan_create(self, graph) -> CpuGraphPlan:
-        return self._plan(graph)
+        return self._resident_plan(graph)
 
     def _graph_plan_update(self, plan: CpuGraphPlan, graph) -> None:
-        fresh = self._plan(graph)
+        fresh = self._resident_plan(graph)
         plan.graph, plan.steps, plan.tensors, plan.addresses, plan.buffers, plan.blas_on_one_thread = (
             fresh.graph, fresh.steps, fresh.tensors, fresh.addresses, fresh.buffers, fresh.blas_on_one_thread)
 
