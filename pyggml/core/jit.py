@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -88,7 +89,7 @@ class PackageCacheLocator(caching._CacheLocator):
     (Numba's own stamp covers the function's file alone)."""
 
     def __init__(self, py_func, py_file: str):
-        self._folder = Path(py_file).resolve().parent
+        self._folder = _source_folder(py_file)
         self._lineno = py_func.__code__.co_firstlineno
         version = hashlib.sha1("".join(self.get_source_stamp()).encode()).hexdigest()[:16]
         self._cache_path = str(cache_root() / self._folder.relative_to(PACKAGE) / version)
@@ -104,16 +105,27 @@ class PackageCacheLocator(caching._CacheLocator):
 
     @classmethod
     def from_function(cls, py_func, py_file):
-        try:
-            Path(py_file).resolve().relative_to(PACKAGE)
-        except ValueError:
+        if not _source_folder(py_file).is_relative_to(PACKAGE):
             return None  # not this package's: Numba's own locators
         locator = cls(py_func, py_file)
         try:
-            locator.ensure_cache_path()
+            _ensure_writable(locator.get_cache_path())
         except OSError:
             return None  # an unwritable cache: Numba's own locators, or no cache
         return locator
+
+
+@functools.lru_cache(maxsize=None)
+def _source_folder(py_file: str) -> Path:
+    return Path(py_file).resolve().parent
+
+
+@functools.lru_cache(maxsize=None)
+def _ensure_writable(cache_path: str) -> None:
+    """Numba's check of a cache folder (made, and a file written in it), once per folder and process rather than
+    for each of the 80-odd functions (twice each) a warm start decorates."""
+    os.makedirs(cache_path, exist_ok=True)
+    tempfile.TemporaryFile(dir=cache_path).close()
 
 
 if PackageCacheLocator not in caching.CacheImpl._locator_classes:

@@ -208,3 +208,20 @@ def test_a_reader_that_goes_away_ends_the_program_quietly(tmp_path):
     finally:
         os.close(write_end)
     assert done.returncode == 141 and "Traceback" not in done.stderr
+
+
+def test_importing_pyggml_leaves_the_collector_as_found_with_what_the_imports_made_out_of_its_sight():
+    """The imports run without collections, and what they made is frozen (it lives as long as the process);
+    the collector's on/off state is restored after them."""
+    import subprocess
+    code = """
+import gc, sys
+enabled = sys.argv[1] == "on"
+if not enabled:
+    gc.disable()
+import pyggml
+print(gc.isenabled() == enabled, gc.get_freeze_count() > 10000)
+"""
+    for state in ("on", "off"):
+        done = subprocess.run([sys.executable, "-c", code, state], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0 and done.stdout.split() == ["True", "True"], done.stderr

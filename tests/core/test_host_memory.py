@@ -1,6 +1,6 @@
-"""Host memory helpers: populate() makes anonymous pages resident in one call (compute buffers when designated,
-weight buffers when made; other buffers fault their pages in as written); release_file_pages() hands a read-only
-file mapping's pages back, and nothing else."""
+"""Host memory helpers: populate() makes anonymous pages resident in one call (what a plan's graph uses of a
+compute buffer, weight buffers when made; other buffers fault their pages in as written); release_file_pages()
+hands a read-only file mapping's pages back, and nothing else."""
 
 import mmap
 import sys
@@ -8,8 +8,9 @@ import sys
 import numpy as np
 import pytest
 
-from pyggml.backend import BufferUsage, init_by_name
+from pyggml.backend import BufferUsage, init_by_name, tensor_alloc
 from pyggml.backend.cpu.interleave import InterleavedBufferType
+from pyggml.core import Context, Graph, ops
 from pyggml.core.host_memory import aligned_bytes, map_for_reading, populate, release_file_pages, zero_anonymous
 from tests.support.resident import mapping_of, resident_share
 
@@ -116,11 +117,23 @@ def test_huge_pages_refused_before_the_first_write_where_asked():
         assert "nh" in vm_flags(buf.base + inner), buft.name
 
 
-def test_compute_buffers_are_resident_when_designated_others_are_not():
-    buft = init_by_name("CPU").default_buffer_type
-    plain, compute = buft.alloc_buffer(FRESH), buft.alloc_buffer(FRESH)
+def test_compute_buffers_are_resident_where_a_plan_uses_them_others_are_not():
+    """A compute buffer is reserved for the largest step: a plan makes its own graph's tensors resident, the rest
+    of the buffer (and any other buffer) faults its pages in as written."""
+    backend = init_by_name("CPU")
+    plain, compute = (backend.default_buffer_type.alloc_buffer(FRESH) for _ in range(2))
     plain.clear(0)
     compute.clear(0)  # both without resident pages (a large buffer's clear hands them back)
     compute.usage = BufferUsage.COMPUTE
+    ctx = Context(no_alloc=True)
+    x = ctx.new_tensor("f32", (FRESH // 16,), "x")  # a quarter of the buffer each
+    y = ops.scale(ctx, x, 2.0)
+    tensor_alloc(compute, x, compute.base)
+    tensor_alloc(compute, y, compute.base + FRESH // 2)
+    tensor_alloc(plain, ctx.new_tensor("f32", (8,), "unused"), plain.base)
+    assert resident_share(compute.host_array) < 0.1
+    backend.graph_plan_free(backend.graph_plan_create(Graph().build_forward_expand(y)))
+    memory = compute.host_array
+    assert resident_share(memory[: x.nbytes]) == resident_share(memory[FRESH // 2: FRESH // 2 + y.nbytes]) == 1.0
+    assert resident_share(memory) < 0.6
     assert resident_share(plain.host_array) < 0.5
-    assert resident_share(compute.host_array) == 1.0

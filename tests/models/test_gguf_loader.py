@@ -66,6 +66,13 @@ def test_progress_bar_is_drawn_when_asked(q8_file, capsys):
     assert "loading: 100%" in err
 
 
+def test_no_bar_off_a_terminal_nor_when_refused(q8_file, capsys):
+    """progress None draws a bar on a terminal only (capsys's stderr is none), False never."""
+    for progress in (None, False):
+        load_weights(GGUFFile.open(q8_file), init_by_name("CPU"), weights="f32", progress=progress)
+        assert capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize("drop, message", [
     ("llama.block_count", "'llama.block_count' is missing"),
     ("blk.1.ffn_up.weight", "tensor 'blk.1.ffn_up.weight' is missing"),

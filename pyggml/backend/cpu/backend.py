@@ -18,7 +18,7 @@ import numpy as np
 from pyggml.backend.base import (Backend, BackendReg, Buffer, BufferType, Device, DeviceCaps, DeviceType, Status,
                                  check_graph_buffers, computed_nodes)
 from pyggml.backend.cpu import kernels
-from pyggml.backend.cpu.buffer import CpuBuffer, CpuBufferType, CpuMappedBufferType
+from pyggml.backend.cpu.buffer import CpuBuffer, CpuBufferType, CpuMappedBufferType, make_resident
 from pyggml.backend.cpu.f32_expand import F32ExpandedBufferType
 from pyggml.backend.cpu.interleave import InterleavedBufferType
 from pyggml.backend.cpu.kernels._blocks import set_threads
@@ -151,6 +151,13 @@ class CpuBackend(Backend):
         interleaved = any(t.extra is INTERLEAVED for t in tensors)
         return CpuGraphPlan(graph, steps, tensors, _data(tensors), buffers, blas_on_one_thread=interleaved)
 
+    def _resident_plan(self, graph) -> CpuGraphPlan:
+        """A plan for computing the graph again and again, its memory in compute buffers made resident now
+        (make_resident); a graph computed once, without a plan, faults its pages in as it writes them."""
+        plan = self._plan(graph)
+        make_resident(plan.tensors)
+        return plan
+
     def _run(self, plan: CpuGraphPlan) -> Status:
         """The plan's calls in order. A graph whose weight products run on Numba's threads (interleaved weights)
         gives BLAS one thread: OpenBLAS's idle workers spin for a while after each call, and Numba's after
@@ -170,10 +177,10 @@ class CpuBackend(Backend):
         return self._run(self._plan(graph))
 
     def _graph_plan_create(self, graph) -> CpuGraphPlan:
-        return self._plan(graph)
+        return self._resident_plan(graph)
 
     def _graph_plan_update(self, plan: CpuGraphPlan, graph) -> None:
-        fresh = self._plan(graph)
+        fresh = self._resident_plan(graph)
         plan.graph, plan.steps, plan.tensors, plan.addresses, plan.buffers, plan.blas_on_one_thread = (
             fresh.graph, fresh.steps, fresh.tensors, fresh.addresses, fresh.buffers, fresh.blas_on_one_thread)
 

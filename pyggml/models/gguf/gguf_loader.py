@@ -18,10 +18,10 @@ yardstick, against 1.00 all float), as llama.cpp quantizes the activations of ev
 
 from __future__ import annotations
 
-from typing import Callable
+import sys
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
-from tqdm import tqdm
 
 from pyggml.backend import BufferUsage, tensor_alloc, tensor_set
 from pyggml.alloc import alloc_ctx_tensors_from_buft
@@ -29,6 +29,9 @@ from pyggml.core import Context, Tensor
 from pyggml.core import types as T
 from pyggml.errors import GGMLError, GGUFError
 from pyggml.models.gguf.gguf_file import GGUFFile
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 
 CONVERT_ROWS = 16384  # rows a slab written into a converting buffer type
@@ -125,9 +128,7 @@ def load_weights(gguf: GGUFFile, backend, weights: str = "quantized", progress: 
             raise GGUFError(f"{gguf.path}: tensor '{info.name}' ({info.type.name}{list(info.ne)}): {e}") from e
         infos[info.name] = info
     total = sum(infos[t.name].nbytes for ctx in (direct, converted) for t in ctx)
-    # progress None: a bar on a terminal only (tqdm's disable=None); True/False: always/never
-    with tqdm(total=total, desc="loading", unit="B", unit_scale=True, unit_divisor=1024,
-              disable=None if progress is None else not progress) as bar:
+    with progress_bar(total, progress) as bar:
         converted_buffer = alloc_ctx_tensors_from_buft(converted, expand_type or interleave_type) if len(converted) \
             else None
         if meanwhile is not None:
@@ -169,6 +170,29 @@ def _interleaved(gguf: GGUFFile, buft, elsewhere_prefixes: tuple[str, ...]) -> s
 
 def _raw(gguf: GGUFFile, info) -> np.ndarray:
     return np.frombuffer(gguf.tensor_bytes(info), dtype=np.uint8)
+
+
+def progress_bar(total: int, progress: bool | None):
+    """tqdm's bar of the bytes placed: on a terminal only (progress None, as tqdm's disable=None), always (True)
+    or never (False). tqdm is imported for a bar that shows only: importing it took 10-20 ms of a warm start."""
+    shown = progress if progress is not None else bool(getattr(sys.stderr, "isatty", lambda: False)())
+    if not shown:
+        return _NoBar()
+    from tqdm import tqdm
+    return tqdm(total=total, desc="loading", unit="B", unit_scale=True, unit_divisor=1024)
+
+
+class _NoBar:
+    """A bar that is not shown."""
+
+    def __enter__(self) -> _NoBar:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def update(self, n: int = 1) -> None:
+        pass
 
 
 def _place_direct(gguf: GGUFFile, backend, ctx: Context, infos: dict, bar: tqdm):

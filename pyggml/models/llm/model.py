@@ -48,7 +48,6 @@ from pyggml.models.llm.text_output import TextOutput
 from pyggml.models.text.load import load_tokenizer
 from pyggml.models.timings import Stage
 from pyggml.models.vision.content import split_image_parts
-from pyggml.models.vision.encoder import VisionEncoder
 from pyggml.models.vision.image_cache import DEFAULT_CACHE_BYTES
 from pyggml.models.vision.prompt import MEDIA_MARKER, Prompt, build_prompt
 
@@ -109,8 +108,9 @@ class Model:
 
         def meanwhile() -> None:  # while the weights' fresh memory is made resident, before any is written
             self.tokenizer = load_tokenizer(gguf)
-            for b in backends:  # the kernels of the file's types, while the weights are still unread
-                load_kernels(b, {info.type for info in gguf.tensors})
+            types = {info.type for info in gguf.tensors} | {T.as_type(t) for t in (kv_type, kv_type_v) if t is not None}
+            for b in backends:  # the kernels of the file's and cache's types, while the weights are still unread
+                load_kernels(b, types)
 
         self.weights = load_weights(gguf, backend, weights=weights, progress=progress,
                                     elsewhere_prefixes=remote_prefixes(placement) if placement else (),
@@ -531,7 +531,10 @@ def load_model(path=None, backend: str | Backend | list = "CPU", n_ctx: int = 20
 
 def attach_vision(model: Model, mmproj, backend, weights: str = "quantized", progress: bool | None = None,
                   flash_attn: bool = True, cache_bytes: int = DEFAULT_CACHE_BYTES):
-    """The encoder of an mmproj file for `model`; ImageError if its embeddings do not fit the model."""
+    """The encoder of an mmproj file for `model`; ImageError if its embeddings do not fit the model. (The encoders'
+    modules are imported here, for a model with images only: 5-10 ms of every text model's start.)"""
+    from pyggml.models.vision.encoder import VisionEncoder
+
     if not model.arch.takes_embeddings:
         raise ImageError(f"pyggml's {model.architecture} does not take image embeddings (vision models here: the llama "
                          f"family, qwen2, qwen2vl, gemma2, gemma3)")

@@ -58,3 +58,13 @@ print(held, twice(21), float(x[0, 0]))
     assert done.returncode == 0, done.stderr
     held, doubled, normed = done.stdout.split()
     assert int(held) < 4096 and doubled == "42" and float(normed) == pytest.approx(1.0, rel=1e-4)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/smaps and madvise are Linux's")
+def test_llvms_mappings_are_read_from_smaps_once_and_advised_at_every_release(monkeypatch):
+    compiler_pages.file_only_mappings.cache_clear()
+    reads = []
+    read = compiler_pages.compiler_mappings
+    monkeypatch.setattr(compiler_pages, "compiler_mappings", lambda: reads.append(1) or read())
+    first, second = compiler_pages.release_compiler_pages(), compiler_pages.release_compiler_pages()
+    assert len(reads) == 1 and first == second == len(compiler_pages.file_only_mappings()) > 0

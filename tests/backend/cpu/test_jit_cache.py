@@ -124,6 +124,19 @@ print(first, len(rms_norm_rows.overloads), compile_cache.load_cached([rms_norm_r
     assert loaded >= 1 and overloads == loaded and again == 0
 
 
+def test_cache_loads_call_llvm_without_numbas_lock_events_which_come_back_after():
+    from llvmlite import binding as llvm
+    from numba.core import event
+
+    from pyggml.backend.cpu.jit.runtime.compile_cache import llvm_lock_events_off
+
+    with event.install_recorder("numba:llvm_lock") as during, llvm_lock_events_off():
+        llvm.get_process_triple()
+    with event.install_recorder("numba:llvm_lock") as after:
+        llvm.get_process_triple()
+    assert during.buffer == [] and after.buffer  # the lock taken and released at each call into LLVM
+
+
 def test_a_model_from_a_warm_cache_runs_without_numbas_implementation_registries(tmp_path):
     """Cached kernels load without the refresh of Numba's target context (QuickLoadCache): a model loads and
     decodes, the same logits as a process that compiled, and Numba's implementations (numba.np.linalg, imported
@@ -172,3 +185,15 @@ def test_the_cpu_backend_offers_threads_and_kernel_loading_as_extensions():
     backend = init_by_name("CPU")
     assert set_n_threads(backend, 3) and backend.n_threads == 3
     assert load_kernels(backend, [8]) >= 0
+
+
+def test_a_models_types_load_their_own_row_writes_and_activation_quantizers_only():
+    from pyggml.backend.cpu.jit import repack, rows
+    from pyggml.backend.cpu.jit.runtime.compile_cache import type_kernels
+    from pyggml.core.types import GGMLType
+
+    q4_1_f16_cache = type_kernels([GGMLType.F32, GGMLType.Q4_1, GGMLType.F16])
+    assert rows.set_rows_f16 in q4_1_f16_cache and repack.quantize_q8_0_rows in q4_1_f16_cache
+    assert not {rows.set_rows_q8_0, rows.set_rows_q4_0, repack.quantize_q8_K_rows} & set(q4_1_f16_cache)
+    every = type_kernels(None)
+    assert {rows.set_rows_f32, rows.set_rows_q4_0, repack.quantize_q8_K_parallel} <= set(every)

@@ -7,31 +7,40 @@ stale, is pyggml.core.jit's business.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Iterable
 
+from llvmlite.binding import ffi
 from numba.core.compiler_lock import global_compiler_lock
 
 
 def shared_kernels() -> list:
     """The kernels the CPU backend's ops call from Python whatever the types (their callees compile into them)."""
-    from pyggml.backend.cpu.jit import attention, glu, mul_mat, norm, repack, rope, rows, softmax
-    return [mul_mat.mul_mat_float_columns, repack.quantize_q8_0_rows, repack.quantize_q8_0_parallel,
-            repack.quantize_q8_K_rows, repack.quantize_q8_K_parallel, softmax.soft_max_rows, rope.rope_rows,
-            attention.exp_score_rows, attention.flash_attn_rows, glu.glu_rows, glu.unary_rows, norm.norm_rows,
-            norm.rms_norm_rows, rows.set_rows_f16, rows.set_rows_f32, rows.set_rows_q8_0, rows.set_rows_q4_0]
+    from pyggml.backend.cpu.jit import attention, glu, mul_mat, norm, rope, softmax
+    return [mul_mat.mul_mat_float_columns, softmax.soft_max_rows, rope.rope_rows, attention.exp_score_rows,
+            attention.flash_attn_rows, glu.glu_rows, glu.unary_rows, norm.norm_rows, norm.rms_norm_rows]
 
 
 def type_kernels(qtypes: Iterable[int] | None) -> list:
-    """The kernels made per type (PerType) that tensors of these ggml types (None: every type) may call: products
-    and row reads, and the repack of the types that are interleaved."""
-    from pyggml.backend.cpu.jit import mul_mat, quants, repack
+    """The kernels that tensors of these ggml types (None: every type) may call: products and row reads, the
+    repack and activation quantizers of the types that are interleaved, and row writes (a KV cache's) into
+    them. A kernel left out still loads from the cache at its first call (a warm start's 17 kernels loaded in
+    0.13-0.2 s, some of them for types the model did not have)."""
+    from pyggml.backend.cpu.jit import mul_mat, quants, repack, rows
     from pyggml.backend.cpu.jit.ir.vnni_ir import FORMATS
     from pyggml.backend.cpu.jit.ir.vnni_k_ir import K_FORMATS
+    from pyggml.core.types import GGMLType
 
+    set_rows = {GGMLType.F32: rows.set_rows_f32, GGMLType.F16: rows.set_rows_f16, GGMLType.Q8_0: rows.set_rows_q8_0,
+                GGMLType.Q4_0: rows.set_rows_q4_0}
     found = []
-    qtypes = sorted(set(map(int, quants.BLOCKS if qtypes is None else qtypes)))
+    qtypes = sorted(set(map(int, [*quants.BLOCKS, *set_rows] if qtypes is None else qtypes)))
     if any(qtype in FORMATS or qtype in K_FORMATS for qtype in qtypes):
         found.append(repack.repack_groups)  # what the loader interleaves these types' weights with
+    if any(qtype in FORMATS for qtype in qtypes):
+        found += [repack.quantize_q8_0_rows, repack.quantize_q8_0_parallel]
+    if any(qtype in K_FORMATS for qtype in qtypes):
+        found += [repack.quantize_q8_K_rows, repack.quantize_q8_K_parallel]
     for qtype in qtypes:
         if qtype in quants.BLOCKS:
             found += [mul_mat.mul_mat_vec[qtype], mul_mat.dequantize_rows[qtype]]
@@ -39,6 +48,8 @@ def type_kernels(qtypes: Iterable[int] | None) -> list:
             found.append(repack.gemm_16x4_q8_0[qtype])
         if qtype in K_FORMATS:
             found.append(repack.gemm_16x4_q8_K[qtype])
+        if qtype in set_rows:
+            found.append(set_rows[qtype])
     return found
 
 
@@ -59,7 +70,8 @@ def load_cached(dispatchers: list) -> int:
     or another CPU are left alone; returns the number of kernels loaded.
     """
     loaded = 0
-    with global_compiler_lock:  # held across the loads: LLVM's pages are handed back once, after the last
+    # held across the loads: LLVM's pages are handed back once, after the last
+    with global_compiler_lock, llvm_lock_events_off():
         for d in dispatchers:
             try:
                 cache = d._cache
@@ -75,3 +87,21 @@ def load_cached(dispatchers: list) -> int:
                     d.compile(args)
                     loaded += 1
     return loaded
+
+
+@contextlib.contextmanager
+def llvm_lock_events_off():
+    """Numba's callbacks on llvmlite's lock left out for a while (held with Numba's compiler lock): every call
+    into LLVM takes that lock, and Numba's callbacks broadcast a "numba:llvm_lock" event at each take and
+    release, which only times the lock for a compile's metadata (3400 calls for a small model's 18 kernels:
+    10-15 ms of a 0.13 s load). No compile runs meanwhile: it needs the compiler lock."""
+    lock = getattr(getattr(ffi, "lib", None), "_lock", None)
+    callbacks = getattr(lock, "_cblist", None)
+    if not isinstance(callbacks, list):  # not the llvmlite this knows: its lock as it is
+        yield
+        return
+    lock._cblist = []
+    try:
+        yield
+    finally:
+        lock._cblist = callbacks
