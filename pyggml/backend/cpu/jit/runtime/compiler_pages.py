@@ -62,12 +62,20 @@ def compiler_mappings() -> list[Mapping]:
         return []
 
 
+_releasable: list[Mapping] = []  # found once: a mapping that is not writable never gains private pages
+
+
 def release_compiler_pages() -> int:
-    """Advise away the resident pages of LLVM's read-only file mappings; returns the KiB they held."""
+    """Advise away the pages of LLVM's read-only file mappings; returns the KiB advised.
+
+    The mappings are read from /proc/self/smaps once: reading and parsing it at every compile's end (14 in a
+    first run) took 0.2 s of CPU."""
+    if not _releasable:
+        _releasable.extend(m for m in compiler_mappings() if m.holds_only_file_pages)
     released = 0
-    for m in compiler_mappings():
-        if m.holds_only_file_pages and m.rss_kib and madvise(m.start, m.end - m.start, mmap.MADV_DONTNEED):
-            released += m.rss_kib
+    for m in _releasable:
+        if madvise(m.start, m.end - m.start, mmap.MADV_DONTNEED):
+            released += (m.end - m.start) // 1024
     return released
 
 
