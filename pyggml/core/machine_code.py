@@ -18,7 +18,7 @@ Cached kernels load as before (Numba's cache makes its libraries from object cod
 from __future__ import annotations
 
 from numba.core import codegen
-from numba.core.codegen import require_global_compiler_lock
+from numba.core.compiler_lock import require_global_compiler_lock
 from numba.parfors import parfor_lowering
 
 _Library = codegen.JITCodeLibrary
