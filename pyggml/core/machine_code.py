@@ -18,7 +18,7 @@ Cached kernels load as before (Numba's cache makes its libraries from object cod
 from __future__ import annotations
 
 from numba.core import codegen
-from numba.core.compiler_lock import require_global_compiler_lock
+from numba.core.compiler_lock import global_compiler_lock, require_global_compiler_lock
 from numba.parfors import parfor_lowering
 
 _Library = codegen.JITCodeLibrary
@@ -47,11 +47,13 @@ def finalize_as_ir(self) -> None:
 
 
 def make_machine_code(library) -> None:
-    """Optimize the library's module and generate its machine code, once, if finalize_as_ir left it as IR."""
-    if library.__dict__.pop("_awaits_machine_code", False):
-        library._optimize_final_module()
-        library._final_module.verify()
-        library._finalize_final_module()
+    """Optimize the library's module and generate its machine code, once, if finalize_as_ir left it as IR (under
+    Numba's compiler lock, as every use of LLVM)."""
+    with global_compiler_lock:
+        if library.__dict__.pop("_awaits_machine_code", False):
+            library._optimize_final_module()
+            library._final_module.verify()
+            library._finalize_final_module()
 
 
 def _asking_code(method, finalizing: bool = True):
