@@ -29,6 +29,8 @@ import numba
 from numba.core import caching, config, event
 from numba.core.runtime import rtsys
 
+from pyggml.core import machine_code
+
 
 class QuickLoadCache(caching.FunctionCache):
     """Numba's disk cache of one function, loaded without refreshing Numba's target context first.
@@ -59,8 +61,11 @@ def _njit(**options):
     return decorate
 
 
-jit = _njit(cache=True, nogil=True, error_model="numpy")
-parallel_jit = _njit(cache=True, nogil=True, error_model="numpy", parallel=True)
+# no_cfunc_wrapper: no C callback per function (a first-class function value, which no kernel takes): its IR,
+# optimization and machine code were a few percent of every compile
+jit = _njit(cache=True, nogil=True, error_model="numpy", no_cfunc_wrapper=True)
+parallel_jit = _njit(cache=True, nogil=True, error_model="numpy", no_cfunc_wrapper=True, parallel=True)
+machine_code.install()  # the libraries of the functions compiled here: machine code only where it runs
 
 PACKAGE = Path(__file__).resolve().parents[1]
 SHARED_KERNELS = PACKAGE / "backend" / "cpu" / "jit"  # the kernels whose code others inline or call

@@ -45,7 +45,9 @@ def max_f32(x: np.ndarray) -> np.float32:
 
     LLVM leaves a max reduction written as one running value scalar (it vectorises sums, not this select):
     LANES running maxima over consecutive values are vector code, 2.6x faster on a 1500-value row."""
-    lanes = np.full(LANES, -np.inf, np.float32)
+    lanes = np.empty(LANES, np.float32)  # not np.full: that is one more function to compile (0.1 s)
+    for lane in range(np.uintp(LANES)):
+        lanes[lane] = -np.inf
     n = np.uintp(x.shape[0])
     whole = n // np.uintp(LANES) * np.uintp(LANES)
     for i in range(np.uintp(0), whole, np.uintp(LANES)):

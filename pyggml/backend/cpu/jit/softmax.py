@@ -38,7 +38,7 @@ def soft_max_rows(a: np.ndarray, out: np.ndarray, scale: np.float32, mask: np.nd
     n = np.uintp(ne0)
     has_mask, has_sinks = mask.size > 0, sinks.size > 0
     row = np.empty(ne0, np.float32)
-    ends = np.full((mask.shape[0], mask.shape[1], ne1) if has_mask else (1, 1, 1), ne0, np.intp)
+    ends = np.empty((mask.shape[0], mask.shape[1], ne1) if has_mask else (1, 1, 1), np.intp)  # read with a mask only
     if has_mask:
         for j3 in range(mask.shape[0]):
             for j2 in range(mask.shape[1]):
