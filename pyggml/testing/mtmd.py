@@ -14,12 +14,12 @@ import os
 
 import numpy as np
 
+from pyggml.core.types import GGMLType
 from pyggml.errors import GGMLError
 from pyggml.testing.llamacpp import no_extra_buffer_types
 
 FLASH_ATTN_DISABLED = 0  # llama_flash_attn_type
 CHUNK_TEXT = 0           # mtmd_input_chunk_type
-GGML_TYPE_F32 = 0
 
 
 class _GGMLTensor(ctypes.Structure):
@@ -57,7 +57,7 @@ class GeluInputs:
         if ask:
             return self.recording and name.startswith(("ffn_up", "ffn_gelu"))
         if name.startswith("ffn_up"):
-            if t.type != GGML_TYPE_F32 or t.nb[0] != 4:
+            if t.type != GGMLType.F32 or t.nb[0] != 4:
                 raise GGMLError(f"mtmd's {name} is not contiguous F32")
             count = int(np.prod(list(t.ne)))
             self.pending = pointer, np.ctypeslib.as_array((ctypes.c_float * count).from_address(t.data)).copy()
