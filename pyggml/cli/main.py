@@ -8,7 +8,6 @@ import importlib
 import logging
 import os
 import sys
-from importlib.metadata import PackageNotFoundError, version
 
 from pyggml.errors import GGMLError
 
@@ -35,6 +34,8 @@ class Parser(argparse.ArgumentParser):
 
 
 def package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version  # it brings the email package: 5-10 ms a start
+
     try:
         return version("pyggml")
     except PackageNotFoundError:  # run from a source tree that was not installed
@@ -43,9 +44,20 @@ def package_version() -> str:
         return __version__
 
 
+class VersionAction(argparse.Action):
+    """`--version`: the installed version, read only when asked for."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"pyggml {package_version()}")  # on stdout, as argparse's own version action
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="pyggml", description="ggml's tensor runtime in Python")
-    parser.add_argument("--version", action="version", version=f"pyggml {package_version()}")
+    parser.add_argument("--version", action=VersionAction, help="show the installed version and exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for name in COMMANDS:
         importlib.import_module(f"pyggml.cli.{name}").add_parser(sub)

@@ -1,8 +1,9 @@
 """ggml tensor types: numbering, block sizes, and conversion to and from float.
 
-The numbering and the (block size, type size) pairs are ggml's own, taken from
-the `gguf` package so that pyggml and GGUF files can never disagree.
-Quantized blocks are converted with `gguf.quants` (vectorised NumPy).
+The numbering and the (block size, type size) pairs are ggml's own (ggml.h's enum ggml_type, ggml.c's type
+traits), which GGUF files share; tests/core/test_types.py holds them to the `gguf` package's tables. That package
+is imported only where quantized blocks are converted with `gguf.quants` (vectorised NumPy): its import, with its
+writer and YAML, took 35 ms of every start.
 """
 
 from __future__ import annotations
@@ -10,12 +11,19 @@ from __future__ import annotations
 from enum import IntEnum
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-from gguf import quants as _quants
-
 from pyggml.errors import UnsupportedTypeError
 
-GGMLType = IntEnum("GGMLType", {t.name: t.value for t in GGMLQuantizationType})
+# (name, number, elements per block, bytes per block)
+_TYPES = (("F32", 0, 1, 4), ("F16", 1, 1, 2), ("Q4_0", 2, 32, 18), ("Q4_1", 3, 32, 20), ("Q5_0", 6, 32, 22),
+          ("Q5_1", 7, 32, 24), ("Q8_0", 8, 32, 34), ("Q8_1", 9, 32, 40), ("Q2_K", 10, 256, 84),
+          ("Q3_K", 11, 256, 110), ("Q4_K", 12, 256, 144), ("Q5_K", 13, 256, 176), ("Q6_K", 14, 256, 210),
+          ("Q8_K", 15, 256, 292), ("IQ2_XXS", 16, 256, 66), ("IQ2_XS", 17, 256, 74), ("IQ3_XXS", 18, 256, 98),
+          ("IQ1_S", 19, 256, 50), ("IQ4_NL", 20, 32, 18), ("IQ3_S", 21, 256, 110), ("IQ2_S", 22, 256, 82),
+          ("IQ4_XS", 23, 256, 136), ("I8", 24, 1, 1), ("I16", 25, 1, 2), ("I32", 26, 1, 4), ("I64", 27, 1, 8),
+          ("F64", 28, 1, 8), ("IQ1_M", 29, 256, 56), ("BF16", 30, 1, 2), ("TQ1_0", 34, 256, 54),
+          ("TQ2_0", 35, 256, 66), ("MXFP4", 39, 32, 17), ("NVFP4", 40, 64, 36), ("Q1_0", 41, 128, 18))
+
+GGMLType = IntEnum("GGMLType", {name: number for name, number, _, _ in _TYPES})
 GGMLType.__doc__ = "ggml_type, with ggml's numbering (F32 = 0, F16 = 1, Q4_0 = 2, ...)."
 
 _PLAIN_DTYPES = {
@@ -42,7 +50,7 @@ def as_type(t) -> GGMLType:
         raise UnsupportedTypeError(f"unknown ggml type {t!r}; known: {', '.join(m.name for m in GGMLType)}") from None
 
 
-_TRAITS: dict[GGMLType, tuple[int, int]] = {t: GGML_QUANT_SIZES[GGMLQuantizationType(t)] for t in GGMLType}
+_TRAITS: dict[GGMLType, tuple[int, int]] = {GGMLType(number): (elements, size) for _, number, elements, size in _TYPES}
 """(elements, bytes) per block. Looked up directly: sizes are asked for on every tensor built and placed,
 and an int or a GGMLType finds its entry without a conversion (IntEnum members hash as their values)."""
 
@@ -116,8 +124,10 @@ def to_float(t, data: np.ndarray, ne0: int | None = None) -> np.ndarray:
         return bf16_to_f32(data)
     if t in _PLAIN_DTYPES:
         return np.asarray(data).astype(np.float32)
+    from gguf import GGMLQuantizationType, quants
+
     try:
-        return _quants.dequantize(np.ascontiguousarray(data, dtype=np.uint8), GGMLQuantizationType(t)).astype(
+        return quants.dequantize(np.ascontiguousarray(data, dtype=np.uint8), GGMLQuantizationType(t)).astype(
             np.float32, copy=False
         )
     except NotImplementedError:
@@ -135,8 +145,10 @@ def from_float(t, x: np.ndarray) -> np.ndarray:
         return x.astype(dt) if dt.kind == "f" else np.trunc(x).astype(dt)
     if x.shape[-1] % blck_size(t):
         raise UnsupportedTypeError(f"rows of {x.shape[-1]} values are not whole {t.name} blocks of {blck_size(t)}")
+    from gguf import GGMLQuantizationType, quants
+
     try:
-        return _quants.quantize(x, GGMLQuantizationType(t))
+        return quants.quantize(x, GGMLQuantizationType(t))
     except NotImplementedError:
         raise UnsupportedTypeError(f"quantization to {t.name} is not supported") from None
 

@@ -14,6 +14,19 @@ def test_numbering_and_sizes_are_ggmls():
     assert T.type_name(T.GGMLType.F32) == "f32" and T.is_quantized(T.GGMLType.Q5_0)
 
 
+def test_table_is_the_gguf_packages():
+    """pyggml's own table (kept so that `import pyggml` needs no `gguf`) against the package GGUF files are written
+    with: every type both know has the same number and block traits (a type a later gguf adds is unknown to pyggml
+    until it has kernels for it: a file of that type is refused when parsed)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    ours = {t.name: (int(t), T.block_traits(t)) for t in T.GGMLType}
+    theirs = {t.name: (int(t), GGML_QUANT_SIZES[t]) for t in GGMLQuantizationType}
+    both = theirs.keys() & ours.keys()
+    assert len(both) >= 31  # gguf 0.17's types, the oldest the project takes
+    assert {name: ours[name] for name in both} == {name: theirs[name] for name in both}
+
+
 def test_unknown_types_and_bad_rows_raise():
     with pytest.raises(UnsupportedTypeError, match="unknown ggml type"):
         T.as_type(5)

@@ -303,3 +303,10 @@ def test_string_arrays_read_whole_with_empty_strings_and_every_utf8_width():
 def test_a_string_that_is_not_utf8_on_its_own_is_rejected_by_index(values, index):
     with pytest.raises(GGUFError, match=rf"'k'\[{index}\].*invalid UTF-8"):
         GGUFFile.from_bytes(build([kv_str("general.architecture", "tiny"), kv_str_array("k", values)], [], b"")[0])
+
+
+def test_value_types_are_the_gguf_packages():
+    """gguf_file's own enum of metadata value types (see pyggml.core.types) numbers them as the gguf package does."""
+    from pyggml.models.gguf import gguf_file
+
+    assert {t.name: int(t) for t in gguf_file.GGUFValueType} == {t.name: int(t) for t in GGUFValueType}

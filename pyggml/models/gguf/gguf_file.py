@@ -14,13 +14,14 @@ import mmap
 import struct
 from array import array
 from dataclasses import dataclass
+from enum import IntEnum
 from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from pyggml.core.host_memory import whole_pages
+from pyggml.core.types import GGMLType, block_traits
 from pyggml.errors import GGUFError
 from pyggml.models.gguf.string_table import StringTable
 import contextlib
@@ -32,6 +33,25 @@ MAX_DIMS = 4
 MAX_NAME_LENGTH = 63  # GGML_MAX_NAME (64) less the terminating NUL
 MAX_ARRAY_NESTING = 8
 INT64_MAX = 2**63 - 1
+
+
+class GGUFValueType(IntEnum):
+    """A metadata value's type, as GGUF numbers it (the `gguf` package's enum of the same name, which
+    tests/models/test_gguf_file.py holds this to, is not imported here: see pyggml.core.types)."""
+
+    UINT8 = 0
+    INT8 = 1
+    UINT16 = 2
+    INT16 = 3
+    UINT32 = 4
+    INT32 = 5
+    FLOAT32 = 6
+    BOOL = 7
+    STRING = 8
+    ARRAY = 9
+    UINT64 = 10
+    INT64 = 11
+    FLOAT64 = 12
 
 # Fixed-size scalar types: struct format and size in bytes.
 _SCALARS = {
@@ -74,7 +94,7 @@ class TensorInfo:
     """One tensor's header entry; ``ne`` is in ggml order (ne0 first), padded with 1 to 4 dims."""
 
     name: str
-    type: GGMLQuantizationType
+    type: GGMLType
     ne: tuple[int, int, int, int]
     n_dims: int
     offset_in_file: int
@@ -447,8 +467,8 @@ class GGUFFile:
             type_at = cur.pos
             raw_type = cur.u32(f"{field} type")
             try:
-                ttype = GGMLQuantizationType(raw_type)
-                block_size, type_size = GGML_QUANT_SIZES[ttype]
+                ttype = GGMLType(raw_type)
+                block_size, type_size = block_traits(ttype)
             except (ValueError, KeyError):
                 cur.fail(f"{field} type", f"unknown ggml type {raw_type}", type_at)
             if ne[0] % block_size:

@@ -21,6 +21,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from pyggml.backend.cpu.jit.quants import BLOCKS
 from pyggml.core import types as T
 from pyggml.core.tensor import Tensor, host_ndarray
 from pyggml.errors import UnsupportedTypeError
@@ -30,9 +31,10 @@ DEFAULT_BUDGET_BYTES = 2 << 30
 
 @lru_cache(maxsize=None)
 def dequantizable(type_) -> bool:
-    """Whether values of this type can be read as float32 here (plain float types, and what gguf dequantizes)."""
+    """Whether values of this type can be read as float32 here: plain float types, the types the compiled kernels
+    decode (known without importing gguf, 25 ms of a start) and what gguf dequantizes."""
     type_ = T.as_type(type_)
-    if type_ in (T.GGMLType.F32, T.GGMLType.F16, T.GGMLType.BF16):
+    if type_ in (T.GGMLType.F32, T.GGMLType.F16, T.GGMLType.BF16) or type_ in BLOCKS:
         return True
     if not T.is_quantized(type_):
         return False
