@@ -47,8 +47,8 @@ def package_version() -> str:
 class VersionAction(argparse.Action):
     """`--version`: the installed version, read only when asked for."""
 
-    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
-        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, **kwargs):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, **kwargs)
 
     def __call__(self, parser, namespace, values, option_string=None):
         print(f"pyggml {package_version()}")  # on stdout, as argparse's own version action
