@@ -69,3 +69,15 @@ def dot_f32(x: np.ndarray, y: np.ndarray, yo: np.uintp) -> np.float32:
     for i in range(np.uintp(x.shape[0])):
         total += x[i] * widen(y[yo + i])
     return total
+
+
+@jit(inline="always")
+def mm512_reduce_add(x: np.ndarray, i) -> np.float32:
+    """The sum of x[i:i + 16] in _mm512_reduce_add_ps's order (ggml's AVX-512 row sums): lane l + lane l + 8,
+    then the same over the 8 sums, the 4, the 2."""
+    a = np.empty(8, np.float32)  # a register's worth: LLVM keeps it in registers
+    for l in range(8):
+        a[l] = x[i + l] + x[i + l + 8]
+    for l in range(4):
+        a[l] = a[l] + a[l + 4]
+    return (a[0] + a[2]) + (a[1] + a[3])
