@@ -1,10 +1,15 @@
-"""F32 products in the summation order of llamafile's tinyBLAS (ggml's CPU backend on AVX-512), as LLVM vector IR.
+"""F32 products in the summation orders of ggml's CPU backend on AVX-512, as LLVM vector IR.
 
 tinyBLAS sums each dot product of a k-value row pair in 16 lanes: lane l takes the values k = l mod 16, one fused
 multiply-add per 16 values, in order of k; then adds the lanes as _mm512_reduce_add_ps does (lane i + lane i+8,
 then + 4, + 2, + 1). Its blocking changes which dots share registers, not any dot's order, so this kernel's tile
 of 4 rows by up to 4 columns (16 accumulators of <16 x float>) gives ggml's values bit for bit. No fast-math
 flags: every fma and add rounds where ggml's do.
+
+Where tinyBLAS does not apply, ggml_vec_dot_f32 sums a dot in 4 x 16 lanes over each 64 values (vector j of a
+64-value step into accumulator j), adds accumulators 2 and 3 into 0 and 1, 1 into 0, sums the lanes as above, and
+adds the last n mod 64 products to that float one by one (a multiply, then an add: not fused). ggml_vec_dot_f16
+(F16 values widened to float32) is the same but for those last products, added to the sum in float64.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 F32 = ir.FloatType()
+F64 = ir.DoubleType()
 I32 = ir.IntType(32)
 I64 = ir.IntType(64)
 LANES = 16
@@ -85,3 +91,56 @@ def _tile(columns: int):
 
 TILE_COLUMNS = 4
 tile_4x4, tile_4x1 = _tile(TILE_COLUMNS), _tile(1)
+VEC_DOT_ACCUMULATORS = 4  # ggml_vec_dot_f32's GGML_F32_ARR on AVX-512 (a step of 64 values)
+
+
+def _vec_dot(tail_f64: bool):
+    """An intrinsic (a, i, b, j) -> float32: ggml_vec_dot_f32's dot of a[i] and b[j] (2-D float32 arrays with
+    contiguous rows of the same length), or ggml_vec_dot_f16's with tail_f64."""
+
+    def typer(typingctx, a, i, b, j):
+        if not all(isinstance(t, types.Array) and t.dtype == types.float32 and t.ndim == 2 for t in (a, b)):
+            return None
+        return types.float32(a, i, b, j), _vec_dot_codegen(tail_f64)
+
+    return intrinsic(typer)
+
+
+def _vec_dot_codegen(tail_f64: bool):
+    def codegen(context, builder, signature, args):
+        i_, j_ = (context.cast(builder, args[n], signature.args[n], types.intp) for n in (1, 3))
+        pa, _, offa = _rows(context, builder, signature.args[0], args[0], i_)
+        pb, _, offb = _rows(context, builder, signature.args[2], args[2], j_)
+        pa, pb = builder.gep(pa, [offa]), builder.gep(pb, [offb])
+        k = cgutils.unpack_tuple(builder, context.make_array(signature.args[0])(context, builder, args[0]).shape,
+                                 2)[1]
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(VF32, [VF32] * 3), "llvm.fma.v16f32")
+        step = LANES * VEC_DOT_ACCUMULATORS
+        acc = [cgutils.alloca_once_value(builder, ir.Constant(VF32, [0.0] * LANES))
+               for _ in range(VEC_DOT_ACCUMULATORS)]
+
+        def load(p, offset):
+            return builder.load(builder.bitcast(builder.gep(p, [offset]), VF32.as_pointer()), align=4)
+
+        steps = builder.sdiv(k, ir.Constant(I64, step))
+        with cgutils.for_range(builder, steps) as loop:
+            at = builder.mul(loop.index, ir.Constant(I64, step))
+            for v in range(VEC_DOT_ACCUMULATORS):
+                offset = builder.add(at, ir.Constant(I64, v * LANES))
+                builder.store(builder.call(fma, [load(pa, offset), load(pb, offset), builder.load(acc[v])]), acc[v])
+        s0 = builder.fadd(builder.load(acc[0]), builder.load(acc[2]))
+        s1 = builder.fadd(builder.load(acc[1]), builder.load(acc[3]))
+        vectors = reduce_add(builder, builder.fadd(s0, s1))
+        total = cgutils.alloca_once_value(builder, builder.fpext(vectors, F64) if tail_f64 else vectors)
+        done = builder.mul(steps, ir.Constant(I64, step))
+        with cgutils.for_range(builder, builder.sub(k, done)) as loop:
+            at = builder.add(done, loop.index)
+            product = builder.fmul(builder.load(builder.gep(pa, [at])), builder.load(builder.gep(pb, [at])))
+            builder.store(builder.fadd(builder.load(total), builder.fpext(product, F64) if tail_f64 else product),
+                          total)
+        return builder.fptrunc(builder.load(total), F32) if tail_f64 else builder.load(total)
+
+    return codegen
+
+
+vec_dot_f32, vec_dot_f16 = _vec_dot(False), _vec_dot(True)
