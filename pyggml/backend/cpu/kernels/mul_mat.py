@@ -339,7 +339,7 @@ def _bind_mul_mat(dst: Tensor):
         return _interleaved_call(dst, x) if np.shares_memory(x, view(b)) else None
     columns = GROUPED_COLUMNS if a.type in FLOAT_ROWS else VEC_COLUMNS
     if _in_ggml_float_order(a, b):
-        return None
+        return functools.partial(_mul_mat_in_ggml_order, dst)
     if b.type != T.GGMLType.F32 or b.ne[1] > columns or not in_blocks(a, f32=True):
         return None
     src, first = memory_of(a)
