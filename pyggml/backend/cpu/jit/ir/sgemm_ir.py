@@ -19,24 +19,10 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-F32 = ir.FloatType()
+from pyggml.backend.cpu.jit.ir.block_ir import F32, I64, LANES, VF32, lanes_sum
+
 F64 = ir.DoubleType()
-I32 = ir.IntType(32)
-I64 = ir.IntType(64)
-LANES = 16
-VF32 = ir.VectorType(F32, LANES)
 TILE_ROWS = 4  # rows of a per tile (tinyBLAS's RM)
-
-
-def reduce_add(builder, v):
-    """_mm512_reduce_add_ps's order: the two halves added lane by lane, then the halves of that, down to one."""
-    width = LANES
-    while width > 1:
-        width //= 2
-        low = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, width), list(range(width))))
-        high = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, width), list(range(width, 2 * width))))
-        v = builder.fadd(low, high)
-    return builder.extract_element(v, ir.Constant(I32, 0))
 
 
 def _rows(context, builder, array_type, value, first):
@@ -81,7 +67,7 @@ def _tile(columns: int):
                 row = builder.add(offo, builder.mul(ir.Constant(I64, c), ldo))
                 for r in range(TILE_ROWS):
                     dst = builder.gep(po, [builder.add(builder.add(row, i_), ir.Constant(I64, r))])
-                    builder.store(reduce_add(builder, builder.load(acc[c][r])), dst)
+                    builder.store(lanes_sum(builder, builder.load(acc[c][r])), dst)
             return context.get_dummy_value()
 
         return types.none(a, b, out, i, j), codegen
@@ -130,7 +116,7 @@ def _vec_dot_codegen(tail_f64: bool):
                 builder.store(builder.call(fma, [load(pa, offset), load(pb, offset), builder.load(acc[v])]), acc[v])
         s0 = builder.fadd(builder.load(acc[0]), builder.load(acc[2]))
         s1 = builder.fadd(builder.load(acc[1]), builder.load(acc[3]))
-        vectors = reduce_add(builder, builder.fadd(s0, s1))
+        vectors = lanes_sum(builder, builder.fadd(s0, s1))
         total = cgutils.alloca_once_value(builder, builder.fpext(vectors, F64) if tail_f64 else vectors)
         done = builder.mul(steps, ir.Constant(I64, step))
         with cgutils.for_range(builder, builder.sub(k, done)) as loop:
