@@ -247,6 +247,12 @@ def _pairs(mode: int, n_dims: int) -> tuple[int, int, int]:
     return n_dims // 2, 1, n_dims // 2
 
 
+def rotated_halves(mode: int, n_dims: int) -> tuple[slice, slice]:
+    """The two index sets rotated together, as slices of a row (the torch backend rotates by them)."""
+    pairs, step, partner = _pairs(mode, n_dims)
+    return slice(0, pairs * step, step), slice(partner, partner + pairs * step, step)
+
+
 def _bind_rope(dst: Tensor):
     """The compiled rotation (jit/rope.py) for F32 rows not written over other rows still to read; the angles
     come from the cache."""
