@@ -11,7 +11,7 @@ import numpy as np
 from pyggml.backend.cpu.jit import jit
 from pyggml.backend.cpu.jit.ir.sgemm_ir import TILE_COLUMNS, TILE_ROWS, tile_4x1, tile_4x4, vec_dot_f16, vec_dot_f32
 
-BAND_ROWS = 64  # rows of a per band: a band of a 768-value row's matrix (196 KiB) stays in L2 while b streams
+BLOCK_ROWS = 64  # rows of a at a time: a block of a 768-value row's matrix (196 KiB) stays in L2 while b streams
 
 
 @jit
@@ -20,12 +20,14 @@ def sgemm_band(a: np.ndarray, b: np.ndarray, out: np.ndarray, r0: np.intp, r1: n
     b (n, k) float32 with contiguous rows, k a multiple of 16 (f16: the same order, as vec_dot_band's argument)."""
     n = b.shape[0]
     whole = n // TILE_COLUMNS * TILE_COLUMNS
-    for j in range(0, whole, TILE_COLUMNS):
-        for i in range(r0, r1, TILE_ROWS):
-            tile_4x4(a, b, out, i, j)
-    for j in range(whole, n):
-        for i in range(r0, r1, TILE_ROWS):
-            tile_4x1(a, b, out, i, j)
+    for block in range(r0, r1, BLOCK_ROWS):
+        end = min(r1, block + BLOCK_ROWS)
+        for j in range(0, whole, TILE_COLUMNS):
+            for i in range(block, end, TILE_ROWS):
+                tile_4x4(a, b, out, i, j)
+        for j in range(whole, n):
+            for i in range(block, end, TILE_ROWS):
+                tile_4x1(a, b, out, i, j)
 
 
 @jit

@@ -24,7 +24,8 @@ from pyggml.backend.cpu.jit.mul_mat import dequantize_rows, mul_mat_float_column
 from pyggml.backend.cpu.jit.ir.vnni_ir import ROWS
 from pyggml.backend.cpu.jit.ir.vnni_k_ir import K_FORMATS
 from pyggml.backend.cpu.jit.repack import gemm_16x4_q8_0, gemm_16x4_q8_K, quantize_q8_0, quantize_q8_K
-from pyggml.backend.cpu.jit.sgemm import BAND_ROWS, sgemm_band, vec_dot_band
+from pyggml.backend.cpu.jit.ir.sgemm_ir import TILE_ROWS
+from pyggml.backend.cpu.jit.sgemm import sgemm_band, vec_dot_band
 from pyggml.backend.cpu.kernels import kernel
 from pyggml.backend.cpu.kernels._blocks import THREADS_MAX, blocks_per_row, in_blocks, memory_of, threads
 from pyggml.backend.cpu.kernels._common import (FLOAT_TYPES, INTERLEAVED, as_f32, blas_threads, expanded_values,
@@ -370,8 +371,8 @@ def _in_tinyblas_order(a: Tensor, b: Tensor) -> bool:
 
 
 def _mul_mat_in_ggml_order(dst: Tensor) -> None:
-    """mul_mat in ggml's order (jit/sgemm.py; F16 widened to float32 first): every matrix pair's rows of a in
-    bands over the threads."""
+    """mul_mat in ggml's order (jit/sgemm.py; F16 widened to float32 first): each matrix pair on a thread, or, with
+    fewer pairs than threads, each pair's rows of a in one band per thread."""
     a, b = dst.src[0], dst.src[1]
     band = sgemm_band if _in_tinyblas_order(a, b) else vec_dot_band
     f16 = a.type == T.GGMLType.F16
@@ -379,12 +380,13 @@ def _mul_mat_in_ggml_order(dst: Tensor) -> None:
     out = _out_view(dst, (*split, b.ne[1], a.ne[1]))
     pairs = [(i3, j3, i2, j2) for i3 in range(split[0]) for j3 in range(split[1]) for i2 in range(split[2])
              for j2 in range(split[3])]
-    bands = -(-a.ne[1] // BAND_ROWS)
+    bands = threads() if len(pairs) < threads() else 1
+    rows = -(-a.ne[1] // (bands * TILE_ROWS)) * TILE_ROWS
 
     def band_of(part: int) -> None:
         i3, j3, i2, j2 = pairs[part // bands]
-        r0 = part % bands * BAND_ROWS
-        band(wa[i3, 0, i2, 0], wb[i3, j3, i2, j2], out[i3, j3, i2, j2], r0, min(a.ne[1], r0 + BAND_ROWS), f16)
+        r0 = part % bands * rows
+        band(wa[i3, 0, i2, 0], wb[i3, j3, i2, j2], out[i3, j3, i2, j2], r0, min(a.ne[1], r0 + rows), f16)
 
     split_over_threads(band_of, len(pairs) * bands)
 
