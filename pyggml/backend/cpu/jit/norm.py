@@ -37,12 +37,12 @@ def rms_norm_rows(x: np.ndarray, out: np.ndarray, eps: np.float32) -> None:
 
 
 @jit(inline="always")
-def ggml_vec_cvar(y: np.ndarray) -> float:
-    """The mean of the squares of a centred row, summed as ggml_vec_cvar_f32 does on AVX-512."""
+def ggml_vec_cvar(y: np.ndarray, squares: np.ndarray) -> float:
+    """The mean of the squares of a centred row, summed as ggml_vec_cvar_f32 does on AVX-512 (squares: scratch
+    for one vector's)."""
     n = np.uintp(y.shape[0])
     lanes = np.uintp(LANES)
     whole = n // lanes * lanes
-    squares = np.empty(LANES, np.float32)
     total = 0.0
     for i in range(np.uintp(0), whole, lanes):
         for lane in range(lanes):
@@ -58,8 +58,9 @@ def norm_rows(x: np.ndarray, out: np.ndarray, eps: np.float32) -> None:
     """out[r] = (x[r] - mean) / sqrt(variance + eps) for 2-D C-contiguous rows (out may be x)."""
     n = np.uintp(x.shape[1])
     in_place = x.ctypes.data == out.ctypes.data
+    squares = np.empty(LANES, np.float32)
     for r in range(np.uintp(x.shape[0])):
         mean = np.float32(sum_f64_in_order(x[r])) / np.float32(n)
         _scale_row(x, out, r, np.float32(1), mean, in_place)
-        variance = np.float32(ggml_vec_cvar(out[r]))
+        variance = np.float32(ggml_vec_cvar(out[r], squares))
         _scale_row(out, out, r, np.float32(1) / np.sqrt(variance + eps), np.float32(0), True)

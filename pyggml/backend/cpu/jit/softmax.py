@@ -12,12 +12,12 @@ makes the row go the whole way, as ggml computes it.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from pyggml.backend.cpu.jit import jit
 from pyggml.backend.cpu.jit.f16 import widen
-import math
-
 from pyggml.backend.cpu.jit.floatbits import ggml_v_expf
 from pyggml.backend.cpu.jit.reduce import max_f32, mm512_reduce_add
 
