@@ -75,10 +75,8 @@ def dot_f32(x: np.ndarray, y: np.ndarray, yo: np.uintp) -> np.float32:
 @jit(inline="always")
 def mm512_reduce_add(x: np.ndarray, i) -> np.float32:
     """The sum of x[i:i + 16] in _mm512_reduce_add_ps's order (ggml's AVX-512 row sums): lane l + lane l + 8,
-    then the same over the 8 sums, the 4, the 2."""
-    a = np.empty(8, np.float32)  # a register's worth: LLVM keeps it in registers
-    for l in range(8):
-        a[l] = x[i + l] + x[i + l + 8]
-    for l in range(4):
-        a[l] = a[l] + a[l + 4]
-    return (a[0] + a[2]) + (a[1] + a[3])
+    then the same over the 8 sums, the 4, the 2 (scalars, not a scratch array: no allocation per call)."""
+    a0, a1, a2, a3 = x[i] + x[i + 8], x[i + 1] + x[i + 9], x[i + 2] + x[i + 10], x[i + 3] + x[i + 11]
+    a4, a5, a6, a7 = x[i + 4] + x[i + 12], x[i + 5] + x[i + 13], x[i + 6] + x[i + 14], x[i + 7] + x[i + 15]
+    b0, b1, b2, b3 = a0 + a4, a1 + a5, a2 + a6, a3 + a7
+    return (b0 + b2) + (b1 + b3)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from pyggml.backend.cpu.jit import jit
-from pyggml.backend.cpu.jit.ir.sgemm_ir import TILE_COLUMNS, TILE_ROWS, tile_4x1, tile_4x4, vec_dot_f16, vec_dot_f32
+from pyggml.backend.cpu.jit.ir.sgemm_ir import (TILE_COLUMNS, TILE_ROWS, VEC_DOT_ROWS, tile_4x1, tile_4x4, vec_dot_f16,
+                                                vec_dot_f32, vec_dots_f16, vec_dots_f32)
 
 BLOCK_ROWS = 64  # rows of a at a time: a block of a 768-value row's matrix (196 KiB) stays in L2 while b streams
 
@@ -34,6 +35,15 @@ def sgemm_band(a: np.ndarray, b: np.ndarray, out: np.ndarray, r0: np.intp, r1: n
 def vec_dot_band(a: np.ndarray, b: np.ndarray, out: np.ndarray, r0: np.intp, r1: np.intp, f16: bool) -> None:
     """out[j, i] = a[i]·b[j] in ggml_vec_dot_f32's order (ggml_vec_dot_f16's with f16) for rows r0 <= i < r1 of
     a and every row j of b."""
+    whole = r0 + (r1 - r0) // VEC_DOT_ROWS * VEC_DOT_ROWS
     for j in range(b.shape[0]):
-        for i in range(r0, r1):
-            out[j, i] = vec_dot_f16(a, i, b, j) if f16 else vec_dot_f32(a, i, b, j)
+        for i in range(r0, whole, VEC_DOT_ROWS):
+            if f16:
+                vec_dots_f16(a, i, b, j, out)
+            else:
+                vec_dots_f32(a, i, b, j, out)
+        for i in range(whole, r1):
+            if f16:
+                vec_dot_f16(a, i, b, j, out)
+            else:
+                vec_dot_f32(a, i, b, j, out)

@@ -80,30 +80,29 @@ tile_4x4, tile_4x1 = _tile(TILE_COLUMNS), _tile(1)
 VEC_DOT_ACCUMULATORS = 4  # ggml_vec_dot_f32's GGML_F32_ARR on AVX-512 (a step of 64 values)
 
 
-def _vec_dot(tail_f64: bool):
-    """An intrinsic (a, i, b, j) -> float32: ggml_vec_dot_f32's dot of a[i] and b[j] (2-D float32 arrays with
-    contiguous rows of the same length), or ggml_vec_dot_f16's with tail_f64."""
+def _vec_dots(rows: int, tail_f64: bool):
+    """An intrinsic (a, i, b, j, out): out[j, i + r] = ggml_vec_dot_f32's dot of a[i + r] and b[j] for r < rows
+    (2-D float32 arrays with contiguous rows of the same length), or ggml_vec_dot_f16's with tail_f64. The rows'
+    dots run side by side (4 accumulators each), sharing b's loads."""
 
-    def typer(typingctx, a, i, b, j):
-        if not all(isinstance(t, types.Array) and t.dtype == types.float32 and t.ndim == 2 for t in (a, b)):
+    def typer(typingctx, a, i, b, j, out):
+        if not all(isinstance(t, types.Array) and t.dtype == types.float32 and t.ndim == 2 for t in (a, b, out)):
             return None
-        return types.float32(a, i, b, j), _vec_dot_codegen(tail_f64)
+        return types.none(a, i, b, j, out), codegen
 
-    return intrinsic(typer)
-
-
-def _vec_dot_codegen(tail_f64: bool):
     def codegen(context, builder, signature, args):
         i_, j_ = (context.cast(builder, args[n], signature.args[n], types.intp) for n in (1, 3))
-        pa, _, offa = _rows(context, builder, signature.args[0], args[0], i_)
+        pa, lda, offa = _rows(context, builder, signature.args[0], args[0], i_)
         pb, _, offb = _rows(context, builder, signature.args[2], args[2], j_)
-        pa, pb = builder.gep(pa, [offa]), builder.gep(pb, [offb])
+        po, _, offo = _rows(context, builder, signature.args[4], args[4], j_)
+        pb = builder.gep(pb, [offb])
+        pas = [builder.gep(pa, [builder.add(offa, builder.mul(ir.Constant(I64, r), lda))]) for r in range(rows)]
         k = cgutils.unpack_tuple(builder, context.make_array(signature.args[0])(context, builder, args[0]).shape,
                                  2)[1]
         fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(VF32, [VF32] * 3), "llvm.fma.v16f32")
         step = LANES * VEC_DOT_ACCUMULATORS
-        acc = [cgutils.alloca_once_value(builder, ir.Constant(VF32, [0.0] * LANES))
-               for _ in range(VEC_DOT_ACCUMULATORS)]
+        acc = [[cgutils.alloca_once_value(builder, ir.Constant(VF32, [0.0] * LANES))
+                for _ in range(VEC_DOT_ACCUMULATORS)] for _ in range(rows)]
 
         def load(p, offset):
             return builder.load(builder.bitcast(builder.gep(p, [offset]), VF32.as_pointer()), align=4)
@@ -113,20 +112,32 @@ def _vec_dot_codegen(tail_f64: bool):
             at = builder.mul(loop.index, ir.Constant(I64, step))
             for v in range(VEC_DOT_ACCUMULATORS):
                 offset = builder.add(at, ir.Constant(I64, v * LANES))
-                builder.store(builder.call(fma, [load(pa, offset), load(pb, offset), builder.load(acc[v])]), acc[v])
-        s0 = builder.fadd(builder.load(acc[0]), builder.load(acc[2]))
-        s1 = builder.fadd(builder.load(acc[1]), builder.load(acc[3]))
-        vectors = lanes_sum(builder, builder.fadd(s0, s1))
-        total = cgutils.alloca_once_value(builder, builder.fpext(vectors, F64) if tail_f64 else vectors)
+                bv = load(pb, offset)
+                for r in range(rows):
+                    builder.store(builder.call(fma, [load(pas[r], offset), bv, builder.load(acc[r][v])]), acc[r][v])
+        totals = []
+        for r in range(rows):
+            s0 = builder.fadd(builder.load(acc[r][0]), builder.load(acc[r][2]))
+            s1 = builder.fadd(builder.load(acc[r][1]), builder.load(acc[r][3]))
+            vectors = lanes_sum(builder, builder.fadd(s0, s1))
+            totals.append(cgutils.alloca_once_value(builder, builder.fpext(vectors, F64) if tail_f64 else vectors))
         done = builder.mul(steps, ir.Constant(I64, step))
         with cgutils.for_range(builder, builder.sub(k, done)) as loop:
             at = builder.add(done, loop.index)
-            product = builder.fmul(builder.load(builder.gep(pa, [at])), builder.load(builder.gep(pb, [at])))
-            builder.store(builder.fadd(builder.load(total), builder.fpext(product, F64) if tail_f64 else product),
-                          total)
-        return builder.fptrunc(builder.load(total), F32) if tail_f64 else builder.load(total)
+            y = builder.load(builder.gep(pb, [at]))
+            for r in range(rows):
+                product = builder.fmul(builder.load(builder.gep(pas[r], [at])), y)
+                builder.store(builder.fadd(builder.load(totals[r]), builder.fpext(product, F64) if tail_f64
+                                           else product), totals[r])
+        for r in range(rows):
+            total = builder.load(totals[r])
+            dst = builder.gep(po, [builder.add(builder.add(offo, i_), ir.Constant(I64, r))])
+            builder.store(builder.fptrunc(total, F32) if tail_f64 else total, dst)
+        return context.get_dummy_value()
 
-    return codegen
+    return intrinsic(typer)
 
 
-vec_dot_f32, vec_dot_f16 = _vec_dot(False), _vec_dot(True)
+VEC_DOT_ROWS = 4  # dots side by side
+vec_dots_f32, vec_dot_f32 = _vec_dots(VEC_DOT_ROWS, False), _vec_dots(1, False)
+vec_dots_f16, vec_dot_f16 = _vec_dots(VEC_DOT_ROWS, True), _vec_dots(1, True)
