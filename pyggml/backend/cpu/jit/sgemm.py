@@ -1,8 +1,8 @@
 """F32 x F32 products in ggml's CPU orders (ir/sgemm_ir.py): llamafile's tinyBLAS where ggml takes it (k a
-multiple of 16, rows of a a multiple of 4, two columns or more, b contiguous), ggml's values bit for bit at about
-a one-thread BLAS sgemm's speed (tiles of 4 rows by 4 columns); elsewhere ggml_vec_dot_f32's, one dot at a time.
-F16 x F16 (the patch embeddings' im2col by their kernel) the same on the values widened to float32, but for
-ggml_vec_dot_f16's float64 tail."""
+multiple of 16, rows of a a multiple of 4, b contiguous; kernels/mul_mat.py says which), ggml's values bit for bit
+at about a one-thread BLAS sgemm's speed (tiles of 4 rows by 4 columns); elsewhere ggml_vec_dot_f32's, four rows'
+dots side by side. F16 x F16 (the patch embeddings' im2col by their kernel) the same on the values widened to
+float32, but for ggml_vec_dot_f16's float64 tail."""
 
 from __future__ import annotations
 
