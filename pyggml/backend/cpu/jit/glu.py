@@ -1,15 +1,20 @@
 """Activations over float32 rows, as kernels/unary.py computes them: alone (UNARY) or gated (GLU, act(x) * gate).
-GELU is ggml's F16-table GELU; GELU_ERF the exact one, through an erfc that vectorises."""
+GELU is ggml's F16-table GELU; GELU_ERF the exact one, through an erfc that vectorises. SiLU is ggml's on AVX-512
+(ggml_vec_silu_f32, ggml_vec_swiglu_f32): x / (1 + ggml_v_expf(-x)) over each row's 16-value vectors, the C
+library's expf over its last n mod 16 values (ggml's values bit for bit)."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
 from pyggml.backend.cpu.jit import jit
 from pyggml.backend.cpu.jit.f16 import f16_bits_small
-from pyggml.backend.cpu.jit.floatbits import expf
+from pyggml.backend.cpu.jit.floatbits import expf, ggml_v_expf
 
 GELU, SILU, RELU, GELU_ERF = 0, 1, 2, 3  # the activations compiled here (the `kind` argument)
+LANES = 16  # ggml's SiLU vector (AVX-512): a row's values past its last whole vector are computed one by one
 SQRT_2_INV = np.float32(0.70710678118654752440084436210484)
 
 
@@ -37,19 +42,31 @@ def activation(v: np.float32, kind: np.intp, gelu_table: np.ndarray) -> np.float
         act = np.float32(0) if v <= np.float32(-10) else act
         return v if v >= np.float32(10) else act
     if kind == SILU:
-        return v / (np.float32(1) + expf(-v))
+        return v / (np.float32(1) + ggml_v_expf(np.float32(0) - v))
     if kind == RELU:
         return v if v > np.float32(0) else np.float32(0)
     return gelu_erf(v)
+
+
+@jit(inline="always")
+def activation_tail(v: np.float32, kind: np.intp, gelu_table: np.ndarray) -> np.float32:
+    """activation() for a row's values past its last whole 16-value vector: SiLU there is ggml_silu_f32 (the C
+    library's expf)."""
+    if kind == SILU:
+        return v / (np.float32(1) + math.exp(-v))
+    return activation(v, kind, gelu_table)
 
 
 @jit
 def glu_rows(x: np.ndarray, gate: np.ndarray, out: np.ndarray, kind: np.intp, gelu_table: np.ndarray) -> None:
     """out = act(x) * gate for 2-D arrays of the same shape (rows may be strided, values contiguous)."""
     n = np.uintp(x.shape[1])
+    whole = n // np.uintp(LANES) * np.uintp(LANES)
     for r in range(np.uintp(x.shape[0])):
-        for i in range(n):
+        for i in range(whole):
             out[r, i] = activation(x[r, i], kind, gelu_table) * gate[r, i]
+        for i in range(whole, n):
+            out[r, i] = activation_tail(x[r, i], kind, gelu_table) * gate[r, i]
 
 
 @jit
@@ -58,11 +75,14 @@ def unary_rows(x: np.ndarray, out: np.ndarray, kind: np.intp, gelu_table: np.nda
     when out is x (a loop over one array: with two that alias, LLVM's runtime overlap check picks its scalar
     loop, 10x slower)."""
     n = np.uintp(x.shape[1])
+    whole = n // np.uintp(LANES) * np.uintp(LANES)
     in_place = x.ctypes.data == out.ctypes.data
     for r in range(np.uintp(x.shape[0])):
         if in_place:
-            for i in range(n):
+            for i in range(whole):
                 x[r, i] = activation(x[r, i], kind, gelu_table)
         else:
-            for i in range(n):
+            for i in range(whole):
                 out[r, i] = activation(x[r, i], kind, gelu_table)
+        for i in range(whole, n):
+            out[r, i] = activation_tail(x[r, i], kind, gelu_table)

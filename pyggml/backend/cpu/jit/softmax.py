@@ -1,21 +1,27 @@
 """soft_max_ext over float32 rows: softmax(a * scale + slope[head] * mask (+ sink)), as kernels/attention.py
-computes it (the row max includes the sink; an all -inf row is shifted by 0; the sum in float64), with the
-vectorising expf.
+computes it (the row max includes the sink; an all -inf row is shifted by 0), in ggml_vec_soft_max_f32's order on
+AVX-512: each 16 values' exp by ggml_v_expf, their sum in _mm512_reduce_add_ps's order added to a float64 total,
+the row's last n mod 16 values by the C library's expf, one by one (ggml's values bit for bit).
 
 A causal mask ends each row with -inf: those values are exactly 0 after the softmax (0 * 1/sum), so the
-max, exp and sum passes stop where the mask's last finite value is (half the work of a prompt's rows).
+max, exp and sum passes stop after the 16 values where the mask's last finite value is (half the work of a
+prompt's rows; a 0 added to a sum leaves it as it is).
 That holds while the tail of the scaled row really is -inf: a +inf or NaN score there, or a slope <= 0,
 makes the row go the whole way, as ggml computes it.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from pyggml.backend.cpu.jit import jit
 from pyggml.backend.cpu.jit.f16 import widen
-from pyggml.backend.cpu.jit.floatbits import expf
-from pyggml.backend.cpu.jit.reduce import max_f32, sum_f64
+from pyggml.backend.cpu.jit.floatbits import ggml_v_expf
+from pyggml.backend.cpu.jit.reduce import max_f32, mm512_reduce_add
+
+LANES = 16  # ggml_vec_soft_max_f32's vector of exps (AVX-512)
 
 
 @jit
@@ -63,17 +69,24 @@ def soft_max_rows(a: np.ndarray, out: np.ndarray, scale: np.float32, mask: np.nd
                 else:
                     for i in range(n):
                         row[i] = x[i] * scale
-                live = row[:end]
-                peak = max_f32(live)
+                peak = max_f32(row[:end])
                 if has_sinks:
                     peak = max(peak, sinks[i2])
                 if peak == np.float32(-np.inf):
                     peak = np.float32(0)
-                for i in range(end):
-                    row[i] = expf(row[i] - peak)
-                total = sum_f64(live)
+                lanes = np.uintp(LANES)
+                whole = n // lanes * lanes
+                end = min(whole, (end + lanes - np.uintp(1)) // lanes * lanes) if end <= whole else n
+                for i in range(min(end, whole)):
+                    row[i] = ggml_v_expf(row[i] - peak)
+                total = 0.0
+                for i in range(np.uintp(0), min(end, whole), lanes):
+                    total += np.float64(mm512_reduce_add(row, i))
+                for i in range(whole, end):
+                    row[i] = math.exp(row[i] - peak)
+                    total += np.float64(row[i])
                 if has_sinks:
-                    total += np.float64(expf(sinks[i2] - peak))
+                    total += np.float64(math.exp(sinks[i2] - peak))
                 inv = np.float32(1.0 / total)
                 y = out[i3, i2, i1]
                 for i in range(end):
