@@ -45,19 +45,19 @@ class QuickLoadCache(caching.FunctionCache):
             return self._load_overload(sig, target_context)
 
 
-def _loading_quickly(dispatcher):
-    if type(getattr(dispatcher, "_cache", None)) is caching.FunctionCache:  # Numba's own, as njit(cache=True) made it
-        dispatcher._cache = QuickLoadCache(dispatcher.py_func)
-    return dispatcher
-
-
 def _njit(**options):
-    """numba.njit with these options, its disk cache loading quickly: `@decorator` or `@decorator(**more)`."""
+    """numba.njit with these options, its disk cache (cache=True) a QuickLoadCache: `@decorator` or
+    `@decorator(**more)`. The cache is made here, once, rather than by Numba and then replaced (a cache's making
+    finds its locator and folder: 93 kernels made theirs twice at every `import pyggml`)."""
+    def make(fn, chosen: dict):
+        dispatcher = numba.njit(fn, **{**chosen, "cache": False})
+        if chosen.get("cache"):
+            dispatcher._cache = QuickLoadCache(dispatcher.py_func)
+        return dispatcher
+
     def decorate(fn=None, **more):
         chosen = {**options, **more}  # the call's own options win (cache=False among them)
-        if fn is None:
-            return lambda f: _loading_quickly(numba.njit(f, **chosen))
-        return _loading_quickly(numba.njit(fn, **chosen))
+        return (lambda f: make(f, chosen)) if fn is None else make(fn, chosen)
     return decorate
 
 
