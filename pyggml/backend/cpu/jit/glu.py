@@ -9,11 +9,12 @@ import math
 
 import numpy as np
 
-from pyggml.backend.cpu.jit import jit
+from pyggml.backend.cpu.jit import PerType, jit
 from pyggml.backend.cpu.jit.f16 import f16_bits_small
 from pyggml.backend.cpu.jit.floatbits import expf, ggml_v_expf
 
-GELU, SILU, RELU, GELU_ERF = 0, 1, 2, 3  # the activations compiled here (the `kind` argument)
+GELU, SILU, RELU, GELU_ERF = 0, 1, 2, 3  # the activations compiled here (a kernel per kind)
+KINDS = (GELU, SILU, RELU, GELU_ERF)
 LANES = 16  # ggml's SiLU vector (AVX-512): a row's values past its last whole vector are computed one by one
 SQRT_2_INV = np.float32(0.70710678118654752440084436210484)
 
@@ -57,32 +58,45 @@ def activation_tail(v: np.float32, kind: np.intp, gelu_table: np.ndarray) -> np.
     return activation(v, kind, gelu_table)
 
 
-@jit
-def glu_rows(x: np.ndarray, gate: np.ndarray, out: np.ndarray, kind: np.intp, gelu_table: np.ndarray) -> None:
-    """out = act(x) * gate for 2-D arrays of the same shape (rows may be strided, values contiguous)."""
-    n = np.uintp(x.shape[1])
-    whole = n // np.uintp(LANES) * np.uintp(LANES)
-    for r in range(np.uintp(x.shape[0])):
-        for i in range(whole):
-            out[r, i] = activation(x[r, i], kind, gelu_table) * gate[r, i]
-        for i in range(whole, n):
-            out[r, i] = activation_tail(x[r, i], kind, gelu_table) * gate[r, i]
+def _glu_rows(kind: int):
+    @jit
+    def glu_rows(x: np.ndarray, gate: np.ndarray, out: np.ndarray, gelu_table: np.ndarray) -> None:
+        n = np.uintp(x.shape[1])
+        whole = n // np.uintp(LANES) * np.uintp(LANES)
+        for r in range(np.uintp(x.shape[0])):
+            for i in range(whole):
+                out[r, i] = activation(x[r, i], kind, gelu_table) * gate[r, i]
+            for i in range(whole, n):
+                out[r, i] = activation_tail(x[r, i], kind, gelu_table) * gate[r, i]
+    return glu_rows
 
 
-@jit
-def unary_rows(x: np.ndarray, out: np.ndarray, kind: np.intp, gelu_table: np.ndarray) -> None:
-    """out = act(x) for 2-D arrays of the same shape (rows may be strided, values contiguous), or in place
-    when out is x (a loop over one array: with two that alias, LLVM's runtime overlap check picks its scalar
-    loop, 10x slower)."""
-    n = np.uintp(x.shape[1])
-    whole = n // np.uintp(LANES) * np.uintp(LANES)
-    in_place = x.ctypes.data == out.ctypes.data
-    for r in range(np.uintp(x.shape[0])):
-        if in_place:
-            for i in range(whole):
-                x[r, i] = activation(x[r, i], kind, gelu_table)
-        else:
-            for i in range(whole):
-                out[r, i] = activation(x[r, i], kind, gelu_table)
-        for i in range(whole, n):
-            out[r, i] = activation_tail(x[r, i], kind, gelu_table)
+glu_rows = PerType(_glu_rows)
+"""glu_rows[kind](x, gate, out, gelu_table): out = act(x) * gate for 2-D arrays of the same shape (rows may be
+strided, values contiguous). A kernel per activation, its kind a constant (PerType): a model compiles its own
+activation only (the four in one kernel, each in a whole-vector loop and a tail loop, took 1.2-1.3 s of a first
+run's compiling)."""
+
+
+def _unary_rows(kind: int):
+    @jit
+    def unary_rows(x: np.ndarray, out: np.ndarray, gelu_table: np.ndarray) -> None:
+        n = np.uintp(x.shape[1])
+        whole = n // np.uintp(LANES) * np.uintp(LANES)
+        in_place = x.ctypes.data == out.ctypes.data
+        for r in range(np.uintp(x.shape[0])):
+            if in_place:
+                for i in range(whole):
+                    x[r, i] = activation(x[r, i], kind, gelu_table)
+            else:
+                for i in range(whole):
+                    out[r, i] = activation(x[r, i], kind, gelu_table)
+            for i in range(whole, n):
+                out[r, i] = activation_tail(x[r, i], kind, gelu_table)
+    return unary_rows
+
+
+unary_rows = PerType(_unary_rows)
+"""unary_rows[kind](x, out, gelu_table): out = act(x) for 2-D arrays of the same shape (rows may be strided, values
+contiguous), or in place when out is x (a loop over one array: with two that alias, LLVM's runtime overlap check
+picks its scalar loop, 10x slower). A kernel per activation, as glu_rows."""
