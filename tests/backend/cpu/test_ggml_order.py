@@ -144,18 +144,33 @@ def test_f16_by_f16_products_in_ggml_order(k):
 
 
 def test_soft_max_in_ggml_order():
-    """x * scale + mask, exp by ggml_v_expf over 16-value vectors and the C library's expf past them, the sum
-    of each vector's reduction in float64, 1 / sum in float64 rounded to float32."""
+    """Rows without a mask: x * scale, exp by ggml_v_expf over 16-value vectors and the C library's expf past them,
+    the sum of each vector's reduction in float64, 1 / sum in float64 rounded to float32."""
     x = (RNG.standard_normal((4, 37)) * 4).astype(np.float32)
-    mask = np.zeros((4, 37), np.float32)
-    mask[1, 30:] = -np.inf
     ctx = Context()
-    out = ops.soft_max_ext(ctx, tensor(ctx, x), tensor(ctx, mask), 0.7, 0.0)
-    w = x * np.float32(0.7) + mask
+    out = ops.soft_max_ext(ctx, tensor(ctx, x), None, 0.7, 0.0)
+    w = x * np.float32(0.7)
     e = vector_then_libm(w - w.max(-1, keepdims=True), v_expf, lambda t: libm("expf", t))
     sums = reduce_add(e[:, :32].reshape(4, 2, 16)).astype(np.float64).sum(-1)
     sums += e[:, 32:].astype(np.float64).sum(-1)
     assert_bits(out, e * (1.0 / sums).astype(np.float32)[:, None])
+
+
+def test_masked_soft_max_rows_do_not_depend_on_where_their_values_sit():
+    """A masked row's values give the same softmax wherever the unmasked ones lie among the masked (a sequence's
+    cells alone or among other sequences' in a shared cache)."""
+    values = (RNG.standard_normal(40) * 4).astype(np.float32)
+    rows = np.zeros((3, 128), np.float32)
+    mask = np.full((3, 128), -np.inf, np.float32)
+    places = [np.arange(40), np.arange(40) + 37, np.arange(40) * 3 + 5]  # alone, further on, among others
+    for r, at in enumerate(places):
+        rows[r, at], mask[r, at] = values, 0
+    ctx = Context()
+    out = ops.soft_max_ext(ctx, tensor(ctx, rows), tensor(ctx, mask), 0.7, 0.0)
+    got = host_ndarray(out)[0, 0]
+    for r, at in enumerate(places):
+        assert np.array_equal(got[r, at], got[0, places[0]])
+        assert not np.delete(got[r], at).any()
 
 
 def test_norm_in_ggml_order():

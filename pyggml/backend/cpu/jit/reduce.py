@@ -9,6 +9,15 @@ from pyggml.backend.cpu.jit import jit
 from pyggml.backend.cpu.jit.f16 import widen
 
 
+@jit(fastmath={"reassoc", "nsz"})
+def sum_f64(x: np.ndarray) -> float:
+    """Sum of a float32 row, accumulated in float64 (ggml_float), in whatever order vectorises."""
+    total = 0.0
+    for i in range(np.uintp(x.shape[0])):
+        total += np.float64(x[i])
+    return total
+
+
 @jit
 def sum_f64_in_order(x: np.ndarray) -> float:
     """Sum of a float32 row in float64, value after value (ggml_vec_sum_f32's order: a float64 sum that C may not
