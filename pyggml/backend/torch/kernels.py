@@ -22,7 +22,8 @@ import torch
 
 from pyggml.backend.cpu import kernels as cpu_kernels
 from pyggml.backend.cpu.kernels import unary as cpu_unary
-from pyggml.backend.cpu.kernels.attention import alibi_slopes, rope_cos_sin, rotated_halves  # the CPU's, shared
+from pyggml.backend.cpu.kernels.attention import _rotated_halves as rotated_halves  # the CPU's pairing, shared
+from pyggml.backend.cpu.kernels.attention import alibi_slopes, rope_cos_sin
 from pyggml.backend.tensor_io import tensor_buffer
 from pyggml.core import types as T
 from pyggml.core.tensor import VIEW_OPS, GluOp, Op, Tensor, UnaryOp

@@ -225,7 +225,7 @@ def test_gelu_erf_relative_error_everywhere():
     x = -9, where the result is 1e-18: exp's argument -x²/2 carries float32's rounding)."""
     x = np.linspace(-9, 9, 100001, dtype=np.float32)
     got = np.empty_like(x)
-    jit_glu.unary_rows[jit_glu.GELU_ERF](x[None], got[None], np.zeros(0, np.float32))
+    jit_glu.unary_rows(x[None], got[None], jit_glu.GELU_ERF, np.zeros(0, np.float32))
     from math import erfc
     want = np.array([0.5 * v * erfc(-v / 2 ** 0.5) for v in x.astype(np.float64)])
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-37)

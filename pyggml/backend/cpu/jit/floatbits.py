@@ -10,10 +10,6 @@ exponent bits. Written without calls or branches that LLVM cannot turn into sele
 becomes vector code, where libm's expf stays one scalar call per value (8x slower on a softmax row).
 Accuracy: within 3 ulp of the exact exp over the float32 range; exactly 0 below -87.3
 (where exp leaves the normal range), +inf above 88.7, NaN for NaN.
-
-`ggml_v_expf` is ggml's own vector exp as its CPU backend runs it on AVX-512 (vec.h), operation for operation:
-softmax and SiLU use it where ggml does, so that their values are ggml's bit for bit (the 2^n step by two
-multiplies, the first exact, is AVX-512's scalef: one rounding).
 """
 
 from __future__ import annotations
@@ -58,20 +54,6 @@ def bits_float(typingctx, x):
         return builder.bitcast(_int_of_width(builder, args[0], x, 32), ir.FloatType())
 
     return types.float32(x), codegen
-
-
-@intrinsic
-def fma(typingctx, a, b, c):
-    """a * b + c rounded once (float32), as the FMA instructions of ggml's SIMD code."""
-    if not (a == b == c == types.float32):
-        return None
-
-    def codegen(context, builder, signature, args):
-        f32 = ir.FloatType()
-        fn = builder.module.declare_intrinsic("llvm.fma", [f32], ir.FunctionType(f32, [f32] * 3))
-        return builder.call(fn, args)
-
-    return types.float32(a, b, c), codegen
 
 
 @intrinsic
@@ -140,32 +122,3 @@ def expf(x: np.float32) -> np.float32:
     if x != x:
         y = x
     return y
-
-
-def _hex(literal: str) -> np.float32:
-    """A float32 spelled as a C hexadecimal literal (ggml's constants, as written in vec.h)."""
-    return np.float32(float.fromhex(literal))
-
-
-V_EXPF_ROUNDER, V_EXPF_LOG2E = _hex("0x1.8p23"), _hex("0x1.715476p+0")
-V_EXPF_LN2_HI, V_EXPF_LN2_LO = _hex("0x1.62e4p-1"), _hex("0x1.7f7d1cp-20")
-V_EXPF_C = tuple(_hex(c) for c in ("0x1.0e4020p-7", "0x1.573e2ep-5", "0x1.555e66p-3", "0x1.fffdb6p-2", "0x1.ffffecp-1"))
-
-
-@jit(inline="always")
-def ggml_v_expf(x: np.float32) -> np.float32:
-    """One lane of ggml_v_expf (vec.h, AVX-512): n = round(x / ln 2), b = x - n ln 2 in two fused steps, a
-    degree-5 polynomial in b and b^2 by FMAs, scaled by 2^n; |n| > 192 gives 0 (n <= 0) or +inf."""
-    z = fma(x, V_EXPF_LOG2E, V_EXPF_ROUNDER)
-    n = z - V_EXPF_ROUNDER
-    b = fma(-n, V_EXPF_LN2_LO, fma(-n, V_EXPF_LN2_HI, x))
-    u = b * b
-    c0, c1, c2, c3, c4 = V_EXPF_C
-    j = fma(fma(fma(c0, b, c1), u, fma(c2, b, c3)), u, fma(c4, b, np.float32(1)))
-    big = abs(n) > np.float32(192)
-    k = np.int32(np.float32(0) if big or n != n else n)
-    half = k >> 1  # 2^k as 2^half · 2^(k - half): the first product exact, the second rounds once (scalef)
-    res = j * bits_float((half + 127) << 23) * bits_float((k - half + 127) << 23)
-    if big:
-        res = np.float32(0) if n <= np.float32(0) else np.float32(np.inf)
-    return res

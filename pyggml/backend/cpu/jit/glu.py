@@ -1,21 +1,15 @@
 """Activations over float32 rows, as kernels/unary.py computes them: alone (UNARY) or gated (GLU, act(x) * gate).
-GELU is ggml's F16-table GELU; GELU_ERF the exact one, through an erfc that vectorises. SiLU is ggml's on AVX-512
-(ggml_vec_silu_f32, ggml_vec_swiglu_f32): x / (1 + ggml_v_expf(-x)) over each row's 16-value vectors, the C
-library's expf over its last n mod 16 values (ggml's values bit for bit)."""
+GELU is ggml's F16-table GELU; GELU_ERF the exact one, through an erfc that vectorises."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from pyggml.backend.cpu.jit import PerType, jit
+from pyggml.backend.cpu.jit import jit
 from pyggml.backend.cpu.jit.f16 import f16_bits_small
-from pyggml.backend.cpu.jit.floatbits import expf, ggml_v_expf
+from pyggml.backend.cpu.jit.floatbits import expf
 
-GELU, SILU, RELU, GELU_ERF = 0, 1, 2, 3  # the activations compiled here (a kernel per kind)
-KINDS = (GELU, SILU, RELU, GELU_ERF)
-LANES = 16  # ggml's SiLU vector (AVX-512): a row's values past its last whole vector are computed one by one
+GELU, SILU, RELU, GELU_ERF = 0, 1, 2, 3  # the activations compiled here (the `kind` argument)
 SQRT_2_INV = np.float32(0.70710678118654752440084436210484)
 
 
@@ -43,60 +37,32 @@ def activation(v: np.float32, kind: np.intp, gelu_table: np.ndarray) -> np.float
         act = np.float32(0) if v <= np.float32(-10) else act
         return v if v >= np.float32(10) else act
     if kind == SILU:
-        return v / (np.float32(1) + ggml_v_expf(np.float32(0) - v))
+        return v / (np.float32(1) + expf(-v))
     if kind == RELU:
         return v if v > np.float32(0) else np.float32(0)
     return gelu_erf(v)
 
 
-@jit(inline="always")
-def activation_tail(v: np.float32, kind: np.intp, gelu_table: np.ndarray) -> np.float32:
-    """activation() for a row's values past its last whole 16-value vector: SiLU there is ggml_silu_f32 (the C
-    library's expf)."""
-    if kind == SILU:
-        return v / (np.float32(1) + math.exp(-v))
-    return activation(v, kind, gelu_table)
+@jit
+def glu_rows(x: np.ndarray, gate: np.ndarray, out: np.ndarray, kind: np.intp, gelu_table: np.ndarray) -> None:
+    """out = act(x) * gate for 2-D arrays of the same shape (rows may be strided, values contiguous)."""
+    n = np.uintp(x.shape[1])
+    for r in range(np.uintp(x.shape[0])):
+        for i in range(n):
+            out[r, i] = activation(x[r, i], kind, gelu_table) * gate[r, i]
 
 
-def _glu_rows(kind: int):
-    @jit
-    def glu_rows(x: np.ndarray, gate: np.ndarray, out: np.ndarray, gelu_table: np.ndarray) -> None:
-        n = np.uintp(x.shape[1])
-        whole = n // np.uintp(LANES) * np.uintp(LANES)
-        for r in range(np.uintp(x.shape[0])):
-            for i in range(whole):
-                out[r, i] = activation(x[r, i], kind, gelu_table) * gate[r, i]
-            for i in range(whole, n):
-                out[r, i] = activation_tail(x[r, i], kind, gelu_table) * gate[r, i]
-    return glu_rows
-
-
-glu_rows = PerType(_glu_rows)
-"""glu_rows[kind](x, gate, out, gelu_table): out = act(x) * gate for 2-D arrays of the same shape (rows may be
-strided, values contiguous). A kernel per activation, its kind a constant (PerType): a model compiles its own
-activation only (the four in one kernel, each in a whole-vector loop and a tail loop, took 1.2-1.3 s of a first
-run's compiling)."""
-
-
-def _unary_rows(kind: int):
-    @jit
-    def unary_rows(x: np.ndarray, out: np.ndarray, gelu_table: np.ndarray) -> None:
-        n = np.uintp(x.shape[1])
-        whole = n // np.uintp(LANES) * np.uintp(LANES)
-        in_place = x.ctypes.data == out.ctypes.data
-        for r in range(np.uintp(x.shape[0])):
-            if in_place:
-                for i in range(whole):
-                    x[r, i] = activation(x[r, i], kind, gelu_table)
-            else:
-                for i in range(whole):
-                    out[r, i] = activation(x[r, i], kind, gelu_table)
-            for i in range(whole, n):
-                out[r, i] = activation_tail(x[r, i], kind, gelu_table)
-    return unary_rows
-
-
-unary_rows = PerType(_unary_rows)
-"""unary_rows[kind](x, out, gelu_table): out = act(x) for 2-D arrays of the same shape (rows may be strided, values
-contiguous), or in place when out is x (a loop over one array: with two that alias, LLVM's runtime overlap check
-picks its scalar loop, 10x slower). A kernel per activation, as glu_rows."""
+@jit
+def unary_rows(x: np.ndarray, out: np.ndarray, kind: np.intp, gelu_table: np.ndarray) -> None:
+    """out = act(x) for 2-D arrays of the same shape (rows may be strided, values contiguous), or in place
+    when out is x (a loop over one array: with two that alias, LLVM's runtime overlap check picks its scalar
+    loop, 10x slower)."""
+    n = np.uintp(x.shape[1])
+    in_place = x.ctypes.data == out.ctypes.data
+    for r in range(np.uintp(x.shape[0])):
+        if in_place:
+            for i in range(n):
+                x[r, i] = activation(x[r, i], kind, gelu_table)
+        else:
+            for i in range(n):
+                out[r, i] = activation(x[r, i], kind, gelu_table)

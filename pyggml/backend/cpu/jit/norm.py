@@ -1,16 +1,12 @@
 """rms_norm and norm over contiguous float32 rows, in the arithmetic order of kernels/norm.py (ggml's):
-sums in float64, mean and scale rounded to float32, one float32 multiply per value. norm's sums in ggml's own
-order on AVX-512 (ggml_compute_forward_norm_f32): the mean's value after value (ggml_vec_sum_f32), the variance's
-16 squares at a time in _mm512_reduce_add_ps's order, the last n mod 16 one by one (ggml_vec_cvar_f32)."""
+sums in float64, mean and scale rounded to float32, one float32 multiply per value."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from pyggml.backend.cpu.jit import jit
-from pyggml.backend.cpu.jit.reduce import mm512_reduce_add, sum_f64_in_order, sum_squares_f64
-
-LANES = 16  # ggml_vec_cvar_f32's vector (AVX-512)
+from pyggml.backend.cpu.jit.reduce import sum_f64, sum_squares_f64
 
 
 @jit(inline="always")
@@ -36,31 +32,13 @@ def rms_norm_rows(x: np.ndarray, out: np.ndarray, eps: np.float32) -> None:
         _scale_row(x, out, r, np.float32(1) / np.sqrt(mean + eps), np.float32(0), in_place)
 
 
-@jit(inline="always")
-def ggml_vec_cvar(y: np.ndarray, squares: np.ndarray) -> float:
-    """The mean of the squares of a centred row, summed as ggml_vec_cvar_f32 does on AVX-512 (squares: scratch
-    for one vector's)."""
-    n = np.uintp(y.shape[0])
-    lanes = np.uintp(LANES)
-    whole = n // lanes * lanes
-    total = 0.0
-    for i in range(np.uintp(0), whole, lanes):
-        for lane in range(lanes):
-            squares[lane] = y[i + lane] * y[i + lane]
-        total += np.float64(mm512_reduce_add(squares, 0))
-    for i in range(whole, n):
-        total += np.float64(y[i] * y[i])
-    return total / np.float64(n)
-
-
 @jit
 def norm_rows(x: np.ndarray, out: np.ndarray, eps: np.float32) -> None:
     """out[r] = (x[r] - mean) / sqrt(variance + eps) for 2-D C-contiguous rows (out may be x)."""
     n = np.uintp(x.shape[1])
     in_place = x.ctypes.data == out.ctypes.data
-    squares = np.empty(LANES, np.float32)
     for r in range(np.uintp(x.shape[0])):
-        mean = np.float32(sum_f64_in_order(x[r])) / np.float32(n)
+        mean = np.float32(sum_f64(x[r])) / np.float32(n)
         _scale_row(x, out, r, np.float32(1), mean, in_place)
-        variance = np.float32(ggml_vec_cvar(out[r], squares))
+        variance = np.float32(sum_squares_f64(out[r]) / n)
         _scale_row(out, out, r, np.float32(1) / np.sqrt(variance + eps), np.float32(0), True)

@@ -11,17 +11,7 @@ from pyggml.backend.cpu.jit.f16 import widen
 
 @jit(fastmath={"reassoc", "nsz"})
 def sum_f64(x: np.ndarray) -> float:
-    """Sum of a float32 row, accumulated in float64 (ggml_float), in whatever order vectorises."""
-    total = 0.0
-    for i in range(np.uintp(x.shape[0])):
-        total += np.float64(x[i])
-    return total
-
-
-@jit
-def sum_f64_in_order(x: np.ndarray) -> float:
-    """Sum of a float32 row in float64, value after value (ggml_vec_sum_f32's order: a float64 sum that C may not
-    reorder)."""
+    """Sum of a float32 row, accumulated in float64 (ggml_float)."""
     total = 0.0
     for i in range(np.uintp(x.shape[0])):
         total += np.float64(x[i])
@@ -79,13 +69,3 @@ def dot_f32(x: np.ndarray, y: np.ndarray, yo: np.uintp) -> np.float32:
     for i in range(np.uintp(x.shape[0])):
         total += x[i] * widen(y[yo + i])
     return total
-
-
-@jit(inline="always")
-def mm512_reduce_add(x: np.ndarray, i) -> np.float32:
-    """The sum of x[i:i + 16] in _mm512_reduce_add_ps's order (ggml's AVX-512 row sums): lane l + lane l + 8,
-    then the same over the 8 sums, the 4, the 2 (scalars, not a scratch array: no allocation per call)."""
-    a0, a1, a2, a3 = x[i] + x[i + 8], x[i + 1] + x[i + 9], x[i + 2] + x[i + 10], x[i + 3] + x[i + 11]
-    a4, a5, a6, a7 = x[i + 4] + x[i + 12], x[i + 5] + x[i + 13], x[i + 6] + x[i + 14], x[i + 7] + x[i + 15]
-    b0, b1, b2, b3 = a0 + a4, a1 + a5, a2 + a6, a3 + a7
-    return (b0 + b2) + (b1 + b3)

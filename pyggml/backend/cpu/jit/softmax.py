@@ -1,32 +1,21 @@
 """soft_max_ext over float32 rows: softmax(a * scale + slope[head] * mask (+ sink)), as kernels/attention.py
-computes it (the row max includes the sink; an all -inf row is shifted by 0), in ggml_vec_soft_max_f32's order on
-AVX-512: each 16 values' exp by ggml_v_expf, their sum in _mm512_reduce_add_ps's order added to a float64 total,
-the row's last n mod 16 values by the C library's expf, one by one (ggml's values bit for bit).
-
-Rows with a mask are summed in float64 value by value instead, whatever the grouping: ggml's sums of 16 from
-the row's start make a sequence's softmax depend on where its cells sit among other sequences' (llama.cpp keeps
-each sequence in a cache of its own; the cells here are shared), and the same request in another slot or beside
-another gave other greedy tokens. Their exps are the vectorising expf's (floatbits.expf).
+computes it (the row max includes the sink; an all -inf row is shifted by 0; the sum in float64), with the
+vectorising expf.
 
 A causal mask ends each row with -inf: those values are exactly 0 after the softmax (0 * 1/sum), so the
-max, exp and sum passes stop after the 16 values where the mask's last finite value is (half the work of a
-prompt's rows; a 0 added to a sum leaves it as it is).
+max, exp and sum passes stop where the mask's last finite value is (half the work of a prompt's rows).
 That holds while the tail of the scaled row really is -inf: a +inf or NaN score there, or a slope <= 0,
 makes the row go the whole way, as ggml computes it.
 """
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from pyggml.backend.cpu.jit import jit
 from pyggml.backend.cpu.jit.f16 import widen
-from pyggml.backend.cpu.jit.floatbits import expf, ggml_v_expf
-from pyggml.backend.cpu.jit.reduce import max_f32, mm512_reduce_add, sum_f64
-
-LANES = 16  # ggml_vec_soft_max_f32's vector of exps (AVX-512)
+from pyggml.backend.cpu.jit.floatbits import expf
+from pyggml.backend.cpu.jit.reduce import max_f32, sum_f64
 
 
 @jit
@@ -74,40 +63,21 @@ def soft_max_rows(a: np.ndarray, out: np.ndarray, scale: np.float32, mask: np.nd
                 else:
                     for i in range(n):
                         row[i] = x[i] * scale
-                peak = max_f32(row[:end])
+                live = row[:end]
+                peak = max_f32(live)
                 if has_sinks:
                     peak = max(peak, sinks[i2])
                 if peak == np.float32(-np.inf):
                     peak = np.float32(0)
-                if has_mask:  # see the module docstring
-                    for i in range(end):
-                        row[i] = expf(row[i] - peak)
-                    total = sum_f64(row[:end])
-                    if has_sinks:
-                        total += np.float64(expf(sinks[i2] - peak))
-                    _scaled_rows(row, out[i3, i2, i1], end, n, np.float32(1.0 / total))
-                    continue
-                lanes = np.uintp(LANES)
-                whole = n // lanes * lanes
-                end = min(whole, (end + lanes - np.uintp(1)) // lanes * lanes) if end <= whole else n
-                for i in range(min(end, whole)):
-                    row[i] = ggml_v_expf(row[i] - peak)
-                total = 0.0
-                for i in range(np.uintp(0), min(end, whole), lanes):
-                    total += np.float64(mm512_reduce_add(row, i))
-                for i in range(whole, end):
-                    row[i] = math.exp(row[i] - peak)
-                    total += np.float64(row[i])
+                for i in range(end):
+                    row[i] = expf(row[i] - peak)
+                total = sum_f64(live)
                 if has_sinks:
-                    total += np.float64(math.exp(sinks[i2] - peak))
-                _scaled_rows(row, out[i3, i2, i1], end, n, np.float32(1.0 / total))
-
-
-@jit(inline="always")
-def _scaled_rows(row: np.ndarray, y: np.ndarray, end, n, inv: np.float32) -> None:
-    """y = row · inv up to end, and exp(-inf) · inv past it: 0, or NaN where the total is 0, as ggml."""
-    for i in range(end):
-        y[i] = row[i] * inv
-    masked = np.float32(0) * inv
-    for i in range(end, n):
-        y[i] = masked
+                    total += np.float64(expf(sinks[i2] - peak))
+                inv = np.float32(1.0 / total)
+                y = out[i3, i2, i1]
+                for i in range(end):
+                    y[i] = row[i] * inv
+                masked = np.float32(0) * inv  # exp(-inf) / total: 0, or NaN where the total is 0, as ggml
+                for i in range(end, n):
+                    y[i] = masked

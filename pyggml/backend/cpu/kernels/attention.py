@@ -13,7 +13,7 @@ import numpy as np
 
 from pyggml.backend.cpu.jit.attention import exp_score_rows, flash_attn_rows
 from pyggml.backend.cpu.jit.mul_mat import dequantize_rows
-from pyggml.backend.cpu.jit.rope import cos_sin_f32, rope_rows
+from pyggml.backend.cpu.jit.rope import rope_rows
 from pyggml.backend.cpu.jit.softmax import soft_max_rows
 from pyggml.backend.cpu.kernels import kernel
 from pyggml.backend.cpu.kernels._blocks import blocks_per_row, in_blocks, memory_of
@@ -211,10 +211,8 @@ def rope_cos_sin(dst: Tensor, positions: np.ndarray, freq_factors: np.ndarray | 
         ramp_mix = _yarn_ramp(low, high, n_pairs) * ext_factor
         theta = theta * (np.float32(1) - ramp_mix) + theta_extrap * ramp_mix
         mscale = mscale * (np.float32(1) + np.float32(0.1) * np.float32(math.log(np.float32(1) / freq_scale)))
-    theta = np.ascontiguousarray(theta, dtype=np.float32)
-    cos, sin = np.empty_like(theta), np.empty_like(theta)
-    cos_sin_f32(theta, cos, sin)
-    return cos * mscale, sin * mscale
+    theta64 = theta.astype(np.float64)  # cosf/sinf are correctly rounded; float64 then rounding matches them
+    return np.cos(theta64).astype(np.float32) * mscale, np.sin(theta64).astype(np.float32) * mscale
 
 
 _ANGLES: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
@@ -237,28 +235,21 @@ def cached_cos_sin(dst: Tensor, positions: np.ndarray, freq_factors: np.ndarray 
     return angles
 
 
-def _pairs(mode: int, n_dims: int) -> tuple[int, int, int]:
-    """(pairs, step, partner) of rope_rows: adjacent pairs (NORMAL), i and i + n_dims/2 (NEOX, MROPE, IMROPE),
-    or i and i + n_dims over the whole row (VISION)."""
+def _rotated_halves(mode: int, n_dims: int):
+    """The two index sets rotated together: adjacent pairs (NORMAL), i and i + n_dims/2 (NEOX, MROPE,
+    IMROPE), or i and i + n_dims over the whole row (VISION)."""
     if mode == RopeType.NORMAL:
-        return n_dims // 2, 2, 1
+        return slice(0, n_dims, 2), slice(1, n_dims, 2)
     if mode == RopeType.VISION:
-        return n_dims, 1, n_dims
-    return n_dims // 2, 1, n_dims // 2
-
-
-def rotated_halves(mode: int, n_dims: int) -> tuple[slice, slice]:
-    """The two index sets rotated together, as slices of a row (the torch backend rotates by them)."""
-    pairs, step, partner = _pairs(mode, n_dims)
-    return slice(0, pairs * step, step), slice(partner, partner + pairs * step, step)
+        return slice(0, n_dims), slice(n_dims, 2 * n_dims)
+    return slice(0, n_dims // 2), slice(n_dims // 2, n_dims)
 
 
 def _bind_rope(dst: Tensor):
-    """The compiled rotation (jit/rope.py) for F32 rows not written over other rows still to read; the angles
-    come from the cache."""
+    """The compiled rotation for F32 rows in the NORMAL and NEOX modes; the angles come from the cache."""
     a, pos, factors = dst.src[0], dst.src[1], dst.src[2]
     n_dims, mode = dst.op_params_i32(1), dst.op_params_i32(2)
-    if a.type != F32 or dst.type != F32 or n_dims % 2:
+    if a.type != F32 or mode not in (RopeType.NORMAL, RopeType.NEOX) or n_dims % 2:
         return None
     x, out = view(a), view(dst)
     if overlap(out, x):
@@ -269,7 +260,7 @@ def _bind_rope(dst: Tensor):
 
     def call():
         cos, sin = cached_cos_sin(dst, positions, freq_factors)
-        rope_rows(x, out, cos, sin, *_pairs(mode, n_dims), sign)
+        rope_rows(x, out, cos, sin, n_dims, mode == RopeType.NEOX, sign)
 
     return call
 
@@ -277,14 +268,29 @@ def _bind_rope(dst: Tensor):
 @kernel(Op.ROPE, Op.ROPE_BACK, supports=_supports_rope, bind=_bind_rope)
 def rope(dst: Tensor) -> None:
     """Rotate pairs (x0, x1) of each row by the token's angles (ROPE_BACK: by minus them); dims past the
-    rotated ones are copied. Sources the compiled rotation cannot take in place go through float32 copies."""
+    rotated ones are copied."""
     a, pos, factors = dst.src[0], dst.src[1], dst.src[2]
     n_dims, mode = dst.op_params_i32(1), dst.op_params_i32(2)
     positions = view(pos).reshape(-1, a.ne[2])              # (1 or 4 streams, tokens)
-    x = np.array(as_f32(a), dtype=np.float32)
+    x, out = as_f32(a), view(dst)
     cos, sin = cached_cos_sin(dst, positions, as_f32(factors).reshape(-1) if factors is not None else None)
-    rope_rows(x, x, cos, sin, *_pairs(mode, n_dims), np.float32(-1 if dst.op == Op.ROPE_BACK else 1))
-    store(dst, x)
+    if dst.op == Op.ROPE_BACK:
+        sin = -sin
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # (1, tokens, 1, pairs) against (ne3, ne2, ne1, ..)
+    first, second = _rotated_halves(mode, n_dims)
+    x0, x1 = x[..., first], x[..., second]
+    rotated_end = 2 * n_dims if mode == RopeType.VISION else n_dims
+    if rotated_end < a.ne[0]:
+        out[..., rotated_end:] = view(a)[..., rotated_end:]
+    if dst.type != F32 or np.may_share_memory(out, x):  # rounded once / in place: through temporaries
+        rotated0, rotated1 = x0 * cos - x1 * sin, x0 * sin + x1 * cos
+        out[..., first], out[..., second] = rotated0, rotated1
+        return
+    out0, out1 = out[..., first], out[..., second]
+    np.multiply(x0, cos, out=out0)
+    out0 -= x1 * sin
+    np.multiply(x0, sin, out=out1)
+    out1 += x1 * cos
 
 
 # ----- flash attention ------------------------------------------------------------------------------

@@ -177,8 +177,7 @@ def pool_1d(dst: Tensor) -> None:
 
 @kernel(Op.POOL_2D, supports=_src_in(F32, F16))
 def pool_2d(dst: Tensor) -> None:
-    """Max, or sum / (k0*k1) (padding counted, as ggml's CPU kernel), over each k1 x k0 window: the sum in float32
-    value after value, row by row of the window, as ggml adds them."""
+    """Max, or sum / (k0*k1) (padding counted, as ggml's CPU kernel), over each k1 x k0 window."""
     op, k0, k1, s0, s1, p0, p1 = (dst.op_params_i32(i) for i in range(7))
     fill = -FLT_MAX if op == PoolOp.MAX else 0.0
     win = _windows(as_f32(dst.src[0]), k1, s1, p1, dst.ne[1], 2, fill)       # (.., OH, W, KH)
@@ -186,11 +185,7 @@ def pool_2d(dst: Tensor) -> None:
     if op == PoolOp.MAX:
         store(dst, win.max(axis=(-2, -1)))
     else:
-        total = np.zeros(win.shape[:-2], np.float32)
-        for ky in range(k1):
-            for kx in range(k0):
-                total += win[..., ky, kx]
-        store(dst, total / np.float32(k0 * k1))
+        store(dst, win.sum(axis=(-2, -1), dtype=np.float32) / np.float32(k0 * k1))
 
 
 # ----- resampling -----------------------------------------------------------------------------------

@@ -24,8 +24,6 @@ from pyggml.backend.cpu.jit.mul_mat import dequantize_rows, mul_mat_float_column
 from pyggml.backend.cpu.jit.ir.vnni_ir import ROWS
 from pyggml.backend.cpu.jit.ir.vnni_k_ir import K_FORMATS
 from pyggml.backend.cpu.jit.repack import gemm_16x4_q8_0, gemm_16x4_q8_K, quantize_q8_0, quantize_q8_K
-from pyggml.backend.cpu.jit.ir.sgemm_ir import TILE_ROWS
-from pyggml.backend.cpu.jit.sgemm import sgemm_band, vec_dot_band
 from pyggml.backend.cpu.kernels import kernel
 from pyggml.backend.cpu.kernels._blocks import THREADS_MAX, blocks_per_row, in_blocks, memory_of, threads
 from pyggml.backend.cpu.kernels._common import (FLOAT_TYPES, INTERLEAVED, as_f32, blas_threads, expanded_values,
@@ -339,8 +337,6 @@ def _bind_mul_mat(dst: Tensor):
         x = _interleaved_rows(dst)
         return _interleaved_call(dst, x) if np.shares_memory(x, view(b)) else None
     columns = GROUPED_COLUMNS if a.type in FLOAT_ROWS else VEC_COLUMNS
-    if _in_ggml_float_order(a, b):
-        return functools.partial(_mul_mat_in_ggml_order, dst)
     if b.type != T.GGMLType.F32 or b.ne[1] > columns or not in_blocks(a, f32=True):
         return None
     src, first = memory_of(a)
@@ -353,54 +349,12 @@ def _bind_mul_mat(dst: Tensor):
     return _matvec_call(a, src, planes, x, y)
 
 
-GGML_ORDER_TYPES = (T.GGMLType.F32, T.GGMLType.F16)
-
-
-def _in_ggml_float_order(a: Tensor, b: Tensor) -> bool:
-    """F32 x F32 or F16 x F16 with contiguous rows, a read in place: summed in ggml's CPU order (jit/sgemm.py)."""
-    return (a.type == b.type and a.type in GGML_ORDER_TYPES and a.nb[0] == b.nb[0] == T.type_size(a.type)
-            and a.extra is None and in_blocks(a, f32=True))
-
-
-def _in_tinyblas_order(a: Tensor, b: Tensor) -> bool:
-    """Whether ggml's CPU backend multiplies these with llamafile's tinyBLAS (k a multiple of 16, a's rows a
-    multiple of 4, b contiguous, two columns or more; else ggml_vec_dot_f32). One column as well: ggml's own order
-    there (ggml_vec_dot_f32's) is another, but so a column's sums are the same however many columns come with it
-    (a sequence's logits batched as alone)."""
-    return a.ne[0] % 16 == 0 and a.ne[1] % 4 == 0 and b.is_contiguous
-
-
-def _mul_mat_in_ggml_order(dst: Tensor) -> None:
-    """mul_mat in ggml's order (jit/sgemm.py; F16 widened to float32 first): each matrix pair on a thread, or, with
-    fewer pairs than threads, each pair's rows of a in one band per thread."""
-    a, b = dst.src[0], dst.src[1]
-    band = sgemm_band if _in_tinyblas_order(a, b) else vec_dot_band
-    f16 = a.type == T.GGMLType.F16
-    wa, wb, split = _broadcast_split(dst, as_f32(a), as_f32(b))
-    out = _out_view(dst, (*split, b.ne[1], a.ne[1]))
-    pairs = [(i3, j3, i2, j2) for i3 in range(split[0]) for j3 in range(split[1]) for i2 in range(split[2])
-             for j2 in range(split[3])]
-    bands = threads() if len(pairs) < threads() else 1
-    rows = -(-a.ne[1] // (bands * TILE_ROWS)) * TILE_ROWS
-
-    def band_of(part: int) -> None:
-        i3, j3, i2, j2 = pairs[part // bands]
-        r0 = part % bands * rows
-        band(wa[i3, 0, i2, 0], wb[i3, j3, i2, j2], out[i3, j3, i2, j2], r0, min(a.ne[1], r0 + rows), f16)
-
-    split_over_threads(band_of, len(pairs) * bands)
-
-
 @kernel(Op.MUL_MAT, supports=_supports_mul_mat, bind=_bind_mul_mat, reads_interleaved=True)
 def mul_mat(dst: Tensor) -> None:
-    """dst[.., i1, i0] = b[.., i1, :]·a[.., i0, :]: F32 x F32 and F16 x F16 in ggml's order, on a's blocks, or one
-    BLAS call per float32 matrix pair."""
+    """dst[.., i1, i0] = b[.., i1, :]·a[.., i0, :]: on a's blocks, or one BLAS call per float32 matrix pair."""
     a, b = dst.src[0], dst.src[1]
     if a.extra is INTERLEAVED:
         _interleaved_call(dst, _interleaved_rows(dst))()
-        return
-    if _in_ggml_float_order(a, b):
-        _mul_mat_in_ggml_order(dst)
         return
     if in_blocks(a) or (b.ne[1] <= GROUPED_COLUMNS and in_blocks(a, f32=True)):
         _mul_mat_blocks(dst)

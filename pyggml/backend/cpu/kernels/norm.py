@@ -40,11 +40,12 @@ def bound_rows(compiled):
 
 @kernel(Op.NORM, supports=all_f32, bind=bound_rows(jit_norm.norm_rows))
 def norm(dst: Tensor) -> None:
-    """Rows that do not reshape in place: the compiled rows on a contiguous copy (ggml's order there too)."""
-    x = np.ascontiguousarray(view(dst.src[0]))
-    out = np.empty_like(x)
-    jit_norm.norm_rows(x.reshape(-1, x.shape[-1]), out.reshape(-1, x.shape[-1]), np.float32(dst.op_params_f32(0)))
-    view(dst)[...] = out
+    x = view(dst.src[0])
+    n = x.shape[-1]
+    mean = _f32(row_sum(x)) / np.float32(n)
+    centred = x - mean
+    variance = _f32(row_sum(centred * centred) / n)
+    np.multiply(centred, np.float32(1) / np.sqrt(variance + np.float32(dst.op_params_f32(0))), out=view(dst))
 
 
 @kernel(Op.RMS_NORM, supports=all_f32, bind=bound_rows(jit_norm.rms_norm_rows))

@@ -232,7 +232,7 @@ def _bind_unary(dst: Tensor):
 
     def call() -> None:
         xs = x.copy() if copy else x
-        split_rows(x.shape[0], x.size, lambda lo, hi: jit_glu.unary_rows[kind](xs[lo:hi], out[lo:hi], table))
+        split_rows(x.shape[0], x.size, lambda lo, hi: jit_glu.unary_rows(xs[lo:hi], out[lo:hi], kind, table))
     return call
 
 
@@ -301,7 +301,7 @@ def _bind_glu(dst: Tensor):
 
     def call() -> None:
         xs, gs = (x.copy(), g.copy()) if copy else (x, g)
-        split_rows(x.shape[0], x.size, lambda lo, hi: jit_glu.glu_rows[kind](xs[lo:hi], gs[lo:hi], out[lo:hi], table))
+        split_rows(x.shape[0], x.size, lambda lo, hi: jit_glu.glu_rows(xs[lo:hi], gs[lo:hi], out[lo:hi], kind, table))
     return call
 
 

@@ -16,10 +16,9 @@ from numba.core.compiler_lock import global_compiler_lock
 
 def shared_kernels() -> list:
     """The kernels the CPU backend's ops call from Python whatever the types (their callees compile into them)."""
-    from pyggml.backend.cpu.jit import attention, glu, mul_mat, norm, rope, sgemm, softmax
-    return [mul_mat.mul_mat_float_columns, softmax.soft_max_rows, rope.rope_rows, rope.cos_sin_f32,
-            attention.exp_score_rows, attention.flash_attn_rows, norm.norm_rows, norm.rms_norm_rows, sgemm.sgemm_band,
-            sgemm.vec_dot_band, *(rows[kind] for rows in (glu.glu_rows, glu.unary_rows) for kind in glu.KINDS)]
+    from pyggml.backend.cpu.jit import attention, glu, mul_mat, norm, rope, softmax
+    return [mul_mat.mul_mat_float_columns, softmax.soft_max_rows, rope.rope_rows, attention.exp_score_rows,
+            attention.flash_attn_rows, glu.glu_rows, glu.unary_rows, norm.norm_rows, norm.rms_norm_rows]
 
 
 def type_kernels(qtypes: Iterable[int] | None) -> list:
