@@ -11,6 +11,7 @@ from __future__ import annotations
 from enum import IntEnum
 
 import numpy as np
+
 from pyggml.errors import UnsupportedTypeError
 
 # (name, number, elements per block, bytes per block)

@@ -53,6 +53,7 @@ class GGUFValueType(IntEnum):
     INT64 = 11
     FLOAT64 = 12
 
+
 # Fixed-size scalar types: struct format and size in bytes.
 _SCALARS = {
     GGUFValueType.UINT8: "<B",
@@ -469,7 +470,7 @@ class GGUFFile:
             try:
                 ttype = GGMLType(raw_type)
                 block_size, type_size = block_traits(ttype)
-            except (ValueError, KeyError):
+            except ValueError:
                 cur.fail(f"{field} type", f"unknown ggml type {raw_type}", type_at)
             if ne[0] % block_size:
                 cur.fail(f"{field} ne[0]", f"{ne[0]} elements per row is not a multiple of "

@@ -3,9 +3,8 @@ unigram and wordpiece tokenizers build on, so that no module of this folder impo
 
 from __future__ import annotations
 
-
-from pyggml.models.gguf.gguf_file import GGUFValueType
 from pyggml.errors import GGUFError
+from pyggml.models.gguf.gguf_file import GGUFValueType
 from pyggml.models.text.tokenizer import BPETokenizer, Gemma4Tokenizer, SPMTokenizer
 from pyggml.models.text.unigram import UGMTokenizer
 from pyggml.models.text.wordpiece import WPMTokenizer

@@ -22,8 +22,8 @@ from enum import IntEnum, IntFlag
 
 import numpy as np
 
-from pyggml.models.gguf.gguf_file import GGUFValueType
 from pyggml.errors import GGUFError, TokenizerError
+from pyggml.models.gguf.gguf_file import GGUFValueType
 from pyggml.models.text.pre_tokenizer import PRE_TOKENIZERS
 from pyggml.models.gguf.string_table import StringTable
 

@@ -8,8 +8,8 @@ with the highest sum of token scores, a codepoint no token covers costing the lo
 
 import numpy as np
 
-from pyggml.models.gguf.gguf_file import GGUFValueType
 from pyggml.errors import GGUFError
+from pyggml.models.gguf.gguf_file import GGUFValueType
 from pyggml.models.text.tokenizer import SPACE_ESCAPE, Tokenizer, TokenType, _array, _flag, unescape_whitespace
 
 _UNKNOWN_PENALTY = 10.0
