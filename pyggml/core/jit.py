@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 import numba
-from numba.core import caching, config, event
+from numba.core import caching, config, environment, event
 from numba.core.runtime import rtsys
 
 from pyggml.core import machine_code
@@ -43,6 +44,26 @@ class QuickLoadCache(caching.FunctionCache):
         rtsys.initialize(target_context)
         with self._guard_against_spurious_io_errors():
             return self._load_overload(sig, target_context)
+
+
+def rebuild_environment(modname: str, consts: list, env_name: str) -> environment.Environment:
+    """numba.core.environment._rebuild_env without importing the module of an environment that holds nothing.
+
+    A cached kernel brings back the environment of every function compiled into it, Numba's own included (the
+    array allocator and reshape of numba.np.arrayobj), and Numba imports each one's module for its globals: that
+    one module, with what it imports, was 20 ms of a warm start. The globals serve only object mode; a compiled
+    kernel reads its environment's constants alone, so an environment without constants whose module is not
+    loaded gets globals that name the module and nothing else. Any other is rebuilt as Numba rebuilds it."""
+    if consts or modname in sys.modules or environment.lookup_environment(env_name) is not None:
+        return _rebuild_env(modname, consts, env_name)
+    env = environment.Environment({"__name__": modname})
+    env.env_name = env_name
+    environment.Environment._memo[env_name] = env
+    return env
+
+
+_rebuild_env = environment._rebuild_env
+environment._rebuild_env = rebuild_environment  # pickled environments name it: a cached kernel's load calls it
 
 
 def _njit(**options):

@@ -6,11 +6,19 @@
 validating every request and within `Limits` (docs/rpc.md: running it safely).
 """
 
-from pyggml.backend.rpc.client import (RPC_REG, Connection, RPCBackend, RPCBuffer, RPCBufferType, RPCDevice, RPCReg,
-                                       add_server, connection)
-from pyggml.backend.rpc.limits import Limits
-from pyggml.backend.rpc.protocol import PROTO_MAJOR, PROTO_MINOR, PROTO_PATCH
-from pyggml.backend.rpc.server import RPCServer
+import importlib
 
-__all__ = ["Limits", "PROTO_MAJOR", "PROTO_MINOR", "PROTO_PATCH", "RPC_REG", "Connection", "RPCBackend", "RPCBuffer",
-           "RPCBufferType", "RPCDevice", "RPCReg", "RPCServer", "add_server", "connection"]
+_HOMES = {"Limits": "limits", "PROTO_MAJOR": "protocol", "PROTO_MINOR": "protocol", "PROTO_PATCH": "protocol",
+          "RPCServer": "server", **dict.fromkeys(("RPC_REG", "Connection", "RPCBackend", "RPCBuffer", "RPCBufferType",
+                                                  "RPCDevice", "RPCReg", "add_server", "connection"), "client")}
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+    """The package's names, each imported from its module when first asked for: a command that only reads the
+    limits' defaults (every `pyggml` command builds rpc-server's options) does not load the client and server."""
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+    globals()[name] = value
+    return value

@@ -140,7 +140,9 @@ def test_cache_loads_call_llvm_without_numbas_lock_events_which_come_back_after(
 def test_a_model_from_a_warm_cache_runs_without_numbas_implementation_registries(tmp_path):
     """Cached kernels load without the refresh of Numba's target context (QuickLoadCache): a model loads and
     decodes, the same logits as a process that compiled, and Numba's implementations (numba.np.linalg, imported
-    only by that refresh) are never imported; compiling a new kernel afterwards still works (it refreshes)."""
+    only by that refresh) are never imported, nor the modules of the environments the kernels bring back
+    (numba.np.arrayobj: rebuild_environment); compiling a new kernel afterwards still works (it refreshes), one
+    that allocates with those environments' functions too."""
     from pyggml.testing.synthetic import write_llama
 
     path = write_llama(tmp_path / "m.gguf", qtype=8)  # Q8_0
@@ -148,7 +150,8 @@ def test_a_model_from_a_warm_cache_runs_without_numbas_implementation_registries
 import sys, numpy as np
 from pyggml.models import load_model
 m = load_model({str(path)!r}, n_ctx=64)
-print(float(m.decode(m.tokenize("hello world")).sum()), "numba.np.linalg" in sys.modules)
+print(float(m.decode(m.tokenize("hello world")).sum()), "numba.np.linalg" in sys.modules,
+      "numba.np.arrayobj" in sys.modules)
 """
     cache = str(tmp_path / "cache")
     first = _run(step, NUMBA_CACHE_DIR=cache).split()  # compiles
@@ -156,10 +159,11 @@ print(float(m.decode(m.tokenize("hello world")).sum()), "numba.np.linalg" in sys
 import numba
 from pyggml.backend.cpu.jit.norm import rms_norm_rows
 twice = numba.njit(lambda x: 2 * x)
-print(twice(21), type(rms_norm_rows._cache).__name__)
+zeros = numba.njit(lambda n: np.zeros((n, 2), np.float32).reshape(-1).sum() + n)
+print(twice(21), zeros(3), type(rms_norm_rows._cache).__name__)
 """, NUMBA_CACHE_DIR=cache).split()
-    assert warm[0] == first[0] and first[1] == "True" and warm[1] == "False"
-    assert warm[2:] == ["42", "QuickLoadCache"]
+    assert warm[0] == first[0] and first[1:3] == ["True", "True"] and warm[1:3] == ["False", "False"]
+    assert warm[3:] == ["42", "3.0", "QuickLoadCache"]
 
 
 def test_load_cached_hands_llvms_pages_back_once_after_all_its_loads():
