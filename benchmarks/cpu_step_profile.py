@@ -101,8 +101,8 @@ def main() -> None:  # noqa: C901
     def plan():
         return runner.plan_of(next(reversed(model._steps.values()))[0].graph)
 
-    def gen_step():
-        model.n_past = args.kv
+    def gen_step():  # a token at position args.kv, every time: the cells after the filled ones are dropped first
+        model.seq_rm(0, args.kv, -1)
         model.decode([ids[0]])
 
     whole = {v: [] for v in ("numpy", "bound")}

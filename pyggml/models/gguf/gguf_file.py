@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from pyggml.core.host_memory import whole_pages
+from pyggml.core.jit import jit
 from pyggml.core.types import GGMLType, block_traits
 from pyggml.errors import GGUFError
 from pyggml.models.gguf.string_table import StringTable
@@ -108,6 +109,34 @@ class FieldType:
 
     type: GGUFValueType
     element_type: GGUFValueType | None = None
+
+
+@jit
+def string_starts(buf: np.ndarray, pos: int, starts: np.ndarray) -> int:
+    """The first byte of each of len(starts) GGUF strings (a little-endian uint64 length, then the bytes) from
+    buf[pos], into starts; the position after the last one, or -1 where a length runs past the end of buf."""
+    size = buf.size
+    for i in range(starts.size):
+        if size - pos < 8:
+            return -1
+        length = np.uint64(0)
+        for b in range(8):
+            length |= np.uint64(buf[pos + b]) << np.uint64(8 * b)
+        pos += 8
+        if length > np.uint64(size - pos):
+            return -1
+        starts[i] = pos
+        pos += np.int64(length)
+    return pos
+
+
+@jit
+def gather_strings(buf: np.ndarray, starts: np.ndarray, offsets: np.ndarray, blob: np.ndarray) -> None:
+    """String i, at buf[starts[i]:], copied to blob[offsets[i]:offsets[i + 1]]."""
+    for i in range(starts.size):  # byte by byte: a slice assignment compiled for 2 s, this for 0.1
+        at, start = offsets[i], starts[i]
+        for k in range(offsets[i + 1] - at):
+            blob[at + k] = buf[start + k]
 
 
 class _Cursor:
@@ -201,29 +230,25 @@ class _Cursor:
 
     def strings(self, field, n):
         """``n`` strings in a row, kept as one StringTable (a 262k-token vocabulary without a Python object per
-        token), each checked to be UTF-8: found with one short loop over their lengths and checked all at once
-        (a vocabulary's 98k strings took 0.1 s one by one); a file that fails is read one string at a time
-        instead, for the error that names the string."""
+        token), each checked to be UTF-8: found and gathered by compiled loops over their lengths and checked all
+        at once (a vocabulary's 98k strings took 0.1 s one by one, 20 ms in a Python loop over the lengths); a
+        file that fails is read one string at a time instead, for the error that names the string."""
         start = self.pos
         starts = self._string_starts(n)
-        table = None if starts is None else self._utf8_table(start, starts)
+        table = None if starts is None else self._utf8_table(starts)
         if table is None:
             self.pos = start
             return self._strings_one_by_one(field, n)
         return table
 
-    def _utf8_table(self, start, starts):
-        """The strings between `start` and here, whose text begins at `starts`, as a StringTable; None if one
+    def _utf8_table(self, starts):
+        """The strings up to here whose text begins at `starts`, as a StringTable; None if one
         of them is not UTF-8 (no view of the file is left behind: a failed parse closes it)."""
-        end = self.pos
-        at = np.frombuffer(starts, np.int64) - start  # each string's first byte, from the first length
-        region = np.frombuffer(self.buf, np.uint8, count=end - start, offset=start)
-        is_text = np.ones(end - start, bool)
-        is_text[((at - 8)[:, None] + np.arange(8)).ravel()] = False  # the 8-byte lengths between the strings
-        blob = region[is_text]  # a copy
-        lengths = np.append(at[1:] - 8, end - start) - at
-        offsets = np.zeros(len(at) + 1, np.int64)
+        lengths = np.append(starts[1:] - 8, self.pos) - starts
+        offsets = np.zeros(len(starts) + 1, np.int64)
         np.cumsum(lengths, out=offsets[1:])
+        blob = np.empty(offsets[-1], np.uint8)
+        gather_strings(np.frombuffer(self.buf, np.uint8), starts, offsets, blob)
         try:
             str(blob, "utf-8")  # the whole is UTF-8, and no string starts inside a character: each one is
         except UnicodeDecodeError:
@@ -234,20 +259,11 @@ class _Cursor:
     def _string_starts(self, n):
         """The file positions of ``n`` length-prefixed strings from here, moving past them; None (and the
         position unmoved) where a length runs past the end of the file."""
-        buf, pos, unpack_length = self.buf, self.pos, _U64.unpack_from
-        starts = array("q")
-        append = starts.append
-        try:
-            for _ in range(n):
-                (length,) = unpack_length(buf, pos)
-                pos += 8
-                append(pos)
-                pos += length
-        except (struct.error, OverflowError):  # a length past the end, or past any offset at all
+        starts = np.empty(n, np.int64)
+        end = string_starts(np.frombuffer(self.buf, np.uint8), self.pos, starts)
+        if end < 0:
             return None
-        if pos > self.size:
-            return None
-        self.pos = pos
+        self.pos = end
         return starts
 
     def _strings_one_by_one(self, field, n):
