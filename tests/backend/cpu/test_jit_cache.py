@@ -201,3 +201,20 @@ def test_a_models_types_load_their_own_row_writes_and_activation_quantizers_only
     assert not {rows.set_rows_q8_0, rows.set_rows_q4_0, repack.quantize_q8_K_rows} & set(q4_1_f16_cache)
     every = type_kernels(None)
     assert {rows.set_rows_f32, rows.set_rows_q4_0, repack.quantize_q8_K_parallel} <= set(every)
+
+
+def test_a_dispatchers_disk_cache_is_made_once_when_first_used():
+    """CacheOnFirstUse: `import pyggml` decorates many functions and a model uses few; each one's QuickLoadCache
+    is made at its first use and then stands in the dispatcher's place, the same one however it is reached."""
+    from pyggml.backend.cpu.jit.norm import rms_norm_rows
+
+    fresh = core_jit.jit(rms_norm_rows.py_func)  # a new dispatcher of a package kernel: nothing used yet
+    stand_in = fresh._cache
+    assert type(stand_in) is core_jit.CacheOnFirstUse
+    path = stand_in.cache_path  # a first use: makes the cache
+    made = fresh._cache
+    assert type(made) is core_jit.QuickLoadCache and made.cache_path == path
+    assert stand_in._cache_file is made._cache_file  # reached through the stand-in again: the same cache
+    x = np.ones((2, 8), np.float32)
+    fresh(x, x, np.float32(1e-5))
+    assert fresh._cache is made and np.allclose(x, 1.0, atol=1e-3)
