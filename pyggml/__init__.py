@@ -2,6 +2,7 @@
 
 import gc
 import os
+import sys
 
 # OpenBLAS's idle workers spin for 2^28 cycles (~0.1 s) after a call before they sleep; on a machine with
 # few cores they then take the cores from the compiled kernels' threads: the first tokens after a prompt
@@ -15,6 +16,12 @@ os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "22")
 # their functions and tables), yet every collection walked it. The imports' hundreds of thousands of objects set
 # off about 160 collections, three of them full, and the later collections of a model's load and steps walked
 # them again: 0.1-0.2 s of CPU in a 32-token `pyggml generate`. The collector's on/off state is restored after.
+# Numba imports PyYAML, where it is installed, only to read a `.numba_config.yaml` from the working directory (5-10
+# ms of every start). Where there is no such file and neither is imported yet, PyYAML is hidden while Numba
+# imports, then shown again: Numba reads the same configuration, and `import yaml` works as before afterwards.
+_hide_yaml = not ({"numba", "yaml"} & sys.modules.keys()) and not os.path.isfile(".numba_config.yaml")
+if _hide_yaml:
+    sys.modules["yaml"] = None  # an import of it fails with ImportError, as if it were not installed
 _collecting = gc.isenabled()
 gc.disable()
 try:
@@ -31,7 +38,9 @@ finally:
     gc.freeze()
     if _collecting:
         gc.enable()
-    del _collecting
+    if _hide_yaml and sys.modules.get("yaml", 0) is None:
+        del sys.modules["yaml"]
+    del _collecting, _hide_yaml
 
 __version__ = "0.1.0"
 __all__ = ["alloc", "backend", "models", "ops", "sched", "BufferUsage", "DeviceType", "Status", "Context", "EvalOrder",
