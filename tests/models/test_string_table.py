@@ -40,3 +40,24 @@ def test_a_large_table_finds_every_string():
     t = StringTable.from_strings(words)
     assert all(t.index_of(words[i]) == i for i in range(0, len(words), 97))
     assert t.index_of("tok20000") is None
+
+
+def test_strings_hash_by_fnv1a_of_their_utf8_bytes():
+    """The index's hash is 64-bit FNV-1a over UTF-8 (the published test vectors), computed alike for the table
+    and for a looked-up string, so non-ASCII strings are found too; strings sharing a hash are told apart."""
+    from pyggml.models.gguf import string_table
+
+    assert string_table.fnv1a(b"", 0, 0) == 0xCBF29CE484222325
+    assert string_table.fnv1a(b"a", 0, 1) == 0xAF63DC4C8601EC8C
+    assert string_table.fnv1a(b"foobar", 0, 6) == 0x85944171F73967E8
+    table = StringTable.from_strings(["ä", "日本", "▁the", "a"])
+    assert [table.ids[s] for s in ("a", "ä", "▁the", "日本")] == [3, 0, 2, 1] and "b" not in table
+
+
+def test_strings_of_one_hash_are_told_apart(monkeypatch):
+    from pyggml.models.gguf import string_table
+
+    monkeypatch.setattr(string_table, "fnv1a_hashes", lambda blob, offsets, out: out.fill(7))
+    monkeypatch.setattr(string_table, "first_with_hash", lambda data, hashes: 0)
+    table = StringTable.from_strings(["x", "y", "z", "y"])
+    assert table.ids["z"] == 2 and table.ids["y"] == 1 and table.first_repeat() == (3, 1) and "w" not in table
