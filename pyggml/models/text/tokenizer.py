@@ -63,6 +63,7 @@ class TokenAttr(IntFlag):
 # Attributes are kept as plain ints: enum arithmetic over 262k tokens costs a second.
 _ATTR_OF_TYPE = {int(TokenType[a.name]): int(a) for a in (
     TokenAttr.UNKNOWN, TokenAttr.UNUSED, TokenAttr.NORMAL, TokenAttr.CONTROL, TokenAttr.USER_DEFINED, TokenAttr.BYTE)}
+_ATTRS_BY_TYPE = np.array([_ATTR_OF_TYPE.get(t, 0) for t in range(max(_ATTR_OF_TYPE) + 1)], np.int64)
 _CONTROL, _UNUSED, _USER_DEFINED = int(TokenAttr.CONTROL), int(TokenAttr.UNUSED), int(TokenAttr.USER_DEFINED)
 _NORMAL, _BYTE = int(TokenAttr.NORMAL), int(TokenAttr.BYTE)
 _LSTRIP, _RSTRIP = int(TokenAttr.LSTRIP), int(TokenAttr.RSTRIP)
@@ -168,7 +169,8 @@ class Tokenizer:
         if types is None:
             self.attrs = [_NORMAL] * n
         else:
-            self.attrs = [_ATTR_OF_TYPE.get(t, 0) for t in types[:n].tolist()]
+            known = (types[:n] >= 0) & (types[:n] < _ATTRS_BY_TYPE.size)  # any other type: no attributes
+            self.attrs = np.where(known, _ATTRS_BY_TYPE[np.where(known, types[:n], 0)], 0).tolist()
         self.bos_id = self._special_id(gguf, "bos_token_id", self.default_bos)
         self.eos_id = self._special_id(gguf, "eos_token_id", self.default_eos)
         self.unk_id = self._special_id(gguf, "unknown_token_id", self.default_unk)
