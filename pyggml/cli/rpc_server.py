@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 
 from pyggml import backend
 from pyggml.backend.rpc.limits import Limits, parse_size
 from pyggml.cli.args import port, positive_int
 from pyggml.errors import BackendError, RPCError
-import contextlib
 
 
 def add_parser(subparsers) -> None:

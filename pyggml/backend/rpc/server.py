@@ -13,6 +13,7 @@ server keeps serving everyone else. ggml aborts the whole server process on some
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -34,7 +35,6 @@ from pyggml.core import types as T
 from pyggml.core.graph import Graph
 from pyggml.core.tensor import MAX_SRC, VIEW_OPS, Op, Tensor, TensorFlag
 from pyggml.errors import AllocationError, GGMLError, ParameterError, RPCError
-import contextlib
 
 log = logging.getLogger("pyggml.rpc.server")
 

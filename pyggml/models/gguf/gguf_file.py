@@ -10,6 +10,7 @@ must lie inside the file, be aligned and not overlap (ggml instead demands one e
 packed layout; a file packed that way always passes here).
 """
 
+import contextlib
 import mmap
 import struct
 from array import array
@@ -25,7 +26,6 @@ from pyggml.core.jit import jit
 from pyggml.core.types import GGMLType, block_traits
 from pyggml.errors import GGUFError
 from pyggml.models.gguf.string_table import StringTable
-import contextlib
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
