@@ -17,7 +17,7 @@ from pyggml.backend.cpu.jit.rope import rope_rows
 from pyggml.backend.cpu.jit.softmax import soft_max_rows
 from pyggml.backend.cpu.kernels import kernel
 from pyggml.backend.cpu.kernels._blocks import blocks_per_row, in_blocks, memory_of
-from pyggml.backend.cpu.kernels._common import as_f32, overlap, split_over_threads, store, view
+from pyggml.backend.cpu.kernels._common import as_f32, flat_rows, overlap, split_over_threads, store, view
 from pyggml.backend.cpu.kernels._dequant_cache import dequantizable
 from pyggml.core.ops.attention import RopeType, rope_yarn_corr_dims
 from pyggml.core.tensor import Op, Tensor
@@ -366,7 +366,7 @@ def _bind_quantized_flash_attn(dst: Tensor):
     sink = view(sinks).reshape(-1) if sinks is not None else NO_SINKS
     if any(np.may_share_memory(out, x) for x in (qs, m, sink, *(a for a, fill in parts if fill is None))):
         return None  # planned memory shared with the result: the NumPy kernel
-    bound = functools.partial(flash_attn_rows, qs, *_flat_rows(parts[0][0]), *_flat_rows(parts[1][0]),
+    bound = functools.partial(flash_attn_rows, qs, *flat_rows(parts[0][0]), *flat_rows(parts[1][0]),
                               np.array([k.ne[2], k.ne[1], v.ne[0]], np.int64), m, sink,
                               alibi_slopes(q.ne[2], max_bias), out,
                               np.float32(scale / softcap if softcap != 0.0 else scale), np.float32(softcap))
@@ -409,10 +409,10 @@ def _bind_flash_attn(dst: Tensor):
     rest = (slopes, out, pre_scale, np.float32(softcap))
     if any(np.may_share_memory(out, x) for x in (qs, ks, vs, m, sink)):  # planned memory: read copies, same results
         def compiled() -> None:
-            flash_attn_rows(qs.copy(), *_flat_rows(ks.copy()), *_flat_rows(vs.copy()), kv_dims, m.copy(), sink.copy(),
+            flash_attn_rows(qs.copy(), *flat_rows(ks.copy()), *flat_rows(vs.copy()), kv_dims, m.copy(), sink.copy(),
                             *rest)
     else:
-        compiled = functools.partial(flash_attn_rows, qs, *_flat_rows(ks), *_flat_rows(vs), kv_dims, m, sink, *rest)
+        compiled = functools.partial(flash_attn_rows, qs, *flat_rows(ks), *flat_rows(vs), kv_dims, m, sink, *rest)
     if few_rows and few_keys:
         return compiled
 
@@ -532,18 +532,6 @@ def _mask_planes(mask: np.ndarray, first: int, last: int) -> slice:
 def _heads_of(mask: np.ndarray, heads: slice, n_head: int) -> np.ndarray:
     """The mask planes that heads use (mask planes are reused by head index modulo their count)."""
     return mask[:, np.arange(n_head)[heads] % mask.shape[1]]
-
-
-def _flat_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A 4-D array as (its memory as one 1-D array, its first three strides in elements), rows made
-    contiguous first if they are not: compiled loops over a row then see unit stride and vectorise."""
-    if a.strides[3] != a.itemsize and a.shape[3] > 1:
-        a = np.ascontiguousarray(a)
-    if a.size == 0:
-        return a.reshape(-1), np.zeros(3, np.int64)
-    span = 1 + sum((n - 1) * s for n, s in zip(a.shape, a.strides, strict=True)) // a.itemsize
-    flat = np.lib.stride_tricks.as_strided(a, shape=(span,), strides=(a.itemsize,), writeable=False)
-    return flat, np.array(a.strides[:3], np.int64) // a.itemsize
 
 
 @kernel(Op.FLASH_ATTN_EXT, supports=_supports_flash_attn, bind=_bind_flash_attn)
