@@ -17,7 +17,7 @@ from pyggml.backend.cpu.jit.rope import rope_rows
 from pyggml.backend.cpu.jit.softmax import soft_max_rows
 from pyggml.backend.cpu.kernels import kernel
 from pyggml.backend.cpu.kernels._blocks import blocks_per_row, in_blocks, memory_of
-from pyggml.backend.cpu.kernels._common import as_f32, flat_rows, overlap, split_over_threads, store, view
+from pyggml.backend.cpu.kernels._common import Scratch, as_f32, flat_rows, overlap, split_over_threads, store, view
 from pyggml.backend.cpu.kernels._dequant_cache import dequantizable
 from pyggml.core.ops.attention import RopeType, rope_yarn_corr_dims
 from pyggml.core.tensor import Op, Tensor
@@ -465,6 +465,9 @@ def _key_spans(visible: np.ndarray, block: int) -> list[tuple[int, int]]:
     return spans
 
 
+_SCORES, _WEIGHTED = Scratch(), Scratch()  # each task's (planes, group, rows, keys) and (.., rows, d_v) float32
+
+
 def _attention_by_heads(dst: Tensor, pre_scale, softcap, mask, slopes, sinks, spans=None) -> None:
     """flash_attn_ext for many query rows: per plane of q's 4th dimension, K/V head and block of query rows, scores
     by BLAS, exp rows compiled, weighted V by BLAS; the tasks shared out over the threads (split_over_threads), each
@@ -492,14 +495,15 @@ def _attention_by_heads(dst: Tensor, pre_scale, softcap, mask, slopes, sinks, sp
         keys = slice(*spans[b]) if spans is not None else slice(None)
         first, last = i3 * per_task, min(n_planes, (i3 + 1) * per_task)
         plane = slice(first, last)
-        scores = np.matmul(qs[plane, heads, rows], ks[plane, hk, None, keys].swapaxes(-1, -2))  # (planes, group, ..)
+        x, y = qs[plane, heads, rows], ks[plane, hk, None, keys].swapaxes(-1, -2)
+        scores = np.matmul(x, y, out=_SCORES.take((*x.shape[:3], y.shape[-1])))  # (planes, group, rows, keys)
         head_mask = m if m.size == 0 else np.ascontiguousarray(m[_mask_planes(m, first, last), :, rows, keys])
         if head_mask.size and head_mask.shape[1] > 1:
             head_mask = _heads_of(head_mask, heads, q.ne[2])
         totals = np.empty(scores.shape[:3], np.float32)
         exp_score_rows(scores, pre_scale, softcap, head_mask, slopes[heads], sinks[heads] if sinks.size else sinks,
                        totals)
-        weighted = np.matmul(scores, vs[plane, hk, None, keys])  # (planes, group, rows, d_v)
+        weighted = np.matmul(scores, vs[plane, hk, None, keys], out=_WEIGHTED.take((*scores.shape[:3], v.ne[0])))
         weighted /= totals[..., None]
         weighted[totals == 0] = 0  # every key masked and no sink: zeros, as in ggml
         out[plane, rows, heads] = weighted.transpose(0, 2, 1, 3)
