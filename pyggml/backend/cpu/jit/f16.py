@@ -70,21 +70,40 @@ def f16_bits_small(x: np.float32) -> np.uint32:
     return (half | ((bits >> np.uint32(16)) & np.uint32(0x8000))) & np.uint32(0xFFFF)
 
 
-@jit
-def f32_to_f16(x: np.ndarray, out: np.ndarray) -> None:
-    """out (uint16 bit patterns) = x (float32) rounded to F16, element by element (1-D, same length): one loop that
-    vectorises over the values below 65504 in magnitude, then f16_bits for the rare others (and NaN). NumPy's
-    cast converts one value at a time (2.6 ns each: 25 ms per layer of an encoder's K and V)."""
-    n = np.uintp(x.shape[0])
+@jit(inline="always")
+def _f32_to_f16_run(x: np.ndarray, first, out: np.ndarray, out_first, n) -> None:
+    """out[out_first:][:n] (uint16 bit patterns) = x[first:][:n] (float32) rounded to F16 (1-D arrays): one loop that
+    vectorises over the values below 65504 in magnitude, then f16_bits for the rare others (and NaN)."""
     rare = 0
     for i in range(n):
-        v = x[i]
-        out[i] = np.uint16(f16_bits_small(v))
+        v = x[first + i]
+        out[out_first + i] = np.uint16(f16_bits_small(v))
         rare += 0 if abs(v) < np.float32(65504) else 1
     if rare:
         for i in range(n):
-            if not abs(x[i]) < np.float32(65504):
-                out[i] = f16_bits(x[i])
+            if not abs(x[first + i]) < np.float32(65504):
+                out[out_first + i] = f16_bits(x[first + i])
+
+
+@jit
+def f32_to_f16(x: np.ndarray, out: np.ndarray) -> None:
+    """out (uint16 bit patterns) = x (float32) rounded to F16, element by element (1-D, same length). NumPy's cast
+    converts one value at a time (2.6 ns each: 25 ms per layer of an encoder's K and V)."""
+    _f32_to_f16_run(x, np.uintp(0), out, np.uintp(0), np.uintp(x.shape[0]))
+
+
+@jit
+def f32_to_f16_rows(x: np.ndarray, layout: np.ndarray, out: np.ndarray, lo: int, hi: int) -> None:
+    """Rows [lo, hi) of a 4-D float32 array rounded to F16 into those rows of out (its contiguous copy as uint16
+    bit patterns, 1-D). x is the array's memory as one 1-D array; layout holds (ne2, ne1, ne0, and the strides of
+    its first three dims in elements), its rows' values contiguous. A copy to F16 of a permuted view (K and V for
+    flash attention) reads it in place, split over threads by rows."""
+    ne2, ne1, n = np.uintp(layout[0]), np.uintp(layout[1]), np.uintp(layout[2])
+    for r in range(np.uintp(lo), np.uintp(hi)):
+        plane = r // ne1
+        first = ((plane // ne2) * np.uintp(layout[3]) + (plane % ne2) * np.uintp(layout[4])
+                 + (r % ne1) * np.uintp(layout[5]))
+        _f32_to_f16_run(x, first, out, r * n, n)
 
 
 @jit

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
+import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -79,6 +81,28 @@ def split_rows(n_rows: int, n_values: int, work) -> None:
     split_over_threads(lambda i: work(i * per, min(n_rows, (i + 1) * per)), n)
 
 
+class Scratch(threading.local):
+    """float32 scratch memory, one per thread, kept and grown to the largest size asked for: a fresh array per call
+    faults its pages in again every time (a product's dequantized tiles; attention's scores, 4 MiB a head of
+    SigLIP's, 5% of its attention)."""
+
+    values = np.empty(0, np.float32)
+
+    def take(self, shape) -> np.ndarray:
+        n = math.prod(shape)
+        if self.values.size < n:
+            self.values = np.empty(n, np.float32)
+        return self.values[:n].reshape(shape)
+
+
+def banded(n_rows: int, n_values: int, work):
+    """A bound call of split_rows(n_rows, n_values, work), or of work(0, n_rows) itself below SPLIT_VALUES values (a
+    generation step's small nodes skip the split's bookkeeping)."""
+    if n_values < SPLIT_VALUES:
+        return functools.partial(work, 0, n_rows)
+    return functools.partial(split_rows, n_rows, n_values, work)
+
+
 def expanded_values(t: Tensor) -> np.ndarray | None:
     """The float32 values of a tensor in a CPU_F32 buffer (shape ne[::-1], in place); None for others."""
     return t.buffer.values(t) if t.extra is F32_EXPANDED else None
@@ -128,3 +152,15 @@ def overlap(out: np.ndarray, *inputs: np.ndarray) -> bool:
     may write in place, but not into memory that it has still to read)."""
     return any(np.may_share_memory(out, x) and (out.__array_interface__["data"][0], out.shape, out.strides) !=
                (x.__array_interface__["data"][0], x.shape, x.strides) for x in inputs)
+
+
+def flat_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A 4-D array as (its memory as one 1-D array, its first three strides in elements), rows made
+    contiguous first if they are not: compiled loops over a row then see unit stride and vectorise."""
+    if a.strides[3] != a.itemsize and a.shape[3] > 1:
+        a = np.ascontiguousarray(a)
+    if a.size == 0:
+        return a.reshape(-1), np.zeros(3, np.int64)
+    span = 1 + sum((n - 1) * s for n, s in zip(a.shape, a.strides, strict=True)) // a.itemsize
+    flat = np.lib.stride_tricks.as_strided(a, shape=(span,), strides=(a.itemsize,), writeable=False)
+    return flat, np.array(a.strides[:3], np.int64) // a.itemsize

@@ -17,7 +17,7 @@ from pyggml.backend.cpu.jit.rope import rope_rows
 from pyggml.backend.cpu.jit.softmax import soft_max_rows
 from pyggml.backend.cpu.kernels import kernel
 from pyggml.backend.cpu.kernels._blocks import blocks_per_row, in_blocks, memory_of
-from pyggml.backend.cpu.kernels._common import as_f32, overlap, split_over_threads, store, view
+from pyggml.backend.cpu.kernels._common import Scratch, as_f32, flat_rows, overlap, split_over_threads, store, view
 from pyggml.backend.cpu.kernels._dequant_cache import dequantizable
 from pyggml.core.ops.attention import RopeType, rope_yarn_corr_dims
 from pyggml.core.tensor import Op, Tensor
@@ -366,7 +366,7 @@ def _bind_quantized_flash_attn(dst: Tensor):
     sink = view(sinks).reshape(-1) if sinks is not None else NO_SINKS
     if any(np.may_share_memory(out, x) for x in (qs, m, sink, *(a for a, fill in parts if fill is None))):
         return None  # planned memory shared with the result: the NumPy kernel
-    bound = functools.partial(flash_attn_rows, qs, *_flat_rows(parts[0][0]), *_flat_rows(parts[1][0]),
+    bound = functools.partial(flash_attn_rows, qs, *flat_rows(parts[0][0]), *flat_rows(parts[1][0]),
                               np.array([k.ne[2], k.ne[1], v.ne[0]], np.int64), m, sink,
                               alibi_slopes(q.ne[2], max_bias), out,
                               np.float32(scale / softcap if softcap != 0.0 else scale), np.float32(softcap))
@@ -409,10 +409,10 @@ def _bind_flash_attn(dst: Tensor):
     rest = (slopes, out, pre_scale, np.float32(softcap))
     if any(np.may_share_memory(out, x) for x in (qs, ks, vs, m, sink)):  # planned memory: read copies, same results
         def compiled() -> None:
-            flash_attn_rows(qs.copy(), *_flat_rows(ks.copy()), *_flat_rows(vs.copy()), kv_dims, m.copy(), sink.copy(),
+            flash_attn_rows(qs.copy(), *flat_rows(ks.copy()), *flat_rows(vs.copy()), kv_dims, m.copy(), sink.copy(),
                             *rest)
     else:
-        compiled = functools.partial(flash_attn_rows, qs, *_flat_rows(ks), *_flat_rows(vs), kv_dims, m, sink, *rest)
+        compiled = functools.partial(flash_attn_rows, qs, *flat_rows(ks), *flat_rows(vs), kv_dims, m, sink, *rest)
     if few_rows and few_keys:
         return compiled
 
@@ -465,6 +465,9 @@ def _key_spans(visible: np.ndarray, block: int) -> list[tuple[int, int]]:
     return spans
 
 
+_SCORES, _WEIGHTED = Scratch(), Scratch()  # each task's (planes, group, rows, keys) and (.., rows, d_v) float32
+
+
 def _attention_by_heads(dst: Tensor, pre_scale, softcap, mask, slopes, sinks, spans=None) -> None:
     """flash_attn_ext for many query rows: per plane of q's 4th dimension, K/V head and block of query rows, scores
     by BLAS, exp rows compiled, weighted V by BLAS; the tasks shared out over the threads (split_over_threads), each
@@ -492,14 +495,15 @@ def _attention_by_heads(dst: Tensor, pre_scale, softcap, mask, slopes, sinks, sp
         keys = slice(*spans[b]) if spans is not None else slice(None)
         first, last = i3 * per_task, min(n_planes, (i3 + 1) * per_task)
         plane = slice(first, last)
-        scores = np.matmul(qs[plane, heads, rows], ks[plane, hk, None, keys].swapaxes(-1, -2))  # (planes, group, ..)
+        x, y = qs[plane, heads, rows], ks[plane, hk, None, keys].swapaxes(-1, -2)
+        scores = np.matmul(x, y, out=_SCORES.take((*x.shape[:3], y.shape[-1])))  # (planes, group, rows, keys)
         head_mask = m if m.size == 0 else np.ascontiguousarray(m[_mask_planes(m, first, last), :, rows, keys])
         if head_mask.size and head_mask.shape[1] > 1:
             head_mask = _heads_of(head_mask, heads, q.ne[2])
         totals = np.empty(scores.shape[:3], np.float32)
         exp_score_rows(scores, pre_scale, softcap, head_mask, slopes[heads], sinks[heads] if sinks.size else sinks,
                        totals)
-        weighted = np.matmul(scores, vs[plane, hk, None, keys])  # (planes, group, rows, d_v)
+        weighted = np.matmul(scores, vs[plane, hk, None, keys], out=_WEIGHTED.take((*scores.shape[:3], v.ne[0])))
         weighted /= totals[..., None]
         weighted[totals == 0] = 0  # every key masked and no sink: zeros, as in ggml
         out[plane, rows, heads] = weighted.transpose(0, 2, 1, 3)
@@ -532,18 +536,6 @@ def _mask_planes(mask: np.ndarray, first: int, last: int) -> slice:
 def _heads_of(mask: np.ndarray, heads: slice, n_head: int) -> np.ndarray:
     """The mask planes that heads use (mask planes are reused by head index modulo their count)."""
     return mask[:, np.arange(n_head)[heads] % mask.shape[1]]
-
-
-def _flat_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A 4-D array as (its memory as one 1-D array, its first three strides in elements), rows made
-    contiguous first if they are not: compiled loops over a row then see unit stride and vectorise."""
-    if a.strides[3] != a.itemsize and a.shape[3] > 1:
-        a = np.ascontiguousarray(a)
-    if a.size == 0:
-        return a.reshape(-1), np.zeros(3, np.int64)
-    span = 1 + sum((n - 1) * s for n, s in zip(a.shape, a.strides, strict=True)) // a.itemsize
-    flat = np.lib.stride_tricks.as_strided(a, shape=(span,), strides=(a.itemsize,), writeable=False)
-    return flat, np.array(a.strides[:3], np.int64) // a.itemsize
 
 
 @kernel(Op.FLASH_ATTN_EXT, supports=_supports_flash_attn, bind=_bind_flash_attn)

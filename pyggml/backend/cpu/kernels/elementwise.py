@@ -9,7 +9,7 @@ from functools import cache
 import numpy as np
 
 from pyggml.backend.cpu.kernels import kernel
-from pyggml.backend.cpu.kernels._common import as_f32, store, view
+from pyggml.backend.cpu.kernels._common import SPLIT_VALUES, as_f32, banded, overlap, store, view
 from pyggml.backend.cpu.kernels._dequant_cache import dequantizable
 from pyggml.core import types as T
 from pyggml.core.tensor import Op, Tensor
@@ -86,11 +86,20 @@ def _repeat_operands(dst: Tensor):
 
 
 def _bind_binary(dst: Tensor):
-    """All F32: the ufunc bound to the views (as_f32 of F32 is a view, so the call reads current values)."""
+    """All F32: the ufunc bound to the views (as_f32 of F32 is a view, so the call reads current values); many
+    values without repeats and without partial overlaps: in bands of rows over the threads."""
     if not dst.type == dst.src[0].type == dst.src[1].type == G.F32:
         return None
     a8, b8, split = _repeat_operands(dst)
-    return functools.partial(_BINARY_UFUNCS[dst.op], a8, b8, out=split(view(dst)))
+    ufunc, out = _BINARY_UFUNCS[dst.op], split(view(dst))
+    if out.ndim != 4 or out.size < SPLIT_VALUES or overlap(out, a8, b8):
+        return functools.partial(ufunc, a8, b8, out=out)
+    return banded(out.shape[2], out.size, functools.partial(_bands, ufunc, a8, b8, out))
+
+
+def _bands(ufunc, a: np.ndarray, b: np.ndarray, out: np.ndarray, lo: int, hi: int) -> None:
+    """ufunc(a, b, out=out) over rows [lo, hi) of the third dimension (b's own when not broadcast along it)."""
+    ufunc(a[:, :, lo:hi], b[:, :, lo:hi] if b.shape[2] > 1 else b, out=out[:, :, lo:hi])
 
 
 @kernel(Op.ADD, Op.SUB, Op.MUL, Op.DIV, supports=binary_types_ok, bind=_bind_binary)

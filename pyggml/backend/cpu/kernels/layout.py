@@ -7,12 +7,14 @@ import functools
 
 import numpy as np
 
+from pyggml.backend.cpu.jit import f16 as jit_f16
 from pyggml.backend.cpu.jit import rows as jit_rows
 from pyggml.backend.cpu.jit.mul_mat import dequantize_rows
 from pyggml.backend.cpu.jit.repack import unpack_rows
 from pyggml.backend.cpu.kernels import kernel
 from pyggml.backend.cpu.kernels._blocks import blocks_per_row, in_blocks, memory_of
-from pyggml.backend.cpu.kernels._common import FLOAT_TYPES, INTERLEAVED, as_f32, expanded_values, rows_2d, store, view
+from pyggml.backend.cpu.kernels._common import (FLOAT_TYPES, INTERLEAVED, as_f32, banded, expanded_values, flat_rows,
+                                                rows_2d, store, view)
 from pyggml.backend.cpu.kernels._dequant_cache import dequantizable
 from pyggml.backend.cpu.kernels.elementwise import as_repeated, can_quantize, split_for_repeat
 from pyggml.core import types as T
@@ -41,8 +43,10 @@ def blocks(t: Tensor) -> np.ndarray:
 
 
 def _bind_copy(dst: Tensor):
-    """A copy between plain tensors of one type: np.copyto between views of one shape."""
+    """A copy between plain tensors of one type: np.copyto between views of one shape; F32 to F16: compiled."""
     src = dst.src[0]
+    if src.type == G.F32 and dst.type == G.F16:
+        return _bind_f32_to_f16(dst)
     if src.type != dst.type or T.is_quantized(src.type):
         return None
     a, out = view(src), view(dst)
@@ -52,6 +56,20 @@ def _bind_copy(dst: Tensor):
         except ValueError:
             continue
     return None
+
+
+def _bind_f32_to_f16(dst: Tensor):
+    """F32 rows of one shape as dst's, values contiguous (a permuted view: flash attention's K and V) into a
+    contiguous F16 dst: the compiled rounding reads them in place, split over the threads by rows (NumPy's copy
+    then the rounding ran on one thread, 15 ms of SmolVLM's encoder)."""
+    src = dst.src[0]
+    x, out = view(src), view(dst)
+    if src.ne != dst.ne or not out.flags.c_contiguous or x.strides[3] != 4 or np.may_share_memory(x, out):
+        return None
+    flat, strides = flat_rows(x)
+    layout = np.array([*x.shape[1:], *strides], np.int64)
+    bits, n_rows = out.view(np.uint16).reshape(-1), x.shape[0] * x.shape[1] * x.shape[2]
+    return banded(n_rows, out.size, lambda lo, hi: jit_f16.f32_to_f16_rows(flat, layout, bits, lo, hi))
 
 
 @kernel(Op.DUP, Op.CPY, Op.CONT, supports=lambda t: copy_supported(t.src[0].type, t.type), bind=_bind_copy)

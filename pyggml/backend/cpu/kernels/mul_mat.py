@@ -15,7 +15,6 @@ which is at least as accurate (within ggml's 5e-4 NMSE for these ops).
 from __future__ import annotations
 
 import functools
-import threading
 
 import numpy as np
 
@@ -26,8 +25,8 @@ from pyggml.backend.cpu.jit.ir.vnni_k_ir import K_FORMATS
 from pyggml.backend.cpu.jit.repack import gemm_16x4_q8_0, gemm_16x4_q8_K, quantize_q8_0, quantize_q8_K
 from pyggml.backend.cpu.kernels import kernel
 from pyggml.backend.cpu.kernels._blocks import THREADS_MAX, blocks_per_row, in_blocks, memory_of, threads
-from pyggml.backend.cpu.kernels._common import (FLOAT_TYPES, INTERLEAVED, as_f32, blas_threads, expanded_values,
-                                                split_over_threads, view)
+from pyggml.backend.cpu.kernels._common import (FLOAT_TYPES, INTERLEAVED, Scratch, as_f32, blas_threads,
+                                                expanded_values, split_over_threads, view)
 from pyggml.backend.cpu.kernels._dequant_cache import DEQUANT_CACHE, dequantizable
 from pyggml.core import types as T
 from pyggml.core.tensor import Op, Tensor, host_ndarray
@@ -250,19 +249,7 @@ def _interleaved_rows(dst: Tensor) -> np.ndarray:
     return np.ascontiguousarray(np.reshape(as_f32(b), (-1, b.ne[0])), dtype=np.float32)
 
 
-class _TileScratch(threading.local):
-    """The dequantized tiles' float32 scratch, one per thread that multiplies, kept and grown to the largest tile:
-    a fresh one per product would fault its pages in again every time."""
-
-    values = np.empty(0, np.float32)
-
-    def tile(self, rows: int, k: int) -> np.ndarray:
-        if self.values.size < rows * k:
-            self.values = np.empty(rows * k, np.float32)
-        return self.values[: rows * k].reshape(rows, k)
-
-
-_TILES = _TileScratch()
+_TILES = Scratch()  # the dequantized tiles' float32, one per thread that multiplies
 
 
 def _users(planes: np.ndarray, plane) -> np.ndarray | slice:
@@ -295,7 +282,7 @@ def _product_on_blocks(a: Tensor, src: np.ndarray, planes: np.ndarray, x: np.nda
         r_hi = min(a.ne[1], r_lo + per)
         xs = x[using]
         tile_rows = max(1, min(r_hi - r_lo, TILE_BYTES // (4 * k)))
-        tile = _TILES.tile(tile_rows, k)
+        tile = _TILES.take((tile_rows, k))
         for r0 in range(r_lo, r_hi, tile_rows):
             rows = plane + np.arange(r0, min(r0 + tile_rows, r_hi), dtype=np.uint64) * np.uint64(a.nb[1])
             values = tile[:len(rows)]

@@ -3,13 +3,12 @@ scale rounded to float32, then one float32 multiply per element."""
 
 from __future__ import annotations
 
-import functools
 
 import numpy as np
 
 from pyggml.backend.cpu.jit import norm as jit_norm
 from pyggml.backend.cpu.kernels import kernel
-from pyggml.backend.cpu.kernels._common import overlap, rows_2d, view
+from pyggml.backend.cpu.kernels._common import banded, overlap, rows_2d, view
 from pyggml.core.tensor import Op, Tensor
 from pyggml.core.types import GGMLType as G
 
@@ -27,13 +26,15 @@ def row_sum(x: np.ndarray, axis=-1) -> np.ndarray:
 
 
 def bound_rows(compiled):
-    """bind for a compiled row normaliser(x, out, eps): rows that reshape to 2-D without a copy."""
+    """bind for a compiled row normaliser(x, out, eps): rows that reshape to 2-D without a copy, in bands over the
+    threads."""
 
     def bind(dst: Tensor):
         x, out = rows_2d(view(dst.src[0])), rows_2d(view(dst))
         if x is None or out is None or overlap(out, x):
             return None
-        return functools.partial(compiled, x, out, np.float32(dst.op_params_f32(0)))
+        eps = np.float32(dst.op_params_f32(0))
+        return banded(x.shape[0], x.size, lambda lo, hi: compiled(x[lo:hi], out[lo:hi], eps))
 
     return bind
 

@@ -17,8 +17,9 @@ from functools import cache
 import numpy as np
 
 from pyggml.backend.cpu.jit import glu as jit_glu
+from pyggml.backend.cpu.jit.gelu import gelu_table_rows
 from pyggml.backend.cpu.kernels import kernel
-from pyggml.backend.cpu.kernels._common import as_f32, overlap, rows_2d, split_rows, store, view
+from pyggml.backend.cpu.kernels._common import as_f32, banded, overlap, rows_2d, split_rows, store, view
 from pyggml.backend.cpu.kernels.elementwise import unary_types_ok
 from pyggml.core.tensor import GluOp, Op, Tensor, UnaryOp
 from pyggml.core.types import GGMLType as G
@@ -228,6 +229,9 @@ def _bind_unary(dst: Tensor):
         if overlap(out, x):
             return None
         return functools.partial(numpy_fn, x, out)
+    if kind == jit_glu.GELU and not overlap(out, x):  # the two-pass GELU (in place too)
+        table = gelu_table_for(kind)
+        return banded(x.shape[0], x.size, lambda lo, hi: gelu_table_rows(x[lo:hi], out[lo:hi], table))
     table, copy = gelu_table_for(kind), overlap(out, x)  # planned memory partly over the input: read a copy
 
     def call() -> None:
