@@ -11,17 +11,18 @@ import sys
 # NumPy was not imported before pyggml, and an OPENBLAS_THREAD_TIMEOUT set by the user is kept.
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "22")
 
-# The cyclic garbage collector is held off while the package and its dependencies (NumPy, Numba, LLVM's bindings)
-# import, and what they made is then moved out of its sight (gc.freeze): it lives as long as the process (modules,
-# their functions and tables), yet every collection walked it. The imports' hundreds of thousands of objects set
-# off about 160 collections, three of them full, and the later collections of a model's load and steps walked
-# them again: 0.1-0.2 s of CPU in a 32-token `pyggml generate`. The collector's on/off state is restored after.
 # Numba imports PyYAML, where it is installed, only to read a `.numba_config.yaml` from the working directory (5-10
 # ms of every start). Where there is no such file and neither is imported yet, PyYAML is hidden while Numba
 # imports, then shown again: Numba reads the same configuration, and `import yaml` works as before afterwards.
 _hide_yaml = not ({"numba", "yaml"} & sys.modules.keys()) and not os.path.isfile(".numba_config.yaml")
 if _hide_yaml:
     sys.modules["yaml"] = None  # an import of it fails with ImportError, as if it were not installed
+
+# The cyclic garbage collector is held off while the package and its dependencies (NumPy, Numba, LLVM's bindings)
+# import, and what they made is then moved out of its sight (gc.freeze): it lives as long as the process (modules,
+# their functions and tables), yet every collection walked it. The imports' hundreds of thousands of objects set
+# off about 160 collections, three of them full, and the later collections of a model's load and steps walked
+# them again: 0.1-0.2 s of CPU in a 32-token `pyggml generate`. The collector's on/off state is restored after.
 _collecting = gc.isenabled()
 gc.disable()
 try:

@@ -3,7 +3,6 @@ scale rounded to float32, then one float32 multiply per element."""
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from pyggml.backend.cpu.jit import norm as jit_norm
