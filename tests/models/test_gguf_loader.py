@@ -161,21 +161,6 @@ def test_q4_0_matrices_are_interleaved_except_the_token_embedding(q4_0_file, q8_
         == "CPU_INTERLEAVED"
 
 
-@pytest.mark.skipif(not has_vnni(), reason="Q4_0 is interleaved only where AVX-512 VNNI multiplies it")
-def test_meanwhile_runs_once_the_buffers_are_made_and_before_any_weight_is_written(q4_0_file, monkeypatch):
-    """A model's tokenizer and kernels load in `meanwhile`, while the interleaved buffer's memory is made
-    resident: after its allocation, before the first write."""
-    from pyggml.models.gguf import gguf_loader
-
-    events = []
-    alloc, tensor_set = gguf_loader.alloc_ctx_tensors_from_buft, gguf_loader.tensor_set
-    monkeypatch.setattr(gguf_loader, "alloc_ctx_tensors_from_buft", lambda *a: events.append("alloc") or alloc(*a))
-    monkeypatch.setattr(gguf_loader, "tensor_set", lambda *a: events.append("write") or tensor_set(*a))
-    w = load_weights(GGUFFile.open(q4_0_file), init_by_name("CPU"), meanwhile=lambda: events.append("meanwhile"))
-    assert events[:2] == ["alloc", "meanwhile"] and events[2:] == ["write"] * (len(events) - 2) and len(events) > 2
-    assert w.tensors["blk.0.attn_q.weight"].buffer.buft.name == "CPU_INTERLEAVED"
-
-
 def test_without_vnni_q4_0_stays_in_the_file(q4_0_file, monkeypatch):
     monkeypatch.setattr("pyggml.backend.cpu.interleave.has_vnni", lambda: False)
     w = load_weights(GGUFFile.open(q4_0_file), init_by_name("CPU"))

@@ -15,7 +15,6 @@ MUL_MAT, MUL_MAT_ID and GET_ROWS read it (`Tensor.extra` is INTERLEAVED).
 from __future__ import annotations
 
 import functools
-import threading
 
 import numpy as np
 
@@ -35,7 +34,6 @@ INTERLEAVED_TYPES = frozenset(FORMATS) | frozenset(K_FORMATS)
 # loop split in equal halves waited for a thread that shared its core with another process (a 1B file's layers:
 # 0.7 to 1.7 s on two busy cores, 0.2 s on one thread).
 PIECE_BYTES = 1 << 21
-POPULATE_BYTES = 1 << 25  # fresh memory made resident in pieces of this size by a thread of its own
 
 
 @functools.cache
@@ -99,14 +97,6 @@ class InterleavedBuffer(ConvertedBuffer):
         split_over_threads(repack, -(-size // piece))
 
 
-def _populate_backwards(memory: np.ndarray) -> None:
-    """populate() over memory in POPULATE_BYTES pieces from its end (the thread holds the array: never freed
-    under it)."""
-    for end in range(memory.nbytes, 0, -POPULATE_BYTES):
-        start = max(0, end - POPULATE_BYTES)
-        populate(memory.ctypes.data + start, end - start)
-
-
 class InterleavedBufferType(BufferType):
     """Thread-safety: alloc_buffer may be called from any thread."""
 
@@ -121,12 +111,11 @@ class InterleavedBufferType(BufferType):
         return interleavable(type_, ne)
 
     def _alloc_buffer(self, size: int) -> InterleavedBuffer:
-        """Memory in 4 KiB pages (see aligned_bytes), made resident from its end backwards on a thread of its own
-        from now on (without the GIL), while the loader does the rest of a model's load; the repack makes each
-        piece resident itself before writing it, so the two meet somewhere in between."""
-        memory = aligned_bytes(size, fill=None, huge_pages=False)
-        threading.Thread(target=_populate_backwards, args=(memory,), name="pyggml-populate", daemon=True).start()
-        return InterleavedBuffer(self, memory)
+        """Memory in 4 KiB pages (see aligned_bytes), made resident piece by piece by the repack threads as they
+        write it. A thread of its own that made it resident from the end while the loader did the rest slowed the
+        load on a virtual machine: the page faults of two threads at once, and the kernels' load waiting on them
+        (an 8B file's load 2.4-8.2 s with it, 1.8-3.7 s without; a 1B file's 0.55-0.56 s against 0.46-0.47)."""
+        return InterleavedBuffer(self, aligned_bytes(size, fill=None, huge_pages=False))
 
     def _alloc_size(self, t: Tensor) -> int:
         return t.nbytes

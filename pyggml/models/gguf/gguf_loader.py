@@ -19,7 +19,7 @@ yardstick, against 1.00 all float), as llama.cpp quantizes the activations of ev
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -93,7 +93,7 @@ class Weights:
 
 
 def load_weights(gguf: GGUFFile, backend, weights: str = "quantized", progress: bool | None = None,
-                 elsewhere_prefixes: tuple[str, ...] = (), meanwhile: Callable[[], None] | None = None) -> Weights:
+                 elsewhere_prefixes: tuple[str, ...] = ()) -> Weights:
     """Create every tensor of `gguf` and put its data on `backend`'s device (see the module docstring).
 
     `weights` is "quantized" (the file's block formats, or the interleaved layout of the same bytes) or
@@ -102,9 +102,6 @@ def load_weights(gguf: GGUFFile, backend, weights: str = "quantized", progress: 
     Tensors whose names start with one of `elsewhere_prefixes` are created but left unplaced, for the
     caller to place on other backends (`Weights.file_bytes` gives their bytes).
 
-    `meanwhile()` runs once the buffers are made and before any weight is written into them: the rest of a
-    model's load (its tokenizer, its kernels) while a converting buffer's fresh memory is made resident on
-    another thread (CPU_INTERLEAVED does so from its allocation).
     """
     direct, converted, elsewhere = Context(no_alloc=True), Context(no_alloc=True), Context(no_alloc=True)
     if weights not in WEIGHT_KINDS:
@@ -131,8 +128,6 @@ def load_weights(gguf: GGUFFile, backend, weights: str = "quantized", progress: 
     with progress_bar(total, progress) as bar:
         converted_buffer = alloc_ctx_tensors_from_buft(converted, expand_type or interleave_type) if len(converted) \
             else None
-        if meanwhile is not None:
-            meanwhile()
         buffers = [b for b in (_place_direct(gguf, backend, direct, infos, bar),
                                _place_converted(gguf, converted_buffer, converted, infos, bar))
                    if b is not None]

@@ -106,15 +106,12 @@ class Model:
         n_layer = hparam_count(gguf, "block_count", limit=MAX_LAYERS)
         placement = plan_layers(n_layer, backends) if len(backends) > 1 else None
 
-        def meanwhile() -> None:  # while the weights' fresh memory is made resident, before any is written
-            self.tokenizer = load_tokenizer(gguf)
-            types = {info.type for info in gguf.tensors} | {T.as_type(t) for t in (kv_type, kv_type_v) if t is not None}
-            for b in backends:  # the kernels of the file's and cache's types, while the weights are still unread
-                load_kernels(b, types)
-
+        self.tokenizer = load_tokenizer(gguf)
+        types = {info.type for info in gguf.tensors} | {T.as_type(t) for t in (kv_type, kv_type_v) if t is not None}
+        for b in backends:  # the kernels of the file's and cache's types, while the process is still small
+            load_kernels(b, types)
         self.weights = load_weights(gguf, backend, weights=weights, progress=progress,
-                                    elsewhere_prefixes=remote_prefixes(placement) if placement else (),
-                                    meanwhile=meanwhile)
+                                    elsewhere_prefixes=remote_prefixes(placement) if placement else ())
         self.arch = arch_class(gguf, self.weights)
         self.weights.check_all_asked()
         self.loras = LoraSet.load(lora, backend, self.weights)
