@@ -3,8 +3,9 @@
 The KV cache's products read short rows far apart (a head's 128 F16 values in every 2 KiB row of an 8B model's K
 cache): the hardware streams find no run to follow, so each row came from memory at its full latency (one
 layer's K product 171 us from memory against 54 us from cache). Asking for a row several rows ahead while this
-one is multiplied overlaps those waits. Contiguous weight streams need none of this (a prefetch in the K-quant
-tiles slowed them from memory).
+one is multiplied overlaps those waits. The interleaved weights' tiles ask for their stream 4 KiB ahead when a
+token is alone (ir/vnni_ir.py's PREFETCH_AHEAD, measured on an Intel Xeon; an earlier try on an AMD EPYC was
+slower).
 """
 
 from __future__ import annotations
@@ -16,6 +17,14 @@ from numba.extending import intrinsic
 _I32 = ir.IntType(32)
 
 
+def prefetch_pointer(builder, pointer) -> None:
+    """Ask for the cache line holding the byte `pointer` points at, into every cache level (a read of data)."""
+    line = builder.bitcast(pointer, ir.IntType(8).as_pointer())
+    fn = builder.module.declare_intrinsic("llvm.prefetch.p0i8", fnty=ir.FunctionType(
+        ir.VoidType(), [line.type, _I32, _I32, _I32]))
+    builder.call(fn, [line, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+
+
 @intrinsic
 def prefetch(typingctx, array, index):
     """Ask for the cache line holding array[index] (no bounds check: a prefetch never faults, so an index past
@@ -25,11 +34,7 @@ def prefetch(typingctx, array, index):
 
     def codegen(context, builder, signature, args):
         data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        line = builder.bitcast(builder.gep(data, [args[1]]), ir.IntType(8).as_pointer())
-        fn = builder.module.declare_intrinsic("llvm.prefetch.p0i8", fnty=ir.FunctionType(
-            ir.VoidType(), [line.type, _I32, _I32, _I32]))
-        # read, keep in every cache level, data
-        builder.call(fn, [line, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+        prefetch_pointer(builder, builder.gep(data, [args[1]]))
         return context.get_dummy_value()
 
     return types.none(array, index), codegen

@@ -30,11 +30,17 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from pyggml.backend.cpu.jit.ir.block_ir import F32, FAST, I32, I64, I8, splat
+from pyggml.backend.cpu.jit.prefetch import prefetch_pointer
 from pyggml.backend.cpu.jit.quants import KVALUES_IQ4NL, KVALUES_MXFP4
 from pyggml.core.types import GGMLType
 
 ROWS = 16                               # rows of a group: the int32 lanes of a zmm register
 TOKENS = 4                              # tokens a tile takes at once
+# A token alone (generation) streams the weights from memory, and its tile asks for them this many bytes ahead of
+# the block it multiplies: the hardware's prefetchers stop at each 4 KiB page (the weights' pages), and the
+# products alone kept too few lines in flight. Intel Xeon, 2 threads: a 1B Q4_K_M file's steps 21.7 -> 25.2
+# tokens/s, an 8B's 4.1 -> 4.6; 2 KiB and 3 KiB ahead gained less, 6 and 8 KiB lost (17-18 tokens/s).
+PREFETCH_AHEAD = 4096
 VF32 = ir.VectorType(F32, ROWS)
 VI32 = ir.VectorType(I32, ROWS)
 VI8 = ir.VectorType(I8, 4 * ROWS)
@@ -75,6 +81,12 @@ def e8m0_half_scales(builder, exponents):
     subnormal = builder.shl(ir.Constant(VI32, [0x00200000] * ROWS), e)
     small = builder.icmp_unsigned("<", e, two)
     return builder.bitcast(builder.select(small, subnormal, normal), VF32)
+
+
+def prefetch_ahead(builder, data, block, nbytes: int) -> None:
+    """Ask for the cache lines of [block, block + nbytes) of data PREFETCH_AHEAD bytes on."""
+    for line in range(0, nbytes, 64):
+        prefetch_pointer(builder, builder.gep(data, [builder.add(block, ir.Constant(I64, PREFETCH_AHEAD + line))]))
 
 
 def load_at(builder, base, offset, vtype, align=1):
@@ -167,6 +179,8 @@ def _tokens(builder, layout: Layout, data, g_, nb_, t0_, n_tokens: int, yo_, ys_
     with cgutils.for_range(builder, nb_) as loop:
         b = loop.index
         block = builder.add(g_, builder.mul(b, ir.Constant(I64, layout.group_block)))
+        if n_tokens == 1:
+            prefetch_ahead(builder, data[0], block, layout.group_block)
         scales = layout.scales(builder, data[0], block)
         if layout.headers == 2:
             at_m = builder.add(block, ir.Constant(I64, 2 * ROWS))

@@ -34,7 +34,7 @@ from numba.extending import intrinsic
 
 from pyggml.backend.cpu.jit.ir.block_ir import F32, I32, I64, splat
 from pyggml.backend.cpu.jit.ir.vnni_ir import (ROWS, TOKENS, VF16, VF32, VI32, VI8, code_book_values, dpbusd,
-                                               load_at)
+                                               load_at, prefetch_ahead)
 from pyggml.core.types import GGMLType
 
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS = (int(t) for t in (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K,
@@ -270,6 +270,8 @@ def _tokens(builder, layout: KLayout, data, g_, nb_, t0_, n_tokens: int, yo_, ys
     with cgutils.for_range(builder, nb_) as loop:
         b = loop.index
         block = builder.add(g_, builder.mul(b, ir.Constant(I64, layout.group_block)))
+        if n_tokens == 1:
+            prefetch_ahead(builder, data[0], block, layout.group_block)
         ats = [builder.add(builder.mul(t, nb_), b) for t in tokens]                # token t's block b
         q0s = [builder.mul(at, ir.Constant(I64, 256)) for at in ats]
         b0s = [builder.mul(at, ir.Constant(I64, 16)) for at in ats]
