@@ -1,10 +1,10 @@
 """pyggml's image prompts against llama.cpp's mtmd on random-weight model + mmproj pairs (cases.py): the same
-layout of text tokens and image embeddings, the embeddings within 1e-5 relative error (F32 weights; Qwen2.5-VL's
-and idefics3's without preproc_image_size 1e-4, see cases.py) and the text after the image with a teacher-forced
+layout of text tokens and image embeddings, the embeddings within 1e-5 relative error (F32 weights; idefics3's
+without preproc_image_size 1e-4, see cases.py) and the text after the image with a teacher-forced
 mean KLD <= 1e-6 (for Qwen2.5-VL's language model at M-RoPE positions: the image's rows at its row and column, the
 text after it max(nx, ny) on).
 
-What the looser bounds allow is the F16-table GELU's steps alone: given llama.cpp's GELU inputs (committed with its
+What the looser bound allows is the F16-table GELU's steps alone: given llama.cpp's GELU inputs (committed with its
 outputs), every case's embeddings agree within 1e-6.
 
 CI compares with the committed outputs (data/mtmd_refs.npz, written by data/make_mtmd_refs.py); the `peer` test
