@@ -1,8 +1,8 @@
 """FLASH_ATTN_EXT over an F32 or F16 KV cache, as kernels/attention.py computes it: per query row the scores
 q·k * scale (soft-capped: softcap * tanh(score * scale / softcap)) plus slope * mask, a softmax whose max
 includes the sink and whose sum is float32, then the weighted sum of V rows divided by that sum (0 for a
-row with every key masked and no sink). One pass over K and one over V per token and K/V head (the query
-heads sharing it are done together), no score matrix; a key the mask hides (-inf) is skipped, as ggml skips it."""
+row with every key masked and no sink). Per token, K's rows once per query head and V's once per K/V head (the
+query heads sharing it done together), no score matrix; a key the mask hides (-inf) is skipped, as ggml skips it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 from pyggml.backend.cpu.jit import jit
 from pyggml.backend.cpu.jit.f16 import widen
 from pyggml.backend.cpu.jit.floatbits import expf
-from pyggml.backend.cpu.jit.reduce import dot_f32, max_f32, sum_f32
+from pyggml.backend.cpu.jit.reduce import max_f32, sum_f32
 
 
 @jit(inline="always")
@@ -54,6 +54,24 @@ def exp_score_rows(scores: np.ndarray, pre_scale: np.float32, softcap: np.float3
                 totals[i3, h, t] = exp_scores(scores[i3, h, t], pre_scale, softcap, m, slopes[h], sink)
 
 
+@jit(fastmath={"reassoc", "nsz"})
+def key_scores(qrow: np.ndarray, k: np.ndarray, k_head: np.uintp, k_stride: np.uintp, n_kv, mask_row: np.ndarray,
+               scores: np.ndarray) -> None:
+    """scores[j] = qrow · row j of the K head at k_head (dot_f32's sum), or -inf where mask_row hides key j, whose
+    row is then not read (as ggml's CPU kernel: the many sequences of a shared cache each attend their own cells).
+    One call a query row, not one a key (a 1B model's generation step at 540 keys: 11.7 -> 9.0 ms of flash
+    attention, Intel Xeon; 3 ms without flash attention)."""
+    for j in range(np.uintp(n_kv)):
+        if mask_row.size > 0 and widen(mask_row[j]) == np.float32(-np.inf):
+            scores[j] = np.float32(-np.inf)
+        else:
+            krow = k_head + j * k_stride
+            total = np.float32(0)
+            for d in range(np.uintp(qrow.shape[0])):
+                total += qrow[d] * widen(k[krow + d])
+            scores[j] = total
+
+
 @jit
 def flash_attn_rows(q: np.ndarray, k: np.ndarray, k_strides: np.ndarray, v: np.ndarray, v_strides: np.ndarray,  # noqa: C901
                     kv_dims: np.ndarray, mask: np.ndarray, sinks: np.ndarray, slopes: np.ndarray, out: np.ndarray,
@@ -66,7 +84,7 @@ def flash_attn_rows(q: np.ndarray, k: np.ndarray, k_strides: np.ndarray, v: np.n
     scale / softcap (rounded once to float32) when softcap is not 0."""
     ne3, n_head, n_tokens, d_k = q.shape
     n_head_kv, n_kv, d_v = kv_dims[0], kv_dims[1], kv_dims[2]
-    group = n_head // n_head_kv  # the query heads that share one K/V head, done together: K and V read once
+    group = n_head // n_head_kv  # the query heads that share one K/V head, done together: V read once
     has_mask, has_sinks = mask.size > 0, sinks.size > 0
     no_row = np.zeros(0, mask.dtype)
     scores = np.empty((group, n_kv), np.float32)
@@ -81,19 +99,10 @@ def flash_attn_rows(q: np.ndarray, k: np.ndarray, k_strides: np.ndarray, v: np.n
                 for g in range(group):
                     for d in range(np.uintp(d_k)):
                         qrows[g, d] = widen(q[i3, hk * group + g, t, d])
-                for j in range(np.uintp(n_kv)):
-                    krow = k_head + j * np.uintp(k_strides[2])
-                    for g in range(group):
-                        # a cell the mask hides is not read (as ggml's CPU kernel): the many sequences of a
-                        # shared cache each attend their own cells
-                        if has_mask and widen(mask[i3 % mask.shape[0], (hk * group + g) % mask.shape[1], t, j]) \
-                                == np.float32(-np.inf):
-                            scores[g, j] = np.float32(-np.inf)
-                        else:
-                            scores[g, j] = dot_f32(qrows[g], k, krow)
                 for g in range(group):
                     h = hk * group + g
                     m = mask[i3 % mask.shape[0], h % mask.shape[1], t] if has_mask else no_row
+                    key_scores(qrows[g], k, k_head, np.uintp(k_strides[2]), n_kv, m, scores[g])
                     totals[g] = exp_scores(scores[g], pre_scale, softcap, m, slopes[h], sinks[h] if has_sinks else
                                            np.float32(-np.inf))
                 acc[:, :] = 0
