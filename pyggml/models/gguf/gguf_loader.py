@@ -101,7 +101,6 @@ def load_weights(gguf: GGUFFile, backend, weights: str = "quantized", progress: 
 
     Tensors whose names start with one of `elsewhere_prefixes` are created but left unplaced, for the
     caller to place on other backends (`Weights.file_bytes` gives their bytes).
-
     """
     direct, converted, elsewhere = Context(no_alloc=True), Context(no_alloc=True), Context(no_alloc=True)
     if weights not in WEIGHT_KINDS:
