@@ -10,7 +10,8 @@ from pyggml.testing.synthetic import write_llama
 
 
 def _args(path, **kw):
-    return argparse.Namespace(model=str(path), npp=8, ntg=3, npl=[1, 2, 4], batch=16, threads=1, **kw)
+    return argparse.Namespace(**{"model": str(path), "npp": 8, "ntg": 3, "npl": [1, 2, 4], "batch": 16, "threads": 1,
+                                 "llama_no_extra_bufts": False, **kw})
 
 
 def test_pyggml_side_reports_a_row_per_npl(tmp_path):
