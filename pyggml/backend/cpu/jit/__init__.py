@@ -19,4 +19,14 @@ compiler_pages.install()
 # beside one computing).
 PARALLEL_LAUNCH = threading.Lock()
 
-__all__ = ["PARALLEL_LAUNCH", "PerType", "jit", "parallel_jit"]
+
+def launched(call):
+    """call() bound to run under PARALLEL_LAUNCH: a kernel compiled with parallel_jit shares its loop over Numba's
+    threads, one launch at a time."""
+    def launch() -> None:
+        with PARALLEL_LAUNCH:
+            call()
+    return launch
+
+
+__all__ = ["PARALLEL_LAUNCH", "PerType", "jit", "launched", "parallel_jit"]

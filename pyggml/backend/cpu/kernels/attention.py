@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from pyggml.backend.cpu.jit import PARALLEL_LAUNCH
+from pyggml.backend.cpu.jit import launched
 from pyggml.backend.cpu.jit.attention import exp_score_rows, flash_attn_rows
 from pyggml.backend.cpu.jit.mul_mat import dequantize_rows
 from pyggml.backend.cpu.jit.rope import rope_rows
@@ -367,7 +367,7 @@ def _bind_quantized_flash_attn(dst: Tensor):
     sink = view(sinks).reshape(-1) if sinks is not None else NO_SINKS
     if any(np.may_share_memory(out, x) for x in (qs, m, sink, *(a for a, fill in parts if fill is None))):
         return None  # planned memory shared with the result: the NumPy kernel
-    bound = _launched(functools.partial(flash_attn_rows, qs, *flat_rows(parts[0][0]), *flat_rows(parts[1][0]),
+    bound = launched(functools.partial(flash_attn_rows, qs, *flat_rows(parts[0][0]), *flat_rows(parts[1][0]),
                                         np.array([k.ne[2], k.ne[1], v.ne[0]], np.int64), m, sink,
                                         alibi_slopes(q.ne[2], max_bias), out,
                                         np.float32(scale / softcap if softcap != 0.0 else scale), np.float32(softcap)))
@@ -384,14 +384,6 @@ def _bind_quantized_flash_attn(dst: Tensor):
             fill(cells)
         bound()
     return call
-
-
-def _launched(call):
-    """call() under PARALLEL_LAUNCH (flash_attn_rows shares its heads over Numba's threads)."""
-    def launch() -> None:
-        with PARALLEL_LAUNCH:
-            call()
-    return launch
 
 
 def _bind_flash_attn(dst: Tensor):
@@ -417,13 +409,12 @@ def _bind_flash_attn(dst: Tensor):
     kv_dims = np.array([k.ne[2], k.ne[1], v.ne[0]], np.int64)
     rest = (slopes, out, pre_scale, np.float32(softcap))
     if any(np.may_share_memory(out, x) for x in (qs, ks, vs, m, sink)):  # planned memory: read copies, same results
-        def compiled() -> None:
-            with PARALLEL_LAUNCH:
-                flash_attn_rows(qs.copy(), *flat_rows(ks.copy()), *flat_rows(vs.copy()), kv_dims, m.copy(),
-                                sink.copy(), *rest)
+        def rows() -> None:
+            flash_attn_rows(qs.copy(), *flat_rows(ks.copy()), *flat_rows(vs.copy()), kv_dims, m.copy(), sink.copy(),
+                            *rest)
     else:
-        compiled = _launched(functools.partial(flash_attn_rows, qs, *flat_rows(ks), *flat_rows(vs), kv_dims, m, sink,
-                                               *rest))
+        rows = functools.partial(flash_attn_rows, qs, *flat_rows(ks), *flat_rows(vs), kv_dims, m, sink, *rest)
+    compiled = launched(rows)
     if few_rows and few_keys:
         return compiled
 

@@ -18,7 +18,7 @@ import functools
 
 import numpy as np
 
-from pyggml.backend.cpu.jit import PARALLEL_LAUNCH
+from pyggml.backend.cpu.jit import PARALLEL_LAUNCH, launched
 from pyggml.backend.cpu.jit.mul_mat import dequantize_rows, mul_mat_float_columns, mul_mat_vec
 from pyggml.backend.cpu.jit.ir.vnni_ir import ROWS
 from pyggml.backend.cpu.jit.ir.vnni_k_ir import K_FORMATS
@@ -143,13 +143,7 @@ def _matvec_call(a: Tensor, src: np.ndarray, planes: np.ndarray, x: np.ndarray, 
         kernel_, args = mul_mat_float_columns, (values, planes // size, a.nb[1] // size, a.ne[1], a.ne[0], x, y)
     else:
         kernel_, args = mul_mat_vec[int(a.type)], (src, planes, a.nb[1], a.ne[1], blocks_per_row(a), x, y)
-    on_threads = functools.partial(kernel_, *args, max(1, min(THREADS_MAX * BANDS_PER_THREAD, a.ne[1] // 16)))
-
-    def call() -> None:
-        with PARALLEL_LAUNCH:
-            on_threads()
-
-    return call
+    return launched(functools.partial(kernel_, *args, max(1, min(THREADS_MAX * BANDS_PER_THREAD, a.ne[1] // 16))))
 
 
 class _Q8Scratch:

@@ -38,8 +38,8 @@ ROWS = 16                               # rows of a group: the int32 lanes of a 
 TOKENS = 4                              # tokens a tile takes at once
 # A token alone (generation) streams the weights from memory, and its tile asks for them this many bytes ahead of
 # the block it multiplies: the hardware's prefetchers stop at each 4 KiB page (the weights' pages), and the
-# products alone kept too few lines in flight. Intel Xeon, 2 threads: a 1B Q4_K_M file's steps 21.7 -> 25.2
-# tokens/s, an 8B's 4.1 -> 4.6; 2 KiB and 3 KiB ahead gained less, 6 and 8 KiB lost (17-18 tokens/s).
+# products alone kept too few lines in flight. Intel Xeon, 2 threads, alternating pairs: a 1B Q4_K_M file's steps
+# 21.5 -> 24.2 tokens/s, an 8B's 4.1 -> 4.6; 2 KiB and 3 KiB ahead gained less, 6 and 8 KiB lost (17-18 tokens/s).
 PREFETCH_AHEAD = 4096
 VF32 = ir.VectorType(F32, ROWS)
 VI32 = ir.VectorType(I32, ROWS)
