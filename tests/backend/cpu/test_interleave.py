@@ -11,6 +11,8 @@ from pyggml.backend import init_by_name, tensor_get, tensor_set
 from pyggml.backend.cpu import interleave, kernels
 from pyggml.backend.cpu.interleave import has_vnni
 from pyggml.backend.cpu.jit.mul_mat import dequantize_rows
+from pyggml.backend.cpu.jit.ir.vnni_k_ir import (MINUS_8_SUMS_OF_32, MINUS_32_SUMS_OF_8, PAIRS_OF_32, Q8K_WORDS,
+                                                 SUMS_OF_16)
 from pyggml.backend.cpu.jit.repack import (fields, gemm_16x4_q8_0, gemm_16x4_q8_K, quantize_q8_0, quantize_q8_K,
                                            repack_16x4, repack_16x4_into)
 from pyggml.backend.cpu.kernels._common import INTERLEAVED
@@ -185,7 +187,8 @@ def _q8_K_reference(x: np.ndarray):
 
 def _quantized_k(x: np.ndarray):
     n, k = x.shape
-    xq, xd, xb = np.empty(n * k, np.uint8), np.empty(n * k // 256, np.float32), np.empty(n * k // 16, np.int32)
+    xq, xd, xb = (np.empty(n * k, np.uint8), np.empty(n * k // 256, np.float32),
+                  np.empty(n * k // 256 * Q8K_WORDS, np.int32))
     quantize_q8_K(x, xq, xd, xb)
     return xq, xd, xb
 
@@ -220,7 +223,14 @@ def test_activations_are_quantized_as_ggml_quantizes_q8_K():
     q, d, bsums = _q8_K_reference(x)
     np.testing.assert_array_equal(xq.view(np.int8).reshape(q.shape), q)
     np.testing.assert_array_equal(xd.reshape(d.shape), d)
-    np.testing.assert_array_equal(xb.reshape(bsums.shape), bsums)
+    words = xb.reshape(*bsums.shape[:2], Q8K_WORDS)
+    np.testing.assert_array_equal(words[..., SUMS_OF_16:SUMS_OF_16 + 16], bsums)
+    sums_of_32 = q.reshape(*q.shape[:2], 8, 32).astype(np.int32).sum(-1)
+    pairs = words[..., PAIRS_OF_32:PAIRS_OF_32 + 4].view(np.int16).reshape(*q.shape[:2], 8)  # little-endian: lo first
+    np.testing.assert_array_equal(pairs, sums_of_32)
+    np.testing.assert_array_equal(words[..., MINUS_8_SUMS_OF_32:MINUS_8_SUMS_OF_32 + 8], -8 * sums_of_32)
+    sums_of_8 = q.reshape(*q.shape[:2], 32, 8).astype(np.int32).sum(-1)
+    np.testing.assert_array_equal(words[..., MINUS_32_SUMS_OF_8:MINUS_32_SUMS_OF_8 + 32], -32 * sums_of_8)
     assert list(q[2, 1, :4]) == [-127, 0, 2, -2] and d[2, 1] == 1 and d[1, 0] == 0 and not q[1, 0].any()
 
 
@@ -328,6 +338,28 @@ def test_k_tile_products_follow_ggml_integer_dots_and_the_dequantized_product(qt
     expected = acts @ T.to_float(qtype, rows).reshape(48, cols).astype(np.float64).T
     np.testing.assert_allclose(y, expected, rtol=0, atol=2e-6 * np.abs(expected).max())
     integer = _integer_reference(qtype, rows, q, xd.reshape(n_tokens, -1))
+    np.testing.assert_allclose(y, integer, rtol=0, atol=2e-6 * np.abs(integer).max())
+
+
+@pytest.mark.parametrize("qtype, quants", [(GGMLType.Q4_K, slice(16, 144)), (GGMLType.Q6_K, slice(0, 192))])
+@pytest.mark.parametrize("fill", [0x00, 0xFF])
+def test_int16_pieces_hold_at_the_extreme_quants_and_activations(qtype, quants, fill):
+    """Q4_K's and Q6_K's pieces of products (ir/vnni_k_ir.py's NARROW) reach their largest magnitude, 32512, with
+    every quant at 0 (nibble - 8 = -8, q - 32 = -32) or at its top and every activation at ±127: the sums still
+    equal ggml's integer arithmetic."""
+    cols, n_tokens = 512, 5
+    rows = _q_rows(32, cols, qtype=qtype).reshape(32, cols // 256, -1)
+    rows[:, :, quants] = fill
+    rows = rows.reshape(32, -1)
+    x = np.ones((n_tokens, cols), np.float32)
+    x[1::2, ::256] = -1                       # a block whose first value is -1: its other values quantize to +127
+    x[2] = -x[2]
+    xq, xd, xb = _quantized_k(x)
+    assert set(np.unique(xq.view(np.int8))) <= {-127, 127}
+    y = np.empty((n_tokens, 32), np.float32)
+    gemm_16x4_q8_K(int(qtype), repack_16x4(int(qtype), rows).reshape(-1), *_one_segment(n_tokens)[:1], cols // 256,
+                   2, xq, xd, xb, _one_segment(n_tokens)[1], y)
+    integer = _integer_reference(qtype, rows, xq.view(np.int8).reshape(n_tokens, -1, 256), xd.reshape(n_tokens, -1))
     np.testing.assert_allclose(y, integer, rtol=0, atol=2e-6 * np.abs(integer).max())
 
 

@@ -31,7 +31,8 @@ from pyggml.backend.cpu.jit.f16 import f16_bits
 from pyggml.backend.cpu.jit.floatbits import f16_to_f32
 from pyggml.backend.cpu.jit.ir.vnni_ir import (FORMATS, ROWS, tile_iq4_nl, tile_mxfp4, tile_q4_0, tile_q4_1, tile_q5_0,
                                                tile_q5_1, tile_q8_0)
-from pyggml.backend.cpu.jit.ir.vnni_k_ir import (K_FORMATS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, tile_iq4_xs, tile_q2_K,
+from pyggml.backend.cpu.jit.ir.vnni_k_ir import (K_FORMATS, MINUS_8_SUMS_OF_32, MINUS_32_SUMS_OF_8, PAIRS_OF_32, Q2_K,
+                                                 Q3_K, Q4_K, Q5_K, Q6_K, Q8K_WORDS, SUMS_OF_16, tile_iq4_xs, tile_q2_K,
                                                  tile_q3_K, tile_q4_K, tile_q5_K, tile_q6_K)
 from pyggml.backend.cpu.jit.quants import U
 from pyggml.backend.cpu.jit.unaligned import load_u16, load_u32, store_u16, store_u32
@@ -221,14 +222,33 @@ in starts[i] .. starts[i+1] - 1 = the 16x4 matrix of qtype at byte firsts[i] of 
 pass)."""
 
 
+@jit(inline="always")
+def _block_words(sums_of_8: np.ndarray, xb: np.ndarray, words) -> None:
+    """A Q8_K block's int32 words from its 32 sums of 8 quants, as ir/vnni_k_ir.py reads them: the 16 sums of 16
+    (ggml's bsums), the sums of 32 as four int16 pairs, -8 times each sum of 32, -32 times each sum of 8."""
+    for i in range(U(16)):
+        xb[words + U(SUMS_OF_16) + i] = sums_of_8[U(2) * i] + sums_of_8[U(2) * i + U(1)]
+    for i in range(U(8)):
+        total = xb[words + U(SUMS_OF_16) + U(2) * i] + xb[words + U(SUMS_OF_16) + U(2) * i + U(1)]
+        xb[words + U(MINUS_8_SUMS_OF_32) + i] = -8 * total
+        if i % U(2) == U(0):
+            xb[words + U(PAIRS_OF_32) + i // U(2)] = total & 0xFFFF
+        else:
+            xb[words + U(PAIRS_OF_32) + i // U(2)] |= total << 16
+    for i in range(U(32)):
+        xb[words + U(MINUS_32_SUMS_OF_8) + i] = -32 * sums_of_8[i]
+
+
 @jit
 def quantize_q8_K_rows(x: np.ndarray, first: np.intp, end: np.intp, xq: np.ndarray, xd: np.ndarray,
                        xb: np.ndarray) -> None:
-    """Rows first .. end-1 of x (n, nb·256) float32 -> xq (n·nb·256,) int8 bits, xd (n·nb,) scales, xb (n·nb·16,)
-    the sums of each 16 quants: ggml's quantize_row_q8_K (its x86 build uses the reference code): iscale =
-    -127/max, max the value of largest magnitude, q = min(127, round(iscale·x)) to nearest even, d = 1/iscale."""
+    """Rows first .. end-1 of x (n, nb·256) float32 -> xq (n·nb·256,) int8 bits, xd (n·nb,) scales, xb
+    (n·nb·Q8K_WORDS,) each block's sums of its quants (_block_words): ggml's quantize_row_q8_K (its x86 build uses
+    the reference code): iscale = -127/max, max the value of largest magnitude, q = min(127, round(iscale·x)) to
+    nearest even, d = 1/iscale."""
     nb = U(x.shape[1]) // U(256)  # unsigned indices: signed ones kept the loops scalar (2x slower)
     lanes = np.empty(16, np.float32)  # 16 running maxima: one chain of 256 dependent maxima took half the time
+    sums_of_8 = np.empty(32, np.int32)
     for t in range(U(first), U(end)):
         for b in range(nb):
             row = x[t, b * U(256): b * U(256) + U(256)]
@@ -246,13 +266,14 @@ def quantize_q8_K_rows(x: np.ndarray, first: np.intp, end: np.intp, xq: np.ndarr
                     vmax = row[j]
                     break
             iscale = np.float32(-127) / vmax if amax != 0 else np.float32(0)
-            for i in range(U(16)):
+            for i in range(U(32)):
                 total = np.int32(0)
-                for j in range(U(16)):
-                    q = min(np.int32(127), np.int32(np.rint(iscale * row[i * U(16) + j])))
-                    xq[at + i * U(16) + j] = np.uint8(q & 0xFF)
+                for j in range(U(8)):
+                    q = min(np.int32(127), np.int32(np.rint(iscale * row[i * U(8) + j])))
+                    xq[at + i * U(8) + j] = np.uint8(q & 0xFF)
                     total += q
-                xb[(t * nb + b) * U(16) + i] = total
+                sums_of_8[i] = total
+            _block_words(sums_of_8, xb, (t * nb + b) * U(Q8K_WORDS))
             xd[t * nb + b] = np.float32(1) / iscale if amax != 0 else np.float32(0)
 
 
@@ -302,7 +323,7 @@ def _gemm_16x4_q8_K(qtype: int):
             i, g = task // n_groups, task % n_groups
             t0, n = starts[i], starts[i + 1] - starts[i]
             at = t0 * nb
-            _tile_q8_K(qtype, w, firsts[i] + g * group_bytes, nb, xq[at * 256:], xd[at:], xb[at * 16:], n, flat,
+            _tile_q8_K(qtype, w, firsts[i] + g * group_bytes, nb, xq[at * 256:], xd[at:], xb[at * Q8K_WORDS:], n, flat,
                        t0 * ys + g * ROWS, ys)
     return gemm_16x4_q8_K
 

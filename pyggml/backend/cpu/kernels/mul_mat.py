@@ -21,7 +21,7 @@ import numpy as np
 from pyggml.backend.cpu.jit import PARALLEL_LAUNCH, launched
 from pyggml.backend.cpu.jit.mul_mat import dequantize_rows, mul_mat_float_columns, mul_mat_vec
 from pyggml.backend.cpu.jit.ir.vnni_ir import ROWS
-from pyggml.backend.cpu.jit.ir.vnni_k_ir import K_FORMATS
+from pyggml.backend.cpu.jit.ir.vnni_k_ir import K_FORMATS, Q8K_WORDS
 from pyggml.backend.cpu.jit.repack import gemm_16x4_q8_0, gemm_16x4_q8_K, quantize_q8_0, quantize_q8_K
 from pyggml.backend.cpu.kernels import kernel
 from pyggml.backend.cpu.kernels._blocks import THREADS_MAX, blocks_per_row, in_blocks, memory_of, threads
@@ -149,7 +149,7 @@ def _matvec_call(a: Tensor, src: np.ndarray, planes: np.ndarray, x: np.ndarray, 
 class _Q8Scratch:
     """The quantized activations of the interleaved products: one buffer for all of them, grown to the largest
     (a prompt's 200 products would otherwise hold 70 MiB of it); used under PARALLEL_LAUNCH only. Q8_0: quants,
-    scales, Σq and Q8_1's s per 32 values; Q8_K: quants, a scale per 256 values, a sum per 16.
+    scales, Σq and Q8_1's s per 32 values; Q8_K: quants, a scale per 256 values, Q8K_WORDS sums per 256.
 
     `held` names what the buffer holds: (the graph tensor b, its format) after a graph product, None after
     anything else. Products of one b in a row (a layer's q, k and v; gate and up) quantize it once: b is not
@@ -167,7 +167,8 @@ class _Q8Scratch:
     def _grown(self, n: int, k: int):
         if self.quants.size < n * k:
             self.quants = np.empty(n * k, np.uint8)
-            self.scales, self.sums, self.s = (np.empty(n * k // 16, dt) for dt in (np.float32, np.int32, np.float32))
+            self.scales, self.s = (np.empty(n * k // 32, np.float32) for _ in range(2))
+            self.sums = np.empty(-(-n * k // 256) * Q8K_WORDS, np.int32)
 
     def q8_0(self, n: int, k: int):
         self._grown(n, k)
@@ -176,7 +177,7 @@ class _Q8Scratch:
 
     def q8_K(self, n: int, k: int):
         self._grown(n, k)
-        return self.quants[: n * k], self.scales[: n * k // 256], self.sums[: n * k // 16]
+        return self.quants[: n * k], self.scales[: n * k // 256], self.sums[: n * k // 256 * Q8K_WORDS]
 
 
 _Q8 = _Q8Scratch()

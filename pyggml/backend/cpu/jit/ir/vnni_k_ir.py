@@ -55,6 +55,12 @@ K_FORMATS = {Q2_K: (84, ((80, 2), (82, 2), (0, 16), (16, 64))),
              Q5_K: (176, ((0, 2), (2, 2), (4, 12), (16, 32), (48, 128))),
              Q6_K: (210, ((208, 2), (192, 16), *Q6_K_QUANTS)),
              IQ4_XS: (136, ((0, 2), (2, 2), (4, 4), (8, 128)))}
+# The int32 words of a token's Q8_K block beside its quants (jit/repack.py writes them): the 16 sums of 16 quants
+# (ggml's bsums), the 8 sums of 32 as four pairs of int16 (sub-blocks 2i and 2i+1, what vpdpwssd multiplies Q4_K's
+# pairs of scales and of minimums with), -8 times each sum of 32 and -32 times each sum of 8 (where Q4_K's and
+# Q6_K's pieces of products start, see _sums).
+SUMS_OF_16, PAIRS_OF_32, MINUS_8_SUMS_OF_32, MINUS_32_SUMS_OF_8, Q8K_WORDS = 0, 16, 20, 28, 60
+NARROW = {Q4_K: (32, MINUS_8_SUMS_OF_32), Q6_K: (8, MINUS_32_SUMS_OF_8)}  # values a piece, where its start is
 DMIN = {Q2_K: 82, Q4_K: 2, Q5_K: 2}          # where the fp16 scale of the minimums is
 ZERO_POINT = {Q3_K: 4, Q6_K: 32, IQ4_XS: 128}  # unsigned quants minus this are the values: -zero·Σq starts a sum
 
@@ -243,12 +249,99 @@ def _tile(qtype: int):
     return intrinsic(typer)
 
 
-def _minimums_term(builder, mins, bsum, t: int):
-    """Σ m_j · (token t's values summed in sub-block j), as float."""
+def dpwssd(builder, acc, a, b):
+    """acc + the sums of two int16·int16 products per int32 lane (vpdpwssds: its saturation never acts on these
+    sums, and LLVM splits the plain vpdpwssd into vpmaddwd and vpaddd, two instructions)."""
+    vi16 = ir.VectorType(ir.IntType(16), 2 * ROWS)
+    fn = builder.module.declare_intrinsic("llvm.x86.avx512.vpdpwssds.512",
+                                          fnty=ir.FunctionType(VI32, [VI32, vi16, vi16]))
+    return builder.call(fn, [acc, builder.bitcast(a, vi16), builder.bitcast(b, vi16)])
+
+
+def _int16_pairs(builder, lanes):
+    """Lanes 2i and 2i+1 of a list of <16 x i32> holding values below 2^15, as one vector of int16 pairs each."""
+    return [builder.or_(lanes[i], builder.shl(lanes[i + 1], _i32(builder, 16))) for i in range(0, len(lanes), 2)]
+
+
+class _Tokens:
+    """A tile's tokens at one block: their Q8_K quants (from element q0s[t] of xq) and words (from words[t] of xb)."""
+
+    def __init__(self, builder, data, q0s, words):
+        self.builder, self.data, self.q0s, self.words = builder, data, q0s, words
+
+    def word(self, t: int, i: int):
+        return load_at(self.builder, self.data[5], self.builder.add(self.words[t], ir.Constant(I64, i)), I32, 4)
+
+    def splat_word(self, t: int, i: int):
+        return splat(self.builder, self.word(t, i), VI32)
+
+    def bsum(self, t: int, j: int, size: int):
+        """Token t's quants summed over sub-block j of `size` values (Q8_K's sums of 16)."""
+        sums = [self.word(t, SUMS_OF_16 + i) for i in range(size // 16 * j, size // 16 * (j + 1))]
+        return sums[0] if len(sums) == 1 else self.builder.add(*sums)
+
+    def products(self, t: int, s, quants):
+        """s + token t's products with the quant vectors [(vector, first value)] by vpdpbusd."""
+        for vector, k in quants:
+            four = load_at(self.builder, self.data[3], self.builder.add(self.q0s[t], ir.Constant(I64, k)), I32)
+            s = dpbusd(self.builder, s, vector, self.builder.bitcast(splat(self.builder, four, VI32), VI8))
+        return s
+
+
+def _add_sub_block(builder, layout: KLayout, tokens: _Tokens, t: int, j: int, quants, scale, total):
+    """total + scale·s, s token t's products with sub-block j started at -z·bsum_j (zero point z).
+
+    For the types in NARROW the products go in pieces small enough that each piece's sum, started at -bias·(the
+    token's quants summed over the piece), fits an int16 (Q4_K: 32 values of nibble - 8, at most 32·8·127; Q6_K: 8
+    values of q - 32): then one vpdpwssd against the scale (its lo16, hi16 0) multiplies the piece and adds it to
+    the total, where vpmulld and an add took three instructions. Q4_K's bias, not a zero point, is put back by
+    _minimums_term."""
+    narrow = NARROW.get(layout.qtype)
+    if narrow is None:
+        start = (splat(builder, builder.mul(tokens.bsum(t, j, layout.size), ir.Constant(I32, -layout.zero)), VI32)
+                 if layout.zero else _i32(builder, 0))
+        return builder.add(total, builder.mul(tokens.products(t, start, quants), scale))
+    values, at = narrow
+    low16 = builder.and_(scale, _i32(builder, 0xFFFF))
+    for i in range(0, len(quants), values // 4):
+        piece = quants[i:i + values // 4]
+        total = dpwssd(builder, total, tokens.products(t, tokens.splat_word(t, at + piece[0][1] // values), piece),
+                       low16)
+    return total
+
+
+def _minimums_term(builder, layout: KLayout, tokens: _Tokens, t: int, scales, mins, total):
+    """(total, Σ_j m_j·bsum_j) for token t; for Q4_K (total + 8·Σ_j sc_j·bsum_j, its pieces' bias put back, and the
+    minimums' term) by vpdpwssd on pairs of scales, of minimums and of the token's sums of 32."""
+    if layout.qtype != Q4_K:
+        term = _i32(builder, 0)
+        for j, m in enumerate(mins):
+            term = builder.add(term, builder.mul(m, splat(builder, tokens.bsum(t, j, layout.size), VI32)))
+        return total, term
+    scale_pairs = [builder.shl(p, _i32(builder, 3)) for p in _int16_pairs(builder, scales)]
     term = _i32(builder, 0)
-    for j, m in enumerate(mins):
-        term = builder.add(term, builder.mul(m, splat(builder, bsum(t, j), VI32)))
-    return builder.sitofp(term, VF32)
+    for i, min_pair in enumerate(_int16_pairs(builder, mins)):
+        sums = tokens.splat_word(t, PAIRS_OF_32 + i)
+        total = dpwssd(builder, total, scale_pairs[i], sums)
+        term = dpwssd(builder, term, min_pair, sums)
+    return total, term
+
+
+def _sums(builder, layout: KLayout, tokens: _Tokens, block):
+    """A block's integer sums for each token: (Σ_j scale_j·s_j, Σ_j m_j·bsum_j or None), s_j the products of
+    sub-block j with the token's quants, bsum_j the token's quants summed over sub-block j: the same integers
+    ggml's arithmetic makes."""
+    n_tokens = len(tokens.q0s)
+    subs, mins = layout.sub_blocks(builder, tokens.data[0], block)
+    totals, scales = [_i32(builder, 0) for _ in range(n_tokens)], []
+    for j, quants, scale in subs:
+        scales.append(scale)
+        for t in range(n_tokens):
+            totals[t] = _add_sub_block(builder, layout, tokens, t, j, quants, scale, totals[t])
+    if mins is None and layout.qtype != Q4_K:
+        return totals, None
+    return tuple(zip(*(_minimums_term(builder, layout, tokens, t, scales, mins, totals[t]) for t in range(n_tokens)),
+                     strict=True))
 
 
 def _block_into_row(builder, acc, total, d, dx, minimums):
@@ -274,30 +367,15 @@ def _tokens(builder, layout: KLayout, data, g_, nb_, t0_, n_tokens: int, yo_, ys
             prefetch_ahead(builder, data[0], block, layout.group_block)
         ats = [builder.add(builder.mul(t, nb_), b) for t in tokens]                # token t's block b
         q0s = [builder.mul(at, ir.Constant(I64, 256)) for at in ats]
-        b0s = [builder.mul(at, ir.Constant(I64, 16)) for at in ats]
-
-        def bsum(t: int, j: int):
-            """The token's quants summed over sub-block j (Q8_K's sums of 16)."""
-            pair = [load_at(builder, data[5], builder.add(b0s[t], ir.Constant(I64, i)), I32, 4)
-                    for i in range(layout.size // 16 * j, layout.size // 16 * (j + 1))]
-            return pair[0] if len(pair) == 1 else builder.add(*pair)
+        b0s = [builder.mul(at, ir.Constant(I64, Q8K_WORDS)) for at in ats]
 
         d = layout.header(builder, data[0], block, layout.d_at)             # the block's bytes in order
-        subs, mins = layout.sub_blocks(builder, data[0], block)
-        dmin = None if mins is None else layout.header(builder, data[0], block, layout.dmin_at)
-        totals = [_i32(builder, 0) for _ in tokens]
-        for j, quants, scale in subs:
-            for t in range(n_tokens):
-                s = (splat(builder, builder.mul(bsum(t, j), ir.Constant(I32, -layout.zero)), VI32) if layout.zero
-                     else _i32(builder, 0))                                       # zero point z: -z·Σq
-                for vector, k in quants:
-                    four = load_at(builder, data[3], builder.add(q0s[t], ir.Constant(I64, k)), I32)
-                    s = dpbusd(builder, s, vector, builder.bitcast(splat(builder, four, VI32), VI8))
-                totals[t] = builder.add(totals[t], builder.mul(s, scale))
+        dmin = None if layout.dmin_at is None else layout.header(builder, data[0], block, layout.dmin_at)
+        totals, minimums = _sums(builder, layout, _Tokens(builder, data, q0s, b0s), block)
         for t, acc in enumerate(accs):
             dx = splat(builder, load_at(builder, data[4], ats[t], F32, 4), VF32)
             builder.store(_block_into_row(builder, builder.load(acc), builder.sitofp(totals[t], VF32), d, dx,
-                                          None if mins is None else (_minimums_term(builder, mins, bsum, t), dmin)),
+                                          None if minimums is None else (builder.sitofp(minimums[t], VF32), dmin)),
                           acc)
     for t, acc in zip(tokens, accs, strict=True):
         out = builder.add(yo_, builder.mul(t, ys_))
