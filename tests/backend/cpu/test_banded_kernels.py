@@ -11,6 +11,8 @@ from pyggml.backend.cpu import kernels
 from pyggml.backend.cpu.jit import norm as jit_norm
 from pyggml.backend.cpu.jit.f16 import f32_to_f16_rows
 from pyggml.backend.cpu.jit.gelu import gelu_table_rows
+from pyggml.backend.cpu.jit.softmax import soft_max_rows
+from pyggml.backend.cpu.kernels.attention import alibi_slopes
 from pyggml.backend.cpu.kernels._common import SPLIT_VALUES, flat_rows
 from pyggml.backend.cpu.kernels.unary import f16_table, gelu, gelu_tanh
 from pyggml.core import ops
@@ -122,3 +124,25 @@ def test_row_norms_in_bands_are_those_of_the_whole(op, rows):
     want = np.empty_like(x)
     rows(x, want, np.float32(1e-6))
     np.testing.assert_array_equal(host_ndarray(out)[0, 0], want)
+
+
+@pytest.mark.parametrize("max_bias, with_sinks", [(0.0, False), (8.0, True)])
+def test_soft_max_in_bands_of_heads_is_that_of_the_whole(max_bias, with_sinks):
+    """A prompt's soft_max (heads x rows x keys, causal F16 mask) shared out by heads: each head's slope and sink
+    go with it, and every value is the whole call's."""
+    ctx = Context()
+    heads, rows, keys = 8, 192, 256
+    x = np.random.default_rng(4).standard_normal((heads, rows, keys)).astype(np.float32) * 3
+    assert x.size >= SPLIT_VALUES
+    causal = np.where(np.arange(keys)[None, :] <= np.arange(rows)[:, None] + keys - rows, 0, -np.inf)
+    mask = ctx.new_tensor_2d(G.F16, keys, rows)
+    host_ndarray(mask)[...] = causal.astype(np.float16)
+    out = ops.soft_max_ext(ctx, ctx.tensor_from_numpy(x), mask, 0.125, max_bias)
+    sinks = np.random.default_rng(5).standard_normal(heads).astype(np.float32)
+    if with_sinks:
+        ops.soft_max_add_sinks(out, ctx.tensor_from_numpy(sinks))
+    bound_call(out)()
+    want = np.empty_like(x)
+    soft_max_rows(x[None], want[None], np.float32(0.125), f16_bits(causal.astype(np.float32))[None, None],
+                  alibi_slopes(heads, max_bias), sinks if with_sinks else np.zeros(0, np.float32))
+    np.testing.assert_array_equal(host_ndarray(out)[0], want)

@@ -13,8 +13,8 @@ from pyggml.backend.cpu.interleave import has_vnni
 from pyggml.backend.cpu.jit.mul_mat import dequantize_rows
 from pyggml.backend.cpu.jit.ir.vnni_k_ir import (MINUS_8_SUMS_OF_32, MINUS_32_SUMS_OF_8, PAIRS_OF_32, Q8K_WORDS,
                                                  SUMS_OF_16)
-from pyggml.backend.cpu.jit.repack import (fields, gemm_16x4_q8_0, gemm_16x4_q8_K, quantize_q8_0, quantize_q8_K,
-                                           repack_16x4, repack_16x4_into)
+from pyggml.backend.cpu.jit.repack import (fields, gemm_16x4_q8_0, gemm_16x4_q8_K, groups_per_task, quantize_q8_0,
+                                           quantize_q8_K, repack_16x4, repack_16x4_into)
 from pyggml.backend.cpu.kernels._common import INTERLEAVED
 from pyggml.core import Context, GGMLType, ops
 from pyggml.core.graph import Graph
@@ -361,6 +361,25 @@ def test_int16_pieces_hold_at_the_extreme_quants_and_activations(qtype, quants, 
                    2, xq, xd, xb, _one_segment(n_tokens)[1], y)
     integer = _integer_reference(qtype, rows, xq.view(np.int8).reshape(n_tokens, -1, 256), xd.reshape(n_tokens, -1))
     np.testing.assert_allclose(y, integer, rtol=0, atol=2e-6 * np.abs(integer).max())
+
+
+@pytest.mark.parametrize("qtype", [GGMLType.Q4_K, GGMLType.Q6_K])
+def test_a_long_prompt_in_runs_of_row_groups_gets_the_bits_of_short_ones(qtype):
+    """Tokens whose activations outgrow L2 go STEP_TOKENS at a time through runs of row groups (groups_per_task),
+    in two segments of one launch; each token's row is what a product of that token's short batch gives."""
+    cols, n_rows, n_tokens = 4096, 256, 160
+    nb = cols // 256
+    assert groups_per_task(n_rows // 16, nb * 16 * fields(int(qtype))[0], nb, np.array([0, 80, n_tokens])) > 1
+    w = repack_16x4(int(qtype), _q_rows(n_rows, cols, qtype=qtype)).reshape(-1)
+    x = np.random.default_rng(6).standard_normal((n_tokens, cols)).astype(np.float32)
+    long = np.empty((n_tokens, n_rows), np.float32)
+    gemm_16x4_q8_K(int(qtype), w, np.zeros(2, np.int64), nb, n_rows // 16, *_quantized_k(x),
+                   np.array([0, 80, n_tokens], np.int64), long)
+    for t0 in range(0, n_tokens, 10):
+        short = np.empty((10, n_rows), np.float32)
+        gemm_16x4_q8_K(int(qtype), w, *_one_segment(10)[:1], nb, n_rows // 16, *_quantized_k(x[t0:t0 + 10]),
+                       _one_segment(10)[1], short)
+        np.testing.assert_array_equal(long[t0:t0 + 10], short)
 
 
 @pytest.mark.parametrize("qtype", K_TYPES)

@@ -313,21 +313,47 @@ def _tile_q8_K(qtype, w, start, nb, xq, xd, xb, n, y, yo, ys):
         tile_iq4_xs(w, start, nb, xq, xd, xb, n, y, yo, ys)
 
 
+# A prompt's product whose tokens' activations outgrow L2 (more than L2_ACTIVATIONS bytes of quants and words) gives
+# each task a run of row groups whose weights fit in L2 (at most L2_WEIGHTS bytes) and takes the tokens STEP_TOKENS
+# at a time through all of them: each step's activations are read once from beyond L2 for the run, where one group
+# at a time read all the tokens' again for every group (an 8B model's down projection: 14 MB of them, 448 times
+# over on each thread; its products 15% faster, a 1B model's 4-8%). Shorter prompts lost 5% to the steps.
+L2_ACTIVATIONS, L2_WEIGHTS = 1 << 19, 1 << 20
+STEP_TOKENS = 16
+MIN_TASKS = 8
+
+
+@jit(inline="always")
+def groups_per_task(n_groups, group_bytes, nb, starts):
+    """Row groups a task takes: as many as L2_WEIGHTS holds, leaving at least MIN_TASKS tasks to share out, where a
+    segment's activations outgrow L2_ACTIVATIONS; else 1 (a generation step, a short prompt, an expert's rows)."""
+    longest = 0
+    for i in range(starts.shape[0] - 1):
+        longest = max(longest, starts[i + 1] - starts[i])
+    if longest * nb * (256 + 4 * Q8K_WORDS) <= L2_ACTIVATIONS:
+        return 1
+    return max(1, min(L2_WEIGHTS // group_bytes, n_groups // MIN_TASKS))
+
+
 def _gemm_16x4_q8_K(qtype: int):
     @parallel_jit
     def gemm_16x4_q8_K(w, firsts, nb, n_groups, xq, xd, xb, starts, y):
         ys = y.shape[1]
         flat = y.reshape(-1)
         group_bytes = nb * K_GROUP_BLOCK[qtype]
-        for task in prange((starts.shape[0] - 1) * n_groups):
-            i, g = task // n_groups, task % n_groups
-            t0, n = starts[i], starts[i + 1] - starts[i]
-            at = t0 * nb
-            _tile_q8_K(qtype, w, firsts[i] + g * group_bytes, nb, xq[at * 256:], xd[at:], xb[at * Q8K_WORDS:], n, flat,
-                       t0 * ys + g * ROWS, ys)
+        per = groups_per_task(n_groups, group_bytes, nb, starts)
+        runs, step = -(-n_groups // per), STEP_TOKENS if per > 1 else max(1, starts[-1] - starts[0])
+        for task in prange((starts.shape[0] - 1) * runs):
+            i, g0 = task // runs, task % runs * per
+            for t0 in range(starts[i], starts[i + 1], step):
+                n, at = min(step, starts[i + 1] - t0), t0 * nb
+                for g in range(g0, min(n_groups, g0 + per)):
+                    _tile_q8_K(qtype, w, firsts[i] + g * group_bytes, nb, xq[at * 256:], xd[at:],
+                               xb[at * Q8K_WORDS:], n, flat, t0 * ys + g * ROWS, ys)
     return gemm_16x4_q8_K
 
 
 gemm_16x4_q8_K = PerType(_gemm_16x4_q8_K)
 """gemm_16x4_q8_K(qtype, w, firsts, nb, n_groups, xq, xd, xb, starts, y): gemm_16x4_q8_0 for a K-quant qtype
-against Q8_K tokens (segments as there)."""
+against Q8_K tokens (segments as there), each task a run of row groups (groups_per_task: a K-quant matrix's groups
+are larger, an 8B model's down projection's 130 KB)."""

@@ -18,7 +18,8 @@ from pyggml.backend.cpu.jit.rope import rope_rows
 from pyggml.backend.cpu.jit.softmax import soft_max_rows
 from pyggml.backend.cpu.kernels import kernel
 from pyggml.backend.cpu.kernels._blocks import blocks_per_row, in_blocks, memory_of
-from pyggml.backend.cpu.kernels._common import Scratch, as_f32, flat_rows, overlap, split_over_threads, store, view
+from pyggml.backend.cpu.kernels._common import (Scratch, as_f32, banded, flat_rows, overlap, split_over_threads, store,
+                                                view)
 from pyggml.backend.cpu.kernels._dequant_cache import dequantizable
 from pyggml.core.ops.attention import RopeType, rope_yarn_corr_dims
 from pyggml.core.tensor import Op, Tensor
@@ -127,7 +128,13 @@ def _bind_soft_max(dst: Tensor):
     if overlap(out, x) or np.may_share_memory(out, m) or np.may_share_memory(out, sink):
         # planned memory may put dst over a source: read copies, so results stay those of the compiled kernel
         return lambda: soft_max_rows(x.copy(), out, scale, m.copy(), slopes, sink.copy())
-    return functools.partial(soft_max_rows, x, out, scale, m, slopes, sink)
+    if m.shape[1] > 1 or a.ne[2] == 1:
+        return functools.partial(soft_max_rows, x, out, scale, m, slopes, sink)
+
+    def heads(lo: int, hi: int) -> None:
+        """Heads [lo, hi) on this thread: a prompt's heads take equal work under a causal mask, its rows do not."""
+        soft_max_rows(x[:, lo:hi], out[:, lo:hi], scale, m, slopes[lo:hi], sink[lo:hi] if sink.size else sink)
+    return banded(a.ne[2], a.nelements, heads)
 
 
 @kernel(Op.SOFT_MAX, supports=_supports_soft_max, bind=_bind_soft_max)
