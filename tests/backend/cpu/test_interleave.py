@@ -234,6 +234,19 @@ def test_activations_are_quantized_as_ggml_quantizes_q8_K():
     assert list(q[2, 1, :4]) == [-127, 0, 2, -2] and d[2, 1] == 1 and d[1, 0] == 0 and not q[1, 0].any()
 
 
+@pytest.mark.parametrize("at, tie", [(0, 17), (0, 255), (16, 1), (255, 240)])
+def test_q8_K_finds_the_first_largest_value_in_any_lane(at, tie):
+    """The largest magnitude at the block's first or last value, or in a lane after its tie's: the first of the two
+    sets the scale's sign (the 16 lanes each keep the first index of their own maximum)."""
+    x = np.zeros((1, 256), np.float32)
+    x[0, :] = np.linspace(-1, 1, 256)
+    x[0, at], x[0, tie] = 5, -5
+    xq, xd, _ = _quantized_k(x)
+    q, d, _ = _q8_K_reference(x)
+    assert xd[0] == d[0, 0] and (xd[0] < 0) == (min(at, tie) == at)
+    np.testing.assert_array_equal(xq.view(np.int8), q.reshape(-1))
+
+
 def test_q8_K_takes_the_first_value_of_the_largest_magnitude():
     """Ties of magnitude in other lanes of the 16 running maxima: the first such value sets the scale's sign, as
     ggml's loop keeps it (+5 first: iscale -127/5; -5 first: +127/5), and a NaN never becomes the maximum."""
