@@ -29,11 +29,13 @@ from numba import prange
 from pyggml.backend.cpu.jit import PerType, jit, parallel_jit
 from pyggml.backend.cpu.jit.f16 import f16_bits
 from pyggml.backend.cpu.jit.floatbits import f16_to_f32
+from pyggml.backend.cpu.jit.ir.amx_ir import TOKENS as AMX_TOKENS
+from pyggml.backend.cpu.jit.ir.amx_ir import tile_amx_q4_K
 from pyggml.backend.cpu.jit.ir.vnni_ir import (FORMATS, ROWS, tile_iq4_nl, tile_mxfp4, tile_q4_0, tile_q4_1, tile_q5_0,
                                                tile_q5_1, tile_q8_0)
 from pyggml.backend.cpu.jit.ir.vnni_k_ir import (K_FORMATS, MINUS_8_SUMS_OF_32, MINUS_32_SUMS_OF_8, PAIRS_OF_32, Q2_K,
-                                                 Q3_K, Q4_K, Q5_K, Q6_K, Q8K_WORDS, SUMS_OF_16, tile_iq4_xs, tile_q2_K,
-                                                 tile_q3_K, tile_q4_K, tile_q5_K, tile_q6_K)
+                                                 Q3_K, Q4_K, Q5_K, Q6_K, Q8K_WORDS, SUMS_OF_16, KLayout, tile_iq4_xs,
+                                                 tile_q2_K, tile_q3_K, tile_q4_K, tile_q5_K, tile_q6_K)
 from pyggml.backend.cpu.jit.quants import U
 from pyggml.backend.cpu.jit.unaligned import load_u16, load_u32, store_u16, store_u32
 from pyggml.core.types import GGMLType
@@ -321,7 +323,8 @@ def _tile_q8_K(qtype, w, start, nb, xq, xd, xb, n, y, yo, ys):
 # each task a run of row groups whose weights fit in L2 (at most L2_WEIGHTS bytes) and takes the tokens STEP_TOKENS
 # at a time through all of them: each step's activations are read once from beyond L2 for the run, where one group
 # at a time read all the tokens' again for every group (an 8B model's down projection: 14 MB of them, 448 times
-# over on each thread; its products 15% faster, a 1B model's 4-8%). Shorter prompts lost 5% to the steps.
+# over on each thread; its Q4_K products 15% faster, a 1B model's 4-8%; Q6_K's 12% slower, so they keep one group a
+# task). Shorter prompts lost 5% to the steps.
 L2_ACTIVATIONS, L2_WEIGHTS = 1 << 19, 1 << 20
 STEP_TOKENS = 16
 MIN_TASKS = 8
@@ -345,7 +348,7 @@ def _gemm_16x4_q8_K(qtype: int):
         ys = y.shape[1]
         flat = y.reshape(-1)
         group_bytes = nb * K_GROUP_BLOCK[qtype]
-        per = groups_per_task(n_groups, group_bytes, nb, starts)
+        per = groups_per_task(n_groups, group_bytes, nb, starts) if qtype == Q4_K else 1  # Q6_K's: 12% slower
         runs, step = -(-n_groups // per), STEP_TOKENS if per > 1 else max(1, starts[-1] - starts[0])
         for task in prange((starts.shape[0] - 1) * runs):
             i, g0 = task // runs, task % runs * per
@@ -361,3 +364,49 @@ gemm_16x4_q8_K = PerType(_gemm_16x4_q8_K)
 """gemm_16x4_q8_K(qtype, w, firsts, nb, n_groups, xq, xd, xb, starts, y): gemm_16x4_q8_0 for a K-quant qtype
 against Q8_K tokens (segments as there), each task a run of row groups (groups_per_task: a K-quant matrix's groups
 are larger, an 8B model's down projection's 130 KB)."""
+
+Q4_K_QUANTS_AT = KLayout(Q4_K).at[16]   # where a Q4_K group block's 32 quant vectors start
+Q4_K_GROUP_BLOCK = KLayout(Q4_K).group_block
+
+
+@jit
+def unpack_q4_K_group(w: np.ndarray, g: np.intp, nb: np.intp, wu: np.ndarray) -> None:
+    """The quants of the Q4_K row group at byte g of w as bytes, for the tile unit (ir/amx_ir.py): per block and
+    sub-block j, 8 rows of 64 bytes, row m the nibbles (low for even j, high for odd) of the block's vector
+    8·(j // 2) + m (4 values of each of the 16 rows)."""
+    for b in range(U(nb)):
+        quants = U(g) + b * U(Q4_K_GROUP_BLOCK) + U(Q4_K_QUANTS_AT)
+        for j in range(U(8)):
+            shift = U(4) * (j % U(2))
+            for m in range(U(8)):
+                src, dst = quants + (U(8) * (j // U(2)) + m) * U(64), (b * U(8) + j) * U(512) + m * U(64)
+                for i in range(U(64)):
+                    wu[dst + i] = (w[src + i] >> shift) & U(15)
+
+
+@parallel_jit
+def gemm_amx_q4_K(w: np.ndarray, first: np.intp, nb: np.intp, n_groups: np.intp, xq: np.ndarray, xd: np.ndarray,
+                  xb: np.ndarray, y: np.ndarray, config: np.ndarray) -> None:
+    """gemm_16x4_q8_K for the Q4_K matrix at byte `first` of w and all the Q8_K tokens (y: (n, n_groups·16)), the
+    tile unit taking them 16 at a time (ir/amx_ir.py; config: its TILE_CONFIG), the last n % 16 on the VNNI tiles:
+    the same bits. Each thread's row groups are unpacked one at a time (nb·4 KiB); the tokens' quants are first
+    laid out as the tile unit reads them (per 16 tokens, block and sub-block, the 16 tokens' 32 bytes in turn)."""
+    n, ys = y.shape[0], y.shape[1]
+    flat = y.reshape(-1)
+    group_bytes = nb * K_GROUP_BLOCK[Q4_K]
+    full = n // AMX_TOKENS * AMX_TOKENS
+    xa = np.empty(full * nb * 256, np.uint8)
+    for t in prange(full):
+        for sub in range(nb * 8):
+            at = ((t // AMX_TOKENS * nb * 8 + sub) * AMX_TOKENS + t % AMX_TOKENS) * 32
+            xa[at:at + 32] = xq[t * nb * 256 + sub * 32:t * nb * 256 + sub * 32 + 32]
+    for g in prange(n_groups):
+        start = first + g * group_bytes
+        wu, sums = np.empty(nb * 4096, np.uint8), np.empty(4096, np.int32)
+        unpack_q4_K_group(w, start, nb, wu)
+        for t0 in range(0, full, AMX_TOKENS):
+            tile_amx_q4_K(w, start, nb, wu, xa, xd, xb, t0, flat, g * ROWS, ys, sums, config)
+        if full < n:
+            at = full * nb
+            tile_q4_K(w, start, nb, xq[at * 256:], xd[at:], xb[at * Q8K_WORDS:], n - full, flat, full * ys + g * ROWS,
+                      ys)

@@ -1,0 +1,166 @@
+"""Q4_K prompt products on AMX (Intel's tile unit: TDPBSUD multiplies a 16 x 32 tile of signed bytes by a 32 x 16 one
+of unsigned bytes into 16 x 16 int32 sums in one instruction, 16384 products where a vpdpbusd makes 64).
+
+A tile of 16 tokens and a 16-row group of Q4_K weights, block by block: each sub-block's products (its 32 values,
+the row group's nibbles unpacked to bytes beforehand, `unpack_q4_K_group`) come out of the tile unit as one row of
+16 int32 per token, the 16 rows in the lanes as in the VNNI tiles (ir/vnni_k_ir.py), and go through the same
+integer steps from there: started at -8·bsum_j (a vector add here, where the VNNI tiles start their products
+there), multiplied by the scale with vpdpwssd, the bias put back and the minimums' term made on pairs; then the
+same fused multiply-adds into each token's float sums. So every output is the VNNI tile's to the last bit.
+
+Tiles as configured (TILE_CONFIG): tmm0 the sums (16 tokens x 16 int32), tmm1 the activations (16 tokens x 32
+bytes, a token's row K bytes on), tmm2 the weights (8 rows of 64 bytes: 4 values of each of the 16 rows, the
+interleaved layout's own vectors). A process must be granted the tile data state first (`amx_usable`).
+
+`tile_amx_q4_K` is an intrinsic (w, g, nb, wu, xq, xd, xb, t0, y, yo, ys, sums, config): the group at byte g of w
+(its scales and minimums, its fp16 d and dmin) with its unpacked quants wu (nb·4096 bytes), tokens t0 .. t0 + 15;
+y[yo + t·ys + r] = the token's row r. sums: 1024 bytes of scratch for the tile unit's sums.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from pyggml.backend.cpu.jit.ir.block_ir import F32, I32, I64, splat
+from pyggml.backend.cpu.jit.ir.vnni_ir import ROWS, VF32, VI32, load_at
+from pyggml.backend.cpu.jit.ir.vnni_k_ir import (MINUS_8_SUMS_OF_32, PAIRS_OF_32, Q4_K, Q8K_WORDS, KLayout, _i32,
+                                                 _int16_pairs, _block_into_row, _scales_mins_k4, dpwssd)
+
+TOKENS = 16                                   # tokens a tile takes: the tile unit's 16 rows
+I8 = ir.IntType(8)
+P8 = I8.as_pointer()
+ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA = 0x1023, 18
+
+
+SUMS, ACTIVATIONS, WEIGHTS = (0, 1, 2, 3), (4, 5), (6, 7)   # the tile registers of each operand, taken in turn
+
+
+def tile_config() -> np.ndarray:
+    """ldtilecfg's 64 bytes: palette 1; the sums' tiles 16 rows x 64 bytes, the activations' 16 x 32, the
+    weights' 8 x 64."""
+    config = np.zeros(64, np.uint8)
+    config[0] = 1
+    for tiles, (rows, colsb) in ((SUMS, (16, 64)), (ACTIVATIONS, (16, 32)), (WEIGHTS, (8, 64))):
+        for tile in tiles:
+            config[16 + 2 * tile] = colsb
+            config[48 + tile] = rows
+    return config
+
+
+TILE_CONFIG = tile_config()
+
+
+@functools.cache
+def amx_usable() -> bool:
+    """Whether the CPU has AMX-INT8 (as LLVM sees it) and Linux grants this process the tile data state (asked once:
+    without it the first tile instruction kills the process)."""
+    import llvmlite.binding as llvm
+
+    if not llvm.get_host_cpu_features().get("amx-int8", False):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.syscall(158, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0   # 158: arch_prctl on x86-64
+    except (OSError, AttributeError):
+        return False
+
+
+def _call(builder, name: str, args, argtys) -> None:
+    fn = builder.module.declare_intrinsic(name, fnty=ir.FunctionType(ir.VoidType(), argtys))
+    builder.call(fn, args)
+
+
+def _tile(n: int):
+    return ir.Constant(I8, n)
+
+
+@intrinsic
+def tile_amx_q4_K(typingctx, w, g, nb, wu, xa, xd, xb, t0, y, yo, ys, sums, config):
+    arrays = ((w, types.uint8), (wu, types.uint8), (xa, types.uint8), (xd, types.float32), (xb, types.int32),
+              (y, types.float32), (sums, types.int32), (config, types.uint8))
+    if not all(isinstance(a, types.Array) and a.dtype == dt and a.layout == "C" for a, dt in arrays):
+        return None
+    if not all(isinstance(i, types.Integer) for i in (g, nb, t0, yo, ys)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        ptr = {i: context.make_array(signature.args[i])(context, builder, args[i]).data
+               for i in (0, 3, 4, 5, 6, 8, 11, 12)}
+        g_, nb_, t0_, yo_, ys_ = (context.cast(builder, args[i], signature.args[i], types.uintp) for i in (1, 2, 7, 9,
+                                                                                                           10))
+        _call(builder, "llvm.x86.ldtilecfg", [builder.bitcast(ptr[12], P8)], [P8])
+        _tokens(builder, ptr, g_, nb_, t0_, yo_, ys_)
+        _call(builder, "llvm.x86.tilerelease", [], [])
+        return context.get_dummy_value()
+
+    return types.none(w, g, nb, wu, xa, xd, xb, t0, y, yo, ys, sums, config), codegen
+
+
+def _sub_block_sums(builder, ptr, nb_, t0_, b, j: int, buffer) -> None:
+    """The tile unit's int32 sums of sub-block j of block b, 16 tokens x 16 rows, stored at sums + buffer + 256·j
+    (int32 elements); the sums' tile is one of four in turn, so that the unit's latencies overlap."""
+    load = [I8, P8, I64]
+    c, a, w = SUMS[j % 4], ACTIVATIONS[j % 2], WEIGHTS[j % 2]
+    sub = builder.add(builder.mul(b, ir.Constant(I64, 8)), ir.Constant(I64, j))
+    tile = builder.udiv(t0_, ir.Constant(I64, TOKENS))
+    at = builder.mul(builder.add(builder.mul(tile, builder.mul(nb_, ir.Constant(I64, 8))), sub), ir.Constant(I64, 512))
+    _call(builder, "llvm.x86.tilezero", [_tile(c)], [I8])
+    _call(builder, "llvm.x86.tileloadd64", [_tile(a), builder.gep(ptr[4], [at]), ir.Constant(I64, 32)], load)
+    _call(builder, "llvm.x86.tileloadd64", [_tile(w), builder.gep(ptr[3], [builder.mul(sub, ir.Constant(I64, 512))]),
+                                            ir.Constant(I64, 64)], load)
+    _call(builder, "llvm.x86.tdpbsud", [_tile(c), _tile(a), _tile(w)], [I8, I8, I8])
+    out = builder.gep(ptr[11], [builder.add(buffer, ir.Constant(I64, 256 * j))])
+    _call(builder, "llvm.x86.tilestored64", [_tile(c), builder.bitcast(out, P8), ir.Constant(I64, 64)], load)
+
+
+def _tokens(builder, ptr, g_, nb_, t0_, yo_, ys_) -> None:
+    """The vector steps, token after token within each block; each token's float sums kept in y itself (16
+    accumulators held in registers over the blocks crowded out the rest)."""
+    layout = KLayout(Q4_K)
+    rows = []
+    for t in range(TOKENS):
+        out = builder.add(yo_, builder.mul(builder.add(t0_, ir.Constant(I64, t)), ys_))
+        rows.append(builder.bitcast(builder.gep(ptr[8], [out]), VF32.as_pointer()))
+        builder.store(ir.Constant(VF32, [0.0] * ROWS), rows[t], align=4)
+    for j in range(8):
+        _sub_block_sums(builder, ptr, nb_, t0_, ir.Constant(I64, 0), j, ir.Constant(I64, 0))
+    with cgutils.for_range(builder, nb_) as loop:
+        b = loop.index
+        sums = builder.mul(builder.and_(b, ir.Constant(I64, 1)), ir.Constant(I64, 2048))     # this block's buffer
+        after = builder.add(b, ir.Constant(I64, 1))
+        following = builder.select(builder.icmp_unsigned("<", after, nb_), after, b)
+        other = builder.mul(builder.and_(after, ir.Constant(I64, 1)), ir.Constant(I64, 2048))
+        block = builder.add(g_, builder.mul(b, ir.Constant(I64, layout.group_block)))
+        d = layout.header(builder, ptr[0], block, layout.d_at)
+        dmin = layout.header(builder, ptr[0], block, layout.dmin_at)
+        scales, mins = _scales_mins_k4(builder, [layout.vector(builder, ptr[0], block, 4, j, VI32) for j in range(3)])
+        low16 = [builder.and_(scale, _i32(builder, 0xFFFF)) for scale in scales]
+        scale_pairs = [builder.shl(p, _i32(builder, 3)) for p in _int16_pairs(builder, scales)]
+        min_pairs = _int16_pairs(builder, mins)
+        for t in range(TOKENS):
+            at = builder.add(builder.mul(builder.add(t0_, ir.Constant(I64, t)), nb_), b)
+            words = builder.mul(at, ir.Constant(I64, Q8K_WORDS))
+
+            def word(i: int, words=words):
+                return splat(builder, load_at(builder, ptr[6], builder.add(words, ir.Constant(I64, i)), I32, 4), VI32)
+
+            total, term = _i32(builder, 0), _i32(builder, 0)
+            for j in range(8):
+                s = builder.add(load_at(builder, ptr[11], builder.add(sums, ir.Constant(I64, 256 * j + 16 * t)), VI32,
+                                        4), word(MINUS_8_SUMS_OF_32 + j))   # the products of nibble - 8: an int16
+                total = dpwssd(builder, total, s, low16[j])
+            for i in range(4):
+                total = dpwssd(builder, total, scale_pairs[i], word(PAIRS_OF_32 + i))
+                term = dpwssd(builder, term, min_pairs[i], word(PAIRS_OF_32 + i))
+            dx = splat(builder, load_at(builder, ptr[5], at, F32, 4), VF32)
+            builder.store(_block_into_row(builder, builder.load(rows[t], align=4), builder.sitofp(total, VF32), d, dx,
+                                          (builder.sitofp(term, VF32), dmin)), rows[t], align=4)
+            if t % 2:  # the next block's products, a sub-block every other token, overlap these steps
+                _sub_block_sums(builder, ptr, nb_, t0_, following, t // 2, other)
