@@ -30,12 +30,13 @@ from pyggml.backend.cpu.jit import PerType, jit, parallel_jit
 from pyggml.backend.cpu.jit.f16 import f16_bits
 from pyggml.backend.cpu.jit.floatbits import f16_to_f32
 from pyggml.backend.cpu.jit.ir.amx_ir import TOKENS as AMX_TOKENS
-from pyggml.backend.cpu.jit.ir.amx_ir import tile_amx_q4_K
+from pyggml.backend.cpu.jit.ir.amx_ir import amx_usable, tile_amx_q4_K, tile_amx_q6_K
 from pyggml.backend.cpu.jit.ir.vnni_ir import (FORMATS, ROWS, tile_iq4_nl, tile_mxfp4, tile_q4_0, tile_q4_1, tile_q5_0,
                                                tile_q5_1, tile_q8_0)
-from pyggml.backend.cpu.jit.ir.vnni_k_ir import (K_FORMATS, MINUS_8_SUMS_OF_32, MINUS_32_SUMS_OF_8, PAIRS_OF_32, Q2_K,
-                                                 Q3_K, Q4_K, Q5_K, Q6_K, Q8K_WORDS, SUMS_OF_16, KLayout, tile_iq4_xs,
-                                                 tile_q2_K, tile_q3_K, tile_q4_K, tile_q5_K, tile_q6_K)
+from pyggml.backend.cpu.jit.ir.vnni_k_ir import (K_FORMATS, MINUS_8_SUMS_OF_32, MINUS_32_SUMS_OF_8, PAIRS_OF_16,
+                                                 PAIRS_OF_32, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8K_WORDS, SUMS_OF_16,
+                                                 KLayout, tile_iq4_xs, tile_q2_K, tile_q3_K, tile_q4_K, tile_q5_K,
+                                                 tile_q6_K)
 from pyggml.backend.cpu.jit.quants import U
 from pyggml.backend.cpu.jit.unaligned import load_u16, load_u32, store_u16, store_u32
 from pyggml.core.types import GGMLType
@@ -227,7 +228,8 @@ pass)."""
 @jit(inline="always")
 def _block_words(sums_of_8: np.ndarray, xb: np.ndarray, words) -> None:
     """A Q8_K block's int32 words from its 32 sums of 8 quants, as ir/vnni_k_ir.py reads them: the 16 sums of 16
-    (ggml's bsums), the sums of 32 as four int16 pairs, -8 times each sum of 32, -32 times each sum of 8."""
+    (ggml's bsums), the sums of 32 as four int16 pairs, -8 times each sum of 32, -32 times each sum of 8, the sums
+    of 16 as eight int16 pairs."""
     for i in range(U(16)):
         xb[words + U(SUMS_OF_16) + i] = sums_of_8[U(2) * i] + sums_of_8[U(2) * i + U(1)]
     for i in range(U(8)):
@@ -239,6 +241,9 @@ def _block_words(sums_of_8: np.ndarray, xb: np.ndarray, words) -> None:
             xb[words + U(PAIRS_OF_32) + i // U(2)] |= total << 16
     for i in range(U(32)):
         xb[words + U(MINUS_32_SUMS_OF_8) + i] = -32 * sums_of_8[i]
+    for i in range(U(8)):
+        low, high = xb[words + U(SUMS_OF_16) + U(2) * i], xb[words + U(SUMS_OF_16) + U(2) * i + U(1)]
+        xb[words + U(PAIRS_OF_16) + i] = (low & 0xFFFF) | (high << 16)
 
 
 @jit
@@ -366,47 +371,93 @@ against Q8_K tokens (segments as there), each task a run of row groups (groups_p
 are larger, an 8B model's down projection's 130 KB)."""
 
 Q4_K_QUANTS_AT = KLayout(Q4_K).at[16]   # where a Q4_K group block's 32 quant vectors start
-Q4_K_GROUP_BLOCK = KLayout(Q4_K).group_block
+
+
+def _q6_k_places() -> np.ndarray:
+    """Per Q6_K sub-block k (values 16k .. 16k + 15) and vector m of it: (where its ql vector is in the group block,
+    where its qh vector is, the shift of its low 4 bits in ql, the shift of its high 2 bits in qh), as
+    ir/vnni_k_ir.py's KLayout._q6_k_sub_block reads them."""
+    at = KLayout(Q6_K).at
+    places = np.empty((16, 4, 4), np.int64)
+    for k in range(16):
+        h, g, half = k // 8, (k % 8) // 2, k % 2
+        for m in range(4):
+            places[k, m] = (at[64 * h + 32 * (g % 2) + 16 * half] + 64 * m, at[128 + 32 * h + 16 * half] + 64 * m,
+                            4 * (g >= 2), 2 * g)
+    return places
+
+
+Q6_K_PLACES = _q6_k_places()
 
 
 @jit
-def unpack_q4_K_group(w: np.ndarray, g: np.intp, nb: np.intp, wu: np.ndarray) -> None:
-    """The quants of the Q4_K row group at byte g of w as bytes, for the tile unit (ir/amx_ir.py): per block and
-    sub-block j, 8 rows of 64 bytes, row m the nibbles (low for even j, high for odd) of the block's vector
-    8·(j // 2) + m (4 values of each of the 16 rows)."""
+def unpack_group(qtype: np.intp, w: np.ndarray, g: np.intp, nb: np.intp, wu: np.ndarray) -> None:
+    """The quants of the Q4_K or Q6_K row group at byte g of w as bytes, for the tile unit (ir/amx_ir.py): per block
+    and sub-block (Q4_K: 8 of 32 values, Q6_K: 16 of 16), values / 4 rows of 64 bytes, each the interleaved
+    layout's vector of those 4 values of the 16 rows: Q4_K's nibbles (vector 8·(j // 2) + m, low for even j), Q6_K's
+    6 bits (low 4 from ql, high 2 from qh)."""
+    group_block = U(K_GROUP_BLOCK[qtype])
     for b in range(U(nb)):
-        quants = U(g) + b * U(Q4_K_GROUP_BLOCK) + U(Q4_K_QUANTS_AT)
-        for j in range(U(8)):
-            shift = U(4) * (j % U(2))
-            for m in range(U(8)):
-                src, dst = quants + (U(8) * (j // U(2)) + m) * U(64), (b * U(8) + j) * U(512) + m * U(64)
-                for i in range(U(64)):
-                    wu[dst + i] = (w[src + i] >> shift) & U(15)
+        block = U(g) + b * group_block
+        if qtype == Q4_K:
+            for j in range(U(8)):
+                shift = U(4) * (j % U(2))
+                for m in range(U(8)):
+                    src = block + U(Q4_K_QUANTS_AT) + (U(8) * (j // U(2)) + m) * U(64)
+                    dst = (b * U(8) + j) * U(512) + m * U(64)
+                    for i in range(U(64)):
+                        wu[dst + i] = (w[src + i] >> shift) & U(15)
+        else:
+            for k in range(U(16)):
+                for m in range(U(4)):
+                    ql, qh = block + U(Q6_K_PLACES[k, m, 0]), block + U(Q6_K_PLACES[k, m, 1])
+                    low, high = U(Q6_K_PLACES[k, m, 2]), U(Q6_K_PLACES[k, m, 3])
+                    dst = (b * U(16) + k) * U(256) + m * U(64)
+                    for i in range(U(64)):
+                        wu[dst + i] = ((w[ql + i] >> low) & U(15)) | (((w[qh + i] >> high) & U(3)) << U(4))
 
 
-@parallel_jit
-def gemm_amx_q4_K(w: np.ndarray, first: np.intp, nb: np.intp, n_groups: np.intp, xq: np.ndarray, xd: np.ndarray,
-                  xb: np.ndarray, y: np.ndarray, config: np.ndarray) -> None:
-    """gemm_16x4_q8_K for the Q4_K matrix at byte `first` of w and all the Q8_K tokens (y: (n, n_groups·16)), the
-    tile unit taking them 16 at a time (ir/amx_ir.py; config: its TILE_CONFIG), the last n % 16 on the VNNI tiles:
-    the same bits. Each thread's row groups are unpacked one at a time (nb·4 KiB); the tokens' quants are first
-    laid out as the tile unit reads them (per 16 tokens, block and sub-block, the 16 tokens' 32 bytes in turn)."""
-    n, ys = y.shape[0], y.shape[1]
-    flat = y.reshape(-1)
-    group_bytes = nb * K_GROUP_BLOCK[Q4_K]
-    full = n // AMX_TOKENS * AMX_TOKENS
-    xa = np.empty(full * nb * 256, np.uint8)
-    for t in prange(full):
-        for sub in range(nb * 8):
-            at = ((t // AMX_TOKENS * nb * 8 + sub) * AMX_TOKENS + t % AMX_TOKENS) * 32
-            xa[at:at + 32] = xq[t * nb * 256 + sub * 32:t * nb * 256 + sub * 32 + 32]
-    for g in prange(n_groups):
-        start = first + g * group_bytes
-        wu, sums = np.empty(nb * 4096, np.uint8), np.empty(4096, np.int32)
-        unpack_q4_K_group(w, start, nb, wu)
-        for t0 in range(0, full, AMX_TOKENS):
-            tile_amx_q4_K(w, start, nb, wu, xa, xd, xb, t0, flat, g * ROWS, ys, sums, config)
-        if full < n:
-            at = full * nb
-            tile_q4_K(w, start, nb, xq[at * 256:], xd[at:], xb[at * Q8K_WORDS:], n - full, flat, full * ys + g * ROWS,
-                      ys)
+def _gemm_amx(qtype: int):
+    if not amx_usable():  # asks Linux for the tile state first: a tile instruction without it kills the process
+        raise RuntimeError("the tile unit's products need AMX-INT8, granted to this process")
+
+    @parallel_jit
+    def gemm_amx(w, first, nb, n_groups, xq, xd, xb, y, config):
+        n, ys = y.shape[0], y.shape[1]
+        flat = y.reshape(-1)
+        group_bytes = nb * K_GROUP_BLOCK[qtype]
+        full = n // AMX_TOKENS * AMX_TOKENS
+        xa = np.empty(full * nb * 256, np.uint8)
+        for t in prange(full):
+            for chunk in range(nb * 8):
+                at = ((t // AMX_TOKENS * nb * 8 + chunk) * AMX_TOKENS + t % AMX_TOKENS) * 32
+                xa[at:at + 32] = xq[t * nb * 256 + chunk * 32:t * nb * 256 + chunk * 32 + 32]
+        unpacked = nb * 4096
+        per = max(1, min(L2_WEIGHTS // unpacked, n_groups // MIN_TASKS))
+        for task in prange(-(-n_groups // per)):
+            g0, g1 = task * per, min(n_groups, task * per + per)
+            wu, sums = np.empty((g1 - g0) * unpacked, np.uint8), np.empty(8192, np.int32)
+            for g in range(g0, g1):
+                unpack_group(qtype, w, first + g * group_bytes, nb, wu[(g - g0) * unpacked:])
+            for t0 in range(0, full, AMX_TOKENS):
+                for g in range(g0, g1):
+                    start, mine = first + g * group_bytes, wu[(g - g0) * unpacked:]
+                    if qtype == Q4_K:
+                        tile_amx_q4_K(w, start, nb, mine, xa, xd, xb, t0, flat, g * ROWS, ys, sums, config)
+                    else:
+                        tile_amx_q6_K(w, start, nb, mine, xa, xd, xb, t0, flat, g * ROWS, ys, sums, config)
+            if full < n:
+                at = full * nb
+                for g in range(g0, g1):
+                    _tile_q8_K(qtype, w, first + g * group_bytes, nb, xq[at * 256:], xd[at:], xb[at * Q8K_WORDS:],
+                               n - full, flat, full * ys + g * ROWS, ys)
+    return gemm_amx
+
+
+gemm_amx = PerType(_gemm_amx)
+"""gemm_amx(qtype, w, first, nb, n_groups, xq, xd, xb, y, config): gemm_16x4_q8_K for the Q4_K or Q6_K matrix at
+byte `first` of w and all the Q8_K tokens (y: (n, n_groups·16)), the tile unit taking them 16 at a time
+(ir/amx_ir.py; config: tile_config(qtype)), the last n % 16 on the VNNI tiles: the same bits. Each task unpacks a
+run of row groups that L2 holds (nb·4 KiB each, at most L2_WEIGHTS) and takes every 16 tokens through them (one
+group at a time read all the tokens again from beyond L2 for each group); the tokens' quants are first laid out as
+the tile unit reads them (per 16 tokens, block and 32 values, the 16 tokens' 32 bytes in turn)."""

@@ -21,9 +21,9 @@ import numpy as np
 from pyggml.backend.cpu.jit import PARALLEL_LAUNCH, launched
 from pyggml.backend.cpu.jit.mul_mat import dequantize_rows, mul_mat_float_columns, mul_mat_vec
 from pyggml.backend.cpu.jit.ir.vnni_ir import ROWS
-from pyggml.backend.cpu.jit.ir.vnni_k_ir import K_FORMATS, Q4_K, Q8K_WORDS
-from pyggml.backend.cpu.jit.ir.amx_ir import TILE_CONFIG, amx_usable
-from pyggml.backend.cpu.jit.repack import (gemm_16x4_q8_0, gemm_16x4_q8_K, gemm_amx_q4_K, quantize_q8_0,
+from pyggml.backend.cpu.jit.ir.vnni_k_ir import K_FORMATS, Q8K_WORDS
+from pyggml.backend.cpu.jit.ir.amx_ir import SUB_BLOCKS, amx_usable, tile_config
+from pyggml.backend.cpu.jit.repack import (gemm_16x4_q8_0, gemm_16x4_q8_K, gemm_amx, quantize_q8_0,
                                            quantize_q8_K)
 from pyggml.backend.cpu.kernels import kernel
 from pyggml.backend.cpu.kernels._blocks import THREADS_MAX, blocks_per_row, in_blocks, memory_of, threads
@@ -195,17 +195,19 @@ AMX_MIN_TOKENS, AMX_MIN_WORK = 128, 2048  # below, unpacking the weights for the
 
 
 def on_tile_unit(qtype: int, matrices: int, n: int, k: int) -> bool:
-    """Whether a product goes to the tile unit (jit/repack.py's gemm_amx_q4_K): one Q4_K matrix, a prompt of at
-    least AMX_MIN_TOKENS tokens and AMX_MIN_WORK tokens x blocks a row (on this Xeon, 2 threads, against the VNNI
-    tiles: 2048 x 2048 at 64, 128, 256 tokens 0.86x, 0.92x, 1.20x; 4096 x 14336 at 128: 1.17x), AMX usable."""
-    return (qtype == Q4_K and matrices == 1 and n >= AMX_MIN_TOKENS and n * (k // 256) >= AMX_MIN_WORK
+    """Whether a product goes to the tile unit (jit/repack.py's gemm_amx): one Q4_K or Q6_K matrix, a prompt of at
+    least AMX_MIN_TOKENS tokens and AMX_MIN_WORK tokens x blocks a row (Q4_K on this Xeon, 2 threads, against the
+    VNNI tiles: 2048 x 2048 at 64, 128, 256 tokens 0.86x, 0.92x, 1.20x; 4096 x 14336 at 128: 1.17x), AMX usable."""
+    return (qtype in SUB_BLOCKS and matrices == 1 and n >= AMX_MIN_TOKENS and n * (k // 256) >= AMX_MIN_WORK
             and amx_usable())
 
 
-def _tile_unit_gemm(first: int):
-    """gemm_16x4_q8_K's call made gemm_amx_q4_K's (one matrix, at byte `first`)."""
+def _tile_unit_gemm(qtype: int, first: int):
+    """gemm_16x4_q8_K's call made gemm_amx's (one matrix, at byte `first`)."""
+    kernel, config = gemm_amx[qtype], tile_config(qtype)
+
     def gemm(w, firsts, nb, groups, xq, xd, xb, starts, y) -> None:
-        gemm_amx_q4_K(w, first, nb, groups, xq, xd, xb, y, TILE_CONFIG)
+        kernel(w, first, nb, groups, xq, xd, xb, y, config)
     return gemm
 
 
@@ -228,7 +230,7 @@ def _integer_call(a: Tensor, firsts: np.ndarray, starts: np.ndarray, x: np.ndarr
     gemm_q8_0 = gemm_16x4_q8_0[qtype] if qtype not in K_FORMATS else None  # the type's kernel, looked up once
     gemm_q8_K = gemm_16x4_q8_K[qtype] if qtype in K_FORMATS else None
     if on_tile_unit(qtype, len(firsts), n, k):
-        gemm_q8_K = _tile_unit_gemm(int(firsts[0]))
+        gemm_q8_K = _tile_unit_gemm(qtype, int(firsts[0]))
 
     def call_q8_0() -> None:
         with PARALLEL_LAUNCH:

@@ -30,8 +30,8 @@ from numba.extending import intrinsic
 
 from pyggml.backend.cpu.jit.ir.block_ir import F32, I32, I64, splat
 from pyggml.backend.cpu.jit.ir.vnni_ir import ROWS, VF32, VI32, load_at
-from pyggml.backend.cpu.jit.ir.vnni_k_ir import (MINUS_8_SUMS_OF_32, PAIRS_OF_32, Q4_K, Q8K_WORDS, KLayout, _i32,
-                                                 _int16_pairs, _block_into_row, _scales_mins_k4, dpwssd)
+from pyggml.backend.cpu.jit.ir.vnni_k_ir import (MINUS_8_SUMS_OF_32, PAIRS_OF_16, PAIRS_OF_32, Q4_K, Q6_K, Q8K_WORDS,
+                                                 KLayout, _block_into_row, _i32, _int16_pairs, _scales_mins_k4, dpwssd)
 
 TOKENS = 16                                   # tokens a tile takes: the tile unit's 16 rows
 I8 = ir.IntType(8)
@@ -40,21 +40,20 @@ ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA = 0x1023, 18
 
 
 SUMS, ACTIVATIONS, WEIGHTS = (0, 1, 2, 3), (4, 5), (6, 7)   # the tile registers of each operand, taken in turn
+SUB_BLOCKS = {Q4_K: 8, Q6_K: 16}                           # a block's sub-blocks: 32 values each, or 16
 
 
-def tile_config() -> np.ndarray:
-    """ldtilecfg's 64 bytes: palette 1; the sums' tiles 16 rows x 64 bytes, the activations' 16 x 32, the
-    weights' 8 x 64."""
+def tile_config(qtype: int) -> np.ndarray:
+    """ldtilecfg's 64 bytes for a type: palette 1; the sums' tiles 16 rows x 64 bytes, the activations' 16 x (a
+    sub-block's values), the weights' (its values / 4) x 64."""
+    size = 256 // SUB_BLOCKS[qtype]
     config = np.zeros(64, np.uint8)
     config[0] = 1
-    for tiles, (rows, colsb) in ((SUMS, (16, 64)), (ACTIVATIONS, (16, 32)), (WEIGHTS, (8, 64))):
+    for tiles, (rows, colsb) in ((SUMS, (16, 64)), (ACTIVATIONS, (16, size)), (WEIGHTS, (size // 4, 64))):
         for tile in tiles:
             config[16 + 2 * tile] = colsb
             config[48 + tile] = rows
     return config
-
-
-TILE_CONFIG = tile_config()
 
 
 @functools.cache
@@ -81,69 +80,110 @@ def _tile(n: int):
     return ir.Constant(I8, n)
 
 
-@intrinsic
-def tile_amx_q4_K(typingctx, w, g, nb, wu, xa, xd, xb, t0, y, yo, ys, sums, config):
-    arrays = ((w, types.uint8), (wu, types.uint8), (xa, types.uint8), (xd, types.float32), (xb, types.int32),
-              (y, types.float32), (sums, types.int32), (config, types.uint8))
-    if not all(isinstance(a, types.Array) and a.dtype == dt and a.layout == "C" for a, dt in arrays):
-        return None
-    if not all(isinstance(i, types.Integer) for i in (g, nb, t0, yo, ys)):
-        return None
+def _amx_tile(qtype: int):
+    def typer(typingctx, w, g, nb, wu, xa, xd, xb, t0, y, yo, ys, sums, config):
+        arrays = ((w, types.uint8), (wu, types.uint8), (xa, types.uint8), (xd, types.float32), (xb, types.int32),
+                  (y, types.float32), (sums, types.int32), (config, types.uint8))
+        if not all(isinstance(a, types.Array) and a.dtype == dt and a.layout == "C" for a, dt in arrays):
+            return None
+        if not all(isinstance(i, types.Integer) for i in (g, nb, t0, yo, ys)):
+            return None
 
-    def codegen(context, builder, signature, args):
-        ptr = {i: context.make_array(signature.args[i])(context, builder, args[i]).data
-               for i in (0, 3, 4, 5, 6, 8, 11, 12)}
-        g_, nb_, t0_, yo_, ys_ = (context.cast(builder, args[i], signature.args[i], types.uintp) for i in (1, 2, 7, 9,
-                                                                                                           10))
-        _call(builder, "llvm.x86.ldtilecfg", [builder.bitcast(ptr[12], P8)], [P8])
-        _tokens(builder, ptr, g_, nb_, t0_, yo_, ys_)
-        _call(builder, "llvm.x86.tilerelease", [], [])
-        return context.get_dummy_value()
+        def codegen(context, builder, signature, args):
+            ptr = {i: context.make_array(signature.args[i])(context, builder, args[i]).data
+                   for i in (0, 3, 4, 5, 6, 8, 11, 12)}
+            g_, nb_, t0_, yo_, ys_ = (context.cast(builder, args[i], signature.args[i], types.uintp)
+                                      for i in (1, 2, 7, 9, 10))
+            _call(builder, "llvm.x86.ldtilecfg", [builder.bitcast(ptr[12], P8)], [P8])
+            _tokens(builder, qtype, ptr, g_, nb_, t0_, yo_, ys_)
+            _call(builder, "llvm.x86.tilerelease", [], [])
+            return context.get_dummy_value()
 
-    return types.none(w, g, nb, wu, xa, xd, xb, t0, y, yo, ys, sums, config), codegen
+        return types.none(w, g, nb, wu, xa, xd, xb, t0, y, yo, ys, sums, config), codegen
+
+    return intrinsic(typer)
 
 
-def _sub_block_sums(builder, ptr, nb_, t0_, b, j: int, buffer) -> None:
+def _sub_block_sums(builder, qtype: int, ptr, nb_, t0_, b, j: int, buffer) -> None:
     """The tile unit's int32 sums of sub-block j of block b, 16 tokens x 16 rows, stored at sums + buffer + 256·j
-    (int32 elements); the sums' tile is one of four in turn, so that the unit's latencies overlap."""
+    (int32 elements); the sums' tile is one of four in turn, so that the unit's latencies overlap. The
+    activations' 16 x 32 bytes of each 32 values (a Q6_K sub-block: half of them) at xa, the weights' at wu."""
     load = [I8, P8, I64]
     c, a, w = SUMS[j % 4], ACTIVATIONS[j % 2], WEIGHTS[j % 2]
-    sub = builder.add(builder.mul(b, ir.Constant(I64, 8)), ir.Constant(I64, j))
+    size = 256 // SUB_BLOCKS[qtype]
     tile = builder.udiv(t0_, ir.Constant(I64, TOKENS))
-    at = builder.mul(builder.add(builder.mul(tile, builder.mul(nb_, ir.Constant(I64, 8))), sub), ir.Constant(I64, 512))
+    chunk = builder.add(builder.mul(builder.add(builder.mul(tile, nb_), b), ir.Constant(I64, 8)),
+                        ir.Constant(I64, size * j // 32))
+    at = builder.add(builder.mul(chunk, ir.Constant(I64, 512)), ir.Constant(I64, size * j % 32))
+    sub = builder.add(builder.mul(b, ir.Constant(I64, SUB_BLOCKS[qtype])), ir.Constant(I64, j))
     _call(builder, "llvm.x86.tilezero", [_tile(c)], [I8])
     _call(builder, "llvm.x86.tileloadd64", [_tile(a), builder.gep(ptr[4], [at]), ir.Constant(I64, 32)], load)
-    _call(builder, "llvm.x86.tileloadd64", [_tile(w), builder.gep(ptr[3], [builder.mul(sub, ir.Constant(I64, 512))]),
-                                            ir.Constant(I64, 64)], load)
+    _call(builder, "llvm.x86.tileloadd64", [_tile(w), builder.gep(ptr[3], [builder.mul(sub, ir.Constant(
+        I64, 16 * size))]), ir.Constant(I64, 64)], load)
     _call(builder, "llvm.x86.tdpbsud", [_tile(c), _tile(a), _tile(w)], [I8, I8, I8])
     out = builder.gep(ptr[11], [builder.add(buffer, ir.Constant(I64, 256 * j))])
     _call(builder, "llvm.x86.tilestored64", [_tile(c), builder.bitcast(out, P8), ir.Constant(I64, 64)], load)
 
 
-def _tokens(builder, ptr, g_, nb_, t0_, yo_, ys_) -> None:
-    """The vector steps, token after token within each block; each token's float sums kept in y itself (16
+def _q4_k_steps(builder, layout, ptr, block):
+    """Per block: (the token step: (sums of sub-block j, word) -> (total, minimums' term), d, dmin)."""
+    scales, mins = _scales_mins_k4(builder, [layout.vector(builder, ptr[0], block, 4, j, VI32) for j in range(3)])
+    low16 = [builder.and_(scale, _i32(builder, 0xFFFF)) for scale in scales]
+    scale_pairs = [builder.shl(p, _i32(builder, 3)) for p in _int16_pairs(builder, scales)]
+    min_pairs = _int16_pairs(builder, mins)
+
+    def step(sums, word):
+        total, term = _i32(builder, 0), _i32(builder, 0)
+        for j in range(8):
+            s = builder.add(sums(j), word(MINUS_8_SUMS_OF_32 + j))          # the products of nibble - 8: an int16
+            total = dpwssd(builder, total, s, low16[j])
+        for i in range(4):
+            total = dpwssd(builder, total, scale_pairs[i], word(PAIRS_OF_32 + i))
+            term = dpwssd(builder, term, min_pairs[i], word(PAIRS_OF_32 + i))
+        return total, term
+    return step, layout.header(builder, ptr[0], block, layout.dmin_at)
+
+
+def _q6_k_steps(builder, layout, ptr, block):
+    """Q6_K: Σ_k sc_k·s_k by vpmulld (a sub-block's 16 products of 6-bit quants pass an int16), then its zero point,
+    -32·Σ_k sc_k·bsum_k, by vpdpwssd on pairs of scales and of the token's sums of 16."""
+    words = [layout.vector(builder, ptr[0], block, 192, j, VI32) for j in range(4)]
+    scales = [builder.ashr(builder.shl(words[k // 4], _i32(builder, 24 - 8 * (k % 4))), _i32(builder, 24))
+              for k in range(16)]
+    zero_pairs = _int16_pairs(builder, [builder.and_(builder.mul(s, _i32(builder, -32)), _i32(builder, 0xFFFF))
+                                        for s in scales])
+
+    def step(sums, word):
+        total = _i32(builder, 0)
+        for k in range(16):
+            total = builder.add(total, builder.mul(sums(k), scales[k]))
+        for i in range(8):
+            total = dpwssd(builder, total, zero_pairs[i], word(PAIRS_OF_16 + i))
+        return total, None
+    return step, None
+
+
+def _tokens(builder, qtype: int, ptr, g_, nb_, t0_, yo_, ys_) -> None:
+    """Block by block: the next block's products on the tile unit, a sub-block after each few tokens' vector steps
+    (into the other of two buffers of sums), so that the two overlap; each token's float sums kept in y itself (16
     accumulators held in registers over the blocks crowded out the rest)."""
-    layout = KLayout(Q4_K)
+    layout, subs = KLayout(qtype), SUB_BLOCKS[qtype]
     rows = []
     for t in range(TOKENS):
         out = builder.add(yo_, builder.mul(builder.add(t0_, ir.Constant(I64, t)), ys_))
         rows.append(builder.bitcast(builder.gep(ptr[8], [out]), VF32.as_pointer()))
         builder.store(ir.Constant(VF32, [0.0] * ROWS), rows[t], align=4)
-    for j in range(8):
-        _sub_block_sums(builder, ptr, nb_, t0_, ir.Constant(I64, 0), j, ir.Constant(I64, 0))
+    for j in range(subs):
+        _sub_block_sums(builder, qtype, ptr, nb_, t0_, ir.Constant(I64, 0), j, ir.Constant(I64, 0))
     with cgutils.for_range(builder, nb_) as loop:
         b = loop.index
-        sums = builder.mul(builder.and_(b, ir.Constant(I64, 1)), ir.Constant(I64, 2048))     # this block's buffer
+        buffer = builder.mul(builder.and_(b, ir.Constant(I64, 1)), ir.Constant(I64, 256 * subs))
         after = builder.add(b, ir.Constant(I64, 1))
         following = builder.select(builder.icmp_unsigned("<", after, nb_), after, b)
-        other = builder.mul(builder.and_(after, ir.Constant(I64, 1)), ir.Constant(I64, 2048))
+        other = builder.mul(builder.and_(after, ir.Constant(I64, 1)), ir.Constant(I64, 256 * subs))
         block = builder.add(g_, builder.mul(b, ir.Constant(I64, layout.group_block)))
         d = layout.header(builder, ptr[0], block, layout.d_at)
-        dmin = layout.header(builder, ptr[0], block, layout.dmin_at)
-        scales, mins = _scales_mins_k4(builder, [layout.vector(builder, ptr[0], block, 4, j, VI32) for j in range(3)])
-        low16 = [builder.and_(scale, _i32(builder, 0xFFFF)) for scale in scales]
-        scale_pairs = [builder.shl(p, _i32(builder, 3)) for p in _int16_pairs(builder, scales)]
-        min_pairs = _int16_pairs(builder, mins)
+        step, dmin = (_q4_k_steps if qtype == Q4_K else _q6_k_steps)(builder, layout, ptr, block)
         for t in range(TOKENS):
             at = builder.add(builder.mul(builder.add(t0_, ir.Constant(I64, t)), nb_), b)
             words = builder.mul(at, ir.Constant(I64, Q8K_WORDS))
@@ -151,16 +191,16 @@ def _tokens(builder, ptr, g_, nb_, t0_, yo_, ys_) -> None:
             def word(i: int, words=words):
                 return splat(builder, load_at(builder, ptr[6], builder.add(words, ir.Constant(I64, i)), I32, 4), VI32)
 
-            total, term = _i32(builder, 0), _i32(builder, 0)
-            for j in range(8):
-                s = builder.add(load_at(builder, ptr[11], builder.add(sums, ir.Constant(I64, 256 * j + 16 * t)), VI32,
-                                        4), word(MINUS_8_SUMS_OF_32 + j))   # the products of nibble - 8: an int16
-                total = dpwssd(builder, total, s, low16[j])
-            for i in range(4):
-                total = dpwssd(builder, total, scale_pairs[i], word(PAIRS_OF_32 + i))
-                term = dpwssd(builder, term, min_pairs[i], word(PAIRS_OF_32 + i))
+            def sums(j: int, t=t):
+                return load_at(builder, ptr[11], builder.add(buffer, ir.Constant(I64, 256 * j + 16 * t)), VI32, 4)
+
+            total, term = step(sums, word)
             dx = splat(builder, load_at(builder, ptr[5], at, F32, 4), VF32)
+            minimums = None if term is None else (builder.sitofp(term, VF32), dmin)
             builder.store(_block_into_row(builder, builder.load(rows[t], align=4), builder.sitofp(total, VF32), d, dx,
-                                          (builder.sitofp(term, VF32), dmin)), rows[t], align=4)
-            if t % 2:  # the next block's products, a sub-block every other token, overlap these steps
-                _sub_block_sums(builder, ptr, nb_, t0_, following, t // 2, other)
+                                          minimums), rows[t], align=4)
+            for j in range(t * subs // TOKENS, (t + 1) * subs // TOKENS):   # the next block's, spread over the tokens
+                _sub_block_sums(builder, qtype, ptr, nb_, t0_, following, j, other)
+
+
+tile_amx_q4_K, tile_amx_q6_K = _amx_tile(Q4_K), _amx_tile(Q6_K)

@@ -58,8 +58,8 @@ K_FORMATS = {Q2_K: (84, ((80, 2), (82, 2), (0, 16), (16, 64))),
 # The int32 words of a token's Q8_K block beside its quants (jit/repack.py writes them): the 16 sums of 16 quants
 # (ggml's bsums), the 8 sums of 32 as four pairs of int16 (sub-blocks 2i and 2i+1, what vpdpwssd multiplies Q4_K's
 # pairs of scales and of minimums with), -8 times each sum of 32 and -32 times each sum of 8 (where Q4_K's and
-# Q6_K's pieces of products start, see _sums).
-SUMS_OF_16, PAIRS_OF_32, MINUS_8_SUMS_OF_32, MINUS_32_SUMS_OF_8, Q8K_WORDS = 0, 16, 20, 28, 60
+# Q6_K's pieces of products start, see _sums), the sums of 16 as eight pairs of int16 (Q6_K on the tile unit).
+SUMS_OF_16, PAIRS_OF_32, MINUS_8_SUMS_OF_32, MINUS_32_SUMS_OF_8, PAIRS_OF_16, Q8K_WORDS = 0, 16, 20, 28, 60, 68
 NARROW = {Q4_K: (32, MINUS_8_SUMS_OF_32), Q6_K: (8, MINUS_32_SUMS_OF_8)}  # values a piece, where its start is
 DMIN = {Q2_K: 82, Q4_K: 2, Q5_K: 2}          # where the fp16 scale of the minimums is
 ZERO_POINT = {Q3_K: 4, Q6_K: 32, IQ4_XS: 128}  # unsigned quants minus this are the values: -zero·Σq starts a sum

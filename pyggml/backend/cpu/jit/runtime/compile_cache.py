@@ -27,7 +27,7 @@ def type_kernels(qtypes: Iterable[int] | None) -> list:
     them. A kernel left out still loads from the cache at its first call (a warm start's 17 kernels loaded in
     0.13-0.2 s, some of them for types the model did not have)."""
     from pyggml.backend.cpu.jit import mul_mat, quants, repack, rows
-    from pyggml.backend.cpu.jit.ir.amx_ir import amx_usable
+    from pyggml.backend.cpu.jit.ir.amx_ir import SUB_BLOCKS, amx_usable
     from pyggml.backend.cpu.jit.ir.vnni_ir import FORMATS
     from pyggml.backend.cpu.jit.ir.vnni_k_ir import K_FORMATS
     from pyggml.core.types import GGMLType
@@ -49,8 +49,8 @@ def type_kernels(qtypes: Iterable[int] | None) -> list:
             found.append(repack.gemm_16x4_q8_0[qtype])
         if qtype in K_FORMATS:
             found.append(repack.gemm_16x4_q8_K[qtype])
-        if qtype == GGMLType.Q4_K and amx_usable():
-            found.append(repack.gemm_amx_q4_K)
+        if qtype in SUB_BLOCKS and amx_usable():
+            found.append(repack.gemm_amx[qtype])
         if qtype in set_rows:
             found.append(set_rows[qtype])
     return found
