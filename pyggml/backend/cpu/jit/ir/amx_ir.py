@@ -1,20 +1,28 @@
-"""Q4_K prompt products on AMX (Intel's tile unit: TDPBSUD multiplies a 16 x 32 tile of signed bytes by a 32 x 16 one
-of unsigned bytes into 16 x 16 int32 sums in one instruction, 16384 products where a vpdpbusd makes 64).
+"""Q4_K and Q6_K prompt products on AMX (Intel's tile unit: one TDPBSSD multiplies a 16 x 32 tile of signed bytes
+by a 32 x 16 one into 16 x 16 int32 sums, 8192 products where a vpdpbusd makes 64).
 
-A tile of 16 tokens and a 16-row group of Q4_K weights, block by block: each sub-block's products (its 32 values,
-the row group's nibbles unpacked to bytes beforehand, `unpack_q4_K_group`) come out of the tile unit as one row of
-16 int32 per token, the 16 rows in the lanes as in the VNNI tiles (ir/vnni_k_ir.py), and go through the same
-integer steps from there: started at -8·bsum_j (a vector add here, where the VNNI tiles start their products
-there), multiplied by the scale with vpdpwssd, the bias put back and the minimums' term made on pairs; then the
-same fused multiply-adds into each token's float sums. So every output is the VNNI tile's to the last bit.
+A tile of 16 tokens and a 16-row group of weights, block by block: each sub-block's products come out of the tile
+unit as one row of 16 int32 per token, the 16 rows in the lanes as in the VNNI tiles (ir/vnni_k_ir.py), and go
+through the same integer steps from there, then the same fused multiply-adds into each token's float sums, so
+every output is the VNNI tiles' to the last bit:
+- Q4_K (8 sub-blocks of 32): the weights unpacked to nibble - 8 (signed, TDPBSSD), so a sub-block's sums are
+  already Σ (nibble - 8)·a, an int16: one vpdpwssd multiplies each by its scale, then the bias is put back and
+  the minimums' term made on pairs, as the VNNI tiles do;
+- Q6_K (16 sub-blocks of 16): the weights unpacked to their 6 bits (unsigned, TDPBSUD), the sums times the scale
+  by vpmulld, the zero point -32·Σ_k sc_k·bsum_k by vpdpwssd on pairs of scales and of the sums of 16.
+The row group's quants are unpacked beforehand (jit/repack.py's `unpack_group`: per block and sub-block, the
+interleaved layout's vectors as bytes), the tokens' quants laid out per 16 tokens (per block and 32 values, the
+16 tokens' 32 bytes in turn).
 
-Tiles as configured (TILE_CONFIG): tmm0 the sums (16 tokens x 16 int32), tmm1 the activations (16 tokens x 32
-bytes, a token's row K bytes on), tmm2 the weights (8 rows of 64 bytes: 4 values of each of the 16 rows, the
-interleaved layout's own vectors). A process must be granted the tile data state first (`amx_usable`).
+Tiles (tile_config): four for the sums (16 tokens x 16 int32) taken in turn, two for the activations (16 tokens x
+a sub-block's bytes), two for the weights (a sub-block's values / 4 rows of 64 bytes). The next block's products
+are issued between the tokens' vector steps, into the other of two buffers of sums. A process must be granted
+the tile data state first (`amx_usable`).
 
-`tile_amx_q4_K` is an intrinsic (w, g, nb, wu, xq, xd, xb, t0, y, yo, ys, sums, config): the group at byte g of w
-(its scales and minimums, its fp16 d and dmin) with its unpacked quants wu (nb·4096 bytes), tokens t0 .. t0 + 15;
-y[yo + t·ys + r] = the token's row r. sums: 1024 bytes of scratch for the tile unit's sums.
+`tile_amx_q4_K` and `tile_amx_q6_K` are intrinsics (w, g, nb, wu, xa, xd, xb, t0, y, yo, ys, sums, config): the
+group at byte g of w (its scales, minimums, fp16 d and dmin) with its unpacked quants wu (nb·4096 bytes), the
+tokens t0 .. t0 + 15 of xa (their quants laid out as above; t0 a multiple of 16); y[yo + t·ys + r] = token t's
+row r. sums: 8192 int32 of scratch for the tile unit's sums; config: tile_config(qtype).
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ from numba.extending import intrinsic
 
 from pyggml.backend.cpu.jit.ir.block_ir import F32, I32, I64, splat
 from pyggml.backend.cpu.jit.ir.vnni_ir import ROWS, VF32, VI32, load_at
-from pyggml.backend.cpu.jit.ir.vnni_k_ir import (MINUS_8_SUMS_OF_32, PAIRS_OF_16, PAIRS_OF_32, Q4_K, Q6_K, Q8K_WORDS,
+from pyggml.backend.cpu.jit.ir.vnni_k_ir import (PAIRS_OF_16, PAIRS_OF_32, Q4_K, Q6_K, Q8K_WORDS,
                                                  KLayout, _block_into_row, _i32, _int16_pairs, _scales_mins_k4, dpwssd)
 
 TOKENS = 16                                   # tokens a tile takes: the tile unit's 16 rows
@@ -120,7 +128,8 @@ def _sub_block_sums(builder, qtype: int, ptr, nb_, t0_, b, j: int, buffer) -> No
     _call(builder, "llvm.x86.tileloadd64", [_tile(a), builder.gep(ptr[4], [at]), ir.Constant(I64, 32)], load)
     _call(builder, "llvm.x86.tileloadd64", [_tile(w), builder.gep(ptr[3], [builder.mul(sub, ir.Constant(
         I64, 16 * size))]), ir.Constant(I64, 64)], load)
-    _call(builder, "llvm.x86.tdpbsud", [_tile(c), _tile(a), _tile(w)], [I8, I8, I8])
+    product = "llvm.x86.tdpbssd" if qtype == Q4_K else "llvm.x86.tdpbsud"   # Q4_K's nibble - 8 signed, Q6_K's q
+    _call(builder, product, [_tile(c), _tile(a), _tile(w)], [I8, I8, I8])
     out = builder.gep(ptr[11], [builder.add(buffer, ir.Constant(I64, 256 * j))])
     _call(builder, "llvm.x86.tilestored64", [_tile(c), builder.bitcast(out, P8), ir.Constant(I64, 64)], load)
 
@@ -135,8 +144,7 @@ def _q4_k_steps(builder, layout, ptr, block):
     def step(sums, word):
         total, term = _i32(builder, 0), _i32(builder, 0)
         for j in range(8):
-            s = builder.add(sums(j), word(MINUS_8_SUMS_OF_32 + j))          # the products of nibble - 8: an int16
-            total = dpwssd(builder, total, s, low16[j])
+            total = dpwssd(builder, total, sums(j), low16[j])                # Σ (nibble - 8)·a: an int16
         for i in range(4):
             total = dpwssd(builder, total, scale_pairs[i], word(PAIRS_OF_32 + i))
             term = dpwssd(builder, term, min_pairs[i], word(PAIRS_OF_32 + i))

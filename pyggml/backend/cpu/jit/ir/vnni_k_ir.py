@@ -21,8 +21,10 @@ and qh in pieces of 4 vectors in the order they are read (Q6_K_QUANTS); IQ4_XS: 
 
 `tile_<type>` is an intrinsic (w, g, nb, xq, xd, xb, n, y, yo, ys): for the group whose blocks start at byte g
 of w and tokens 0 .. n-1, y[yo + t·ys + r] = Σ over the nb blocks of row r, four tokens at a time, then one.
-xq: the tokens' Q8_K quants (int8 as uint8, nb·256 a token), xd: their scales (float32, nb a token), xb: the
-sums of each 16 quants (int32, nb·16 a token). All arrays C-contiguous.
+xq: the tokens' Q8_K quants (int8 as uint8, nb·256 a token), xd: their scales (float32, nb a token), xb: each
+block's Q8K_WORDS int32 words (the sums of each 16 quants and the others below; nb·Q8K_WORDS a token). All arrays
+C-contiguous. In a tile of several tokens, Q4_K's and Q6_K's sub-blocks go in pieces whose sums fit an int16,
+each multiplied by its scale with one vpdpwssds (_add_sub_block); the integers are the same.
 """
 
 from __future__ import annotations
