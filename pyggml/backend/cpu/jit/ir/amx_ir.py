@@ -37,7 +37,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from pyggml.backend.cpu.jit.ir.block_ir import F32, I32, I64, splat
-from pyggml.backend.cpu.jit.ir.vnni_ir import ROWS, VF32, VI32, load_at
+from pyggml.backend.cpu.jit.ir.vnni_ir import ROWS, VF32, VI32, load_at, typed
 from pyggml.backend.cpu.jit.ir.vnni_k_ir import (PAIRS_OF_16, PAIRS_OF_32, Q4_K, Q6_K, Q8K_WORDS,
                                                  KLayout, _block_into_row, _i32, _int16_pairs, _scales_mins_k4, dpwssd)
 
@@ -92,9 +92,7 @@ def _amx_tile(qtype: int):
     def typer(typingctx, w, g, nb, wu, xa, xd, xb, t0, y, yo, ys, sums, config):
         arrays = ((w, types.uint8), (wu, types.uint8), (xa, types.uint8), (xd, types.float32), (xb, types.int32),
                   (y, types.float32), (sums, types.int32), (config, types.uint8))
-        if not all(isinstance(a, types.Array) and a.dtype == dt and a.layout == "C" for a, dt in arrays):
-            return None
-        if not all(isinstance(i, types.Integer) for i in (g, nb, t0, yo, ys)):
+        if not typed(arrays, (g, nb, t0, yo, ys)):
             return None
 
         def codegen(context, builder, signature, args):

@@ -89,6 +89,13 @@ def prefetch_ahead(builder, data, block, nbytes: int) -> None:
         prefetch_pointer(builder, builder.gep(data, [builder.add(block, ir.Constant(I64, PREFETCH_AHEAD + line))]))
 
 
+def typed(arrays, integers) -> bool:
+    """Whether a tile intrinsic's arguments are what its code reads: C-contiguous arrays of the given dtypes
+    ((argument, dtype) pairs) and integer offsets and counts."""
+    return (all(isinstance(a, types.Array) and a.dtype == dt and a.layout == "C" for a, dt in arrays)
+            and all(isinstance(i, types.Integer) for i in integers))
+
+
 def load_at(builder, base, offset, vtype, align=1):
     return builder.load(builder.bitcast(builder.gep(base, [offset]), vtype.as_pointer()), align=align)
 
@@ -150,9 +157,7 @@ def _tile(qtype: int):
     def typer(typingctx, w, g, nb, xq, xd, xs, xm, n, y, yo, ys):
         arrays = ((w, types.uint8), (xq, types.uint8), (xd, types.float32), (xs, types.int32), (xm, types.float32),
                   (y, types.float32))
-        if not all(isinstance(a, types.Array) and a.dtype == dt and a.layout == "C" for a, dt in arrays):
-            return None
-        if not all(isinstance(i, types.Integer) for i in (g, nb, n, yo, ys)):
+        if not typed(arrays, (g, nb, n, yo, ys)):
             return None
 
         def codegen(context, builder, signature, args):

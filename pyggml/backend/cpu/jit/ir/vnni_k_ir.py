@@ -36,7 +36,7 @@ from numba.extending import intrinsic
 
 from pyggml.backend.cpu.jit.ir.block_ir import F32, I32, I64, splat
 from pyggml.backend.cpu.jit.ir.vnni_ir import (ROWS, TOKENS, VF16, VF32, VI32, VI8, code_book_values, dpbusd,
-                                               load_at, prefetch_ahead)
+                                               load_at, prefetch_ahead, typed)
 from pyggml.core.types import GGMLType
 
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS = (int(t) for t in (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K,
@@ -230,9 +230,7 @@ def _tile(qtype: int):
 
     def typer(typingctx, w, g, nb, xq, xd, xb, n, y, yo, ys):
         arrays = ((w, types.uint8), (xq, types.uint8), (xd, types.float32), (xb, types.int32), (y, types.float32))
-        if not all(isinstance(a, types.Array) and a.dtype == dt and a.layout == "C" for a, dt in arrays):
-            return None
-        if not all(isinstance(i, types.Integer) for i in (g, nb, n, yo, ys)):
+        if not typed(arrays, (g, nb, n, yo, ys)):
             return None
 
         def codegen(context, builder, signature, args):
