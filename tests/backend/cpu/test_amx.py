@@ -59,3 +59,14 @@ def test_only_long_prompts_of_one_q4_K_or_q6_K_matrix_go_to_the_tile_unit():
     assert not on_tile_unit(Q4_K, 1, 128, 2048)         # too little work a row
     assert not on_tile_unit(Q4_K, 2, 512, 2048)         # a MoE layer's experts
     assert not on_tile_unit(int(GGMLType.Q5_K), 1, 512, 2048)
+
+
+def test_pyggml_amx_0_leaves_the_tile_unit_alone(monkeypatch):
+    monkeypatch.setenv("PYGGML_AMX", "0")
+    amx_usable.cache_clear()
+    try:
+        assert not amx_usable() and not on_tile_unit(Q4_K, 1, 512, 2048)
+    finally:
+        monkeypatch.delenv("PYGGML_AMX")
+        amx_usable.cache_clear()
+    assert amx_usable()

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 
 import numpy as np
 from llvmlite import ir
@@ -67,10 +68,11 @@ def tile_config(qtype: int) -> np.ndarray:
 @functools.cache
 def amx_usable() -> bool:
     """Whether the CPU has AMX-INT8 (as LLVM sees it) and Linux grants this process the tile data state (asked once:
-    without it the first tile instruction kills the process)."""
+    without it the first tile instruction kills the process); PYGGML_AMX=0 in the environment says no (the VNNI
+    tiles alone, e.g. to compare with a peer that cannot use the unit)."""
     import llvmlite.binding as llvm
 
-    if not llvm.get_host_cpu_features().get("amx-int8", False):
+    if os.environ.get("PYGGML_AMX", "1") == "0" or not llvm.get_host_cpu_features().get("amx-int8", False):
         return False
     try:
         libc = ctypes.CDLL(None, use_errno=True)
