@@ -19,10 +19,12 @@ a sub-block's bytes), two for the weights (a sub-block's values / 4 rows of 64 b
 are issued between the tokens' vector steps, into the other of two buffers of sums. A process must be granted
 the tile data state first (`amx_usable`).
 
-`tile_amx_q4_K` and `tile_amx_q6_K` are intrinsics (w, g, nb, wu, xa, xd, xb, t0, y, yo, ys, sums, config): the
+`tile_amx_q4_K` and `tile_amx_q6_K` are intrinsics (w, g, nb, wu, xa, xs, xw, t0, y, yo, ys, sums, config): the
 group at byte g of w (its scales, minimums, fp16 d and dmin) with its unpacked quants wu (nb·4096 bytes), the
-tokens t0 .. t0 + 15 of xa (their quants laid out as above; t0 a multiple of 16); y[yo + t·ys + r] = token t's
-row r. sums: 8192 int32 of scratch for the tile unit's sums; config: tile_config(qtype).
+tokens t0 .. t0 + 15 (t0 a multiple of 16) of xa (their quants laid out as above), xs (their Q8_K scales) and xw
+(the WORDS of their Q8_K blocks' words), the last two per 16 tokens and block, token after token (jit/repack.py's
+tiles_of_tokens); y[yo + t·ys + r] = token t's row r. sums: 8192 int32 of scratch for the tile unit's sums;
+config: tile_config(qtype).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from numba.extending import intrinsic
 
 from pyggml.backend.cpu.jit.ir.block_ir import F32, I32, I64, splat
 from pyggml.backend.cpu.jit.ir.vnni_ir import ROWS, VF32, VI32, load_at, typed
-from pyggml.backend.cpu.jit.ir.vnni_k_ir import (PAIRS_OF_16, PAIRS_OF_32, Q4_K, Q6_K, Q8K_WORDS,
+from pyggml.backend.cpu.jit.ir.vnni_k_ir import (PAIRS_OF_16, PAIRS_OF_32, Q4_K, Q6_K,
                                                  KLayout, _block_into_row, _i32, _int16_pairs, _scales_mins_k4, dpwssd)
 
 TOKENS = 16                                   # tokens a tile takes: the tile unit's 16 rows
@@ -50,6 +52,7 @@ ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA = 0x1023, 18
 
 SUMS, ACTIVATIONS, WEIGHTS = (0, 1, 2, 3), (4, 5), (6, 7)   # the tile registers of each operand, taken in turn
 SUB_BLOCKS = {Q4_K: 8, Q6_K: 16}                           # a block's sub-blocks: 32 values each, or 16
+WORDS = {Q4_K: (PAIRS_OF_32, 4), Q6_K: (PAIRS_OF_16, 8)}   # the Q8_K words the vector steps read: first, how many
 
 
 def tile_config(qtype: int) -> np.ndarray:
@@ -91,8 +94,8 @@ def _tile(n: int):
 
 
 def _amx_tile(qtype: int):
-    def typer(typingctx, w, g, nb, wu, xa, xd, xb, t0, y, yo, ys, sums, config):
-        arrays = ((w, types.uint8), (wu, types.uint8), (xa, types.uint8), (xd, types.float32), (xb, types.int32),
+    def typer(typingctx, w, g, nb, wu, xa, xs, xw, t0, y, yo, ys, sums, config):
+        arrays = ((w, types.uint8), (wu, types.uint8), (xa, types.uint8), (xs, types.float32), (xw, types.int32),
                   (y, types.float32), (sums, types.int32), (config, types.uint8))
         if not typed(arrays, (g, nb, t0, yo, ys)):
             return None
@@ -107,7 +110,7 @@ def _amx_tile(qtype: int):
             _call(builder, "llvm.x86.tilerelease", [], [])
             return context.get_dummy_value()
 
-        return types.none(w, g, nb, wu, xa, xd, xb, t0, y, yo, ys, sums, config), codegen
+        return types.none(w, g, nb, wu, xa, xs, xw, t0, y, yo, ys, sums, config), codegen
 
     return intrinsic(typer)
 
@@ -146,8 +149,8 @@ def _q4_k_steps(builder, layout, ptr, block):
         for j in range(8):
             total = dpwssd(builder, total, sums(j), low16[j])                # Σ (nibble - 8)·a: an int16
         for i in range(4):
-            total = dpwssd(builder, total, scale_pairs[i], word(PAIRS_OF_32 + i))
-            term = dpwssd(builder, term, min_pairs[i], word(PAIRS_OF_32 + i))
+            total = dpwssd(builder, total, scale_pairs[i], word(i))
+            term = dpwssd(builder, term, min_pairs[i], word(i))
         return total, term
     return step, layout.header(builder, ptr[0], block, layout.dmin_at)
 
@@ -166,7 +169,7 @@ def _q6_k_steps(builder, layout, ptr, block):
         for k in range(16):
             total = builder.add(total, builder.mul(sums(k), scales[k]))
         for i in range(8):
-            total = dpwssd(builder, total, zero_pairs[i], word(PAIRS_OF_16 + i))
+            total = dpwssd(builder, total, zero_pairs[i], word(i))
         return total, None
     return step, None
 
@@ -183,6 +186,7 @@ def _tokens(builder, qtype: int, ptr, g_, nb_, t0_, yo_, ys_) -> None:
         builder.store(ir.Constant(VF32, [0.0] * ROWS), rows[t], align=4)
     for j in range(subs):
         _sub_block_sums(builder, qtype, ptr, nb_, t0_, ir.Constant(I64, 0), j, ir.Constant(I64, 0))
+    first = builder.mul(builder.udiv(t0_, ir.Constant(I64, TOKENS)), nb_)   # the tile's first block in xs, xw
     with cgutils.for_range(builder, nb_) as loop:
         b = loop.index
         buffer = builder.mul(builder.and_(b, ir.Constant(I64, 1)), ir.Constant(I64, 256 * subs))
@@ -193,8 +197,8 @@ def _tokens(builder, qtype: int, ptr, g_, nb_, t0_, yo_, ys_) -> None:
         d = layout.header(builder, ptr[0], block, layout.d_at)
         step, dmin = (_q4_k_steps if qtype == Q4_K else _q6_k_steps)(builder, layout, ptr, block)
         for t in range(TOKENS):
-            at = builder.add(builder.mul(builder.add(t0_, ir.Constant(I64, t)), nb_), b)
-            words = builder.mul(at, ir.Constant(I64, Q8K_WORDS))
+            at = builder.add(builder.mul(builder.add(first, b), ir.Constant(I64, TOKENS)), ir.Constant(I64, t))
+            words = builder.mul(at, ir.Constant(I64, WORDS[qtype][1]))
 
             def word(i: int, words=words):
                 return splat(builder, load_at(builder, ptr[6], builder.add(words, ir.Constant(I64, i)), I32, 4), VI32)
