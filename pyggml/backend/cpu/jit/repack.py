@@ -227,24 +227,29 @@ pass)."""
 
 
 @jit(inline="always")
+def _int16_pair(low, high) -> np.int32:
+    """Two values below 2^15 in magnitude as one int32: low in bits 0-15, high in 16-31 (vpdpwssd's pairs)."""
+    return np.int32((low & 0xFFFF) | (high << 16))
+
+
+@jit(inline="always")
 def _block_words(sums_of_8: np.ndarray, xb: np.ndarray, words) -> None:
     """A Q8_K block's int32 words from its 32 sums of 8 quants, as ir/vnni_k_ir.py reads them: the 16 sums of 16
     (ggml's bsums), the sums of 32 as four int16 pairs, -8 times each sum of 32, -32 times each sum of 8, the sums
     of 16 as eight int16 pairs."""
+    sums_of_16 = xb[words + U(SUMS_OF_16):words + U(SUMS_OF_16 + 16)]
     for i in range(U(16)):
-        xb[words + U(SUMS_OF_16) + i] = sums_of_8[U(2) * i] + sums_of_8[U(2) * i + U(1)]
+        sums_of_16[i] = sums_of_8[U(2) * i] + sums_of_8[U(2) * i + U(1)]
     for i in range(U(8)):
-        total = xb[words + U(SUMS_OF_16) + U(2) * i] + xb[words + U(SUMS_OF_16) + U(2) * i + U(1)]
-        xb[words + U(MINUS_8_SUMS_OF_32) + i] = -8 * total
-        if i % U(2) == U(0):
-            xb[words + U(PAIRS_OF_32) + i // U(2)] = total & 0xFFFF
-        else:
-            xb[words + U(PAIRS_OF_32) + i // U(2)] |= total << 16
+        xb[words + U(PAIRS_OF_16) + i] = _int16_pair(sums_of_16[U(2) * i], sums_of_16[U(2) * i + U(1)])
+    for i in range(U(4)):
+        low = sums_of_16[U(4) * i] + sums_of_16[U(4) * i + U(1)]
+        high = sums_of_16[U(4) * i + U(2)] + sums_of_16[U(4) * i + U(3)]
+        xb[words + U(PAIRS_OF_32) + i] = _int16_pair(low, high)
+        xb[words + U(MINUS_8_SUMS_OF_32) + U(2) * i] = -8 * low
+        xb[words + U(MINUS_8_SUMS_OF_32) + U(2) * i + U(1)] = -8 * high
     for i in range(U(32)):
         xb[words + U(MINUS_32_SUMS_OF_8) + i] = -32 * sums_of_8[i]
-    for i in range(U(8)):
-        low, high = xb[words + U(SUMS_OF_16) + U(2) * i], xb[words + U(SUMS_OF_16) + U(2) * i + U(1)]
-        xb[words + U(PAIRS_OF_16) + i] = (low & 0xFFFF) | (high << 16)
 
 
 @jit
@@ -256,14 +261,14 @@ def quantize_q8_K_rows(x: np.ndarray, first: np.intp, end: np.intp, xq: np.ndarr
     nearest even, d = 1/iscale."""
     nb = U(x.shape[1]) // U(256)  # unsigned indices: signed ones kept the loops scalar (2x slower)
     lanes = np.empty(16, np.float32)  # 16 running maxima: one chain of 256 dependent maxima took half the time
-    where = np.empty(16, np.uint64)   # each lane's first index of its maximum: the block's first, a scan after it
-    quants, sums_of_8 = np.empty(256, np.int32), np.empty(32, np.int32)  # stayed scalar (28% of the time)
+    where = np.empty(16, np.uint64)   # each lane's first index of its maximum (read only where it is > 0, so set
+    quants, sums_of_8 = np.empty(256, np.int32), np.empty(32, np.int32)  # in this block): a scan after the
+    # maximum for the block's first such value stayed scalar (28% of the time)
     for t in range(U(first), U(end)):
         for b in range(nb):
             row = x[t, b * U(256): b * U(256) + U(256)]
             at = (t * nb + b) * U(256)
             lanes[:] = 0
-            where[:] = 0
             for j in range(U(0), U(256), U(16)):
                 for i in range(U(16)):
                     a = abs(row[j + i])
@@ -337,15 +342,22 @@ MIN_TASKS = 8
 
 
 @jit(inline="always")
-def groups_per_task(n_groups, group_bytes, nb, starts):
-    """Row groups a task takes: as many as L2_WEIGHTS holds, leaving at least MIN_TASKS tasks to share out, where a
-    segment's activations outgrow L2_ACTIVATIONS; else 1 (a generation step, a short prompt, an expert's rows)."""
+def run_of_groups(n_groups, group_bytes):
+    """Row groups of group_bytes each that L2_WEIGHTS holds, leaving at least MIN_TASKS runs to share out."""
+    return max(1, min(L2_WEIGHTS // group_bytes, n_groups // MIN_TASKS))
+
+
+@jit(inline="always")
+def groups_per_task(qtype, n_groups, group_bytes, nb, starts):
+    """Row groups a task of gemm_16x4_q8_K takes: a run of them (run_of_groups) for Q4_K where a segment's
+    activations outgrow L2_ACTIVATIONS; else 1 (a generation step, a short prompt, an expert's rows, Q6_K's
+    products, which were 12% slower in runs)."""
     longest = 0
     for i in range(starts.shape[0] - 1):
         longest = max(longest, starts[i + 1] - starts[i])
-    if longest * nb * (256 + 4 * Q8K_WORDS) <= L2_ACTIVATIONS:
+    if qtype != Q4_K or longest * nb * (256 + 4 * Q8K_WORDS) <= L2_ACTIVATIONS:
         return 1
-    return max(1, min(L2_WEIGHTS // group_bytes, n_groups // MIN_TASKS))
+    return run_of_groups(n_groups, group_bytes)
 
 
 def _gemm_16x4_q8_K(qtype: int):
@@ -354,7 +366,7 @@ def _gemm_16x4_q8_K(qtype: int):
         ys = y.shape[1]
         flat = y.reshape(-1)
         group_bytes = nb * K_GROUP_BLOCK[qtype]
-        per = groups_per_task(n_groups, group_bytes, nb, starts) if qtype == Q4_K else 1  # Q6_K's: 12% slower
+        per = groups_per_task(qtype, n_groups, group_bytes, nb, starts)
         runs, step = -(-n_groups // per), STEP_TOKENS if per > 1 else max(1, starts[-1] - starts[0])
         for task in prange((starts.shape[0] - 1) * runs):
             i, g0 = task // runs, task % runs * per
@@ -444,7 +456,7 @@ def _gemm_amx(qtype: int):
         for t in prange(full):
             tiles_of_tokens(t, nb, word, words, xq, xd, xb, xa, xs, xw)
         unpacked = nb * 4096
-        per = max(1, min(L2_WEIGHTS // unpacked, n_groups // MIN_TASKS))
+        per = run_of_groups(n_groups, unpacked)
         for task in prange(-(-n_groups // per)):
             g0, g1 = task * per, min(n_groups, task * per + per)
             wu, sums = np.empty((g1 - g0) * unpacked, np.uint8), np.empty(8192, np.int32)

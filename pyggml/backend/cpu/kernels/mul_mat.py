@@ -202,15 +202,6 @@ def on_tile_unit(qtype: int, matrices: int, n: int, k: int) -> bool:
             and amx_usable())
 
 
-def _tile_unit_gemm(qtype: int, first: int):
-    """gemm_16x4_q8_K's call made gemm_amx's (one matrix, at byte `first`)."""
-    kernel, config = gemm_amx[qtype], tile_config(qtype)
-
-    def gemm(w, firsts, nb, groups, xq, xd, xb, starts, y) -> None:
-        kernel(w, first, nb, groups, xq, xd, xb, y, config)
-    return gemm
-
-
 def _integer_call(a: Tensor, firsts: np.ndarray, starts: np.ndarray, x: np.ndarray, y: np.ndarray,
                   b: Tensor | None = None):
     """The call of the integer products of a (in a CPU_INTERLEAVED buffer) with the float32 rows x (n, k) into
@@ -228,9 +219,16 @@ def _integer_call(a: Tensor, firsts: np.ndarray, starts: np.ndarray, x: np.ndarr
         return key is not None and held is not None and held[0] is b and held[1:] == key[1:]
 
     gemm_q8_0 = gemm_16x4_q8_0[qtype] if qtype not in K_FORMATS else None  # the type's kernel, looked up once
-    gemm_q8_K = gemm_16x4_q8_K[qtype] if qtype in K_FORMATS else None
-    if on_tile_unit(qtype, len(firsts), n, k):
-        gemm_q8_K = _tile_unit_gemm(qtype, int(firsts[0]))
+    if qtype in K_FORMATS and on_tile_unit(qtype, len(firsts), n, k):
+        amx, first, config = gemm_amx[qtype], int(firsts[0]), tile_config(qtype)
+
+        def products_q8_K(xq, xd, xb) -> None:
+            amx(w, first, k // 256, groups, xq, xd, xb, y, config)
+    elif qtype in K_FORMATS:
+        gemm_q8_K = gemm_16x4_q8_K[qtype]
+
+        def products_q8_K(xq, xd, xb) -> None:
+            gemm_q8_K(w, firsts, k // 256, groups, xq, xd, xb, starts, y)
 
     def call_q8_0() -> None:
         with PARALLEL_LAUNCH:
@@ -244,7 +242,7 @@ def _integer_call(a: Tensor, firsts: np.ndarray, starts: np.ndarray, x: np.ndarr
             xq, xd, xb = _Q8.q8_K(n, k)
             if not quantized("q8_K"):
                 quantize_q8_K(x, xq, xd, xb)
-            gemm_q8_K(w, firsts, k // 256, groups, xq, xd, xb, starts, y)
+            products_q8_K(xq, xd, xb)
 
     return call_q8_K if qtype in K_FORMATS else call_q8_0
 

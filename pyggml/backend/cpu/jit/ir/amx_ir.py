@@ -41,8 +41,8 @@ from numba.extending import intrinsic
 
 from pyggml.backend.cpu.jit.ir.block_ir import F32, I32, I64, splat
 from pyggml.backend.cpu.jit.ir.vnni_ir import ROWS, VF32, VI32, load_at, typed
-from pyggml.backend.cpu.jit.ir.vnni_k_ir import (PAIRS_OF_16, PAIRS_OF_32, Q4_K, Q6_K,
-                                                 KLayout, _block_into_row, _i32, _int16_pairs, _scales_mins_k4, dpwssd)
+from pyggml.backend.cpu.jit.ir.vnni_k_ir import (PAIRS_OF_16, PAIRS_OF_32, Q4_K, Q6_K, KLayout, _block_into_row, _i32,
+                                                 _int16_pairs, _q6_k_scale, add_q4_k_pairs, dpwssd, q4_k_pairs)
 
 TOKENS = 16                                   # tokens a tile takes: the tile unit's 16 rows
 I8 = ir.IntType(8)
@@ -138,29 +138,24 @@ def _sub_block_sums(builder, qtype: int, ptr, nb_, t0_, b, j: int, buffer) -> No
 
 
 def _q4_k_steps(builder, layout, ptr, block):
-    """Per block: (the token step: (sums of sub-block j, word) -> (total, minimums' term), d, dmin)."""
-    scales, mins = _scales_mins_k4(builder, [layout.vector(builder, ptr[0], block, 4, j, VI32) for j in range(3)])
+    """Per block: (the token step: (sums of sub-block j, word i) -> (total, minimums' term), dmin)."""
+    scales, mins = layout.scales_mins_k4(builder, ptr[0], block)
     low16 = [builder.and_(scale, _i32(builder, 0xFFFF)) for scale in scales]
-    scale_pairs = [builder.shl(p, _i32(builder, 3)) for p in _int16_pairs(builder, scales)]
-    min_pairs = _int16_pairs(builder, mins)
+    pairs = q4_k_pairs(builder, scales, mins)
 
     def step(sums, word):
-        total, term = _i32(builder, 0), _i32(builder, 0)
+        total = _i32(builder, 0)
         for j in range(8):
             total = dpwssd(builder, total, sums(j), low16[j])                # Σ (nibble - 8)·a: an int16
-        for i in range(4):
-            total = dpwssd(builder, total, scale_pairs[i], word(i))
-            term = dpwssd(builder, term, min_pairs[i], word(i))
-        return total, term
+        return add_q4_k_pairs(builder, pairs, total, word)
     return step, layout.header(builder, ptr[0], block, layout.dmin_at)
 
 
 def _q6_k_steps(builder, layout, ptr, block):
     """Q6_K: Σ_k sc_k·s_k by vpmulld (a sub-block's 16 products of 6-bit quants pass an int16), then its zero point,
     -32·Σ_k sc_k·bsum_k, by vpdpwssd on pairs of scales and of the token's sums of 16."""
-    words = [layout.vector(builder, ptr[0], block, 192, j, VI32) for j in range(4)]
-    scales = [builder.ashr(builder.shl(words[k // 4], _i32(builder, 24 - 8 * (k % 4))), _i32(builder, 24))
-              for k in range(16)]
+    words = layout.q6_k_scale_words(builder, ptr[0], block)
+    scales = [_q6_k_scale(builder, words, k) for k in range(16)]
     zero_pairs = _int16_pairs(builder, [builder.and_(builder.mul(s, _i32(builder, -32)), _i32(builder, 0xFFFF))
                                         for s in scales])
 

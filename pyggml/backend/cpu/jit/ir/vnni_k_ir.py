@@ -94,6 +94,11 @@ def _scales_mins_k4(builder, words):
     return scales, mins
 
 
+def _q6_k_scale(builder, words, k: int):
+    """Q6_K's signed scale k of each row, from its scale bytes as four int32 lanes (KLayout.q6_k_scale_words)."""
+    return builder.ashr(builder.shl(words[k // 4], _i32(builder, 24 - 8 * (k % 4))), _i32(builder, 24))
+
+
 def _shift_bytes(builder, v, by: int):
     """Each byte of v shifted left by `by` (right for a negative one)."""
     return builder.shl(v, _i8(by)) if by > 0 else builder.lshr(v, _i8(-by)) if by < 0 else v
@@ -130,9 +135,16 @@ class KLayout:
         return {Q2_K: self._q2_k, Q3_K: self._q3_k, Q6_K: self._q6_k, IQ4_XS: self._iq4_xs}.get(
             self.qtype, self._q4_k_q5_k)(builder, data, block)
 
+    def scales_mins_k4(self, builder, data, block):
+        """Q4_K's and Q5_K's 8 scales and 8 minimums of the 16 rows (_scales_mins_k4 on their 12 scale bytes)."""
+        return _scales_mins_k4(builder, [self.vector(builder, data, block, 4, j, VI32) for j in range(3)])
+
+    def q6_k_scale_words(self, builder, data, block):
+        """Q6_K's 16 signed scale bytes of the 16 rows as four <16 x i32> (read one by one with _q6_k_scale)."""
+        return [self.vector(builder, data, block, 192, j, VI32) for j in range(4)]
+
     def _q4_k_q5_k(self, builder, data, block):
-        words = [self.vector(builder, data, block, 4, j, VI32) for j in range(3)]
-        scales, mins = _scales_mins_k4(builder, words)
+        scales, mins = self.scales_mins_k4(builder, data, block)
         return ((j, self._q4_k_q5_k_quants(builder, data, block, j), scales[j]) for j in range(8)), mins
 
     def _q4_k_q5_k_quants(self, builder, data, block, j: int):
@@ -151,13 +163,13 @@ class KLayout:
         """Q6_K's 16 sub-blocks of 16: value 128h + 32g + l (l < 32) has its low 4 bits in ql byte 64h + 32(g % 2)
         + l (low nibble for g < 2, high for g >= 2) and its high 2 bits at bit 2g of qh byte 32h + l; scales are
         signed bytes."""
-        words = [self.vector(builder, data, block, 192, j, VI32) for j in range(4)]
+        words = self.q6_k_scale_words(builder, data, block)
         order = [8 * h + 2 * g + half for h in range(2) for half in range(2) for g in range(4)]  # g = 0 .. 3 in a row
         return ((k, *self._q6_k_sub_block(builder, data, block, words, k)) for k in order), None
 
     def _q6_k_sub_block(self, builder, data, block, words, k: int):
         h, g, half = k // 8, (k % 8) // 2, k % 2
-        scale = builder.ashr(builder.shl(words[k // 4], _i32(builder, 24 - 8 * (k % 4))), _i32(builder, 24))
+        scale = _q6_k_scale(builder, words, k)
         quants = []
         for m in range(4):
             ql = self.vector(builder, data, block, 64 * h + 32 * (g % 2) + 16 * half, m)
@@ -309,21 +321,33 @@ def _add_sub_block(builder, layout: KLayout, narrow, tokens: _Tokens, t: int, j:
     return total
 
 
+def q4_k_pairs(builder, scales, mins):
+    """Q4_K's scales times 8 and its minimums as int16 pairs (sub-blocks 2i and 2i+1): what the token's sums of 32,
+    as int16 pairs too, put its pieces' bias back and make its minimums' term with (add_q4_k_pairs)."""
+    return [builder.shl(p, _i32(builder, 3)) for p in _int16_pairs(builder, scales)], _int16_pairs(builder, mins)
+
+
+def add_q4_k_pairs(builder, pairs, total, word):
+    """(total + 8·Σ_j sc_j·bsum_j, Σ_j m_j·bsum_j) for one token by vpdpwssd: pairs from q4_k_pairs, word(i) the
+    token's sums of 32 pair i in every lane."""
+    term = _i32(builder, 0)
+    for i, (scale_pair, min_pair) in enumerate(zip(*pairs, strict=True)):
+        sums = word(i)
+        total = dpwssd(builder, total, scale_pair, sums)
+        term = dpwssd(builder, term, min_pair, sums)
+    return total, term
+
+
 def _minimums_term(builder, layout: KLayout, narrow, tokens: _Tokens, t: int, scales, mins, total):
     """(total, Σ_j m_j·bsum_j) for token t; for Q4_K's pieces (total + 8·Σ_j sc_j·bsum_j, their bias put back, and
-    the minimums' term) by vpdpwssd on pairs of scales, of minimums and of the token's sums of 32."""
+    the minimums' term) by vpdpwssd on pairs (add_q4_k_pairs)."""
     if narrow is None:
         term = _i32(builder, 0)
         for j, m in enumerate(mins):
             term = builder.add(term, builder.mul(m, splat(builder, tokens.bsum(t, j, layout.size), VI32)))
         return total, term
-    scale_pairs = [builder.shl(p, _i32(builder, 3)) for p in _int16_pairs(builder, scales)]
-    term = _i32(builder, 0)
-    for i, min_pair in enumerate(_int16_pairs(builder, mins)):
-        sums = tokens.splat_word(t, PAIRS_OF_32 + i)
-        total = dpwssd(builder, total, scale_pairs[i], sums)
-        term = dpwssd(builder, term, min_pair, sums)
-    return total, term
+    return add_q4_k_pairs(builder, q4_k_pairs(builder, scales, mins), total,
+                          lambda i: tokens.splat_word(t, PAIRS_OF_32 + i))
 
 
 def _sums(builder, layout: KLayout, tokens: _Tokens, block):
