@@ -178,6 +178,9 @@ def run(args) -> int:
     while (text := next_message()) is not None:
         if text.strip() in LEAVE:
             return 0
-        session.take(text)
+        try:
+            session.take(text)
+        except KeyboardInterrupt:  # a Ctrl-C just outside an answer's stream (as the answer ended): the same stop
+            print(" [stopped]", flush=True)
     print(file=sys.stderr)
     return 0

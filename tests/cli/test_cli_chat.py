@@ -75,3 +75,25 @@ def test_the_oldest_turns_are_dropped_with_a_note(tiny):
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0
+
+
+def test_a_ctrl_c_as_an_answer_ends_stops_it_and_keeps_the_session(monkeypatch, capsys):
+    """The signal may land after the answer's stream has ended (its last newline, the context note): it is taken
+    as the stop it was meant to be, never as the end of the session (a timing the terminal test above met once
+    under load)."""
+    from pyggml.cli import chat
+
+    taken = []
+
+    class Session:
+        def take(self, text):
+            taken.append(text)
+            if len(taken) == 1:
+                raise KeyboardInterrupt
+
+    messages = iter(["Tell a long story", "/stats", "/exit"])
+    monkeypatch.setattr(chat, "open_session", lambda args: Session())
+    monkeypatch.setattr(chat, "next_message", lambda: next(messages))
+    assert chat.run(None) == 0
+    assert taken == ["Tell a long story", "/stats"]
+    assert "[stopped]" in capsys.readouterr().out
