@@ -15,7 +15,11 @@ embedding only a row), so its speed is bounded by the memory's read bandwidth: e
 sum over a 1 GiB array with the same threads (a third process, between the sides), and the figures show the
 weight bytes a token reads, that bandwidth (median over the rounds) and the fraction of the bound each side
 reaches. Load time: from the start of loading the file to the first token's logits (one token decoded),
-in each side's fresh process, before its warm-up.
+in each side's fresh process, before its warm-up. pyggml keeps a file's interleaved matrices on disk from its
+first load on (pyggml.models.gguf.layout_cache) and later loads map them from the page cache, as llama.cpp's
+rounds map the model file: with `--layout-cache fresh` (the default) the run starts with an empty cache of its
+own, and a first pyggml process that only loads (the repack into the new entry, flushed to the disk at its exit)
+is timed apart before the rounds; `off` repacks at every load, `user` uses the user's cache as it is.
 
     python -m benchmarks.generate_vs_llamacpp --llama-python /tmp/llamavenv/bin/python
     python -m benchmarks.generate_vs_llamacpp --synthetic q4_0     # a random-weight llama of realistic size
@@ -89,6 +93,18 @@ def run_pyggml(args) -> dict:
             "compute_buffer_ggml_planner": model.reserved_plan.ggml_size, "kv_type": model.kv.type.name,
             "outputs_reserved": 1, "flash_attn": "disabled",  # pyggml's models attend without flash attention
             "weights_kind": weights_kind(model, args.weights)}
+
+
+def load_only(args) -> dict:
+    """A pyggml process that loads the file and decodes one token (the layout cache's first load)."""
+    from pyggml.backend.cpu.backend import set_n_threads
+    from pyggml.models import load_model
+
+    start = time.perf_counter()
+    model = load_model(args.model, n_ctx=args.ctx, n_batch=args.batch, weights=args.weights)
+    set_n_threads(model.backend, args.threads)
+    model.decode(model.tokenize(TEXT)[:1])
+    return {"load_s": time.perf_counter() - start}
 
 
 def weights_kind(model, weights: str) -> str:
@@ -234,6 +250,27 @@ def _side(python: str, side: str, args) -> dict:
     return result
 
 
+def _first_load(args, log) -> str:
+    """Point pyggml's layout cache where --layout-cache says (the sides inherit it); with a fresh cache, time a first
+    load (the repack into the new entry, flushed at the process's exit) apart. What the table's loads are."""
+    if args.layout_cache == "off":
+        os.environ["PYGGML_WEIGHTS_CACHE"] = "off"
+        return "repacked at every load (--layout-cache off)"
+    if args.layout_cache == "user":
+        os.environ.pop("PYGGML_WEIGHTS_CACHE", None)
+        return "the user's layout cache as it was (--layout-cache user)"
+    args.cache_scratch = tempfile.TemporaryDirectory(prefix="pyggml_layout_cache_")  # removed with args
+    os.environ["PYGGML_WEIGHTS_CACHE"] = args.cache_scratch.name
+    log.start("first load pyggml")
+    start = time.perf_counter()
+    first = _side(sys.executable, "pyggml-load", args)["load_s"]
+    whole = time.perf_counter() - start
+    print(f"  first load (repacked): {first:.2f} s to the first token; its process {whole:.2f} s with the entry "
+          f"flushed at exit", flush=True)
+    return (f"the rounds mapped them from the layout cache; the first load repacked them in {first:.2f} s (its "
+            f"process {whole:.2f} s, the entry flushed at exit)")
+
+
 def _median(runs: list[dict]) -> dict:
     """Each figure's median over the runs (the machine is shared and noisy)."""
     return {k: statistics.median(r[k] for r in runs) if all(isinstance(r.get(k), (int, float)) for r in runs)
@@ -261,7 +298,10 @@ def main() -> None:
                         "kernels crash (a general protection fault in libggml-cpu)")
     p.add_argument("--keep", help="with --synthetic: write the file here, and reuse it if it exists")
     p.add_argument("--quick", action="store_true", help="a smoke test: 1 run per side, no warm-up, 64 + 4 tokens")
-    p.add_argument("--side", choices=["pyggml", "llama"], help=argparse.SUPPRESS)
+    p.add_argument("--layout-cache", choices=["fresh", "off", "user"], default="fresh",
+                   help="pyggml's cache of interleaved weights: an empty one of this run's own, filled by a first "
+                        "load timed apart (default); off (repack at every load); the user's own as it is")
+    p.add_argument("--side", choices=["pyggml", "llama", "pyggml-load"], help=argparse.SUPPRESS)
     args = p.parse_args()
     large = (args.synthetic or "").startswith("8b")
     args.n = args.n if args.n is not None else 16 if large else 32
@@ -283,10 +323,12 @@ def main() -> None:
 
         args.model = model_path("gemma3-270m")
     if args.side:
-        print(json.dumps((run_pyggml if args.side == "pyggml" else run_llama)(args)))
+        side = {"pyggml": run_pyggml, "llama": run_llama, "pyggml-load": load_only}[args.side]
+        print(json.dumps(side(args)))
         return
     log = RunLog()
     print(log.header(), flush=True)
+    first_load = _first_load(args, log)
     our_runs, their_runs, bandwidths = [], [], []
     for i in range(args.repeat):  # alternate the sides: both see the same spells of load
         log.start(f"run {i + 1} pyggml")
@@ -298,7 +340,8 @@ def main() -> None:
         ours_i, theirs_i = our_runs[-1], their_runs[-1]
         print(f"  run {i + 1}: generation pyggml {ours_i['gen_tps']:.2f}, llama.cpp {theirs_i['gen_tps']:.2f} tokens/s"
               f" ({ours_i['gen_tps'] / theirs_i['gen_tps']:.3f}x); prompt {ours_i['prompt_tps']:.1f}, "
-              f"{theirs_i['prompt_tps']:.1f} ({ours_i['prompt_tps'] / theirs_i['prompt_tps']:.3f}x); read "
+              f"{theirs_i['prompt_tps']:.1f} ({ours_i['prompt_tps'] / theirs_i['prompt_tps']:.3f}x); load "
+              f"{ours_i['load_s']:.2f}, {theirs_i['load_s']:.2f} s; read "
               f"{bandwidths[-1] / 1e9:.1f} GB/s", flush=True)
     ours, theirs = _median(our_runs), _median(their_runs)
     print(f"model {os.path.basename(args.model)}, n_ctx {args.ctx}, batch {args.batch}, {args.threads} threads, "
@@ -316,6 +359,7 @@ def main() -> None:
         ratio = f"{a / b:8.3f}" if b else f"{'n/a':>8}"
         print(f"{label:{width}}{a / unit:12.2f}{(b / unit if b else float('nan')):12.2f}{ratio}")
     print("(out rows: the output rows llama.cpp reserves in its compute buffer; pyggml always reserves 1)")
+    print(f"pyggml's interleaved weights: {first_load}")
     print(f"llama.cpp buffer types: {theirs['buffer_types']}")
     print(f"pyggml compute buffer with ggml's planner: {ours['compute_buffer_ggml_planner'] / MIB:.2f} MiB")
     print(f"pyggml weights in memory {ours['weights'] / MIB:.2f} MiB, GGUF tensor bytes "

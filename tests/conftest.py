@@ -9,6 +9,10 @@ from pathlib import Path
 # when it starts (pyggml.backend.cpu.jit.runtime.compile_cache.load_cached). Set before Numba is imported.
 os.environ.setdefault("NUMBA_CACHE_DIR", str(Path(__file__).resolve().parent.parent / ".numba-test-cache"))
 
+# Models loaded by the tests do not keep their interleaved layout in the user's cache; the layout cache's own tests
+# point it at a temporary directory (pyggml.models.gguf.layout_cache).
+os.environ.setdefault("PYGGML_WEIGHTS_CACHE", "off")
+
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 

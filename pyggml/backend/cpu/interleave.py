@@ -119,3 +119,8 @@ class InterleavedBufferType(BufferType):
 
     def _alloc_size(self, t: Tensor) -> int:
         return t.nbytes
+
+    def buffer_over(self, array: np.ndarray) -> InterleavedBuffer:
+        """A buffer over a file's mapping from the loader's layout cache (pyggml.models.gguf.layout_cache): an entry
+        that holds the interleaved bytes already, or a new entry's file that the repack writes."""
+        return InterleavedBuffer(self, array)

@@ -18,6 +18,7 @@ yardstick, against 1.00 all float), as llama.cpp quantizes the activations of ev
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -28,7 +29,9 @@ from pyggml.alloc import alloc_ctx_tensors_from_buft
 from pyggml.core import Context, Tensor
 from pyggml.core import types as T
 from pyggml.errors import GGMLError, GGUFError
+from pyggml.models.gguf import layout_cache
 from pyggml.models.gguf.gguf_file import GGUFFile
+from pyggml.models.gguf.layout_cache import Placed
 
 if TYPE_CHECKING:
     from tqdm import tqdm
@@ -125,11 +128,12 @@ def load_weights(gguf: GGUFFile, backend, weights: str = "quantized", progress: 
         infos[info.name] = info
     total = sum(infos[t.name].nbytes for ctx in (direct, converted) for t in ctx)
     with progress_bar(total, progress) as bar:
-        converted_buffer = alloc_ctx_tensors_from_buft(converted, expand_type or interleave_type) if len(converted) \
-            else None
-        buffers = [b for b in (_place_direct(gguf, backend, direct, infos, bar),
-                               _place_converted(gguf, converted_buffer, converted, infos, bar))
-                   if b is not None]
+        if interleave_type is not None and len(converted):
+            converted_buffer = _place_interleaved(gguf, interleave_type, converted, infos, bar)
+        else:
+            converted_buffer = _place_converted(gguf, alloc_ctx_tensors_from_buft(converted, expand_type)
+                                                if len(converted) else None, converted, infos, bar)
+        buffers = [b for b in (_place_direct(gguf, backend, direct, infos, bar), converted_buffer) if b is not None]
     for b in buffers:
         b.usage = BufferUsage.WEIGHTS
     return Weights(gguf, {t.name: t for ctx in (direct, converted, elsewhere) for t in ctx}, buffers)
@@ -207,6 +211,38 @@ def _place_direct(gguf: GGUFFile, backend, ctx: Context, infos: dict, bar: tqdm)
     for t in ctx:
         tensor_set(t, _raw(gguf, infos[t.name]))
         bar.update(t.nbytes)
+    return buf
+
+
+def _place_interleaved(gguf: GGUFFile, buft, ctx: Context, infos: dict, bar: tqdm):
+    """The matrices of the interleaved buffer type, one after another: mapped from the layout cache where it holds
+    this file's (pyggml.models.gguf.layout_cache), else repacked, and then written there in the background."""
+    placed, size = [], 0
+    for t in ctx:
+        offset = -(-size // buft.alignment) * buft.alignment
+        placed.append(Placed(t.name, int(t.type), tuple(t.ne), offset, buft.alloc_size(t)))
+        size = offset + placed[-1].nbytes
+    directory = layout_cache.cache_dir() if size >= layout_cache.MIN_BYTES and os.path.isfile(gguf.path) else None
+    entry = layout_cache.Entry(gguf.path, placed, size) if directory is not None else None
+    cached = entry.open(directory, lambda p, start, n: gguf.tensor_bytes(infos[p.name])[start:start + n]) \
+        if entry is not None else None
+    incoming = layout_cache.Incoming.create(entry, directory) if entry is not None and cached is None else None
+    memory = cached if cached is not None else incoming.array if incoming is not None else None
+    buf = buft.buffer_over(memory) if memory is not None else buft.alloc_buffer(size)
+    for t, p in zip(ctx, placed, strict=True):
+        tensor_alloc(buf, t, buf.base + p.offset)
+    if cached is not None:
+        bar.update(size)
+        return buf
+    try:
+        _place_converted(gguf, buf, ctx, infos, bar)
+    except BaseException:
+        if incoming is not None:
+            incoming.abandon()
+        raise
+    if incoming is not None:
+        incoming.commit()
+        buf.read_only = True  # the entry's file: written once, by the repack
     return buf
 
 

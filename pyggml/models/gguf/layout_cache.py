@@ -1,0 +1,302 @@
+"""A GGUF file's interleaved matrices kept on disk, so that a later load maps them instead of repacking them.
+
+Why: repacking writes the whole interleaved buffer into fresh memory (an 8B Q4_K_M file: 4.9 GB), and on a virtual
+machine whose host takes freed memory back, a page first written after another process freed its memory is faulted
+in on the host too: the 8B file's weights took 3.5-6.8 s to repack right after llama.cpp's process ended, 1.7 s when
+the host still held the pages. Mapped from a file in the page cache, no page is fresh: the whole load took 0.6 s.
+llama.cpp maps its file's own layout the same way, and ik_llama.cpp maps files repacked offline.
+
+The first load of a file repacks it into a new entry's file, mapped shared (`Incoming`), so the buffer is that file's
+page cache and nothing is copied; the file is flushed to the disk in the background and renamed when whole (at exit
+the process waits for that). Later loads map the entry read-only. One file an entry: a header (JSON: the source
+file's identity, the layout's version and every tensor's name, type, shape and place), then the buffer's bytes.
+An entry is used only when its header matches exactly and the first and last row group of every tensor equal a
+fresh repack of the source's; else it is deleted and the file repacked. A new entry replaces those of the same
+source file's older versions. Where: $PYGGML_WEIGHTS_CACHE ("off" turns it off), else
+$XDG_CACHE_HOME/pyggml/weights (~/.cache/pyggml/weights); at most $PYGGML_WEIGHTS_CACHE_GB GiB (default 64), the
+least recently used entries deleted first, and never filling the disk (1 GiB is left free). Buffers under 64 MiB
+repack in milliseconds and are not kept.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import hashlib
+import json
+import mmap
+import os
+import shutil
+import sys
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pyggml.core import types as T
+from pyggml.core.host_memory import map_for_reading
+from pyggml.errors import ParameterError
+
+CACHE_ENV = "PYGGML_WEIGHTS_CACHE"
+CAP_ENV = "PYGGML_WEIGHTS_CACHE_GB"
+DEFAULT_CAP_GIB = 64
+MIN_BYTES = 64 << 20
+FREE_DISK_LEFT = 1 << 30
+HEADER_BYTES = 1 << 16      # whole pages: the buffer's bytes start page-aligned, so they map directly
+MAGIC = b"pyggml interleaved weights\n"
+READ_AHEAD_PIECE = 8 << 20
+SUFFIX = ".weights"
+# The sources that decide the interleaved layout: a change to any of them makes every entry stale.
+LAYOUT_SOURCES = ("backend/cpu/jit/repack.py", "backend/cpu/jit/ir/vnni_ir.py", "backend/cpu/jit/ir/vnni_k_ir.py",
+                  "backend/cpu/interleave.py")
+
+
+def cache_dir() -> Path | None:
+    """Where entries are kept, or None when the cache is off ($PYGGML_WEIGHTS_CACHE=off) or the platform lacks
+    posix_fallocate (entries are made full size before they are written)."""
+    value = os.environ.get(CACHE_ENV, "")
+    if value.lower() in ("off", "0", "none", "false") or not hasattr(os, "posix_fallocate"):
+        return None
+    if value:
+        return Path(value)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pyggml" / "weights"
+
+
+def cap_bytes() -> int:
+    """The cache's size limit in bytes ($PYGGML_WEIGHTS_CACHE_GB, default 64 GiB)."""
+    value = os.environ.get(CAP_ENV)
+    try:
+        return int(float(value) * (1 << 30)) if value else DEFAULT_CAP_GIB << 30
+    except ValueError:
+        raise ParameterError(f"{CAP_ENV} must be a number of GiB, got {value!r}") from None
+
+
+def layout_version() -> str:
+    """A digest of the sources that decide the layout (LAYOUT_SOURCES)."""
+    package = Path(__file__).resolve().parents[2]
+    digest = hashlib.sha256()
+    for name in LAYOUT_SOURCES:
+        digest.update((package / name).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Placed:
+    """One interleaved tensor and where its bytes lie in the buffer."""
+    name: str
+    type: int
+    ne: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+class Entry:
+    """The cache entry of one GGUF file's interleaved buffer (`size` bytes, tensors `placed`)."""
+
+    def __init__(self, source: str, placed: list[Placed], size: int):
+        st = os.stat(source)
+        self.placed, self.size = placed, size
+        facts = {"source": os.path.realpath(source), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns,
+                 "inode": st.st_ino, "device": st.st_dev, "layout": layout_version(), "size": size,
+                 "tensors": [[p.name, p.type, list(p.ne), p.offset, p.nbytes] for p in placed]}
+        text = json.dumps(facts, sort_keys=True).encode()
+        self.header = MAGIC + text + b"\n"
+        if len(self.header) > HEADER_BYTES:
+            raise ValueError(f"the layout cache's header of {len(placed)} tensors takes {len(self.header)} bytes, "
+                             f"more than {HEADER_BYTES}")
+        self.key = hashlib.sha256(text).hexdigest()[:32]
+
+    def path(self, directory: Path) -> Path:
+        return directory / (self.key + SUFFIX)
+
+    def open(self, directory: Path, source_bytes) -> np.ndarray | None:
+        """The cached buffer, mapped read-only, or None when there is none or it does not check
+        (then it is deleted). `source_bytes(placed, start, size)` reads the source file's bytes of a tensor."""
+        path = self.path(directory)
+        try:
+            with open(path, "rb") as f:
+                if os.fstat(f.fileno()).st_size != HEADER_BYTES + self.size or \
+                        f.read(len(self.header)) != self.header:
+                    raise ValueError("stale")
+                read_ahead(f.fileno(), HEADER_BYTES + self.size)
+                mm = mmap.mmap(f.fileno(), HEADER_BYTES + self.size, access=mmap.ACCESS_READ)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            _remove(path)
+            return None
+        array = np.frombuffer(mm, np.uint8, count=self.size, offset=HEADER_BYTES)
+        map_for_reading(array)
+        if not all(self._group_matches(array, p, source_bytes) for p in self.placed):
+            del array
+            mm.close()
+            _remove(path)
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(path)  # the most recently used entry is the last to go (evict)
+        return array
+
+    @staticmethod
+    def _group_matches(array: np.ndarray, p: Placed, source_bytes) -> bool:
+        """Whether p's first and last 16-row group in the cache equal a repack of the source's."""
+        from pyggml.backend.cpu.jit.repack import ROWS, repack_16x4_into
+
+        group = ROWS * T.row_size(p.type, p.ne[0])
+        out = np.empty(group, np.uint8)
+        for start in sorted({0, p.nbytes - group}):
+            rows = np.frombuffer(source_bytes(p, start, group), np.uint8)
+            repack_16x4_into(p.type, rows.reshape(ROWS, -1), out)
+            if not np.array_equal(out, array[p.offset + start: p.offset + start + group]):
+                return False
+        return True
+
+
+def _remove(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.unlink()
+
+
+def entries(directory: Path) -> list[Path]:
+    """The directory's entries, least recently used first."""
+    with contextlib.suppress(OSError):
+        found = [p for p in directory.iterdir() if p.name.endswith(SUFFIX)]
+        return sorted(found, key=lambda p: p.stat().st_mtime_ns if p.exists() else 0)
+    return []
+
+
+def make_room(directory: Path, size: int) -> bool:
+    """Delete the least recently used entries until `size` more bytes fit under the cap and leave FREE_DISK_LEFT of
+    the disk free; False when they cannot (the entry is then not written)."""
+    if size > cap_bytes():
+        return False
+    kept = entries(directory)
+    total = sum(p.stat().st_size for p in kept if p.exists())
+    while kept and (total + size > cap_bytes() or shutil.disk_usage(directory).free < size + FREE_DISK_LEFT):
+        oldest = kept.pop(0)
+        with contextlib.suppress(OSError):
+            total -= oldest.stat().st_size
+        _remove(oldest)
+    return total + size <= cap_bytes() and shutil.disk_usage(directory).free >= size + FREE_DISK_LEFT
+
+
+def read_ahead(fd: int, size: int) -> None:
+    """Have the kernel read the file into the page cache, a piece at a time (one request reads at most the
+    device's read-ahead, 8 MiB here): a 4.9 GB entry not in the page cache in 1.8 s, where the page faults of
+    mapping it took 2.6 s; pieces already cached cost a look (0.02 s for all of it)."""
+    if not hasattr(os, "posix_fadvise"):
+        return
+    for start in range(0, size, READ_AHEAD_PIECE):
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(fd, start, READ_AHEAD_PIECE, os.POSIX_FADV_WILLNEED)
+
+
+def _remove_older_versions(directory: Path, entry: Entry) -> None:
+    """Delete the entries of entry's source file made from another version of it (or of the layout): their keys
+    differ, so nothing would read them again."""
+    source = json.loads(entry.header[len(MAGIC):])["source"]
+    for p in entries(directory):
+        try:
+            with open(p, "rb") as f:
+                head = f.read(HEADER_BYTES)
+            facts = json.loads(head[len(MAGIC): head.index(b"\n", len(MAGIC))])
+        except (OSError, ValueError):
+            continue
+        if facts.get("source") == source and p != entry.path(directory):
+            _remove(p)
+
+
+def _stale_incoming(directory: Path) -> None:
+    """Remove partial entries left by a process that was killed while writing (their pid is gone)."""
+    for p in directory.glob(".incoming-*"):
+        try:
+            os.kill(int(p.name.split("-")[1]), 0)
+        except (ProcessLookupError, ValueError, IndexError):
+            _remove(p)
+        except OSError:
+            pass
+
+
+class Incoming:
+    """An entry being made: a temporary file of the entry's size (its blocks allocated up front, so a full disk
+    fails here, not as a fault on a page later), mapped shared, that the loader repacks into, so the buffer is the
+    entry's page cache and nothing is copied; `commit` then writes the header and, in the background, flushes the
+    file to the disk and renames it: a reader sees a whole entry or none. At exit the process waits for that with a
+    note on stderr (KeyboardInterrupt leaves the partial file, removed by the next entry's writer)."""
+
+    def __init__(self, entry: Entry, directory: Path, path: Path, fd: int, mm: mmap.mmap):
+        self.entry, self.directory, self.path, self.fd, self.mm = entry, directory, path, fd, mm
+        self.array = np.frombuffer(mm, np.uint8, count=entry.size, offset=HEADER_BYTES)
+        self.thread: threading.Thread | None = None
+        self.error: OSError | None = None
+
+    @classmethod
+    def create(cls, entry: Entry, directory: Path) -> Incoming | None:
+        """The file for `entry`, or None when the cache cannot take it (no room under the cap or on the disk, a
+        file system error): the loader then repacks into its own memory."""
+        path = directory / f".incoming-{os.getpid()}-{entry.key}"
+        total = HEADER_BYTES + entry.size
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            _stale_incoming(directory)
+            _remove_older_versions(directory, entry)
+            if not make_room(directory, total):
+                return None
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        except OSError:
+            return None
+        try:
+            os.posix_fallocate(fd, 0, total)
+            return cls(entry, directory, path, fd, mmap.mmap(fd, total, mmap.MAP_SHARED))
+        except (OSError, AttributeError):
+            os.close(fd)
+            _remove(path)
+            return None
+
+    def commit(self) -> None:
+        """The repack is done: the header, then flush and rename in the background."""
+        self.array.flags.writeable = False
+        os.pwrite(self.fd, self.entry.header, 0)
+        self.thread = threading.Thread(target=self._flush, name="pyggml-layout-cache", daemon=True)
+        if not _pending:
+            atexit.register(finish_writes)
+        _pending.append(self)
+        self.thread.start()
+
+    def abandon(self) -> None:
+        """The load failed: no entry."""
+        os.close(self.fd)
+        _remove(self.path)
+
+    def _flush(self) -> None:
+        with contextlib.suppress(OSError, AttributeError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # Linux: this thread's nice value
+        try:
+            os.fdatasync(self.fd)
+            os.replace(self.path, self.entry.path(self.directory))
+        except OSError as e:  # a cache: the model runs on from its mapping; the next load repacks again
+            self.error = e
+            _remove(self.path)
+            warnings.warn(f"pyggml: the interleaved weights were not kept in {self.directory}: {e}", RuntimeWarning,
+                          stacklevel=1)
+        finally:
+            os.close(self.fd)
+
+    def finish(self) -> None:
+        """Wait for the flush (at exit), saying so on stderr; KeyboardInterrupt stops waiting."""
+        if self.thread is None or not self.thread.is_alive():
+            return
+        print(f"pyggml: keeping the interleaved weights on disk for faster loads ({self.entry.size >> 20} MiB, once; "
+              f"{CACHE_ENV}=off turns it off)", file=sys.stderr, flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            self.thread.join()
+
+
+_pending: list[Incoming] = []
+
+
+def finish_writes() -> None:
+    """Wait for the entries still being flushed (atexit)."""
+    while _pending:
+        _pending.pop(0).finish()

@@ -1,0 +1,201 @@
+"""The loader's layout cache: a file's interleaved matrices written once, mapped by later loads with the same bits,
+and every entry that does not match its file (stale, corrupt, truncated, a cancelled write) never used."""
+
+import errno
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+
+from pyggml.backend import tensor_set
+from pyggml.backend.cpu.interleave import has_vnni
+from pyggml.errors import BufferUseError, GGMLError, GGUFError, ParameterError
+from pyggml.models import load_model
+from pyggml.models.gguf import gguf_loader, layout_cache
+from pyggml.models.gguf.layout_cache import HEADER_BYTES, SUFFIX, Entry, Placed, make_room
+
+from tests.support.tiny_models import write_llama
+
+pytestmark = pytest.mark.skipif(not has_vnni(),
+                                reason="matrices are interleaved only where AVX-512 VNNI multiplies them")
+Q4_K, Q6_K = GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K
+MIX = {"attn_v": Q6_K, "ffn_down": Q6_K, "output": Q6_K, "*": Q4_K}
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """Every buffer kept (no size floor), in a directory of the test's own."""
+    directory = tmp_path / "cache"
+    monkeypatch.setenv("PYGGML_WEIGHTS_CACHE", str(directory))
+    monkeypatch.delenv("PYGGML_WEIGHTS_CACHE_GB", raising=False)
+    monkeypatch.setattr(layout_cache, "MIN_BYTES", 0)
+    return directory
+
+
+@pytest.fixture
+def model_file(tmp_path):
+    return write_llama(tmp_path / "mix.gguf", n_embd=256, n_ff=512, qtype=MIX)
+
+
+def _logits_and_memory(path):
+    """The logits of a short prompt, whether this load made a new entry, and whether the interleaved buffer is a
+    file's mapping (an entry's, or the new one's) rather than the process's own memory."""
+    layout_cache.finish_writes()
+    model = load_model(path, n_ctx=64, progress=False)
+    (buf,) = [b for b in model.weights.buffers if b.buft.name == "CPU_INTERLEAVED"]
+    owner = buf._host
+    while isinstance(owner, np.ndarray):
+        owner = owner.base
+    wrote = bool(layout_cache._pending)
+    layout_cache.finish_writes()
+    return model.decode(model.tokenize("hello world, once more")).copy(), wrote, owner is not None
+
+
+def test_the_second_load_maps_the_entry_and_computes_the_same_bits(cache, model_file, monkeypatch):
+    first, wrote, mapped = _logits_and_memory(model_file)
+    assert wrote and mapped  # repacked into the new entry's file
+    (entry,) = cache.glob("*" + SUFFIX)
+    assert not list(cache.glob(".incoming-*"))
+    second, wrote_again, mapped = _logits_and_memory(model_file)
+    assert not wrote_again and mapped
+    np.testing.assert_array_equal(first, second)
+    monkeypatch.setenv("PYGGML_WEIGHTS_CACHE", "off")
+    third, wrote, mapped = _logits_and_memory(model_file)
+    assert not wrote and not mapped  # the process's own memory
+    np.testing.assert_array_equal(first, third)
+    with open(entry, "rb") as f:
+        assert f.read(len(layout_cache.MAGIC)) == layout_cache.MAGIC
+
+
+def test_an_entry_of_other_bytes_is_deleted_and_the_file_repacked(cache, model_file):
+    """A byte changed in a tensor's first row group (or its source changed in place, with the same size and
+    time): the check against a fresh repack refuses the entry, deletes it and writes a good one."""
+    reference, _, _ = _logits_and_memory(model_file)
+    (entry,) = cache.glob("*" + SUFFIX)
+    with open(entry, "r+b") as f:
+        f.seek(HEADER_BYTES + 5)
+        byte = f.read(1)
+        f.seek(HEADER_BYTES + 5)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    logits, wrote, _ = _logits_and_memory(model_file)
+    assert wrote  # refused, so repacked and written again
+    np.testing.assert_array_equal(reference, logits)
+    again, wrote, _ = _logits_and_memory(model_file)
+    assert not wrote
+    np.testing.assert_array_equal(reference, again)
+
+
+def test_a_truncated_entry_and_a_changed_source_are_not_used(cache, model_file):
+    reference, _, _ = _logits_and_memory(model_file)
+    (entry,) = cache.glob("*" + SUFFIX)
+    os.truncate(entry, entry.stat().st_size - 4096)
+    logits, wrote, _ = _logits_and_memory(model_file)
+    assert wrote and entry.stat().st_size > HEADER_BYTES
+    np.testing.assert_array_equal(reference, logits)
+    stat = model_file.stat()
+    os.utime(model_file, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # a new version of the file: a new key
+    _, wrote, _ = _logits_and_memory(model_file)
+    (newer,) = cache.glob("*" + SUFFIX)  # the old version's entry is gone
+    assert wrote and newer != entry
+
+
+def test_a_load_that_fails_midway_leaves_no_entry(cache, model_file, monkeypatch):
+    calls = []
+
+    def fail_on_the_third(*args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise GGMLError("the disk went away")
+        return real_set(*args)
+
+    real_set = gguf_loader.tensor_set
+    monkeypatch.setattr(gguf_loader, "tensor_set", fail_on_the_third)
+    with pytest.raises(GGUFError, match="the disk went away"):
+        load_model(model_file, n_ctx=64, progress=False)
+    assert not list(cache.glob("*")) and not layout_cache._pending
+
+
+def test_no_room_repacks_into_memory_and_keeps_nothing(cache, model_file, monkeypatch):
+    """An entry larger than the cap, or a disk that cannot take it (posix_fallocate fails), is not written; the
+    model loads as without the cache."""
+    reference, _, _ = _logits_and_memory(model_file)
+    for p in cache.iterdir():
+        p.unlink()
+    monkeypatch.setenv("PYGGML_WEIGHTS_CACHE_GB", str(4 / 1024 / 1024))  # 4 KiB
+    logits, wrote, mapped = _logits_and_memory(model_file)
+    assert not wrote and not mapped and not list(cache.iterdir())
+    np.testing.assert_array_equal(reference, logits)
+    monkeypatch.delenv("PYGGML_WEIGHTS_CACHE_GB")
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    logits, wrote, mapped = _logits_and_memory(model_file)
+    assert not wrote and not mapped and not list(cache.iterdir())
+    np.testing.assert_array_equal(reference, logits)
+
+
+def test_the_weights_of_an_entry_are_read_only(cache, model_file):
+    """Written once, by the repack: a later write into the entry's (or the new entry's) memory is refused."""
+    for _ in range(2):
+        model = load_model(model_file, n_ctx=64, progress=False)
+        t = model.weights.tensors["blk.0.attn_q.weight"]
+        with pytest.raises(BufferUseError, match="read-only"):
+            tensor_set(t, np.zeros(t.nbytes, np.uint8))
+        layout_cache.finish_writes()
+
+
+def test_the_process_finishes_the_entry_at_exit(cache, model_file):
+    """A process that loads and exits at once still leaves a whole entry (it waits for the writer)."""
+    code = ("import sys; from pyggml.models.gguf import layout_cache; layout_cache.MIN_BYTES = 0; "
+            "from pyggml.models import load_model; load_model(sys.argv[1], n_ctx=64, progress=False)")
+    done = subprocess.run([sys.executable, "-c", code, str(model_file)], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "PYGGML_WEIGHTS_CACHE": str(cache)}, timeout=300)
+    assert done.returncode == 0, done.stderr
+    (entry,) = cache.glob("*" + SUFFIX)
+    _, wrote, _ = _logits_and_memory(model_file)
+    assert not wrote and entry.exists()
+
+
+def _placed(n: int) -> list[Placed]:
+    return [Placed(f"t{i}", int(Q4_K), (256, 16), i * 4096, 4096) for i in range(n)]
+
+
+def test_the_least_recently_used_entries_go_first_under_the_cap(cache, tmp_path, monkeypatch):
+    cache.mkdir()
+    for i, name in enumerate(("old", "mid", "new")):
+        p = cache / (name + SUFFIX)
+        p.write_bytes(b"x" * (1 << 20))
+        os.utime(p, ns=(10**18 + i, 10**18 + i))
+    monkeypatch.setenv("PYGGML_WEIGHTS_CACHE_GB", str(3.5 / 1024))  # 3.5 MiB
+    assert make_room(cache, 2 << 20)
+    assert sorted(p.name for p in cache.iterdir()) == ["new" + SUFFIX]
+    assert not make_room(cache, 4 << 20)  # larger than the cap: not written, nothing more deleted
+    assert (cache / ("new" + SUFFIX)).exists()
+    monkeypatch.setenv("PYGGML_WEIGHTS_CACHE_GB", "lots")
+    with pytest.raises(ParameterError, match="PYGGML_WEIGHTS_CACHE_GB"):
+        layout_cache.cap_bytes()
+
+
+def test_a_partial_entry_of_a_killed_process_is_removed(cache, model_file):
+    cache.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    left = cache / f".incoming-{int(dead.stdout)}-abc"
+    alive = cache / f".incoming-{os.getpid()}-def"
+    left.write_bytes(b"partial")
+    alive.write_bytes(b"being written")
+    _logits_and_memory(model_file)
+    assert not left.exists() and alive.exists()
+
+
+def test_the_key_covers_the_source_the_layout_and_every_tensor(model_file):
+    a = Entry(str(model_file), _placed(2), 8192)
+    assert a.key == Entry(str(model_file), _placed(2), 8192).key
+    assert a.key != Entry(str(model_file), _placed(3), 12288).key
+    assert len(a.header) <= HEADER_BYTES and a.header.startswith(layout_cache.MAGIC)
