@@ -195,7 +195,8 @@ def test_a_partial_entry_of_a_killed_process_is_removed(cache, model_file):
 
 
 def test_the_key_covers_the_source_the_layout_and_every_tensor(model_file):
-    a = Entry(str(model_file), _placed(2), 8192)
-    assert a.key == Entry(str(model_file), _placed(2), 8192).key
-    assert a.key != Entry(str(model_file), _placed(3), 12288).key
+    a = Entry(str(model_file), _placed(2), 8192, "v1")
+    assert a.key == Entry(str(model_file), _placed(2), 8192, "v1").key
+    assert a.key != Entry(str(model_file), _placed(3), 12288, "v1").key
+    assert a.key != Entry(str(model_file), _placed(2), 8192, "v2").key
     assert len(a.header) <= HEADER_BYTES and a.header.startswith(layout_cache.MAGIC)

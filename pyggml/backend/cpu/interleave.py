@@ -15,6 +15,8 @@ MUL_MAT, MUL_MAT_ID and GET_ROWS read it (`Tensor.extra` is INTERLEAVED).
 from __future__ import annotations
 
 import functools
+import hashlib
+from pathlib import Path
 
 import numpy as np
 
@@ -34,6 +36,8 @@ INTERLEAVED_TYPES = frozenset(FORMATS) | frozenset(K_FORMATS)
 # loop split in equal halves waited for a thread that shared its core with another process (a 1B file's layers:
 # 0.7 to 1.7 s on two busy cores, 0.2 s on one thread).
 PIECE_BYTES = 1 << 21
+# The sources that decide the layout (relative to this folder).
+LAYOUT_SOURCES = ("jit/repack.py", "jit/ir/vnni_ir.py", "jit/ir/vnni_k_ir.py", "interleave.py")
 
 
 @functools.cache
@@ -97,6 +101,15 @@ class InterleavedBuffer(ConvertedBuffer):
         split_over_threads(repack, -(-size // piece))
 
 
+@functools.cache
+def _layout_version() -> str:
+    here = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for name in LAYOUT_SOURCES:
+        digest.update((here / name).read_bytes())
+    return digest.hexdigest()[:16]
+
+
 class InterleavedBufferType(BufferType):
     """Thread-safety: alloc_buffer may be called from any thread."""
 
@@ -119,6 +132,19 @@ class InterleavedBufferType(BufferType):
 
     def _alloc_size(self, t: Tensor) -> int:
         return t.nbytes
+
+    @property
+    def layout_version(self) -> str:
+        """A digest of the sources that decide the layout: a copy of a buffer kept on disk (the loader's layout
+        cache) is stale when it changes."""
+        return _layout_version()
+
+    @staticmethod
+    def converted(type_, rows: np.ndarray) -> np.ndarray:
+        """The bytes a buffer of this type holds for `rows` (uint8, whole 16-row groups of type_'s rows)."""
+        out = np.empty(rows.size, np.uint8)
+        repack_16x4_into(int(type_), rows, out)
+        return out
 
     def buffer_over(self, array: np.ndarray) -> InterleavedBuffer:
         """A buffer over a file's mapping from the loader's layout cache (pyggml.models.gguf.layout_cache): an entry

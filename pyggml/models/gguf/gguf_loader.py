@@ -223,9 +223,15 @@ def _place_interleaved(gguf: GGUFFile, buft, ctx: Context, infos: dict, bar: tqd
         placed.append(Placed(t.name, int(t.type), tuple(t.ne), offset, buft.alloc_size(t)))
         size = offset + placed[-1].nbytes
     directory = layout_cache.cache_dir() if size >= layout_cache.MIN_BYTES and os.path.isfile(gguf.path) else None
-    entry = layout_cache.Entry(gguf.path, placed, size) if directory is not None else None
-    cached = entry.open(directory, lambda p, start, n: gguf.tensor_bytes(infos[p.name])[start:start + n]) \
-        if entry is not None else None
+    entry = layout_cache.Entry(gguf.path, placed, size, buft.layout_version) if directory is not None else None
+
+    def first_and_last_groups(p: Placed) -> list[tuple[int, np.ndarray]]:
+        row, raw = T.row_size(p.type, p.ne[0]), _raw(gguf, infos[p.name])
+        group = buft.group_rows * row
+        return [(start, buft.converted(p.type, raw[start:start + group].reshape(-1, row)))
+                for start in sorted({0, p.nbytes - group})]
+
+    cached = entry.open(directory, first_and_last_groups) if entry is not None else None
     incoming = layout_cache.Incoming.create(entry, directory) if entry is not None and cached is None else None
     memory = cached if cached is not None else incoming.array if incoming is not None else None
     buf = buft.buffer_over(memory) if memory is not None else buft.alloc_buffer(size)

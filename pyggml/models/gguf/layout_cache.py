@@ -35,7 +35,6 @@ from pathlib import Path
 
 import numpy as np
 
-from pyggml.core import types as T
 from pyggml.core.host_memory import map_for_reading
 from pyggml.errors import ParameterError
 
@@ -48,10 +47,6 @@ HEADER_BYTES = 1 << 16      # whole pages: the buffer's bytes start page-aligned
 MAGIC = b"pyggml interleaved weights\n"
 READ_AHEAD_PIECE = 8 << 20
 SUFFIX = ".weights"
-# The sources that decide the interleaved layout: a change to any of them makes every entry stale.
-LAYOUT_SOURCES = ("backend/cpu/jit/repack.py", "backend/cpu/jit/ir/vnni_ir.py", "backend/cpu/jit/ir/vnni_k_ir.py",
-                  "backend/cpu/interleave.py")
-
 
 def cache_dir() -> Path | None:
     """Where entries are kept, or None when the cache is off ($PYGGML_WEIGHTS_CACHE=off) or the platform lacks
@@ -73,15 +68,6 @@ def cap_bytes() -> int:
         raise ParameterError(f"{CAP_ENV} must be a number of GiB, got {value!r}") from None
 
 
-def layout_version() -> str:
-    """A digest of the sources that decide the layout (LAYOUT_SOURCES)."""
-    package = Path(__file__).resolve().parents[2]
-    digest = hashlib.sha256()
-    for name in LAYOUT_SOURCES:
-        digest.update((package / name).read_bytes())
-    return digest.hexdigest()[:16]
-
-
 @dataclass(frozen=True)
 class Placed:
     """One interleaved tensor and where its bytes lie in the buffer."""
@@ -93,13 +79,14 @@ class Placed:
 
 
 class Entry:
-    """The cache entry of one GGUF file's interleaved buffer (`size` bytes, tensors `placed`)."""
+    """The cache entry of one GGUF file's interleaved buffer (`size` bytes, tensors `placed`, in the buffer type's
+    layout version `layout`)."""
 
-    def __init__(self, source: str, placed: list[Placed], size: int):
+    def __init__(self, source: str, placed: list[Placed], size: int, layout: str):
         st = os.stat(source)
         self.placed, self.size = placed, size
         facts = {"source": os.path.realpath(source), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns,
-                 "inode": st.st_ino, "device": st.st_dev, "layout": layout_version(), "size": size,
+                 "inode": st.st_ino, "device": st.st_dev, "layout": layout, "size": size,
                  "tensors": [[p.name, p.type, list(p.ne), p.offset, p.nbytes] for p in placed]}
         text = json.dumps(facts, sort_keys=True).encode()
         self.header = MAGIC + text + b"\n"
@@ -111,9 +98,10 @@ class Entry:
     def path(self, directory: Path) -> Path:
         return directory / (self.key + SUFFIX)
 
-    def open(self, directory: Path, source_bytes) -> np.ndarray | None:
-        """The cached buffer, mapped read-only, or None when there is none or it does not check
-        (then it is deleted). `source_bytes(placed, start, size)` reads the source file's bytes of a tensor."""
+    def open(self, directory: Path, expected) -> np.ndarray | None:
+        """The cached buffer, mapped read-only, or None when there is none or it does not check (then it is
+        deleted). `expected(placed)` gives (offset in the tensor, bytes) pairs that a tensor's bytes must hold:
+        the loader's fresh conversion of its first and last row group."""
         path = self.path(directory)
         try:
             with open(path, "rb") as f:
@@ -129,7 +117,8 @@ class Entry:
             return None
         array = np.frombuffer(mm, np.uint8, count=self.size, offset=HEADER_BYTES)
         map_for_reading(array)
-        if not all(self._group_matches(array, p, source_bytes) for p in self.placed):
+        if not all(np.array_equal(array[p.offset + start: p.offset + start + len(want)], want)
+                   for p in self.placed for start, want in expected(p)):
             del array
             mm.close()
             _remove(path)
@@ -137,20 +126,6 @@ class Entry:
         with contextlib.suppress(OSError):
             os.utime(path)  # the most recently used entry is the last to go (evict)
         return array
-
-    @staticmethod
-    def _group_matches(array: np.ndarray, p: Placed, source_bytes) -> bool:
-        """Whether p's first and last 16-row group in the cache equal a repack of the source's."""
-        from pyggml.backend.cpu.jit.repack import ROWS, repack_16x4_into
-
-        group = ROWS * T.row_size(p.type, p.ne[0])
-        out = np.empty(group, np.uint8)
-        for start in sorted({0, p.nbytes - group}):
-            rows = np.frombuffer(source_bytes(p, start, group), np.uint8)
-            repack_16x4_into(p.type, rows.reshape(ROWS, -1), out)
-            if not np.array_equal(out, array[p.offset + start: p.offset + start + group]):
-                return False
-        return True
 
 
 def _remove(path: Path) -> None:
