@@ -257,6 +257,7 @@ class Incoming:
                           stacklevel=1)
         finally:
             os.close(self.fd)
+            self.array = self.mm = None  # the buffer's own view keeps the mapping while the model lives
 
     def finish(self) -> None:
         """Wait for the flush (at exit), saying so on stderr; KeyboardInterrupt stops waiting."""
