@@ -12,7 +12,8 @@ import sys
 from pyggml.errors import GGMLError
 
 # module names under pyggml.cli, one per command
-COMMANDS = ["chat", "convert", "demo", "devices", "generate", "plan", "rpc_server", "serve", "transcribe", "vad"]
+COMMANDS = ["cache", "chat", "convert", "demo", "devices", "generate", "plan", "rpc_server", "serve", "transcribe",
+            "vad"]
 INTERRUPTED = 130  # a shell's status for a process ended by SIGINT
 BROKEN_PIPE = 141  # ... and by SIGPIPE (`pyggml generate ... | head` once head has had its fill)
 
@@ -87,6 +88,9 @@ def run_and_exit() -> None:
     code, OpenMP's threads) took 0.2 s of a 1.8 s `pyggml generate -n 32`; the memory goes back to the OS
     either way. So the logs and the standard streams are flushed and the process exits with main()'s status."""
     code = main()
+    layout_cache = sys.modules.get("pyggml.models.gguf.layout_cache")
+    if layout_cache is not None:  # a new entry of the loader's layout cache still being flushed (atexit never runs)
+        layout_cache.finish_writes()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe or stream: nothing more can reach it

@@ -13,6 +13,7 @@ from gguf import GGMLQuantizationType
 
 from pyggml.backend import tensor_set
 from pyggml.backend.cpu.interleave import has_vnni
+from pyggml.cli.main import main
 from pyggml.errors import BufferUseError, GGMLError, GGUFError, ParameterError
 from pyggml.models import load_model
 from pyggml.models.gguf import gguf_loader, layout_cache
@@ -200,3 +201,31 @@ def test_the_key_covers_the_source_the_layout_and_every_tensor(model_file):
     assert a.key != Entry(str(model_file), _placed(3), 12288, "v1").key
     assert a.key != Entry(str(model_file), _placed(2), 8192, "v2").key
     assert len(a.header) <= HEADER_BYTES and a.header.startswith(layout_cache.MAGIC)
+
+
+def test_the_pyggml_program_leaves_a_whole_entry(cache, model_file):
+    """`pyggml generate` ends with os._exit (no atexit): it still waits for the new entry's flush."""
+    code = ("import sys; from pyggml.models.gguf import layout_cache; layout_cache.MIN_BYTES = 0; "
+            "from pyggml.cli.main import run_and_exit; sys.argv = ['pyggml', 'generate', '-m', sys.argv[1], '-n', '2', "
+            "'hello']; run_and_exit()")
+    done = subprocess.run([sys.executable, "-c", code, str(model_file)], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "PYGGML_WEIGHTS_CACHE": str(cache)}, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert len(list(cache.glob("*" + SUFFIX))) == 1 and not list(cache.glob(".incoming-*"))
+
+
+def test_pyggml_cache_lists_and_clears_the_entries(cache, model_file, capsys):
+    _logits_and_memory(model_file)
+    (entry,) = cache.glob("*" + SUFFIX)
+    assert layout_cache.source_unchanged(layout_cache.header_facts(entry))
+    assert main(["cache"]) == 0
+    out = capsys.readouterr().out
+    assert f"interleaved weights: {cache} (1 entry, " in out and str(model_file.resolve()) in out
+    assert "has changed" not in out and "compiled kernels: " in out
+    stat = model_file.stat()
+    os.utime(model_file, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    assert main(["cache"]) == 0
+    assert "(its file has changed or is gone)" in capsys.readouterr().out
+    assert main(["cache", "--clear", "weights"]) == 0
+    assert "deleted 1 interleaved weights entry" in capsys.readouterr().out
+    assert not list(cache.glob("*" + SUFFIX))

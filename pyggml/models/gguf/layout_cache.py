@@ -167,19 +167,49 @@ def read_ahead(fd: int, size: int) -> None:
             os.posix_fadvise(fd, start, READ_AHEAD_PIECE, os.POSIX_FADV_WILLNEED)
 
 
+def header_facts(path: Path) -> dict | None:
+    """The JSON facts of an entry's header (source, bytes, mtime_ns, inode, device, layout, size, tensors), or None
+    for a file that is not a readable entry."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(HEADER_BYTES)
+        if not head.startswith(MAGIC):
+            return None
+        return json.loads(head[len(MAGIC): head.index(b"\n", len(MAGIC))])
+    except (OSError, ValueError):
+        return None
+
+
+def source_unchanged(facts: dict) -> bool:
+    """Whether the entry's source file is still the one it was made from (same path, size, time and inode)."""
+    try:
+        st = os.stat(facts["source"])
+    except (OSError, KeyError):
+        return False
+    return (st.st_size, st.st_mtime_ns, st.st_ino) == (facts.get("bytes"), facts.get("mtime_ns"), facts.get("inode"))
+
+
 def _remove_older_versions(directory: Path, entry: Entry) -> None:
     """Delete the entries of entry's source file made from another version of it (or of the layout): their keys
     differ, so nothing would read them again."""
     source = json.loads(entry.header[len(MAGIC):])["source"]
     for p in entries(directory):
-        try:
-            with open(p, "rb") as f:
-                head = f.read(HEADER_BYTES)
-            facts = json.loads(head[len(MAGIC): head.index(b"\n", len(MAGIC))])
-        except (OSError, ValueError):
-            continue
-        if facts.get("source") == source and p != entry.path(directory):
+        facts = header_facts(p)
+        if facts is not None and facts.get("source") == source and p != entry.path(directory):
             _remove(p)
+
+
+def clear(directory: Path) -> tuple[int, int]:
+    """Delete every entry, and partial ones of processes that are gone: (entries deleted, their bytes)."""
+    count = total = 0
+    for p in entries(directory):
+        with contextlib.suppress(OSError):
+            total += p.stat().st_size
+            p.unlink()
+            count += 1
+    if directory.is_dir():
+        _stale_incoming(directory)
+    return count, total
 
 
 def _stale_incoming(directory: Path) -> None:
