@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pyggml.backend import tensor_set
 from pyggml.backend.cpu.interleave import has_vnni
@@ -229,3 +231,28 @@ def test_pyggml_cache_lists_and_clears_the_entries(cache, model_file, capsys):
     assert main(["cache", "--clear", "weights"]) == 0
     assert "deleted 1 interleaved weights entry" in capsys.readouterr().out
     assert not list(cache.glob("*" + SUFFIX))
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(1, 64), min_size=0, max_size=8), new=st.integers(1, 96), cap=st.integers(1, 160))
+def test_make_room_deletes_only_the_oldest_and_only_as_many_as_needed(tmp_path_factory, sizes, new, cap):
+    """Sizes in KiB, the cap in KiB: afterwards the kept entries are the newest ones, the new entry fits beside them
+    when make_room says so, and one entry fewer deleted would not have made room."""
+    directory = tmp_path_factory.mktemp("cache")
+    for i, size in enumerate(sizes):
+        p = directory / f"e{i}{SUFFIX}"
+        p.write_bytes(b"x" * (size << 10))
+        os.utime(p, ns=(10**18 + i, 10**18 + i))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYGGML_WEIGHTS_CACHE_GB", str(cap / (1 << 20)))
+        room = make_room(directory, new << 10)
+    kept = sorted(int(p.name[1:-len(SUFFIX)]) for p in directory.glob("*" + SUFFIX))
+    assert kept == list(range(len(sizes) - len(kept), len(sizes)))  # the newest survive
+    used = sum(sizes[i] for i in kept)
+    if new > cap:
+        assert not room and len(kept) == len(sizes)  # nothing deleted for an entry that can never fit
+    else:
+        assert room and used + new <= cap
+        deleted = len(sizes) - len(kept)
+        if deleted:  # keeping the youngest deleted one as well would not have fit
+            assert used + sizes[deleted - 1] + new > cap
