@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -256,3 +257,19 @@ def test_make_room_deletes_only_the_oldest_and_only_as_many_as_needed(tmp_path_f
         deleted = len(sizes) - len(kept)
         if deleted:  # keeping the youngest deleted one as well would not have fit
             assert used + sizes[deleted - 1] + new > cap
+
+
+def test_an_entry_leaves_a_tenth_of_the_disk_free(cache, monkeypatch):
+    cache.mkdir()
+    old = cache / ("old" + SUFFIX)
+    old.write_bytes(b"x" * 4096)
+    gib = 1 << 30
+    usage = {"total": 100 * gib, "free": 12 * gib}
+    monkeypatch.setattr(layout_cache.shutil, "disk_usage",
+                        lambda path: SimpleNamespace(total=usage["total"], used=0, free=usage["free"]))
+    assert make_room(cache, gib) and old.exists()   # 11 GiB left of 100: enough
+    assert not make_room(cache, 3 * gib)            # 9 GiB would be left: the entry is not written
+    assert not old.exists()                         # (the old entries went first, trying to make room)
+    usage.update(total=5 * gib, free=int(2.5 * gib))
+    assert not make_room(cache, 2 * gib)            # 0.5 GiB left: under the floor of 1 GiB
+    assert make_room(cache, gib)

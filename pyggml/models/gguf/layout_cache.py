@@ -14,7 +14,8 @@ An entry is used only when its header matches exactly and the first and last row
 fresh repack of the source's; else it is deleted and the file repacked. A new entry replaces those of the same
 source file's older versions. Where: $PYGGML_WEIGHTS_CACHE ("off" turns it off), else
 $XDG_CACHE_HOME/pyggml/weights (~/.cache/pyggml/weights); at most $PYGGML_WEIGHTS_CACHE_GB GiB (default 64), the
-least recently used entries deleted first, and never filling the disk (1 GiB is left free). Buffers under 64 MiB
+least recently used entries deleted first, and never filling the disk (a tenth of it, at least 1 GiB, is left
+free). Buffers under 64 MiB
 repack in milliseconds and are not kept.
 """
 
@@ -42,7 +43,7 @@ CACHE_ENV = "PYGGML_WEIGHTS_CACHE"
 CAP_ENV = "PYGGML_WEIGHTS_CACHE_GB"
 DEFAULT_CAP_GIB = 64
 MIN_BYTES = 64 << 20
-FREE_DISK_LEFT = 1 << 30
+FREE_DISK_SHARE, FREE_DISK_MIN = 0.1, 1 << 30  # what an entry leaves free of its disk: a tenth, at least 1 GiB
 HEADER_BYTES = 1 << 16      # whole pages: the buffer's bytes start page-aligned, so they map directly
 MAGIC = b"pyggml interleaved weights\n"
 READ_AHEAD_PIECE = 8 << 20
@@ -142,18 +143,23 @@ def entries(directory: Path) -> list[Path]:
 
 
 def make_room(directory: Path, size: int) -> bool:
-    """Delete the least recently used entries until `size` more bytes fit under the cap and leave FREE_DISK_LEFT of
-    the disk free; False when they cannot (the entry is then not written)."""
+    """Delete the least recently used entries until `size` more bytes fit under the cap and leave a tenth of the
+    disk (at least FREE_DISK_MIN) free; False when they cannot (the entry is then not written)."""
     if size > cap_bytes():
         return False
     kept = entries(directory)
     total = sum(p.stat().st_size for p in kept if p.exists())
-    while kept and (total + size > cap_bytes() or shutil.disk_usage(directory).free < size + FREE_DISK_LEFT):
+
+    def disk_short() -> bool:
+        usage = shutil.disk_usage(directory)
+        return usage.free - size < max(FREE_DISK_MIN, FREE_DISK_SHARE * usage.total)
+
+    while kept and (total + size > cap_bytes() or disk_short()):
         oldest = kept.pop(0)
         with contextlib.suppress(OSError):
             total -= oldest.stat().st_size
         _remove(oldest)
-    return total + size <= cap_bytes() and shutil.disk_usage(directory).free >= size + FREE_DISK_LEFT
+    return total + size <= cap_bytes() and not disk_short()
 
 
 def read_ahead(fd: int, size: int) -> None:
