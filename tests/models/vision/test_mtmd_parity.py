@@ -12,6 +12,8 @@ runs llama-cpp-python's mtmd live.
 """
 
 import json
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -78,7 +80,11 @@ def test_image_prompt_agrees_with_live_mtmd(tmp_path, case):
     from pyggml.testing.mtmd import mtmd_reference
 
     got = pyggml_outputs(case, tmp_path)
-    check(case, mtmd_reference(*got["files"], TEXT, [case.image()], n_ctx=N_CTX), got)
+    # In a process of its own: once an earlier test has loaded ggml-python's libggml (the RPC tests' peer) into this
+    # one, llama.cpp's mtmd ran on that ggml's symbols and its embeddings moved by 2e-4 to 5e-4.
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as apart:
+        reference = apart.submit(mtmd_reference, *got["files"], TEXT, [case.image()], n_ctx=N_CTX).result()
+    check(case, reference, got)
 
 
 def encode_given_gelu_inputs(encoder: VisionEncoder, pixels: np.ndarray, gelu_inputs: np.ndarray) -> np.ndarray:
