@@ -76,7 +76,8 @@ def timed_runs(args, reset, prompt, step, ids) -> dict:
             "gen_tps": args.n / gen_s, "peak_rss": peak_rss()}
 
 
-def run_pyggml(args) -> dict:
+def _load_pyggml(args):
+    """pyggml's side up to the first token's logits, as the load is timed: (the model, the prompt's ids, seconds)."""
     from pyggml.backend.cpu.backend import set_n_threads
     from pyggml.models import load_model
 
@@ -85,7 +86,11 @@ def run_pyggml(args) -> dict:
     set_n_threads(model.backend, args.threads)  # as llama.cpp's n_threads (BLAS and the compiled kernels)
     ids = model.tokenize(TEXT * 200)[: args.prompt_tokens]
     model.decode(ids[:1])
-    load_s = time.perf_counter() - start
+    return model, ids, time.perf_counter() - start
+
+
+def run_pyggml(args) -> dict:
+    model, ids, load_s = _load_pyggml(args)
     result = timed_runs(args, model.reset, lambda t: int(model.decode(t).argmax()),
                         lambda t: int(model.decode([t]).argmax()), ids)
     return {**result, "load_s": load_s, "compute_buffer": model.compute_buffer_size, "weights": model.weights.nbytes,
@@ -97,14 +102,7 @@ def run_pyggml(args) -> dict:
 
 def load_only(args) -> dict:
     """A pyggml process that loads the file and decodes one token (the layout cache's first load)."""
-    from pyggml.backend.cpu.backend import set_n_threads
-    from pyggml.models import load_model
-
-    start = time.perf_counter()
-    model = load_model(args.model, n_ctx=args.ctx, n_batch=args.batch, weights=args.weights)
-    set_n_threads(model.backend, args.threads)
-    model.decode(model.tokenize(TEXT)[:1])
-    return {"load_s": time.perf_counter() - start}
+    return {"load_s": _load_pyggml(args)[2]}
 
 
 def weights_kind(model, weights: str) -> str:

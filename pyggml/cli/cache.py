@@ -37,14 +37,14 @@ def run(args) -> int:
     if weights is None:
         print(f"interleaved weights: not kept ({layout_cache.CACHE_ENV}=off)")
     else:
-        found = layout_cache.entries(weights)
-        total = sum(p.stat().st_size for p in found)
+        found = [(p, p.stat()) for p in layout_cache.entries(weights)]
+        total = sum(st.st_size for _, st in found)
         print(f"interleaved weights: {weights} ({len(found)} entr{'y' if len(found) == 1 else 'ies'}, "
               f"{total / MIB:.1f} MiB of at most {layout_cache.cap_bytes() / MIB:.0f} MiB)")
-        for p in reversed(found):  # the most recently used first
+        for p, st in reversed(found):  # the most recently used first
             facts = layout_cache.header_facts(p) or {}
-            used = time.strftime("%Y-%m-%d %H:%M", time.localtime(p.stat().st_mtime))
+            used = time.strftime("%Y-%m-%d %H:%M", time.localtime(st.st_mtime))
             state = "" if layout_cache.source_unchanged(facts) else "  (its file has changed or is gone)"
-            print(f"  {p.stat().st_size / MIB:9.1f} MiB  used {used}  {facts.get('source', '?')}{state}")
+            print(f"  {st.st_size / MIB:9.1f} MiB  used {used}  {facts.get('source', '?')}{state}")
     print(f"compiled kernels: {kernels} ({folder_bytes(kernels) / MIB:.1f} MiB)")
     return 0

@@ -31,7 +31,6 @@ from pyggml.core import types as T
 from pyggml.errors import GGMLError, GGUFError
 from pyggml.models.gguf import layout_cache
 from pyggml.models.gguf.gguf_file import GGUFFile
-from pyggml.models.gguf.layout_cache import Placed
 
 if TYPE_CHECKING:
     from tqdm import tqdm
@@ -220,12 +219,12 @@ def _place_interleaved(gguf: GGUFFile, buft, ctx: Context, infos: dict, bar: tqd
     placed, size = [], 0
     for t in ctx:
         offset = -(-size // buft.alignment) * buft.alignment
-        placed.append(Placed(t.name, int(t.type), tuple(t.ne), offset, buft.alloc_size(t)))
+        placed.append(layout_cache.Placed(t.name, int(t.type), tuple(t.ne), offset, buft.alloc_size(t)))
         size = offset + placed[-1].nbytes
     directory = layout_cache.cache_dir() if size >= layout_cache.MIN_BYTES and os.path.isfile(gguf.path) else None
     entry = layout_cache.Entry(gguf.path, placed, size, buft.layout_version) if directory is not None else None
 
-    def first_and_last_groups(p: Placed) -> list[tuple[int, np.ndarray]]:
+    def first_and_last_groups(p: layout_cache.Placed) -> list[tuple[int, np.ndarray]]:
         row, raw = T.row_size(p.type, p.ne[0]), _raw(gguf, infos[p.name])
         group = buft.group_rows * row
         return [(start, buft.converted(p.type, raw[start:start + group].reshape(-1, row)))

@@ -49,6 +49,7 @@ MAGIC = b"pyggml interleaved weights\n"
 READ_AHEAD_PIECE = 8 << 20
 SUFFIX = ".weights"
 
+
 def cache_dir() -> Path | None:
     """Where entries are kept, or None when the cache is off ($PYGGML_WEIGHTS_CACHE=off) or the platform lacks
     posix_fallocate (entries are made full size before they are written)."""
@@ -85,8 +86,8 @@ class Entry:
 
     def __init__(self, source: str, placed: list[Placed], size: int, layout: str):
         st = os.stat(source)
-        self.placed, self.size = placed, size
-        facts = {"source": os.path.realpath(source), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns,
+        self.placed, self.size, self.source = placed, size, os.path.realpath(source)
+        facts = {"source": self.source, "bytes": st.st_size, "mtime_ns": st.st_mtime_ns,
                  "inode": st.st_ino, "device": st.st_dev, "layout": layout, "size": size,
                  "tensors": [[p.name, p.type, list(p.ne), p.offset, p.nbytes] for p in placed]}
         text = json.dumps(facts, sort_keys=True).encode()
@@ -198,10 +199,9 @@ def source_unchanged(facts: dict) -> bool:
 def _remove_older_versions(directory: Path, entry: Entry) -> None:
     """Delete the entries of entry's source file made from another version of it (or of the layout): their keys
     differ, so nothing would read them again."""
-    source = json.loads(entry.header[len(MAGIC):])["source"]
     for p in entries(directory):
         facts = header_facts(p)
-        if facts is not None and facts.get("source") == source and p != entry.path(directory):
+        if facts is not None and facts.get("source") == entry.source and p != entry.path(directory):
             _remove(p)
 
 
