@@ -273,3 +273,20 @@ def test_an_entry_leaves_a_tenth_of_the_disk_free(cache, monkeypatch):
     usage.update(total=5 * gib, free=int(2.5 * gib))
     assert not make_room(cache, 2 * gib)            # 0.5 GiB left: under the floor of 1 GiB
     assert make_room(cache, gib)
+
+
+def test_a_header_longer_than_64_kib_takes_more_of_the_file(cache, model_file):
+    """A file of many tensors (a large MoE model's thousands): the header takes as many 64 KiB units as it needs,
+    where a fixed 64 KiB refused the load."""
+    placed = [Placed(f"blk.{i}.ffn_down_exps.a_rather_long_tensor_name.weight", int(Q4_K), (256, 16), 4096 * i, 4096)
+              for i in range(1000)]
+    entry = Entry(str(model_file), placed, 4096 * 1000, "v1")
+    assert len(entry.header) > HEADER_BYTES and entry.header_bytes == 2 * HEADER_BYTES
+    incoming = layout_cache.Incoming.create(entry, cache)
+    incoming.array[:] = np.arange(incoming.array.size) % 251
+    incoming.commit()
+    layout_cache.finish_writes()
+    assert entry.path(cache).stat().st_size == 2 * HEADER_BYTES + entry.size
+    assert layout_cache.header_facts(entry.path(cache))["size"] == entry.size
+    mapped = entry.open(cache, lambda p: [])
+    np.testing.assert_array_equal(mapped, np.arange(entry.size) % 251)

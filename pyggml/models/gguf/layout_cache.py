@@ -9,7 +9,8 @@ llama.cpp maps its file's own layout the same way, and ik_llama.cpp maps files r
 The first load of a file repacks it into a new entry's file, mapped shared (`Incoming`), so the buffer is that file's
 page cache and nothing is copied; the file is flushed to the disk in the background and renamed when whole (at exit
 the process waits for that). Later loads map the entry read-only. One file an entry: a header (JSON: the source
-file's identity, the layout's version and every tensor's name, type, shape and place), then the buffer's bytes.
+file's identity, the layout's version and every tensor's name, type, shape and place) in whole units of 64 KiB,
+then the buffer's bytes.
 An entry is used only when its header matches exactly and the first and last row group of every tensor equal a
 fresh repack of the source's; else it is deleted and the file repacked. A new entry replaces those of the same
 source file's older versions. Where: $PYGGML_WEIGHTS_CACHE ("off" turns it off), else
@@ -44,7 +45,7 @@ CAP_ENV = "PYGGML_WEIGHTS_CACHE_GB"
 DEFAULT_CAP_GIB = 64
 MIN_BYTES = 64 << 20
 FREE_DISK_SHARE, FREE_DISK_MIN = 0.1, 1 << 30  # what an entry leaves free of its disk: a tenth, at least 1 GiB
-HEADER_BYTES = 1 << 16      # whole pages: the buffer's bytes start page-aligned, so they map directly
+HEADER_BYTES = 1 << 16  # the header takes whole units of this (pages): the buffer's bytes map directly after it
 MAGIC = b"pyggml interleaved weights\n"
 READ_AHEAD_PIECE = 8 << 20
 SUFFIX = ".weights"
@@ -92,9 +93,7 @@ class Entry:
                  "tensors": [[p.name, p.type, list(p.ne), p.offset, p.nbytes] for p in placed]}
         text = json.dumps(facts, sort_keys=True).encode()
         self.header = MAGIC + text + b"\n"
-        if len(self.header) > HEADER_BYTES:
-            raise ValueError(f"the layout cache's header of {len(placed)} tensors takes {len(self.header)} bytes, "
-                             f"more than {HEADER_BYTES}")
+        self.header_bytes = -(-len(self.header) // HEADER_BYTES) * HEADER_BYTES  # where the buffer's bytes start
         self.key = hashlib.sha256(text).hexdigest()[:32]
 
     def path(self, directory: Path) -> Path:
@@ -107,17 +106,17 @@ class Entry:
         path = self.path(directory)
         try:
             with open(path, "rb") as f:
-                if os.fstat(f.fileno()).st_size != HEADER_BYTES + self.size or \
+                if os.fstat(f.fileno()).st_size != self.header_bytes + self.size or \
                         f.read(len(self.header)) != self.header:
                     raise ValueError("stale")
-                read_ahead(f.fileno(), HEADER_BYTES + self.size)
-                mm = mmap.mmap(f.fileno(), HEADER_BYTES + self.size, access=mmap.ACCESS_READ)
+                read_ahead(f.fileno(), self.header_bytes + self.size)
+                mm = mmap.mmap(f.fileno(), self.header_bytes + self.size, access=mmap.ACCESS_READ)
         except FileNotFoundError:
             return None
         except (OSError, ValueError):
             _remove(path)
             return None
-        array = np.frombuffer(mm, np.uint8, count=self.size, offset=HEADER_BYTES)
+        array = np.frombuffer(mm, np.uint8, count=self.size, offset=self.header_bytes)
         map_for_reading(array)
         if not all(np.array_equal(array[p.offset + start: p.offset + start + len(want)], want)
                    for p in self.placed for start, want in expected(p)):
@@ -179,10 +178,9 @@ def header_facts(path: Path) -> dict | None:
     for a file that is not a readable entry."""
     try:
         with open(path, "rb") as f:
-            head = f.read(HEADER_BYTES)
-        if not head.startswith(MAGIC):
-            return None
-        return json.loads(head[len(MAGIC): head.index(b"\n", len(MAGIC))])
+            if f.readline() != MAGIC:
+                return None
+            return json.loads(f.readline())
     except (OSError, ValueError):
         return None
 
@@ -238,7 +236,7 @@ class Incoming:
 
     def __init__(self, entry: Entry, directory: Path, path: Path, fd: int, mm: mmap.mmap):
         self.entry, self.directory, self.path, self.fd, self.mm = entry, directory, path, fd, mm
-        self.array = np.frombuffer(mm, np.uint8, count=entry.size, offset=HEADER_BYTES)
+        self.array = np.frombuffer(mm, np.uint8, count=entry.size, offset=entry.header_bytes)
         self.thread: threading.Thread | None = None
         self.error: OSError | None = None
 
@@ -247,7 +245,7 @@ class Incoming:
         """The file for `entry`, or None when the cache cannot take it (no room under the cap or on the disk, a
         file system error): the loader then repacks into its own memory."""
         path = directory / f".incoming-{os.getpid()}-{entry.key}"
-        total = HEADER_BYTES + entry.size
+        total = entry.header_bytes + entry.size
         try:
             directory.mkdir(parents=True, exist_ok=True)
             _stale_incoming(directory)
