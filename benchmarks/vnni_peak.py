@@ -19,7 +19,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from pyggml.backend.cpu.jit.ir.vnni_ir import VI8, VI32, dpbusd
+from pyggml.backend.cpu.jit.ir.int8_ir import VI8, VI32, dpbusd
 
 
 def spin_kernel(chains: int):

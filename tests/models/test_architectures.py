@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
 
-from pyggml.backend.cpu.interleave import has_vnni
+from pyggml.backend.cpu.interleave import has_int8_products
 from pyggml.core import GGMLType
 from pyggml.errors import AllocationError
 from pyggml.models import load_model
@@ -36,7 +36,7 @@ def _model_and_reference(tmp_path, case, tokens, **kw):
 @pytest.fixture
 def float_products(monkeypatch):
     """Quantized weights multiplied the float way (as on a CPU without VNNI: nothing interleaved)."""
-    monkeypatch.setattr("pyggml.backend.cpu.interleave.has_vnni", lambda: False)
+    monkeypatch.setattr("pyggml.backend.cpu.interleave.has_int8_products", lambda: False)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -49,7 +49,7 @@ def test_all_logits_match_numpy_across_batches(tmp_path, case, float_products):
     np.testing.assert_allclose(got, expected, rtol=0, atol=2e-3 * np.abs(expected).max())
 
 
-@pytest.mark.skipif(not has_vnni(), reason="weights are interleaved for the integer products only with AVX-512 VNNI")
+@pytest.mark.skipif(not has_int8_products(), reason="weights are interleaved only where int8 products run")
 @pytest.mark.parametrize("case, kld", [("llama-q8_0", 1e-3), ("gpt2-q8_0", 1e-3), ("llama-q4_k_m", 2e-3)])
 def test_integer_products_stay_within_the_error_of_quantized_activations(tmp_path, case, kld):
     """With the weights interleaved and the activations rounded to Q8_0 (Q8_K for the K-quants), as ggml's CPU

@@ -6,7 +6,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from pyggml.backend import BufferUsage, init_by_name
-from pyggml.backend.cpu.interleave import has_vnni
+from pyggml.backend.cpu.interleave import has_int8_products
 from pyggml.core import GGMLType
 from pyggml.errors import GGMLError, GGUFError
 from pyggml.models import load_model
@@ -31,7 +31,7 @@ def _data_section(gguf) -> tuple[int, int]:
 def test_quantized_weights_buffer_is_the_mapped_data_section(q8_file, monkeypatch):
     """No copy: the buffer is the file's mapping from the first tensor's byte to the last's (with nothing
     interleaved, as on a CPU without VNNI)."""
-    monkeypatch.setattr("pyggml.backend.cpu.interleave.has_vnni", lambda: False)
+    monkeypatch.setattr("pyggml.backend.cpu.interleave.has_int8_products", lambda: False)
     gguf = GGUFFile.open(q8_file)
     w = load_weights(gguf, init_by_name("CPU"), weights="quantized")
     (buf,) = w.buffers
@@ -146,7 +146,7 @@ def q4_0_file(tmp_path):
     return write_llama(tmp_path / "q4_0.gguf", qtype=GGMLQuantizationType.Q4_0)
 
 
-@pytest.mark.skipif(not has_vnni(), reason="Q4_0 is interleaved only where AVX-512 VNNI multiplies it")
+@pytest.mark.skipif(not has_int8_products(), reason="Q4_0 is interleaved only where AVX-512 VNNI or AVX2 multiplies it")
 def test_q4_0_matrices_are_interleaved_except_the_token_embedding(q4_0_file, q8_file):
     """Same bytes, moved: the weights take the file's tensor bytes; get_rows' embedding stays in the file."""
     gguf = GGUFFile.open(q4_0_file)
@@ -162,12 +162,12 @@ def test_q4_0_matrices_are_interleaved_except_the_token_embedding(q4_0_file, q8_
 
 
 def test_without_vnni_q4_0_stays_in_the_file(q4_0_file, monkeypatch):
-    monkeypatch.setattr("pyggml.backend.cpu.interleave.has_vnni", lambda: False)
+    monkeypatch.setattr("pyggml.backend.cpu.interleave.has_int8_products", lambda: False)
     w = load_weights(GGUFFile.open(q4_0_file), init_by_name("CPU"))
     assert {t.buffer.buft.name for t in w.tensors.values()} == {"CPU_Mapped"} and len(w.buffers) == 1
 
 
-@pytest.mark.skipif(not has_vnni(), reason="matrices are interleaved only where AVX-512 VNNI multiplies them")
+@pytest.mark.skipif(not has_int8_products(), reason="matrices are interleaved only where int8 products run")
 def test_a_model_whose_layers_mix_in_other_quantized_types_keeps_them_all_in_the_file(tmp_path):
     """Q4_0 layers whose FFN gate and up have 152 rows (not whole 16-row groups, no integer product here):
     nothing is interleaved (integer and float products mixed moved the logits further from llama.cpp's than
@@ -177,7 +177,7 @@ def test_a_model_whose_layers_mix_in_other_quantized_types_keeps_them_all_in_the
     assert {t.buffer.buft.name for t in w.tensors.values()} == {"CPU_Mapped"}
 
 
-@pytest.mark.skipif(not has_vnni(), reason="matrices are interleaved only where AVX-512 VNNI multiplies them")
+@pytest.mark.skipif(not has_int8_products(), reason="matrices are interleaved only where int8 products run")
 def test_a_q4_k_m_mix_is_interleaved_whole(tmp_path, monkeypatch):
     """llama.cpp's Q4_K_M mix (Q6_K for attn_v, ffn_down and the output head, Q4_K elsewhere): every layer
     matrix has an integer product, so all go to CPU_INTERLEAVED in the file's bytes; without VNNI, none."""
@@ -191,12 +191,12 @@ def test_a_q4_k_m_mix_is_interleaved_whole(tmp_path, monkeypatch):
     assert placed["token_embd.weight"][1] == "CPU_Mapped" and w.nbytes == w.file_tensor_bytes
     model = load_model(path, n_ctx=64)
     assert np.isfinite(model.decode(model.tokenize("hello world"))).all()
-    monkeypatch.setattr("pyggml.backend.cpu.interleave.has_vnni", lambda: False)
+    monkeypatch.setattr("pyggml.backend.cpu.interleave.has_int8_products", lambda: False)
     w = load_weights(GGUFFile.open(path), init_by_name("CPU"))
     assert {t.buffer.buft.name for t in w.tensors.values()} == {"CPU_Mapped"}
 
 
-@pytest.mark.skipif(not has_vnni(), reason="matrices are interleaved only where AVX-512 VNNI multiplies them")
+@pytest.mark.skipif(not has_int8_products(), reason="matrices are interleaved only where int8 products run")
 def test_a_tied_embedding_goes_with_the_layers_and_its_rows_still_read(tmp_path, monkeypatch):
     """Llama 3.2 1B's Q4_K_M (tied): the Q6_K token embedding is the output head too, so it is interleaved with
     the layers (its rows then read back by GET_ROWS); the logits match those with the embedding left in the file
@@ -214,7 +214,7 @@ def test_a_tied_embedding_goes_with_the_layers_and_its_rows_still_read(tmp_path,
     assert np.abs(logits - in_file).max() < 5e-2 * np.abs(in_file).max()
 
 
-@pytest.mark.skipif(not has_vnni(), reason="matrices are interleaved only where AVX-512 VNNI multiplies them")
+@pytest.mark.skipif(not has_int8_products(), reason="matrices are interleaved only where int8 products run")
 def test_the_low_bit_k_quant_and_iq4_mixes_are_interleaved_whole(tmp_path):
     """Q2_K, Q3_K (the Q2_K and Q3_K_* mixes), IQ4_NL and IQ4_XS have integer products too: a file mixing them
     with Q4_K .. Q6_K goes wholly to CPU_INTERLEAVED, and decodes."""
@@ -232,7 +232,7 @@ def test_the_low_bit_k_quant_and_iq4_mixes_are_interleaved_whole(tmp_path):
     assert np.isfinite(model.decode(model.tokenize("hello world"))).all()
 
 
-@pytest.mark.skipif(not has_vnni(), reason="matrices are interleaved only where AVX-512 VNNI multiplies them")
+@pytest.mark.skipif(not has_int8_products(), reason="matrices are interleaved only where int8 products run")
 def test_expert_stacks_are_interleaved_with_the_layers(tmp_path, monkeypatch):
     """gpt-oss's MXFP4 experts (3-D stacks) go to CPU_INTERLEAVED with the Q8_0 layers, in the file's bytes, and
     mul_mat_id multiplies them in int8: the logits stay within the activations' Q8_0 rounding of the float
@@ -246,6 +246,6 @@ def test_expert_stacks_are_interleaved_with_the_layers(tmp_path, monkeypatch):
     assert w.nbytes == w.file_tensor_bytes
     tokens = list(range(3, 40))
     logits = load_model(path, n_ctx=64).decode(tokens, all_logits=True)
-    monkeypatch.setattr("pyggml.backend.cpu.interleave.has_vnni", lambda: False)
+    monkeypatch.setattr("pyggml.backend.cpu.interleave.has_int8_products", lambda: False)
     floats = load_model(path, n_ctx=64).decode(tokens, all_logits=True)
     assert np.abs(logits - floats).max() < 5e-2 * np.abs(floats).max()

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pyggml.backend import tensor_set
-from pyggml.backend.cpu.interleave import has_vnni
+from pyggml.backend.cpu.interleave import has_int8_products
 from pyggml.cli.main import main
 from pyggml.errors import BufferUseError, GGMLError, GGUFError, ParameterError
 from pyggml.models import load_model
@@ -24,8 +24,8 @@ from pyggml.models.gguf.layout_cache import HEADER_BYTES, SUFFIX, Entry, Placed,
 
 from tests.support.tiny_models import write_llama
 
-pytestmark = pytest.mark.skipif(not has_vnni(),
-                                reason="matrices are interleaved only where AVX-512 VNNI multiplies them")
+pytestmark = pytest.mark.skipif(not has_int8_products(),
+                                reason="matrices are interleaved only where AVX-512 VNNI or AVX2 multiplies them")
 Q4_K, Q6_K = GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K
 MIX = {"attn_v": Q6_K, "ffn_down": Q6_K, "output": Q6_K, "*": Q4_K}
 REPO = Path(__file__).resolve().parents[2]

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pyggml.backend.cpu.interleave import has_vnni
+from pyggml.backend.cpu.interleave import has_int8_products
 from pyggml.models import load_model
 from pyggml.testing.agreement import agreement, within_yardstick
 from pyggml.testing.synthetic import write_f32_copy
@@ -143,7 +143,7 @@ def test_architecture_table_rows_from_the_committed_logits(tmp_path, refs):
     assert line.startswith("| gemma2-q4_k_m |") and f"| {ratio:.3f} |" in line
 
 
-@pytest.mark.skipif(not has_vnni(), reason="the integer products need AVX-512 VNNI")
+@pytest.mark.skipif(not has_int8_products(), reason="the integer products need AVX-512 VNNI or AVX2")
 def test_the_integer_k_quant_products_give_llamacpps_logits(tmp_path, refs):
     """Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS in one model, multiplied in int8 against Q8_K (Q8_0)
     activations with ggml's integer sums: llama.cpp's logits up to float32 rounding that moved one Q8_K quant of

@@ -83,14 +83,14 @@ WRITERS = {
 def test_all_logits_match_numpy_across_batches(tmp_path, case, monkeypatch):
     """20 tokens in batches of 8 (later batches read the earlier ones' K and V from the cache); gpt-oss's
     window of 8 hides the oldest keys from its even layers. Quantized weights are multiplied the float way."""
-    monkeypatch.setattr("pyggml.backend.cpu.interleave.has_vnni", lambda: False)
+    monkeypatch.setattr("pyggml.backend.cpu.interleave.has_int8_products", lambda: False)
     ref.assert_logits_match(WRITERS[case](tmp_path / f"{case}.gguf"), moe_logits)
 
 
 def test_f32_weights_expand_the_experts(tmp_path, monkeypatch):
     """weights="f32" holds the 3-D expert stacks as float32 values too; mul_mat_id reads them there (against the
     float products on the file's blocks, not the integer ones, which round the activations to Q8_0)."""
-    monkeypatch.setattr("pyggml.backend.cpu.interleave.has_vnni", lambda: False)
+    monkeypatch.setattr("pyggml.backend.cpu.interleave.has_int8_products", lambda: False)
     path = WRITERS["mixtral-q8_0"](tmp_path / "m.gguf")
     tokens = np.random.default_rng(4).integers(3, 60, 10).tolist()
     expanded = load_model(path, n_ctx=16, n_batch=4, weights="f32")
@@ -106,7 +106,7 @@ def test_layers_split_across_torch_cpu_and_cpu_match_one_backend(tmp_path, monke
     first two layers on TORCH_CPU, the others on the CPU, give the CPU's logits (its float products: the torch
     backend's are float, the integer ones round the activations to Q8_0)."""
     pytest.importorskip("torch")
-    monkeypatch.setattr("pyggml.backend.cpu.interleave.has_vnni", lambda: False)
+    monkeypatch.setattr("pyggml.backend.cpu.interleave.has_int8_products", lambda: False)
     import pyggml.backend.torch  # noqa: F401 - registers TORCH_CPU
 
     path = WRITERS["gpt-oss-mxfp4"](tmp_path / "m.gguf")

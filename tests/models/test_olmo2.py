@@ -23,7 +23,7 @@ WRITERS = {
 def test_all_logits_match_numpy_across_batches(tmp_path, case, monkeypatch):
     """20 tokens in batches of 8; with the window of 6, layers 0-2 and 4 see only the last 6 keys. Quantized
     weights are multiplied the float way (not interleaved for the integer products, which round activations)."""
-    monkeypatch.setattr("pyggml.backend.cpu.interleave.has_vnni", lambda: False)
+    monkeypatch.setattr("pyggml.backend.cpu.interleave.has_int8_products", lambda: False)
     ref.assert_logits_match(WRITERS[case](tmp_path / f"{case}.gguf"), olmo2_logits)
 
 

@@ -1,11 +1,11 @@
 """The CPU device's extra buffer type "CPU_INTERLEAVED": Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4, the K-quants
-Q2_K .. Q6_K and IQ4_XS matrices interleaved 16 rows at a time, for the integer products of AVX-512 VNNI
-(pyggml.backend.cpu.jit.repack), as ggml's CPU_REPACK buffer type keeps Q4_0 as block_q4_0x8, Q4_K as
+Q2_K .. Q6_K and IQ4_XS matrices interleaved 16 rows at a time, for the integer products of AVX-512 VNNI or AVX2
+(pyggml.backend.cpu.jit.repack, jit/ir/int8_ir.py), as ggml's CPU_REPACK buffer type keeps Q4_0 as block_q4_0x8, Q4_K as
 block_q4_Kx8 and MXFP4 as block_mxfp4x8 for its integer kernels. A MoE layer's stack of experts (3-D) is each
 expert's matrix interleaved in turn, so MUL_MAT_ID multiplies the experts a token chose with the same kernels.
 
 The layout moves the file's bytes and adds none (jit/repack.py), so a weight takes its size in the file.
-The loader puts a model's matrices of these types here when the CPU has VNNI (`takes`); the products
+The loader puts a model's matrices of these types here when the CPU has int8 products (`takes`); the products
 then quantize their activations to Q8_0 (Q8_K for the K-quants and IQ4_XS) and multiply in int8, prompt and generation
 alike (within test-backend-ops' 5e-4 NMSE, as ggml's own CPU kernels, which quantize activations the same way). Like
 CPU_F32, the buffer is not host memory to the rest of the system: tensor_get and memset refuse, only
@@ -22,6 +22,7 @@ import numpy as np
 
 from pyggml.backend.base import BufferType, Status
 from pyggml.backend.cpu.buffer import TENSOR_ALIGNMENT, ConvertedBuffer
+from pyggml.backend.cpu.jit.ir.int8_ir import int8_instructions
 from pyggml.backend.cpu.jit.ir.vnni_ir import FORMATS, ROWS
 from pyggml.backend.cpu.jit.ir.vnni_k_ir import K_FORMATS
 from pyggml.backend.cpu.jit.repack import repack_16x4_into
@@ -40,20 +41,16 @@ PIECE_BYTES = 1 << 21
 LAYOUT_SOURCES = ("jit/repack.py", "jit/ir/vnni_ir.py", "jit/ir/vnni_k_ir.py", "interleave.py")
 
 
-@functools.cache
-def has_vnni() -> bool:
-    """Whether this CPU has AVX-512 with VNNI (vpdpbusd on 512-bit registers), as LLVM sees it."""
-    import llvmlite.binding as llvm
-
-    features = llvm.get_host_cpu_features()
-    return all(features.get(f, False) for f in ("avx512f", "avx512bw", "avx512vnni"))
+def has_int8_products() -> bool:
+    """Whether this CPU multiplies int8 vectors as the tiles need (AVX-512 VNNI, or AVX2: jit/ir/int8_ir.py)."""
+    return int8_instructions() is not None
 
 
 def interleavable(type_, ne) -> bool:
     """A matrix, or a stack of them (3-D: a MoE layer's experts), of an interleaved type (INTERLEAVED_TYPES) of
-    whole 16-row groups, on a CPU with VNNI."""
+    whole 16-row groups, on a CPU with int8 products."""
     ne = list(ne) + [1] * (4 - len(ne))
-    return int(type_) in INTERLEAVED_TYPES and ne[1] % ROWS == 0 and ne[3] == 1 and has_vnni()
+    return int(type_) in INTERLEAVED_TYPES and ne[1] % ROWS == 0 and ne[3] == 1 and has_int8_products()
 
 
 class InterleavedBuffer(ConvertedBuffer):
@@ -75,7 +72,7 @@ class InterleavedBuffer(ConvertedBuffer):
         if t.view_src is not None or not interleavable(t.type, t.ne):
             names = ", ".join(T.type_name(q) for q in sorted(INTERLEAVED_TYPES))
             raise BackendError(f"buffer type CPU_INTERLEAVED holds whole matrices (or 3-D stacks of them) of {names} "
-                               f"of 16-row groups on a CPU with AVX-512 VNNI; {t.name!r} is "
+                               f"of 16-row groups on a CPU with AVX-512 VNNI or AVX2; {t.name!r} is "
                                f"{T.type_name(t.type)}{list(t.ne)}{' (a view)' if t.view_src is not None else ''}")
         t.extra = INTERLEAVED
         return Status.SUCCESS

@@ -9,7 +9,7 @@ import pytest
 from pyggml.alloc import alloc_ctx_tensors_from_buft
 from pyggml.backend import init_by_name, tensor_get, tensor_set
 from pyggml.backend.cpu import interleave, kernels
-from pyggml.backend.cpu.interleave import has_vnni
+from pyggml.backend.cpu.interleave import has_int8_products
 from pyggml.backend.cpu.jit.mul_mat import dequantize_rows
 from pyggml.backend.cpu.jit.ir.vnni_k_ir import (MINUS_8_SUMS_OF_32, MINUS_32_SUMS_OF_8, PAIRS_OF_32, Q8K_WORDS,
                                                  SUMS_OF_16)
@@ -30,7 +30,7 @@ TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8
 K_TYPES = [GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ4_XS]
 KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113])  # ggml's
 KVALUES_MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12])  # ggml's kvalues_mxfp4
-pytestmark = pytest.mark.skipif(not has_vnni(), reason="the integer products need AVX-512 VNNI")
+pytestmark = pytest.mark.skipif(not has_int8_products(), reason="the integer products need AVX-512 VNNI or AVX2")
 
 
 @pytest.fixture

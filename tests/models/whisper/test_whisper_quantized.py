@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.models.whisper.test_whisper_transcribe import ENGLISH, GREEDY, REFS, SPEECH, installed, transcript
-from pyggml.backend.cpu.interleave import has_vnni
+from pyggml.backend.cpu.interleave import has_int8_products
 from pyggml.backend.cpu.kernels._common import INTERLEAVED
 from pyggml.core import GGMLType
 
@@ -75,7 +75,7 @@ def test_convert_writes_whisper_cpps_quantized_files(type_name, tmp_path):
     assert ftype == 2000 + {"q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q5_1": 9}[type_name]
 
 
-@pytest.mark.skipif(not has_vnni(), reason="the integer products need AVX-512 VNNI")
+@pytest.mark.skipif(not has_int8_products(), reason="the integer products need AVX-512 VNNI or AVX2")
 @pytest.mark.parametrize("type_name", WRITE_TYPES)
 def test_matrices_and_head_are_interleaved(type_name, quantized):
     """Every quantized matrix, encoder and decoder, and the tied head (51864 rows, padded with 8 zero rows to
@@ -92,7 +92,7 @@ def test_matrices_and_head_are_interleaved(type_name, quantized):
     assert not any(t.extra is INTERLEAVED for t in quantized(type_name, f32=True).model.weights.tensors.values())
 
 
-@pytest.mark.skipif(not has_vnni(), reason="the integer products need AVX-512 VNNI")
+@pytest.mark.skipif(not has_int8_products(), reason="the integer products need AVX-512 VNNI or AVX2")
 @pytest.mark.parametrize("type_name", WRITE_TYPES)
 def test_integer_path_logits_match_the_same_weights_in_float(type_name, quantized):
     """Encoder and decoder on the integer path against the same file's weights expanded to F32 (float products),
@@ -130,7 +130,7 @@ def test_the_weights_not_the_integer_products_move_the_words(type_name, name, qu
     assert text_of(quantized(type_name, f32=True), name) == text_of(quantized(type_name), name)
 
 
-@pytest.mark.skipif(not has_vnni(), reason="the near-tie is the integer path's")
+@pytest.mark.skipif(not has_int8_products(), reason="the near-tie is the integer path's")
 def test_q8_0_en3_is_a_near_tie(quantized):
     """NEAR_TIE: where pyggml's Q8_0 text on en3 may part from whisper.cpp's, its two best tokens are " Village"
     and " village", under 0.1 apart in log-probability (whisper.cpp's are the same two, 0.02 apart): on one CPU
@@ -171,7 +171,7 @@ def test_without_vnni_quantized_weights_stay_in_the_file(monkeypatch, quantized)
     from pyggml.backend.cpu import interleave
     from pyggml.models.whisper.transcribe import load_whisper
 
-    monkeypatch.setattr(interleave, "has_vnni", lambda: False)
+    monkeypatch.setattr(interleave, "has_int8_products", lambda: False)
     w = load_whisper(quantized.path("q8_0"))
     assert w.model.weights.head_padding == 0 and w.model.tok_emb.ne[1] == w.model.n_vocab
     assert not any(t.extra is INTERLEAVED for t in w.model.weights.tensors.values())

@@ -18,11 +18,11 @@ import numpy as np
 from numba import prange
 
 from pyggml.backend.cpu.jit import PerType, jit, parallel_jit
-from pyggml.backend.cpu.jit.f16 import widen
+from pyggml.backend.cpu.jit.ir.float_rows_ir import row_dots_1, row_dots_2
 from pyggml.backend.cpu.jit.prefetch import prefetch
 from pyggml.backend.cpu.jit.reduce import dot_f32
 from pyggml.backend.cpu.jit.quants import _F16, _Q4_0, _Q4_1, _Q4_K, _Q5_0, _Q5_K, _Q6_K, _Q8_0, U, dequantize_row
-from pyggml.backend.cpu.jit.vec_dot import (F32, FASTMATH, vec_dot_f16_f32, vec_dot_q4_0_f32, vec_dot_q4_1_f32,
+from pyggml.backend.cpu.jit.vec_dot import (vec_dot_f16_f32, vec_dot_q4_0_f32, vec_dot_q4_1_f32,
                                             vec_dot_q4_K_f32, vec_dot_q5_0_f32, vec_dot_q5_K_f32, vec_dot_q6_K_f32,
                                             vec_dot_q8_0_f32)
 
@@ -97,14 +97,14 @@ machine)."""
 PREFETCH_ROWS = 8  # rows ahead a strided row is asked for: the best of 2, 4, 8, 16 (an 8B layer's K product)
 
 
-@jit(fastmath=FASTMATH)
+@jit
 def _float_rows_times_columns(a, base, row_stride, r0, r1, k, x, y):
     """y[c, r] = dot(row r of a float matrix, x[c]) for r in [r0, r1): row r starts at element base + r·row_stride
-    of the flat array a (float32, or F16 bits as uint16). Each row is read once for four columns (the last
-    group of two or three repeats its last column rather than taking a second pass over the row). Rows that
-    are not back to back (the KV cache's heads and cells) are prefetched PREFETCH_ROWS ahead (jit/prefetch.py)."""
-    ncols = U(x.shape[0])
-    last = ncols - U(1)
+    of the flat array a (float32, or F16 bits as uint16). Each row is read once for two columns (an odd last
+    column alone), every column's sum in the one order of ir/float_rows_ir.py, so that a column gives the same
+    bits alone and beside others. Rows that are not back to back (the KV cache's heads and cells) are prefetched
+    PREFETCH_ROWS ahead (jit/prefetch.py)."""
+    ncols, width = U(x.shape[0]), U(x.shape[1])
     strided = U(row_stride) != U(k)
     per_line = U(64 // a.itemsize)
     for r in range(U(r0), U(r1)):
@@ -113,22 +113,10 @@ def _float_rows_times_columns(a, base, row_stride, r0, r1, k, x, y):
             ahead = row + U(PREFETCH_ROWS) * U(row_stride)
             for j in range(U(0), U(k), per_line):
                 prefetch(a, ahead + j)
-        if ncols == U(1):
-            acc = F32(0)
-            for j in range(U(k)):
-                acc += widen(a[row + j]) * x[0, j]
-            y[0, r] = acc
-            continue
-        for c in range(U(0), ncols, U(4)):
-            c1, c2, c3 = min(c + U(1), last), min(c + U(2), last), min(c + U(3), last)
-            a0, a1, a2, a3 = F32(0), F32(0), F32(0), F32(0)
-            for j in range(U(k)):
-                v = widen(a[row + j])
-                a0 += v * x[c, j]
-                a1 += v * x[c1, j]
-                a2 += v * x[c2, j]
-                a3 += v * x[c3, j]
-            y[c, r], y[c1, r], y[c2, r], y[c3, r] = a0, a1, a2, a3
+        for c in range(U(0), ncols - U(1), U(2)):
+            y[c, r], y[c + U(1), r] = row_dots_2(a, row, x, (c * width, (c + U(1)) * width), k)
+        if ncols % U(2) == U(1):
+            y[ncols - U(1), r] = row_dots_1(a, row, x, ((ncols - U(1)) * width,), k)[0]
 
 
 @parallel_jit

@@ -38,14 +38,14 @@ def splat(builder, value, vtype=VF32):
     return builder.shuffle_vector(one, ir.Constant(vtype, ir.Undefined), lanes)
 
 
-def _lanes_sum(builder, v):
-    """The sum of a <16 x float>'s lanes, halving the vector four times."""
+def lanes_sum(builder, v, flags=FAST):
+    """The sum of a <16 x float>'s lanes, halving the vector four times (flags=(): in exactly that order)."""
     width = LANES
     while width > 1:
         width //= 2
         low = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, width), list(range(width))))
         high = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, width), list(range(width, 2 * width))))
-        v = builder.fadd(low, high, flags=FAST)
+        v = builder.fadd(low, high, flags=flags)
     return builder.extract_element(v, ir.Constant(I32, 0))
 
 
@@ -128,7 +128,7 @@ def _row_dot(block_bytes: int, quants, with_min: bool):
                     block = builder.fadd(block, builder.fmul(splat(builder, _f16_at(builder, p, 2)), sums,
                                                              flags=FAST), flags=FAST)
                 builder.store(builder.fadd(builder.load(acc), block, flags=FAST), acc)
-            return _lanes_sum(builder, builder.load(acc))
+            return lanes_sum(builder, builder.load(acc))
 
         return types.float32(src, s, x, xo, nb), codegen
 

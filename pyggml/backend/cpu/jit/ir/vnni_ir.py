@@ -30,6 +30,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from pyggml.backend.cpu.jit.ir.block_ir import F32, FAST, I32, I64, I8, splat
+from pyggml.backend.cpu.jit.ir.int8_ir import dpbusd, table_lookup
 from pyggml.backend.cpu.jit.prefetch import prefetch_pointer
 from pyggml.backend.cpu.jit.quants import KVALUES_IQ4NL, KVALUES_MXFP4
 from pyggml.core.types import GGMLType
@@ -57,19 +58,11 @@ CODE_BOOKS = {IQ4_NL: KVALUES_IQ4NL, MXFP4: KVALUES_MXFP4}  # the types whose ni
 VI8x16 = ir.VectorType(I8, ROWS)
 
 
-def dpbusd(builder, acc, unsigned, signed):
-    """acc + the sums of four u8·s8 products per int32 lane (vpdpbusd)."""
-    fn = builder.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.512",
-                                          fnty=ir.FunctionType(VI32, [VI32, VI8, VI8]))
-    return builder.call(fn, [acc, unsigned, signed])
-
-
 def code_book_values(builder, nibbles, code_book=KVALUES_IQ4NL):
     """A 16-value code book (IQ4_NL's and IQ4_XS's, MXFP4's) looked up for 64 nibbles (vpshufb on the table in each
     128-bit lane), as unsigned bytes: the value + 128 (so the sums start at -128·Σq)."""
-    fn = builder.module.declare_intrinsic("llvm.x86.avx512.pshuf.b.512", fnty=ir.FunctionType(VI8, [VI8, VI8]))
     table = ir.Constant(VI8, [(int(v) + 128) & 0xFF for v in code_book] * 4)
-    return builder.call(fn, [table, nibbles])
+    return table_lookup(builder, table, nibbles)
 
 
 def e8m0_half_scales(builder, exponents):
@@ -111,6 +104,7 @@ class Layout:
     def __init__(self, qtype: int):
         block_bytes, fields, self.offset = FORMATS[qtype]
         self.code_book = CODE_BOOKS.get(qtype)
+        self.wide = self.offset == -128     # unsigned bytes up to 255 (int8_ir.dpbusd)
         self.e8m0 = fields[0][1] == 1
         self.group_block = ROWS * block_bytes
         self.headers = sum(size == 2 for _, size in fields)
@@ -198,7 +192,7 @@ def _tokens(builder, layout: Layout, data, g_, nb_, t0_, n_tokens: int, yo_, ys_
             total = splat(builder, builder.mul(sum_q, ir.Constant(I32, layout.offset)), VI32)
             for vector, k in quants:
                 four = load_at(builder, data[3], builder.add(q0, ir.Constant(I64, k)), I32)
-                total = dpbusd(builder, total, vector, builder.bitcast(splat(builder, four, VI32), VI8))
+                total = dpbusd(builder, total, vector, builder.bitcast(splat(builder, four, VI32), VI8), layout.wide)
             dx = load_at(builder, data[4], at, F32, 4)
             scale = builder.fmul(scales, splat(builder, dx, VF32), flags=FAST)
             block_sum = builder.fmul(builder.sitofp(total, VF32), scale, flags=FAST)

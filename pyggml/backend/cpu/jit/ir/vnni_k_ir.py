@@ -35,8 +35,9 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from pyggml.backend.cpu.jit.ir.block_ir import F32, I32, I64, splat
-from pyggml.backend.cpu.jit.ir.vnni_ir import (ROWS, TOKENS, VF16, VF32, VI32, VI8, code_book_values, dpbusd,
-                                               load_at, prefetch_ahead, typed)
+from pyggml.backend.cpu.jit.ir.int8_ir import dpbusd, dpwssd
+from pyggml.backend.cpu.jit.ir.vnni_ir import (ROWS, TOKENS, VF16, VF32, VI32, VI8, code_book_values, load_at,
+                                               prefetch_ahead, typed)
 from pyggml.core.types import GGMLType
 
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS = (int(t) for t in (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K,
@@ -117,6 +118,7 @@ class KLayout:
         self.qtype, self.group_block = qtype, ROWS * block_bytes
         self.d_at, self.dmin_at, self.zero = fields[0][0], DMIN.get(qtype), ZERO_POINT.get(qtype, 0)
         self.size = 32 if qtype in (Q4_K, Q5_K, IQ4_XS) else 16
+        self.wide = self.zero == 128        # IQ4_XS's code book values + 128: bytes up to 255 (int8_ir.dpbusd)
         self.at, at = {}, 0
         for offset, size in fields:
             self.at[offset], at = at, at + ROWS * size
@@ -261,15 +263,6 @@ def _tile(qtype: int):
     return intrinsic(typer)
 
 
-def dpwssd(builder, acc, a, b):
-    """acc + the sums of two int16·int16 products per int32 lane (vpdpwssds: its saturation never acts on these
-    sums, and LLVM splits the plain vpdpwssd into vpmaddwd and vpaddd, two instructions)."""
-    vi16 = ir.VectorType(ir.IntType(16), 2 * ROWS)
-    fn = builder.module.declare_intrinsic("llvm.x86.avx512.vpdpwssds.512",
-                                          fnty=ir.FunctionType(VI32, [VI32, vi16, vi16]))
-    return builder.call(fn, [acc, builder.bitcast(a, vi16), builder.bitcast(b, vi16)])
-
-
 def _int16_pairs(builder, lanes):
     """Lanes 2i and 2i+1 of a list of <16 x i32> holding values below 2^15, as one vector of int16 pairs each."""
     return [builder.or_(lanes[i], builder.shl(lanes[i + 1], _i32(builder, 16))) for i in range(0, len(lanes), 2)]
@@ -292,11 +285,12 @@ class _Tokens:
         sums = [self.word(t, SUMS_OF_16 + i) for i in range(size // 16 * j, size // 16 * (j + 1))]
         return sums[0] if len(sums) == 1 else self.builder.add(*sums)
 
-    def products(self, t: int, s, quants):
-        """s + token t's products with the quant vectors [(vector, first value)] by vpdpbusd."""
+    def products(self, t: int, s, quants, wide: bool):
+        """s + token t's products with the quant vectors [(vector, first value)] by vpdpbusd (`wide`: quant bytes
+        may reach 128, int8_ir.dpbusd)."""
         for vector, k in quants:
             four = load_at(self.builder, self.data[3], self.builder.add(self.q0s[t], ir.Constant(I64, k)), I32)
-            s = dpbusd(self.builder, s, vector, self.builder.bitcast(splat(self.builder, four, VI32), VI8))
+            s = dpbusd(self.builder, s, vector, self.builder.bitcast(splat(self.builder, four, VI32), VI8), wide)
         return s
 
 
@@ -311,12 +305,13 @@ def _add_sub_block(builder, layout: KLayout, narrow, tokens: _Tokens, t: int, j:
     if narrow is None:
         start = (splat(builder, builder.mul(tokens.bsum(t, j, layout.size), ir.Constant(I32, -layout.zero)), VI32)
                  if layout.zero else _i32(builder, 0))
-        return builder.add(total, builder.mul(tokens.products(t, start, quants), scale))
+        return builder.add(total, builder.mul(tokens.products(t, start, quants, layout.wide), scale))
     values, at = narrow
     low16 = builder.and_(scale, _i32(builder, 0xFFFF))
     for i in range(0, len(quants), values // 4):
         piece = quants[i:i + values // 4]
-        total = dpwssd(builder, total, tokens.products(t, tokens.splat_word(t, at + piece[0][1] // values), piece),
+        total = dpwssd(builder, total, tokens.products(t, tokens.splat_word(t, at + piece[0][1] // values), piece,
+                                                        layout.wide),
                        low16)
     return total
 

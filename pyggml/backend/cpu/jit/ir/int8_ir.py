@@ -1,0 +1,96 @@
+"""The integer multiply-adds of the tile products (vnni_ir.py, vnni_k_ir.py), on the instructions this CPU has.
+
+The tiles are written for 16 int32 lanes (a zmm register): `dpbusd` adds four u8·s8 products into each lane,
+`dpwssd` two int16·int16 products, `table_lookup` looks 64 nibbles up in a 16-byte table. With AVX-512 VNNI
+each is one instruction (vpdpbusd, vpdpwssds, vpshufb on zmm). With AVX2 only (AMD Zen 2 and 3, Intel's client
+cores before AVX-512 or AVX-VNNI) each works on two ymm halves, as ggml's AVX2 kernels multiply: vpmaddubsw (u8·s8
+pairs into int16, saturating), then vpmaddwd against ones (int16 pairs into int32). The saturation never acts
+where the unsigned bytes stay below 128 (|a·b + c·d| <= 127·128·2 < 2^15): the 2 .. 6-bit quants. Bytes that may
+reach 255 (Q8_0's quants + 128, a code book's values + 128: `wide`) go as their low 7 bits and their high bit
+apart, each pair of products then within an int16: the same integers as vpdpbusd in every case. LLVM itself
+splits the 512-bit float and plain integer vectors of the tiles into halves on such a CPU.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from llvmlite import ir
+
+from pyggml.backend.cpu.jit.ir.block_ir import I32, I8
+
+I16 = ir.IntType(16)
+LANES = 16                                  # int32 lanes of the tiles' vectors
+VI32 = ir.VectorType(I32, LANES)
+VI8 = ir.VectorType(I8, 4 * LANES)
+VI16 = ir.VectorType(I16, 2 * LANES)
+HALF_I8, HALF_I16, HALF_I32 = ir.VectorType(I8, 2 * LANES), ir.VectorType(I16, LANES), ir.VectorType(I32, LANES // 2)
+AVX512_VNNI, AVX2 = "avx512vnni", "avx2"
+
+
+@functools.cache
+def int8_instructions() -> str | None:
+    """Which instructions multiply int8 on this CPU, as LLVM sees it: AVX512_VNNI, AVX2, or None (no tiles)."""
+    import llvmlite.binding as llvm
+
+    features = llvm.get_host_cpu_features()
+    if all(features.get(f, False) for f in ("avx512f", "avx512bw", "avx512vnni")):
+        return AVX512_VNNI
+    if all(features.get(f, False) for f in ("avx2", "fma", "f16c")):
+        return AVX2
+    return None
+
+
+def _half(builder, v, h: int):
+    """Half h (0: the low lanes) of a vector."""
+    n = v.type.count // 2
+    return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, n), list(range(h * n, (h + 1) * n))))
+
+
+def _joined(builder, low, high):
+    n = low.type.count
+    return builder.shuffle_vector(low, high, ir.Constant(ir.VectorType(I32, 2 * n), list(range(2 * n))))
+
+
+def _call(builder, name: str, result, *args):
+    fn = builder.module.declare_intrinsic(name, fnty=ir.FunctionType(result, [a.type for a in args]))
+    return builder.call(fn, list(args))
+
+
+def _pairs_into_int32(builder, pairs):
+    """<32 x i16> -> <16 x i32>: each lane the sum of its two int16 (vpmaddwd against ones, per ymm half)."""
+    ones = ir.Constant(HALF_I16, [1] * LANES)
+    return _joined(builder, *(_call(builder, "llvm.x86.avx2.pmadd.wd", HALF_I32, _half(builder, pairs, h), ones)
+                              for h in (0, 1)))
+
+
+def dpbusd(builder, acc, unsigned, signed, wide: bool = True):
+    """acc + the sums of four u8·s8 products per int32 lane (vpdpbusd). `wide`: the unsigned bytes may reach 128
+    or more (AVX2 then takes their high bit apart)."""
+    if int8_instructions() == AVX512_VNNI:
+        return _call(builder, "llvm.x86.avx512.vpdpbusd.512", VI32, acc, unsigned, signed)
+    parts = ([builder.and_(unsigned, ir.Constant(VI8, [0x7F] * 4 * LANES)),
+              builder.and_(unsigned, ir.Constant(VI8, [0x80] * 4 * LANES))] if wide else [unsigned])
+    for part in parts:
+        pairs = _joined(builder, *(_call(builder, "llvm.x86.avx2.pmadd.ub.sw", HALF_I16, _half(builder, part, h),
+                                         _half(builder, signed, h)) for h in (0, 1)))
+        acc = builder.add(acc, _pairs_into_int32(builder, pairs))
+    return acc
+
+
+def dpwssd(builder, acc, a, b):
+    """acc + the sums of two int16·int16 products per int32 lane (vpdpwssds: its saturation never acts on these
+    sums, and LLVM splits the plain vpdpwssd into vpmaddwd and vpaddd, two instructions)."""
+    a, b = builder.bitcast(a, VI16), builder.bitcast(b, VI16)
+    if int8_instructions() == AVX512_VNNI:
+        return _call(builder, "llvm.x86.avx512.vpdpwssds.512", VI32, acc, a, b)
+    return builder.add(acc, _joined(builder, *(_call(builder, "llvm.x86.avx2.pmadd.wd", HALF_I32,
+                                                     _half(builder, a, h), _half(builder, b, h)) for h in (0, 1))))
+
+
+def table_lookup(builder, table, indices):
+    """table's byte at each index (0 .. 15) of 64 (vpshufb: the table repeated in each 128-bit lane)."""
+    if int8_instructions() == AVX512_VNNI:
+        return _call(builder, "llvm.x86.avx512.pshuf.b.512", VI8, table, indices)
+    return _joined(builder, *(_call(builder, "llvm.x86.avx2.pshuf.b", HALF_I8, _half(builder, table, h),
+                                    _half(builder, indices, h)) for h in (0, 1)))
