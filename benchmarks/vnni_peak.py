@@ -19,7 +19,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from pyggml.backend.cpu.jit.ir.int8_ir import VI8, VI32, dpbusd
+from pyggml.backend.cpu.jit.ir.int8_ir import VI8, VI32, dot_products
 
 
 def spin_kernel(chains: int):
@@ -36,7 +36,7 @@ def spin_kernel(chains: int):
             accs = [cgutils.alloca_once_value(builder, ir.Constant(VI32, [i] * 16)) for i in range(chains)]
             with cgutils.for_range(builder, args[0]):
                 for acc in accs:
-                    builder.store(dpbusd(builder, builder.load(acc), unsigned, signed), acc)
+                    builder.store(dot_products(builder, builder.load(acc), [(unsigned, signed)]), acc)
             total = builder.load(accs[0])
             for acc in accs[1:]:
                 total = builder.add(total, builder.load(acc))

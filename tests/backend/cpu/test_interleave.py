@@ -172,6 +172,31 @@ def test_tile_products_equal_the_dequantized_product_of_both_sides(qtype, n_toke
     np.testing.assert_allclose(y, expected, rtol=0, atol=2e-6 * np.abs(expected).max())
 
 
+@pytest.mark.parametrize("qtype, quants, fill", [
+    (GGMLType.Q4_0, slice(2, 18), 0xFF), (GGMLType.Q5_0, slice(2, 22), 0xFF), (GGMLType.Q8_0, slice(2, 34), 0x7F),
+    (GGMLType.Q8_0, slice(2, 34), 0x81), (GGMLType.IQ4_NL, slice(2, 18), 0xFF), (GGMLType.IQ4_NL, slice(2, 18), 0x00),
+    (GGMLType.MXFP4, slice(1, 17), 0x77)])
+def test_tile_sums_hold_at_the_extreme_quants_and_activations(qtype, quants, fill):
+    """Every quant at its top or bottom (Q8_0's ±127, bytes 255 and 1 once moved to unsigned; a code book's
+    largest and smallest entries) against activations of ±127: AVX2's int16 sums (ir/int8_ir.py) neither saturate
+    nor wrap, and the products equal the dequantized ones."""
+    cols, n_tokens = 96, 5
+    rows = _q_rows(32, cols, qtype=qtype).reshape(32, cols // 32, -1)
+    rows[:, :, quants] = fill
+    rows = rows.reshape(32, -1)
+    x = np.ones((n_tokens, cols), np.float32)
+    x[1::2, ::2] = -1
+    xq, xd, xs, xm = _quantized(x)
+    assert set(np.unique(xq.view(np.int8))) <= {-127, 127}
+    y = np.empty((n_tokens, 32), np.float32)
+    firsts, starts = _one_segment(n_tokens)
+    gemm_16x4_q8_0(int(qtype), repack_16x4(int(qtype), rows).reshape(-1), firsts, cols // 32, 2, xq, xd, xs, xm,
+                   starts, y)
+    acts = (xq.view(np.int8).reshape(n_tokens, -1, 32) * xd.reshape(n_tokens, -1, 1)).reshape(n_tokens, cols)
+    expected = acts.astype(np.float64) @ T.to_float(qtype, rows).reshape(32, cols).astype(np.float64).T
+    np.testing.assert_allclose(y, expected, rtol=0, atol=2e-6 * np.abs(expected).max())
+
+
 def _q8_K_reference(x: np.ndarray):
     """ggml's quantize_row_q8_K_ref: iscale = -127/max (max: the value of largest magnitude), q = min(127,
     nearest_int(iscale·x)) rounded to nearest even, d = 1/iscale, bsums = the sums of each 16 q."""
@@ -354,12 +379,16 @@ def test_k_tile_products_follow_ggml_integer_dots_and_the_dequantized_product(qt
     np.testing.assert_allclose(y, integer, rtol=0, atol=2e-6 * np.abs(integer).max())
 
 
-@pytest.mark.parametrize("qtype, quants", [(GGMLType.Q4_K, slice(16, 144)), (GGMLType.Q6_K, slice(0, 192))])
+@pytest.mark.parametrize("qtype, quants", [(GGMLType.Q4_K, slice(16, 144)), (GGMLType.Q6_K, slice(0, 192)),
+                                           (GGMLType.Q2_K, slice(16, 80)), (GGMLType.Q3_K, slice(0, 96)),
+                                           (GGMLType.Q5_K, slice(16, 176)), (GGMLType.IQ4_XS, slice(8, 136))],
+                         ids=lambda v: v.name if isinstance(v, GGMLType) else None)
 @pytest.mark.parametrize("fill", [0x00, 0xFF])
-def test_int16_pieces_hold_at_the_extreme_quants_and_activations(qtype, quants, fill):
+def test_int16_sums_hold_at_the_extreme_quants_and_activations(qtype, quants, fill):
     """Q4_K's and Q6_K's pieces of products (ir/vnni_k_ir.py's NARROW) reach their largest magnitude, 32512, with
-    every quant at 0 (nibble - 8 = -8, q - 32 = -32) or at its top and every activation at ±127: the sums still
-    equal ggml's integer arithmetic."""
+    every quant at 0 (nibble - 8 = -8, q - 32 = -32) or at its top and every activation at ±127, and so do the
+    int16 sums of AVX2's vpmaddubsw (ir/int8_ir.py) for every K type: the sums still equal ggml's integer
+    arithmetic."""
     cols, n_tokens = 512, 5
     rows = _q_rows(32, cols, qtype=qtype).reshape(32, cols // 256, -1)
     rows[:, :, quants] = fill

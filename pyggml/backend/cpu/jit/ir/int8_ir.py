@@ -1,13 +1,13 @@
 """The integer multiply-adds of the tile products (vnni_ir.py, vnni_k_ir.py), on the instructions this CPU has.
 
-The tiles are written for 16 int32 lanes (a zmm register): `dpbusd` adds four u8·s8 products into each lane,
+The tiles are written for 16 int32 lanes (a zmm register): `dot_products` adds four u8·s8 products into each lane,
 `dpwssd` two int16·int16 products, `table_lookup` looks 64 nibbles up in a 16-byte table. With AVX-512 VNNI
 each is one instruction (vpdpbusd, vpdpwssds, vpshufb on zmm). With AVX2 only (AMD Zen 2 and 3, Intel's client
 cores before AVX-512 or AVX-VNNI) each works on two ymm halves, as ggml's AVX2 kernels multiply: vpmaddubsw (u8·s8
 pairs into int16, saturating), then vpmaddwd against ones (int16 pairs into int32). The saturation never acts
 where the unsigned bytes stay below 128 (|a·b + c·d| <= 127·128·2 < 2^15): the 2 .. 6-bit quants. Bytes that may
-reach 255 (Q8_0's quants + 128, a code book's values + 128: `wide`) go as their low 7 bits and their high bit
-apart, each pair of products then within an int16: the same integers as vpdpbusd in every case. LLVM itself
+reach 255 (Q8_0's quants + 128, a code book's values + 128) go as their low 7 bits and their high bit apart, each
+pair of products then within an int16: the same integers as vpdpbusd in every case. LLVM itself
 splits the 512-bit float and plain integer vectors of the tiles into halves on such a CPU.
 """
 
@@ -57,24 +57,32 @@ def _call(builder, name: str, result, *args):
     return builder.call(fn, list(args))
 
 
-def _pairs_into_int32(builder, pairs):
-    """<32 x i16> -> <16 x i32>: each lane the sum of its two int16 (vpmaddwd against ones, per ymm half)."""
-    ones = ir.Constant(HALF_I16, [1] * LANES)
-    return _joined(builder, *(_call(builder, "llvm.x86.avx2.pmadd.wd", HALF_I32, _half(builder, pairs, h), ones)
-                              for h in (0, 1)))
-
-
-def dpbusd(builder, acc, unsigned, signed, wide: bool = True):
-    """acc + the sums of four u8·s8 products per int32 lane (vpdpbusd). `wide`: the unsigned bytes may reach 128
-    or more (AVX2 then takes their high bit apart)."""
+def dot_products(builder, acc, pairs, largest: int = 255):
+    """acc + Σ over pairs (unsigned <64 x i8>, signed <64 x i8>) of the sums of four u8·s8 products per int32 lane
+    (one vpdpbusd a pair). `largest`: the largest unsigned byte the pairs hold. On AVX2 the int16 pair sums of
+    as many vpmaddubsw as stay within an int16 (|s| <= 128: 32767 // (2·128·largest) of them, 8 for nibbles) are
+    added before one vpmaddwd makes them int32, as ggml's AVX2 kernels add them; bytes above 127 go as two
+    pairs, their low 7 bits and their high bit, one vpmaddwd each."""
     if int8_instructions() == AVX512_VNNI:
-        return _call(builder, "llvm.x86.avx512.vpdpbusd.512", VI32, acc, unsigned, signed)
-    parts = ([builder.and_(unsigned, ir.Constant(VI8, [0x7F] * 4 * LANES)),
-              builder.and_(unsigned, ir.Constant(VI8, [0x80] * 4 * LANES))] if wide else [unsigned])
-    for part in parts:
-        pairs = _joined(builder, *(_call(builder, "llvm.x86.avx2.pmadd.ub.sw", HALF_I16, _half(builder, part, h),
-                                         _half(builder, signed, h)) for h in (0, 1)))
-        acc = builder.add(acc, _pairs_into_int32(builder, pairs))
+        for unsigned, signed in pairs:
+            acc = _call(builder, "llvm.x86.avx512.vpdpbusd.512", VI32, acc, unsigned, signed)
+        return acc
+    if largest > 127:
+        low, high = ir.Constant(VI8, [0x7F] * 4 * LANES), ir.Constant(VI8, [0x80] * 4 * LANES)
+        pairs = [(builder.and_(u, mask), s) for u, s in pairs for mask in (low, high)]
+        largest = 128
+    group = max(1, 32767 // (2 * 128 * largest))
+    for first in range(0, len(pairs), group):
+        halves = []
+        for h in (0, 1):
+            total = None
+            for unsigned, signed in pairs[first:first + group]:
+                pair_sums = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", HALF_I16, _half(builder, unsigned, h),
+                                  _half(builder, signed, h))
+                total = pair_sums if total is None else builder.add(total, pair_sums)
+            halves.append(_call(builder, "llvm.x86.avx2.pmadd.wd", HALF_I32, total,
+                                ir.Constant(HALF_I16, [1] * LANES)))
+        acc = builder.add(acc, _joined(builder, *halves))
     return acc
 
 

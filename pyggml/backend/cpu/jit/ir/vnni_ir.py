@@ -30,7 +30,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from pyggml.backend.cpu.jit.ir.block_ir import F32, FAST, I32, I64, I8, splat
-from pyggml.backend.cpu.jit.ir.int8_ir import dpbusd, table_lookup
+from pyggml.backend.cpu.jit.ir.int8_ir import dot_products, table_lookup
 from pyggml.backend.cpu.jit.prefetch import prefetch_pointer
 from pyggml.backend.cpu.jit.quants import KVALUES_IQ4NL, KVALUES_MXFP4
 from pyggml.core.types import GGMLType
@@ -104,7 +104,8 @@ class Layout:
     def __init__(self, qtype: int):
         block_bytes, fields, self.offset = FORMATS[qtype]
         self.code_book = CODE_BOOKS.get(qtype)
-        self.wide = self.offset == -128     # unsigned bytes up to 255 (int8_ir.dpbusd)
+        # the largest unsigned quant byte (int8_ir.dot_products): Q8_0's and the code books' + 128, 5 or 4 bits
+        self.largest = 255 if self.offset == -128 else 31 if any(size == 4 for _, size in fields) else 15
         self.e8m0 = fields[0][1] == 1
         self.group_block = ROWS * block_bytes
         self.headers = sum(size == 2 for _, size in fields)
@@ -190,9 +191,10 @@ def _tokens(builder, layout: Layout, data, g_, nb_, t0_, n_tokens: int, yo_, ys_
             q0 = builder.mul(at, ir.Constant(I64, 32))
             sum_q = load_at(builder, data[5], at, I32, 4)
             total = splat(builder, builder.mul(sum_q, ir.Constant(I32, layout.offset)), VI32)
-            for vector, k in quants:
-                four = load_at(builder, data[3], builder.add(q0, ir.Constant(I64, k)), I32)
-                total = dpbusd(builder, total, vector, builder.bitcast(splat(builder, four, VI32), VI8), layout.wide)
+            fours = [load_at(builder, data[3], builder.add(q0, ir.Constant(I64, k)), I32) for _, k in quants]
+            total = dot_products(builder, total, [(vector, builder.bitcast(splat(builder, four, VI32), VI8))
+                                                  for (vector, _), four in zip(quants, fours, strict=True)],
+                                 layout.largest)
             dx = load_at(builder, data[4], at, F32, 4)
             scale = builder.fmul(scales, splat(builder, dx, VF32), flags=FAST)
             block_sum = builder.fmul(builder.sitofp(total, VF32), scale, flags=FAST)

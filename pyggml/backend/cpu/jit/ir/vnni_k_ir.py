@@ -35,7 +35,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from pyggml.backend.cpu.jit.ir.block_ir import F32, I32, I64, splat
-from pyggml.backend.cpu.jit.ir.int8_ir import dpbusd, dpwssd
+from pyggml.backend.cpu.jit.ir.int8_ir import dot_products, dpwssd
 from pyggml.backend.cpu.jit.ir.vnni_ir import (ROWS, TOKENS, VF16, VF32, VI32, VI8, code_book_values, load_at,
                                                prefetch_ahead, typed)
 from pyggml.core.types import GGMLType
@@ -65,6 +65,7 @@ K_FORMATS = {Q2_K: (84, ((80, 2), (82, 2), (0, 16), (16, 64))),
 SUMS_OF_16, PAIRS_OF_32, MINUS_8_SUMS_OF_32, MINUS_32_SUMS_OF_8, PAIRS_OF_16, Q8K_WORDS = 0, 16, 20, 28, 60, 68
 NARROW = {Q4_K: (32, MINUS_8_SUMS_OF_32), Q6_K: (8, MINUS_32_SUMS_OF_8)}  # values a piece, where its start is
 DMIN = {Q2_K: 82, Q4_K: 2, Q5_K: 2}          # where the fp16 scale of the minimums is
+LARGEST = {Q2_K: 3, Q3_K: 7, Q4_K: 15, Q5_K: 31, Q6_K: 63, IQ4_XS: 255}  # the largest unsigned quant byte
 ZERO_POINT = {Q3_K: 4, Q6_K: 32, IQ4_XS: 128}  # unsigned quants minus this are the values: -zero·Σq starts a sum
 
 
@@ -118,7 +119,7 @@ class KLayout:
         self.qtype, self.group_block = qtype, ROWS * block_bytes
         self.d_at, self.dmin_at, self.zero = fields[0][0], DMIN.get(qtype), ZERO_POINT.get(qtype, 0)
         self.size = 32 if qtype in (Q4_K, Q5_K, IQ4_XS) else 16
-        self.wide = self.zero == 128        # IQ4_XS's code book values + 128: bytes up to 255 (int8_ir.dpbusd)
+        self.largest = LARGEST[qtype]
         self.at, at = {}, 0
         for offset, size in fields:
             self.at[offset], at = at, at + ROWS * size
@@ -285,13 +286,13 @@ class _Tokens:
         sums = [self.word(t, SUMS_OF_16 + i) for i in range(size // 16 * j, size // 16 * (j + 1))]
         return sums[0] if len(sums) == 1 else self.builder.add(*sums)
 
-    def products(self, t: int, s, quants, wide: bool):
-        """s + token t's products with the quant vectors [(vector, first value)] by vpdpbusd (`wide`: quant bytes
-        may reach 128, int8_ir.dpbusd)."""
-        for vector, k in quants:
-            four = load_at(self.builder, self.data[3], self.builder.add(self.q0s[t], ir.Constant(I64, k)), I32)
-            s = dpbusd(self.builder, s, vector, self.builder.bitcast(splat(self.builder, four, VI32), VI8), wide)
-        return s
+    def products(self, t: int, s, quants, largest: int):
+        """s + token t's products with the quant vectors [(vector, first value)] by vpdpbusd (`largest`: the
+        largest quant byte, int8_ir.dot_products)."""
+        fours = [load_at(self.builder, self.data[3], self.builder.add(self.q0s[t], ir.Constant(I64, k)), I32)
+                 for _, k in quants]
+        return dot_products(self.builder, s, [(vector, self.builder.bitcast(splat(self.builder, four, VI32), VI8))
+                                              for (vector, _), four in zip(quants, fours, strict=True)], largest)
 
 
 def _add_sub_block(builder, layout: KLayout, narrow, tokens: _Tokens, t: int, j: int, quants, scale, total):
@@ -305,13 +306,13 @@ def _add_sub_block(builder, layout: KLayout, narrow, tokens: _Tokens, t: int, j:
     if narrow is None:
         start = (splat(builder, builder.mul(tokens.bsum(t, j, layout.size), ir.Constant(I32, -layout.zero)), VI32)
                  if layout.zero else _i32(builder, 0))
-        return builder.add(total, builder.mul(tokens.products(t, start, quants, layout.wide), scale))
+        return builder.add(total, builder.mul(tokens.products(t, start, quants, layout.largest), scale))
     values, at = narrow
     low16 = builder.and_(scale, _i32(builder, 0xFFFF))
     for i in range(0, len(quants), values // 4):
         piece = quants[i:i + values // 4]
         total = dpwssd(builder, total, tokens.products(t, tokens.splat_word(t, at + piece[0][1] // values), piece,
-                                                        layout.wide),
+                                                        layout.largest),
                        low16)
     return total
 
