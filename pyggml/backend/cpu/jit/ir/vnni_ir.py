@@ -30,13 +30,16 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from pyggml.backend.cpu.jit.ir.block_ir import F32, FAST, I32, I64, I8, splat
-from pyggml.backend.cpu.jit.ir.int8_ir import dot_products, table_lookup
+from pyggml.backend.cpu.jit.ir.int8_ir import AVX512_VNNI, dot_products, int8_instructions, table_lookup
 from pyggml.backend.cpu.jit.prefetch import prefetch_pointer
 from pyggml.backend.cpu.jit.quants import KVALUES_IQ4NL, KVALUES_MXFP4
 from pyggml.core.types import GGMLType
 
 ROWS = 16                               # rows of a group: the int32 lanes of a zmm register
-TOKENS = 4                              # tokens a tile takes at once
+# Tokens a tile takes at once: 4 with AVX-512's 32 registers; 2 with AVX2's 16, where four tokens' accumulators
+# (each 16 lanes: two ymm registers) went through the stack (AMD Zen 3, one thread, 2048 x 2048 Q4_K at 64
+# tokens: 82 -> 106 GOPS; Q6_K 64 -> 67).
+TOKENS = 4 if int8_instructions() == AVX512_VNNI else 2
 # A token alone (generation) streams the weights from memory, and its tile asks for them this many bytes ahead of
 # the block it multiplies: the hardware's prefetchers stop at each 4 KiB page (the weights' pages), and the
 # products alone kept too few lines in flight. Intel Xeon, 2 threads, alternating pairs: a 1B Q4_K_M file's steps
