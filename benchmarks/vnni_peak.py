@@ -2,7 +2,8 @@
 128 operations) one core retires a second, from registers, with --chains independent accumulators.
 
 A product's GOPS over this figure times the threads is the share of the core's int8 peak it reaches (the prompt's
-Q4_K tiles, `benchmarks/cpu_step_profile.py`). Needs a CPU with AVX-512 VNNI.
+Q4_K tiles, `benchmarks/cpu_step_profile.py`). Needs a CPU with AVX-512 VNNI (the kernel compiles on AVX2 too,
+tests/test_vnni_peak_benchmark.py, but there LLVM hoists the loop-invariant product out of the loop).
 
     python -m benchmarks.vnni_peak [--chains 16] [--iterations 20000000]
 """
@@ -19,12 +20,12 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from pyggml.backend.cpu.jit.ir.int8_ir import VI8, VI32, dot_products
+from pyggml.backend.cpu.jit.ir.int8_ir import AVX512_VNNI, VI8, VI32, dot_products, int8_instructions
 
 
 def spin_kernel(chains: int):
     """A compiled f(n, out): n rounds of one vpdpbusd on each of `chains` accumulators, their sum stored in out
-    (its first 16 int32 are read as the signed operand, so that nothing folds)."""
+    (its first LANES int32 are read as the signed operand, so that nothing folds)."""
 
     @intrinsic
     def spin(typingctx, n, out):
@@ -32,8 +33,8 @@ def spin_kernel(chains: int):
             data = context.make_array(signature.args[1])(context, builder, args[1]).data
             vector = builder.bitcast(data, VI32.as_pointer())
             signed = builder.bitcast(builder.load(vector, align=4), VI8)
-            unsigned = ir.Constant(VI8, [3] * 64)
-            accs = [cgutils.alloca_once_value(builder, ir.Constant(VI32, [i] * 16)) for i in range(chains)]
+            unsigned = ir.Constant(VI8, [3] * VI8.count)
+            accs = [cgutils.alloca_once_value(builder, ir.Constant(VI32, [i] * VI32.count)) for i in range(chains)]
             with cgutils.for_range(builder, args[0]):
                 for acc in accs:
                     builder.store(dot_products(builder, builder.load(acc), [(unsigned, signed)]), acc)
@@ -58,7 +59,9 @@ def main() -> None:
     p.add_argument("--iterations", type=int, default=20_000_000)
     p.add_argument("--rounds", type=int, default=5, help="the best of this many runs is shown")
     args = p.parse_args()
-    run, out = spin_kernel(args.chains), np.ones(16, np.int32)
+    if int8_instructions() != AVX512_VNNI:  # AVX2's form is plain IR: LLVM hoists the loop-invariant product
+        raise SystemExit("vnni_peak needs a CPU with AVX-512 VNNI")
+    run, out = spin_kernel(args.chains), np.ones(VI32.count, np.int32)
     run(10, out)  # compiles
     best = min(_timed(run, args.iterations, out) for _ in range(args.rounds))
     per_second = args.iterations * args.chains / best

@@ -12,6 +12,8 @@ pytestmark = pytest.mark.skipif(not has_int8_products(), reason="vpdpbusd needs 
 def test_each_round_is_one_vpdpbusd_on_every_accumulator(chains):
     from benchmarks.vnni_peak import spin_kernel
 
-    out = np.ones(16, np.int32)  # as signed bytes: 1, 0, 0, 0 in each lane, against the unsigned 3s: 3 a round
+    from pyggml.backend.cpu.jit.ir.int8_ir import LANES
+
+    out = np.ones(LANES, np.int32)  # as signed bytes: 1, 0, 0, 0 in each lane, against the unsigned 3s: 3 a round
     spin_kernel(chains)(1000, out)
     np.testing.assert_array_equal(out, chains * (chains - 1) // 2 + 3 * 1000 * chains)

@@ -38,7 +38,7 @@ INTERLEAVED_TYPES = frozenset(FORMATS) | frozenset(K_FORMATS)
 # 0.7 to 1.7 s on two busy cores, 0.2 s on one thread).
 PIECE_BYTES = 1 << 21
 # The sources that decide the layout (relative to this folder).
-LAYOUT_SOURCES = ("jit/repack.py", "jit/ir/vnni_ir.py", "jit/ir/vnni_k_ir.py", "interleave.py")
+LAYOUT_SOURCES = ("jit/repack.py", "jit/ir/vnni_ir.py", "jit/ir/vnni_k_ir.py", "jit/ir/int8_ir.py", "interleave.py")
 
 
 def has_int8_products() -> bool:
@@ -80,7 +80,7 @@ class InterleavedBuffer(ConvertedBuffer):
     def _set_tensor(self, t: Tensor, data: memoryview, offset: int, size: int) -> None:
         group = ROWS * T.row_size(t.type, t.ne[0])
         if offset % group or size % group:
-            raise BackendError(f"CPU_INTERLEAVED: writes to {t.name!r} must be whole groups of 16 rows ({group} "
+            raise BackendError(f"CPU_INTERLEAVED: writes to {t.name!r} must be whole groups of {ROWS} rows ({group} "
                                f"bytes; got {size} bytes at offset {offset})")
         src = np.frombuffer(data, np.uint8, count=size)
         start = self.offset_of(t) + offset
@@ -101,7 +101,7 @@ class InterleavedBuffer(ConvertedBuffer):
 @functools.cache
 def _layout_version() -> str:
     here = Path(__file__).resolve().parent
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(f"{ROWS} rows a group".encode())   # 16, or 8 on a CPU with AVX2 alone
     for name in LAYOUT_SOURCES:
         digest.update((here / name).read_bytes())
     return digest.hexdigest()[:16]

@@ -11,6 +11,7 @@ from pyggml.backend import init_by_name, tensor_get, tensor_set
 from pyggml.backend.cpu import interleave, kernels
 from pyggml.backend.cpu.interleave import has_int8_products
 from pyggml.backend.cpu.jit.mul_mat import dequantize_rows
+from pyggml.backend.cpu.jit.ir.vnni_ir import ROWS
 from pyggml.backend.cpu.jit.ir.vnni_k_ir import (MINUS_8_SUMS_OF_32, MINUS_32_SUMS_OF_8, PAIRS_OF_32, Q8K_WORDS,
                                                  SUMS_OF_16)
 from pyggml.backend.cpu.jit.repack import (fields, gemm_16x4_q8_0, gemm_16x4_q8_K, groups_per_task, quantize_q8_0,
@@ -118,17 +119,17 @@ def test_the_layout_moves_each_rows_bytes_to_its_lane(qtype):
     block_bytes, fields = {Q: (18, [2]), GGMLType.Q4_1: (20, [2, 2]), GGMLType.Q5_0: (22, [2, 4]),
                            GGMLType.Q5_1: (24, [2, 2, 4]), GGMLType.Q8_0: (34, [2]),
                            GGMLType.IQ4_NL: (18, [2]), GGMLType.MXFP4: (17, [1])}[qtype]  # d (e), m, qh: bytes
-    packed = repack_16x4(int(qtype), rows).reshape(2, 3, 16 * block_bytes)   # (group, block, bytes)
+    packed = repack_16x4(int(qtype), rows).reshape(32 // ROWS, 3, ROWS * block_bytes)   # (group, block, bytes)
     blocks = rows.reshape(32, 3, block_bytes)
-    for g, b, r in [(0, 0, 0), (1, 2, 15), (0, 1, 7)]:
-        block = blocks[16 * g + r, b]
+    for g, b, r in [(0, 0, 0), (1, 2, ROWS - 1), (0, 1, 7)]:
+        block = blocks[ROWS * g + r, b]
         offset = at = 0
-        for size in fields:                                                    # its d (m, qh) among the 16 rows'
+        for size in fields:                                                    # its d (m, qh) among the group's
             assert packed[g, b, at + size * r: at + size * (r + 1)].tobytes() == block[offset: offset + size].tobytes()
-            offset, at = offset + size, at + 16 * size
+            offset, at = offset + size, at + ROWS * size
         quants = block[offset:]
         for m in range(quants.size // 4):                                      # quant bytes 4m..4m+3
-            at = 16 * sum(fields) + 64 * m + 4 * r
+            at = ROWS * sum(fields) + 4 * ROWS * m + 4 * r
             want = quants[4 * m: 4 * m + 4] ^ (0x80 if qtype == GGMLType.Q8_0 else 0)
             assert packed[g, b, at: at + 4].tobytes() == want.tobytes()
     assert packed.nbytes == rows.nbytes
@@ -159,8 +160,8 @@ def test_tile_products_equal_the_dequantized_product_of_both_sides(qtype, n_toke
     xq, xd, xs, xm = _quantized(x)
     y = np.full((n_tokens, 48), np.nan, np.float32)
     firsts, starts = _one_segment(n_tokens)
-    gemm_16x4_q8_0(int(qtype), repack_16x4(int(qtype), rows).reshape(-1), firsts, cols // 32, 3, xq, xd, xs, xm,
-                   starts, y)
+    gemm_16x4_q8_0(int(qtype), repack_16x4(int(qtype), rows).reshape(-1), firsts, cols // 32, 48 // ROWS, xq, xd, xs,
+                   xm, starts, y)
     weights = T.to_float(qtype, rows).reshape(48, cols).astype(np.float64)
     acts = (xq.view(np.int8).reshape(n_tokens, -1, 32) * xd.reshape(n_tokens, -1, 1)).reshape(n_tokens, cols)
     expected = acts.astype(np.float64) @ weights.T
@@ -190,8 +191,8 @@ def test_tile_sums_hold_at_the_extreme_quants_and_activations(qtype, quants, fil
     assert set(np.unique(xq.view(np.int8))) <= {-127, 127}
     y = np.empty((n_tokens, 32), np.float32)
     firsts, starts = _one_segment(n_tokens)
-    gemm_16x4_q8_0(int(qtype), repack_16x4(int(qtype), rows).reshape(-1), firsts, cols // 32, 2, xq, xd, xs, xm,
-                   starts, y)
+    gemm_16x4_q8_0(int(qtype), repack_16x4(int(qtype), rows).reshape(-1), firsts, cols // 32, 32 // ROWS, xq, xd, xs,
+                   xm, starts, y)
     acts = (xq.view(np.int8).reshape(n_tokens, -1, 32) * xd.reshape(n_tokens, -1, 1)).reshape(n_tokens, cols)
     expected = acts.astype(np.float64) @ T.to_float(qtype, rows).reshape(32, cols).astype(np.float64).T
     np.testing.assert_allclose(y, expected, rtol=0, atol=2e-6 * np.abs(expected).max())
@@ -226,16 +227,16 @@ def test_the_k_layout_moves_each_rows_fields_to_its_lane(qtype):
     block_bytes, layout = fields(int(qtype))
     # fields in any order, each byte of the block once:
     assert sorted(b for o, n in layout for b in range(o, o + n)) == list(range(block_bytes))
-    packed = repack_16x4(int(qtype), rows).reshape(2, 2, 16 * block_bytes)
+    packed = repack_16x4(int(qtype), rows).reshape(32 // ROWS, 2, ROWS * block_bytes)
     blocks = rows.reshape(32, 2, block_bytes)
-    for g, b, r in [(0, 0, 0), (1, 1, 15), (0, 1, 7)]:
-        block, at = blocks[16 * g + r, b], 0
+    for g, b, r in [(0, 0, 0), (1, 1, ROWS - 1), (0, 1, 7)]:
+        block, at = blocks[ROWS * g + r, b], 0
         for offset, size in layout:
             piece = 2 if size == 2 else 4
             for j in range(size // piece):
-                got = packed[g, b, at + 16 * piece * j + piece * r: at + 16 * piece * j + piece * (r + 1)]
+                got = packed[g, b, at + ROWS * piece * j + piece * r: at + ROWS * piece * j + piece * (r + 1)]
                 assert got.tobytes() == block[offset + piece * j: offset + piece * (j + 1)].tobytes()
-            at += 16 * size
+            at += ROWS * size
     assert packed.nbytes == rows.nbytes
 
 
@@ -369,8 +370,8 @@ def test_k_tile_products_follow_ggml_integer_dots_and_the_dequantized_product(qt
     xq, xd, xb = _quantized_k(x)
     y = np.full((n_tokens, 48), np.nan, np.float32)
     firsts, starts = _one_segment(n_tokens)
-    gemm_16x4_q8_K(int(qtype), repack_16x4(int(qtype), rows).reshape(-1), firsts, cols // 256, 3, xq, xd, xb, starts,
-                   y)
+    gemm_16x4_q8_K(int(qtype), repack_16x4(int(qtype), rows).reshape(-1), firsts, cols // 256, 48 // ROWS, xq, xd, xb,
+                   starts, y)
     q = xq.view(np.int8).reshape(n_tokens, -1, 256)
     acts = (q * xd.reshape(n_tokens, -1, 1)).reshape(n_tokens, cols).astype(np.float64)
     expected = acts @ T.to_float(qtype, rows).reshape(48, cols).astype(np.float64).T
@@ -400,7 +401,7 @@ def test_int16_sums_hold_at_the_extreme_quants_and_activations(qtype, quants, fi
     assert set(np.unique(xq.view(np.int8))) <= {-127, 127}
     y = np.empty((n_tokens, 32), np.float32)
     gemm_16x4_q8_K(int(qtype), repack_16x4(int(qtype), rows).reshape(-1), *_one_segment(n_tokens)[:1], cols // 256,
-                   2, xq, xd, xb, _one_segment(n_tokens)[1], y)
+                   32 // ROWS, xq, xd, xb, _one_segment(n_tokens)[1], y)
     integer = _integer_reference(qtype, rows, xq.view(np.int8).reshape(n_tokens, -1, 256), xd.reshape(n_tokens, -1))
     np.testing.assert_allclose(y, integer, rtol=0, atol=2e-6 * np.abs(integer).max())
 
@@ -411,16 +412,16 @@ def test_a_long_prompt_in_runs_of_row_groups_gets_the_bits_of_short_ones(qtype):
     in two segments of one launch; each token's row is what a product of that token's short batch gives."""
     cols, n_rows, n_tokens = 4096, 256, 160
     nb = cols // 256
-    sizes = (n_rows // 16, nb * 16 * fields(int(qtype))[0], nb, np.array([0, 80, n_tokens]))
+    sizes = (n_rows // ROWS, nb * ROWS * fields(int(qtype))[0], nb, np.array([0, 80, n_tokens]))
     assert groups_per_task(int(GGMLType.Q4_K), *sizes) > 1   # activations that outgrow L2 (Q6_K keeps one group)
     w = repack_16x4(int(qtype), _q_rows(n_rows, cols, qtype=qtype)).reshape(-1)
     x = np.random.default_rng(6).standard_normal((n_tokens, cols)).astype(np.float32)
     long = np.empty((n_tokens, n_rows), np.float32)
-    gemm_16x4_q8_K(int(qtype), w, np.zeros(2, np.int64), nb, n_rows // 16, *_quantized_k(x),
+    gemm_16x4_q8_K(int(qtype), w, np.zeros(2, np.int64), nb, n_rows // ROWS, *_quantized_k(x),
                    np.array([0, 80, n_tokens], np.int64), long)
     for t0 in range(0, n_tokens, 10):
         short = np.empty((10, n_rows), np.float32)
-        gemm_16x4_q8_K(int(qtype), w, *_one_segment(10)[:1], nb, n_rows // 16, *_quantized_k(x[t0:t0 + 10]),
+        gemm_16x4_q8_K(int(qtype), w, *_one_segment(10)[:1], nb, n_rows // ROWS, *_quantized_k(x[t0:t0 + 10]),
                        _one_segment(10)[1], short)
         np.testing.assert_array_equal(long[t0:t0 + 10], short)
 
@@ -435,7 +436,7 @@ def test_a_token_alone_gets_the_same_bits_as_in_a_tile_of_four(qtype):
     alone, batch = np.empty((1, 32), np.float32), np.empty((5, 32), np.float32)
     for rows, y in ((x[:1], alone), (x, batch)):
         firsts, starts = _one_segment(len(rows))
-        gemm_16x4_q8_K(int(qtype), w, firsts, cols // 256, 2, *_quantized_k(rows), starts, y)
+        gemm_16x4_q8_K(int(qtype), w, firsts, cols // 256, 32 // ROWS, *_quantized_k(rows), starts, y)
     np.testing.assert_array_equal(alone[0], batch[0])
 
 
@@ -541,8 +542,8 @@ def test_mxfp4_tiles_follow_ggml_vec_dot_mxfp4_q8_0(n_tokens):
     xq, xd, xs, xm = _quantized(x)
     y = np.full((n_tokens, 32), np.nan, np.float32)
     firsts, starts = _one_segment(n_tokens)
-    gemm_16x4_q8_0(int(GGMLType.MXFP4), repack_16x4(int(GGMLType.MXFP4), rows).reshape(-1), firsts, 8, 2, xq, xd,
-                   xs, xm, starts, y)
+    gemm_16x4_q8_0(int(GGMLType.MXFP4), repack_16x4(int(GGMLType.MXFP4), rows).reshape(-1), firsts, 8, 32 // ROWS, xq,
+                   xd, xs, xm, starts, y)
     values, scales = _mxfp4_values(rows)
     q = xq.view(np.int8).reshape(n_tokens, 8, 32).astype(np.int64)
     sums = np.einsum("rbv,tbv->trb", values.astype(np.int64), q)
@@ -607,10 +608,10 @@ def test_it_refuses_reads_partial_groups_and_tensors_it_cannot_hold(cpu):
     w, _ = _placed(raw, interleaved, 64)
     with pytest.raises(BackendError, match="cannot be read back"):
         tensor_get(w)
-    with pytest.raises(BackendError, match="whole groups of 16 rows"):
-        tensor_set(w, raw[:8].reshape(-1), 0, raw[:8].nbytes)
-    for type_, ne in ((GGMLType.F16, (256, 16)), (GGMLType.Q4_K, (256, 8)), (Q, (64, 8)), (Q, (64, 16, 2, 2)),
-                      (GGMLType.MXFP4, (64, 16, 2, 2)), (GGMLType.IQ4_XS, (256, 8, 3))):
+    with pytest.raises(BackendError, match=f"whole groups of {ROWS} rows"):
+        tensor_set(w, raw[:4].reshape(-1), 0, raw[:4].nbytes)
+    for type_, ne in ((GGMLType.F16, (256, 16)), (GGMLType.Q4_K, (256, 4)), (Q, (64, 4)), (Q, (64, 16, 2, 2)),
+                      (GGMLType.MXFP4, (64, 16, 2, 2)), (GGMLType.IQ4_XS, (256, 4, 3))):
         ctx = Context(no_alloc=True)
         ctx.new_tensor(type_, ne, "w")
         with pytest.raises(BackendError, match=r"holds whole matrices \(or 3-D stacks of them\) of Q4_0, Q4_1, Q5_0, "

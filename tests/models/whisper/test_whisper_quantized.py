@@ -13,6 +13,7 @@ import pytest
 
 from tests.models.whisper.test_whisper_transcribe import ENGLISH, GREEDY, REFS, SPEECH, installed, transcript
 from pyggml.backend.cpu.interleave import has_int8_products
+from pyggml.backend.cpu.jit.ir.vnni_ir import ROWS
 from pyggml.backend.cpu.kernels._common import INTERLEAVED
 from pyggml.core import GGMLType
 
@@ -79,7 +80,8 @@ def test_convert_writes_whisper_cpps_quantized_files(type_name, tmp_path):
 @pytest.mark.parametrize("type_name", WRITE_TYPES)
 def test_matrices_and_head_are_interleaved(type_name, quantized):
     """Every quantized matrix, encoder and decoder, and the tied head (51864 rows, padded with 8 zero rows to
-    whole 16-row groups) is in CPU_INTERLEAVED; conv kernels, norms and biases are not; `f32` keeps none."""
+    whole 16-row groups; whole 8-row groups already on AVX2) is in CPU_INTERLEAVED; conv kernels, norms and biases
+    are not; `f32` keeps none."""
     from pyggml.models.whisper.files import is_matrix
 
     model = quantized(type_name).model
@@ -88,7 +90,8 @@ def test_matrices_and_head_are_interleaved(type_name, quantized):
     matrices = {n for n, t in tensors.items() if is_matrix(n, tuple(t.ne[:2])) and t.type == wtype}
     assert len(matrices) == 4 * 6 + 4 * 10 + 1
     assert {n for n, t in tensors.items() if t.extra is INTERLEAVED} == matrices
-    assert model.weights.head_padding == 8 and model.tok_emb.ne[1] == model.n_vocab + 8
+    pad = -model.n_vocab % ROWS
+    assert model.weights.head_padding == pad and model.tok_emb.ne[1] == model.n_vocab + pad
     assert not any(t.extra is INTERLEAVED for t in quantized(type_name, f32=True).model.weights.tensors.values())
 
 

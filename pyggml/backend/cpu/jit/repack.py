@@ -1,6 +1,6 @@
 """Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL and MXFP4 weights repacked 16 rows at a time and multiplied in int8 against
 activations quantized to Q8_0 (the K-quants and IQ4_XS against Q8_K, ir/vnni_k_ir.py), as ggml's CPU repack
-kernels do (ggml_gemm_q4_0_8x8_q8_0 and its kin), on CPUs with AVX-512 VNNI.
+kernels do (ggml_gemm_q4_0_8x8_q8_0 and its kin), on CPUs with AVX-512 VNNI or AVX2.
 
 Layout "16x4": rows go in groups of 16; a group's block b holds the fields before the quants, each for
 the 16 rows in turn (fp16 d, or MXFP4's E8M0 byte; Q4_1's and Q5_1's fp16 m; Q5_0's and Q5_1's 4 bytes of fifth
@@ -17,6 +17,9 @@ starts[i+1] - 1, all in one parallel launch (one segment for a dense product, on
 Activations become Q8_0 blocks as ggml's quantize_row_q8_0 makes them (d = max|x| / 127 kept as fp16,
 q = round(x·127/max)), split into quants, float scales, Σq (what ir/vnni_ir.py's sums start from) and
 Q8_1's s = fp16(d·Σq) (what ggml multiplies Q4_1's and Q5_1's minimum with).
+
+Where this says 16 rows and 64-byte vectors, a CPU with AVX2 alone has groups of 8 rows and vectors of 32 bytes
+(vnni_ir.ROWS; ir/int8_ir.py); the layout cache keeps the two apart (interleave.py).
 """
 
 from __future__ import annotations

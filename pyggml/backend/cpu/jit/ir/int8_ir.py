@@ -1,14 +1,17 @@
 """The integer multiply-adds of the tile products (vnni_ir.py, vnni_k_ir.py), on the instructions this CPU has.
 
-The tiles are written for 16 int32 lanes (a zmm register): `dot_products` adds four u8·s8 products into each lane,
-`dpwssd` two int16·int16 products, `table_lookup` looks 64 nibbles up in a 16-byte table. With AVX-512 VNNI
-each is one instruction (vpdpbusd, vpdpwssds, vpshufb on zmm). With AVX2 only (AMD Zen 2 and 3, Intel's client
-cores before AVX-512 or AVX-VNNI) each works on two ymm halves, as ggml's AVX2 kernels multiply: vpmaddubsw (u8·s8
-pairs into int16, saturating), then vpmaddwd against ones (int16 pairs into int32). The saturation never acts
-where the unsigned bytes stay below 128 (|a·b + c·d| <= 127·128·2 < 2^15): the 2 .. 6-bit quants. Bytes that may
-reach 255 (Q8_0's quants + 128, a code book's values + 128) go as their low 7 bits and their high bit apart, each
-pair of products then within an int16: the same integers as vpdpbusd in every case. LLVM itself
-splits the 512-bit float and plain integer vectors of the tiles into halves on such a CPU.
+The tiles' vectors have LANES int32 lanes, one per row of an interleaved group: `dot_products` adds four u8·s8
+products into each lane, `dpwssd` two int16·int16 products, `table_lookup` looks nibbles up in a 16-byte table.
+With AVX-512 VNNI a group is 16 rows (a zmm register) and each is one instruction (vpdpbusd, vpdpwssds, vpshufb).
+With AVX2 alone (AMD Zen 2 and 3, Intel's client cores before AVX-512 or AVX-VNNI) a group is 8 rows (a ymm
+register), and a product goes as ggml's AVX2 kernels multiply: vpmaddubsw (u8·s8 pairs into int16, saturating),
+then vpmaddwd against ones (int16 pairs into int32). The saturation never acts where the unsigned bytes stay
+below 128 (|a·b + c·d| <= 127·128·2 < 2^15): the 2 .. 6-bit quants. Bytes that may reach 255 (Q8_0's quants +
+128, a code book's values + 128) go as their low 7 bits and their high bit apart, each pair of products then
+within an int16: the same integers as vpdpbusd in every case. Measured on AMD Zen 3 (one thread, 2048 x 2048 from
+cache), 8-row groups against 16-row ones whose every vector took two ymm registers: Q4_K 64 tokens 82 -> 218
+GOPS, Q6_K 64 -> 150-160, one token Q4_K 20 -> 50 GB/s, Q6_K 10-18 -> 37-47 GB/s (16 lanes left too few of the
+16 registers: 323 of a Q4_K block's 943 instructions went to and from the stack).
 """
 
 from __future__ import annotations
@@ -20,11 +23,6 @@ from llvmlite import ir
 from pyggml.backend.cpu.jit.ir.block_ir import I32, I8
 
 I16 = ir.IntType(16)
-LANES = 16                                  # int32 lanes of the tiles' vectors
-VI32 = ir.VectorType(I32, LANES)
-VI8 = ir.VectorType(I8, 4 * LANES)
-VI16 = ir.VectorType(I16, 2 * LANES)
-HALF_I8, HALF_I16, HALF_I32 = ir.VectorType(I8, 2 * LANES), ir.VectorType(I16, LANES), ir.VectorType(I32, LANES // 2)
 AVX512_VNNI, AVX2 = "avx512vnni", "avx2"
 
 
@@ -41,15 +39,31 @@ def int8_instructions() -> str | None:
     return None
 
 
-def _half(builder, v, h: int):
-    """Half h (0: the low lanes) of a vector."""
-    n = v.type.count // 2
-    return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, n), list(range(h * n, (h + 1) * n))))
+# int32 lanes of the tiles' vectors, the rows of an interleaved group: a zmm register's 16 with AVX-512 VNNI, a
+# ymm register's 8 with AVX2 (as ggml's AVX2 repacked kernels take 8 rows)
+LANES = 16 if int8_instructions() in (AVX512_VNNI, None) else 8
+VI32 = ir.VectorType(I32, LANES)
+VI8 = ir.VectorType(I8, 4 * LANES)
+VI16 = ir.VectorType(I16, 2 * LANES)
+YMM_I8, YMM_I16, YMM_I32 = ir.VectorType(I8, 32), ir.VectorType(I16, 16), ir.VectorType(I32, 8)
 
 
-def _joined(builder, low, high):
-    n = low.type.count
-    return builder.shuffle_vector(low, high, ir.Constant(ir.VectorType(I32, 2 * n), list(range(2 * n))))
+def _ymm_pieces(builder, v) -> list:
+    """A vector as its 256-bit pieces (itself when it is one)."""
+    n = 256 // v.type.element.width
+    if v.type.count == n:
+        return [v]
+    return [builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, n), list(range(i, i + n))))
+            for i in range(0, v.type.count, n)]
+
+
+def _joined(builder, pieces):
+    """The 256-bit pieces back as one vector."""
+    while len(pieces) > 1:
+        n = pieces[0].type.count
+        pieces = [builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(I32, 2 * n), list(range(2 * n))))
+                  for a, b in zip(pieces[::2], pieces[1::2], strict=True)]
+    return pieces[0]
 
 
 def _call(builder, name: str, result, *args):
@@ -58,7 +72,7 @@ def _call(builder, name: str, result, *args):
 
 
 def dot_products(builder, acc, pairs, largest: int = 255):
-    """acc + Σ over pairs (unsigned <64 x i8>, signed <64 x i8>) of the sums of four u8·s8 products per int32 lane
+    """acc + Σ over pairs (unsigned VI8, signed VI8) of the sums of four u8·s8 products per int32 lane
     (one vpdpbusd a pair). `largest`: the largest unsigned byte the pairs hold. On AVX2 the int16 pair sums of
     as many vpmaddubsw as stay within an int16 (|s| <= 128: 32767 // (2·128·largest) of them, 8 for nibbles) are
     added before one vpmaddwd makes them int32, as ggml's AVX2 kernels add them; bytes above 127 go as two
@@ -72,17 +86,17 @@ def dot_products(builder, acc, pairs, largest: int = 255):
         pairs = [(builder.and_(u, mask), s) for u, s in pairs for mask in (low, high)]
         largest = 128
     group = max(1, 32767 // (2 * 128 * largest))
-    for first in range(0, len(pairs), group):
-        halves = []
-        for h in (0, 1):
+    ones = ir.Constant(YMM_I16, [1] * 16)
+    split = [(_ymm_pieces(builder, u), _ymm_pieces(builder, s)) for u, s in pairs]
+    for first in range(0, len(split), group):
+        pieces = []
+        for p in range(len(split[0][0])):
             total = None
-            for unsigned, signed in pairs[first:first + group]:
-                pair_sums = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", HALF_I16, _half(builder, unsigned, h),
-                                  _half(builder, signed, h))
+            for unsigned, signed in split[first:first + group]:
+                pair_sums = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", YMM_I16, unsigned[p], signed[p])
                 total = pair_sums if total is None else builder.add(total, pair_sums)
-            halves.append(_call(builder, "llvm.x86.avx2.pmadd.wd", HALF_I32, total,
-                                ir.Constant(HALF_I16, [1] * LANES)))
-        acc = builder.add(acc, _joined(builder, *halves))
+            pieces.append(_call(builder, "llvm.x86.avx2.pmadd.wd", YMM_I32, total, ones))
+        acc = builder.add(acc, _joined(builder, pieces))
     return acc
 
 
@@ -92,13 +106,14 @@ def dpwssd(builder, acc, a, b):
     a, b = builder.bitcast(a, VI16), builder.bitcast(b, VI16)
     if int8_instructions() == AVX512_VNNI:
         return _call(builder, "llvm.x86.avx512.vpdpwssds.512", VI32, acc, a, b)
-    return builder.add(acc, _joined(builder, *(_call(builder, "llvm.x86.avx2.pmadd.wd", HALF_I32,
-                                                     _half(builder, a, h), _half(builder, b, h)) for h in (0, 1))))
+    return builder.add(acc, _joined(builder, [_call(builder, "llvm.x86.avx2.pmadd.wd", YMM_I32, x, y)
+                                              for x, y in zip(_ymm_pieces(builder, a), _ymm_pieces(builder, b),
+                                                              strict=True)]))
 
 
 def table_lookup(builder, table, indices):
-    """table's byte at each index (0 .. 15) of 64 (vpshufb: the table repeated in each 128-bit lane)."""
+    """table's byte at each index (0 .. 15) of a vector (vpshufb: the table repeated in each 128-bit lane)."""
     if int8_instructions() == AVX512_VNNI:
         return _call(builder, "llvm.x86.avx512.pshuf.b.512", VI8, table, indices)
-    return _joined(builder, *(_call(builder, "llvm.x86.avx2.pshuf.b", HALF_I8, _half(builder, table, h),
-                                    _half(builder, indices, h)) for h in (0, 1)))
+    return _joined(builder, [_call(builder, "llvm.x86.avx2.pshuf.b", YMM_I8, t, i)
+                             for t, i in zip(_ymm_pieces(builder, table), _ymm_pieces(builder, indices), strict=True)])

@@ -20,6 +20,9 @@ blocks start at byte g of w and tokens 0 .. n-1, y[yo + t·ys + r] = Σ over the
 taken four at a time (their four accumulators and the block's quant vectors stay in registers), then one
 at a time. xq: the tokens' quants (int8 as uint8, nb·32 a token), xd: their scales (float32, nb a token),
 xs: Σq per block (int32), xm: s per block (float32). All arrays C-contiguous.
+
+Where this says 16 rows and 64-byte vectors, a CPU with AVX2 alone has groups of 8 rows and vectors of 32 bytes
+(ROWS, VECTOR_BYTES; ir/int8_ir.py): the same code at the width of its registers.
 """
 
 from __future__ import annotations
@@ -30,16 +33,14 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from pyggml.backend.cpu.jit.ir.block_ir import F32, FAST, I32, I64, I8, splat
-from pyggml.backend.cpu.jit.ir.int8_ir import AVX512_VNNI, dot_products, int8_instructions, table_lookup
+from pyggml.backend.cpu.jit.ir.int8_ir import LANES, dot_products, table_lookup
 from pyggml.backend.cpu.jit.prefetch import prefetch_pointer
 from pyggml.backend.cpu.jit.quants import KVALUES_IQ4NL, KVALUES_MXFP4
 from pyggml.core.types import GGMLType
 
-ROWS = 16                               # rows of a group: the int32 lanes of a zmm register
-# Tokens a tile takes at once: 4 with AVX-512's 32 registers; 2 with AVX2's 16, where four tokens' accumulators
-# (each 16 lanes: two ymm registers) went through the stack (AMD Zen 3, one thread, 2048 x 2048 Q4_K at 64
-# tokens: 82 -> 106 GOPS; Q6_K 64 -> 67).
-TOKENS = 4 if int8_instructions() == AVX512_VNNI else 2
+ROWS = LANES                            # rows of a group: the int32 lanes of a register (16, or 8 on AVX2)
+VECTOR_BYTES = 4 * ROWS                 # a quant vector: four bytes of each row of the group
+TOKENS = 4                              # tokens a tile takes at once
 # A token alone (generation) streams the weights from memory, and its tile asks for them this many bytes ahead of
 # the block it multiplies: the hardware's prefetchers stop at each 4 KiB page (the weights' pages), and the
 # products alone kept too few lines in flight. Intel Xeon, 2 threads, alternating pairs: a 1B Q4_K_M file's steps
@@ -64,7 +65,7 @@ VI8x16 = ir.VectorType(I8, ROWS)
 def code_book_values(builder, nibbles, code_book=KVALUES_IQ4NL):
     """A 16-value code book (IQ4_NL's and IQ4_XS's, MXFP4's) looked up for 64 nibbles (vpshufb on the table in each
     128-bit lane), as unsigned bytes: the value + 128 (so the sums start at -128·Σq)."""
-    table = ir.Constant(VI8, [(int(v) + 128) & 0xFF for v in code_book] * 4)
+    table = ir.Constant(VI8, [(int(v) + 128) & 0xFF for v in code_book] * (VECTOR_BYTES // 16))
     return table_lookup(builder, table, nibbles)
 
 
@@ -125,7 +126,7 @@ class Layout:
 
     def values(self, builder, data, block):
         """[(<64 x i8> unsigned quants of the 16 rows, the first value index k they multiply)]."""
-        packed = [load_at(builder, data, builder.add(block, ir.Constant(I64, self.quants_at + 64 * m)), VI8)
+        packed = [load_at(builder, data, builder.add(block, ir.Constant(I64, self.quants_at + VECTOR_BYTES * m)), VI8)
                   for m in range(self.vectors)]
         if not self.nibbles:
             return [(p, 4 * m) for m, p in enumerate(packed)]

@@ -25,6 +25,9 @@ xq: the tokens' Q8_K quants (int8 as uint8, nb·256 a token), xd: their scales (
 block's Q8K_WORDS int32 words (the sums of each 16 quants and the others below; nb·Q8K_WORDS a token). All arrays
 C-contiguous. In a tile of several tokens, Q4_K's and Q6_K's sub-blocks go in pieces whose sums fit an int16,
 each multiplied by its scale with one vpdpwssds (_add_sub_block); the integers are the same.
+
+Where this says 16 rows and 64-byte vectors, a CPU with AVX2 alone has groups of 8 rows and vectors of 32 bytes
+(vnni_ir.ROWS, VECTOR_BYTES; ir/int8_ir.py).
 """
 
 from __future__ import annotations
@@ -36,8 +39,8 @@ from numba.extending import intrinsic
 
 from pyggml.backend.cpu.jit.ir.block_ir import F32, I32, I64, splat
 from pyggml.backend.cpu.jit.ir.int8_ir import dot_products, dpwssd
-from pyggml.backend.cpu.jit.ir.vnni_ir import (ROWS, TOKENS, VF16, VF32, VI32, VI8, code_book_values, load_at,
-                                               prefetch_ahead, typed)
+from pyggml.backend.cpu.jit.ir.vnni_ir import (ROWS, TOKENS, VECTOR_BYTES, VF16, VF32, VI32, VI8, code_book_values,
+                                               load_at, prefetch_ahead, typed)
 from pyggml.core.types import GGMLType
 
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS = (int(t) for t in (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K,
@@ -126,7 +129,7 @@ class KLayout:
 
     def vector(self, builder, data, block, field: int, j: int, vtype=VI8):
         """Vector j of a field (by its offset in the file's block)."""
-        return load_at(builder, data, builder.add(block, ir.Constant(I64, self.at[field] + 64 * j)), vtype)
+        return load_at(builder, data, builder.add(block, ir.Constant(I64, self.at[field] + VECTOR_BYTES * j)), vtype)
 
     def header(self, builder, data, block, field: int):
         """An fp16 field of the 16 rows as <16 x float>."""
@@ -370,7 +373,7 @@ def _block_into_row(builder, acc, total, d, dx, minimums):
     """acc + (total·d - minimums·dmin)·dx as explicit fused multiply-adds: the same operations in the 4-token and
     the 1-token loop, so a token's sum is the same to the last bit alone and in a batch (a sequence's logits must
     not depend on its neighbours; with fast-math flags LLVM chose how to fuse per loop)."""
-    fma = builder.module.declare_intrinsic("llvm.fma.v16f32", fnty=ir.FunctionType(VF32, [VF32] * 3))
+    fma = builder.module.declare_intrinsic(f"llvm.fma.v{ROWS}f32", fnty=ir.FunctionType(VF32, [VF32] * 3))
     if minimums is None:
         return builder.call(fma, [builder.fmul(total, d), dx, acc])
     term, dmin = minimums
