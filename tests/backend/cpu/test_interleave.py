@@ -413,7 +413,7 @@ def test_a_long_prompt_in_runs_of_row_groups_gets_the_bits_of_short_ones(qtype):
     cols, n_rows, n_tokens = 4096, 256, 160
     nb = cols // 256
     sizes = (n_rows // ROWS, nb * ROWS * fields(int(qtype))[0], nb, np.array([0, 80, n_tokens]))
-    assert groups_per_task(int(GGMLType.Q4_K), *sizes) > 1   # activations that outgrow L2 (Q6_K keeps one group)
+    assert groups_per_task(int(GGMLType.Q4_K), *sizes) > 1   # activations that outgrow L2 (Q6_K: runs in 8-row groups)
     w = repack_16x4(int(qtype), _q_rows(n_rows, cols, qtype=qtype)).reshape(-1)
     x = np.random.default_rng(6).standard_normal((n_tokens, cols)).astype(np.float32)
     long = np.empty((n_tokens, n_rows), np.float32)

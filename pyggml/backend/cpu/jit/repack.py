@@ -339,7 +339,10 @@ def _tile_q8_K(qtype, w, start, nb, xq, xd, xb, n, y, yo, ys):
 # at a time read all the tokens' again for every group (an 8B model's down projection: 14 MB of them, 448 times
 # over on each thread; its Q4_K products 15% faster, a 1B model's 4-8%; Q6_K's 12% slower, so they keep one group a
 # task). Shorter prompts lost 5% to the steps.
+# Q6_K goes in runs too where a group is 8 rows (AVX2; Zen 3, 2 threads, 512 tokens, alternating: 2048 x 8192
+# 166 -> 259 GOPS, 8192 x 2048 200 -> 219).
 L2_ACTIVATIONS, L2_WEIGHTS = 1 << 19, 1 << 20
+RUN_TYPES = (Q4_K, Q6_K) if ROWS == 8 else (Q4_K,)
 STEP_TOKENS = 16
 MIN_TASKS = 8
 
@@ -352,13 +355,13 @@ def run_of_groups(n_groups, group_bytes):
 
 @jit(inline="always")
 def groups_per_task(qtype, n_groups, group_bytes, nb, starts):
-    """Row groups a task of gemm_16x4_q8_K takes: a run of them (run_of_groups) for Q4_K where a segment's
+    """Row groups a task of gemm_16x4_q8_K takes: a run of them (run_of_groups) for RUN_TYPES where a segment's
     activations outgrow L2_ACTIVATIONS; else 1 (a generation step, a short prompt, an expert's rows, Q6_K's
-    products, which were 12% slower in runs)."""
+    products in 16-row groups, which were 12% slower in runs on an Intel Xeon)."""
     longest = 0
     for i in range(starts.shape[0] - 1):
         longest = max(longest, starts[i + 1] - starts[i])
-    if qtype != Q4_K or longest * nb * (256 + 4 * Q8K_WORDS) <= L2_ACTIVATIONS:
+    if qtype not in RUN_TYPES or longest * nb * (256 + 4 * Q8K_WORDS) <= L2_ACTIVATIONS:
         return 1
     return run_of_groups(n_groups, group_bytes)
 
