@@ -45,25 +45,6 @@ LANES = 16 if int8_instructions() in (AVX512_VNNI, None) else 8
 VI32 = ir.VectorType(I32, LANES)
 VI8 = ir.VectorType(I8, 4 * LANES)
 VI16 = ir.VectorType(I16, 2 * LANES)
-YMM_I8, YMM_I16, YMM_I32 = ir.VectorType(I8, 32), ir.VectorType(I16, 16), ir.VectorType(I32, 8)
-
-
-def _ymm_pieces(builder, v) -> list:
-    """A vector as its 256-bit pieces (itself when it is one)."""
-    n = 256 // v.type.element.width
-    if v.type.count == n:
-        return [v]
-    return [builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, n), list(range(i, i + n))))
-            for i in range(0, v.type.count, n)]
-
-
-def _joined(builder, pieces):
-    """The 256-bit pieces back as one vector."""
-    while len(pieces) > 1:
-        n = pieces[0].type.count
-        pieces = [builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(I32, 2 * n), list(range(2 * n))))
-                  for a, b in zip(pieces[::2], pieces[1::2], strict=True)]
-    return pieces[0]
 
 
 def _call(builder, name: str, result, *args):
@@ -86,17 +67,13 @@ def dot_products(builder, acc, pairs, largest: int = 255):
         pairs = [(builder.and_(u, mask), s) for u, s in pairs for mask in (low, high)]
         largest = 128
     group = max(1, 32767 // (2 * 128 * largest))
-    ones = ir.Constant(YMM_I16, [1] * 16)
-    split = [(_ymm_pieces(builder, u), _ymm_pieces(builder, s)) for u, s in pairs]
-    for first in range(0, len(split), group):
-        pieces = []
-        for p in range(len(split[0][0])):
-            total = None
-            for unsigned, signed in split[first:first + group]:
-                pair_sums = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", YMM_I16, unsigned[p], signed[p])
-                total = pair_sums if total is None else builder.add(total, pair_sums)
-            pieces.append(_call(builder, "llvm.x86.avx2.pmadd.wd", YMM_I32, total, ones))
-        acc = builder.add(acc, _joined(builder, pieces))
+    ones = ir.Constant(VI16, [1] * 2 * LANES)
+    for first in range(0, len(pairs), group):
+        total = None
+        for unsigned, signed in pairs[first:first + group]:
+            pair_sums = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", VI16, unsigned, signed)
+            total = pair_sums if total is None else builder.add(total, pair_sums)
+        acc = builder.add(acc, _call(builder, "llvm.x86.avx2.pmadd.wd", VI32, total, ones))
     return acc
 
 
@@ -106,14 +83,11 @@ def dpwssd(builder, acc, a, b):
     a, b = builder.bitcast(a, VI16), builder.bitcast(b, VI16)
     if int8_instructions() == AVX512_VNNI:
         return _call(builder, "llvm.x86.avx512.vpdpwssds.512", VI32, acc, a, b)
-    return builder.add(acc, _joined(builder, [_call(builder, "llvm.x86.avx2.pmadd.wd", YMM_I32, x, y)
-                                              for x, y in zip(_ymm_pieces(builder, a), _ymm_pieces(builder, b),
-                                                              strict=True)]))
+    return builder.add(acc, _call(builder, "llvm.x86.avx2.pmadd.wd", VI32, a, b))
 
 
 def table_lookup(builder, table, indices):
     """table's byte at each index (0 .. 15) of a vector (vpshufb: the table repeated in each 128-bit lane)."""
     if int8_instructions() == AVX512_VNNI:
         return _call(builder, "llvm.x86.avx512.pshuf.b.512", VI8, table, indices)
-    return _joined(builder, [_call(builder, "llvm.x86.avx2.pshuf.b", YMM_I8, t, i)
-                             for t, i in zip(_ymm_pieces(builder, table), _ymm_pieces(builder, indices), strict=True)])
+    return _call(builder, "llvm.x86.avx2.pshuf.b", VI8, table, indices)
