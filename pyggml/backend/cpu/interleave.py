@@ -38,7 +38,7 @@ INTERLEAVED_TYPES = frozenset(FORMATS) | frozenset(K_FORMATS)
 # 0.7 to 1.7 s on two busy cores, 0.2 s on one thread).
 PIECE_BYTES = 1 << 21
 # The sources that decide the layout (relative to this folder).
-LAYOUT_SOURCES = ("jit/repack.py", "jit/ir/vnni_ir.py", "jit/ir/vnni_k_ir.py", "jit/ir/int8_ir.py", "interleave.py")
+LAYOUT_SOURCES = ("jit/repack.py", "jit/ir/vnni_ir.py", "jit/ir/vnni_k_ir.py", "interleave.py")
 
 
 def has_int8_products() -> bool:
@@ -48,7 +48,7 @@ def has_int8_products() -> bool:
 
 def interleavable(type_, ne) -> bool:
     """A matrix, or a stack of them (3-D: a MoE layer's experts), of an interleaved type (INTERLEAVED_TYPES) of
-    whole 16-row groups, on a CPU with int8 products."""
+    whole ROWS-row groups, on a CPU with int8 products."""
     ne = list(ne) + [1] * (4 - len(ne))
     return int(type_) in INTERLEAVED_TYPES and ne[1] % ROWS == 0 and ne[3] == 1 and has_int8_products()
 
@@ -72,7 +72,7 @@ class InterleavedBuffer(ConvertedBuffer):
         if t.view_src is not None or not interleavable(t.type, t.ne):
             names = ", ".join(T.type_name(q) for q in sorted(INTERLEAVED_TYPES))
             raise BackendError(f"buffer type CPU_INTERLEAVED holds whole matrices (or 3-D stacks of them) of {names} "
-                               f"of 16-row groups on a CPU with AVX-512 VNNI or AVX2; {t.name!r} is "
+                               f"of {ROWS}-row groups on a CPU with AVX-512 VNNI or AVX2; {t.name!r} is "
                                f"{T.type_name(t.type)}{list(t.ne)}{' (a view)' if t.view_src is not None else ''}")
         t.extra = INTERLEAVED
         return Status.SUCCESS

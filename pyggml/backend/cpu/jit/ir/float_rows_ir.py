@@ -19,12 +19,10 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from pyggml.backend.cpu.jit.ir.block_ir import F32, I64, lanes_sum
+from pyggml.backend.cpu.jit.ir.block_ir import F32, I64, LANES, VF32, lanes_sum
 
-LANES = 16
 CHAINS = 2                               # <16 x float> accumulators a column: lanes 0 .. 31
 STEP = LANES * CHAINS
-VF32 = ir.VectorType(F32, LANES)
 VI16 = ir.VectorType(ir.IntType(16), LANES)
 VF16 = ir.VectorType(ir.HalfType(), LANES)
 

@@ -97,6 +97,15 @@ def load_at(builder, base, offset, vtype, align=1):
     return builder.load(builder.bitcast(builder.gep(base, [offset]), vtype.as_pointer()), align=align)
 
 
+def token_products(builder, acc, quants, xq, q0, largest: int):
+    """acc + the products of quant vectors [(vector, first value k)] with one token's int8 values from element
+    q0 of xq: each vector against values k .. k+3, the same four in every lane (int8_ir.dot_products;
+    `largest`: the largest quant byte)."""
+    fours = [load_at(builder, xq, builder.add(q0, ir.Constant(I64, k)), I32) for _, k in quants]
+    return dot_products(builder, acc, [(vector, builder.bitcast(splat(builder, four, VI32), VI8))
+                                       for (vector, _), four in zip(quants, fours, strict=True)], largest)
+
+
 class Layout:
     """How a type's 16-row group block lies (jit/repack.py), from its FORMATS entry: the fp16 fields of 16 rows
     each (`headers`: d, then m for Q4_1 and Q5_1, whose sums add m·s, s being Q8_1's d·Σq as in ggml), then
@@ -195,10 +204,7 @@ def _tokens(builder, layout: Layout, data, g_, nb_, t0_, n_tokens: int, yo_, ys_
             q0 = builder.mul(at, ir.Constant(I64, 32))
             sum_q = load_at(builder, data[5], at, I32, 4)
             total = splat(builder, builder.mul(sum_q, ir.Constant(I32, layout.offset)), VI32)
-            fours = [load_at(builder, data[3], builder.add(q0, ir.Constant(I64, k)), I32) for _, k in quants]
-            total = dot_products(builder, total, [(vector, builder.bitcast(splat(builder, four, VI32), VI8))
-                                                  for (vector, _), four in zip(quants, fours, strict=True)],
-                                 layout.largest)
+            total = token_products(builder, total, quants, data[3], q0, layout.largest)
             dx = load_at(builder, data[4], at, F32, 4)
             scale = builder.fmul(scales, splat(builder, dx, VF32), flags=FAST)
             block_sum = builder.fmul(builder.sitofp(total, VF32), scale, flags=FAST)

@@ -38,9 +38,9 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from pyggml.backend.cpu.jit.ir.block_ir import F32, I32, I64, splat
-from pyggml.backend.cpu.jit.ir.int8_ir import dot_products, dpwssd
+from pyggml.backend.cpu.jit.ir.int8_ir import dpwssd
 from pyggml.backend.cpu.jit.ir.vnni_ir import (ROWS, TOKENS, VECTOR_BYTES, VF16, VF32, VI32, VI8, code_book_values,
-                                               load_at, prefetch_ahead, typed)
+                                               load_at, prefetch_ahead, token_products, typed)
 from pyggml.core.types import GGMLType
 
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS = (int(t) for t in (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K,
@@ -292,10 +292,7 @@ class _Tokens:
     def products(self, t: int, s, quants, largest: int):
         """s + token t's products with the quant vectors [(vector, first value)] by vpdpbusd (`largest`: the
         largest quant byte, int8_ir.dot_products)."""
-        fours = [load_at(self.builder, self.data[3], self.builder.add(self.q0s[t], ir.Constant(I64, k)), I32)
-                 for _, k in quants]
-        return dot_products(self.builder, s, [(vector, self.builder.bitcast(splat(self.builder, four, VI32), VI8))
-                                              for (vector, _), four in zip(quants, fours, strict=True)], largest)
+        return token_products(self.builder, s, quants, self.data[3], self.q0s[t], largest)
 
 
 def _add_sub_block(builder, layout: KLayout, narrow, tokens: _Tokens, t: int, j: int, quants, scale, total):
