@@ -406,6 +406,29 @@ def test_int16_sums_hold_at_the_extreme_quants_and_activations(qtype, quants, fi
     np.testing.assert_allclose(y, integer, rtol=0, atol=2e-6 * np.abs(integer).max())
 
 
+@pytest.mark.parametrize("scale", [0x80, 0x7F])
+@pytest.mark.parametrize("fill", [0x00, 0xFF])
+def test_q6_k_sums_hold_at_the_extreme_scales(scale, fill):
+    """Q6_K's signed scales at -128 and 127 times the largest sums of their sub-blocks: AVX2 multiplies each sum by
+    its scale in the vpmaddwd that widens it (the scale sign-extended into both int16 halves of a lane) and the
+    zero point's term by int16 pairs of scales; the sums still equal ggml's integer arithmetic."""
+    cols, n_tokens = 512, 5
+    rows = _q_rows(32, cols, qtype=GGMLType.Q6_K).reshape(32, cols // 256, -1)
+    rows[:, :, 0:192], rows[:, :, 192:208] = fill, scale
+    rows[::3, :, 192:208:3] = 0xFF - scale             # both signs within a row, and across rows
+    rows = rows.reshape(32, -1)
+    x = np.ones((n_tokens, cols), np.float32)
+    x[1::2, ::256] = -1
+    x[2] = -x[2]
+    xq, xd, xb = _quantized_k(x)
+    y = np.empty((n_tokens, 32), np.float32)
+    gemm_16x4_q8_K(int(GGMLType.Q6_K), repack_16x4(int(GGMLType.Q6_K), rows).reshape(-1),
+                   *_one_segment(n_tokens)[:1], cols // 256, 32 // ROWS, xq, xd, xb, _one_segment(n_tokens)[1], y)
+    integer = _integer_reference(GGMLType.Q6_K, rows, xq.view(np.int8).reshape(n_tokens, -1, 256),
+                                 xd.reshape(n_tokens, -1))
+    np.testing.assert_allclose(y, integer, rtol=0, atol=2e-6 * np.abs(integer).max())
+
+
 @pytest.mark.parametrize("qtype", [GGMLType.Q4_K, GGMLType.Q6_K])
 def test_a_long_prompt_in_runs_of_row_groups_gets_the_bits_of_short_ones(qtype):
     """Tokens whose activations outgrow L2 go STEP_TOKENS at a time through runs of row groups (groups_per_task),

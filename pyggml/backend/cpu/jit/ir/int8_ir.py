@@ -52,13 +52,16 @@ def _call(builder, name: str, result, *args):
     return builder.call(fn, list(args))
 
 
-def dot_products(builder, acc, pairs, largest: int = 255):
+def dot_products(builder, acc, pairs, largest: int = 255, multiplier=None):
     """acc + Σ over pairs (unsigned VI8, signed VI8) of the sums of four u8·s8 products per int32 lane
     (one vpdpbusd a pair). `largest`: the largest unsigned byte the pairs hold. On AVX2 the int16 pair sums of
     as many vpmaddubsw as stay within an int16 (|s| <= 128: 32767 // (2·128·largest) of them, 8 for nibbles) are
     added before one vpmaddwd makes them int32, as ggml's AVX2 kernels add them; bytes above 127 go as two
-    pairs, their low 7 bits and their high bit, one vpmaddwd each."""
+    pairs, their low 7 bits and their high bit, one vpmaddwd each. `multiplier` (AVX2 only: `scale_pairs`):
+    each lane's sums times its int16 scale, by those vpmaddwd themselves (ggml's mul_sum with the scales), where
+    a sum times a scale otherwise takes a vpmulld of its own."""
     if int8_instructions() == AVX512_VNNI:
+        assert multiplier is None, "a sub-block's scale multiplies int32 sums on AVX-512 VNNI"
         for unsigned, signed in pairs:
             acc = _call(builder, "llvm.x86.avx512.vpdpbusd.512", VI32, acc, unsigned, signed)
         return acc
@@ -67,7 +70,7 @@ def dot_products(builder, acc, pairs, largest: int = 255):
         pairs = [(builder.and_(u, mask), s) for u, s in pairs for mask in (low, high)]
         largest = 128
     group = max(1, 32767 // (2 * 128 * largest))
-    ones = ir.Constant(VI16, [1] * 2 * LANES)
+    ones = ir.Constant(VI16, [1] * 2 * LANES) if multiplier is None else builder.bitcast(multiplier, VI16)
     for first in range(0, len(pairs), group):
         total = None
         for unsigned, signed in pairs[first:first + group]:
@@ -75,6 +78,12 @@ def dot_products(builder, acc, pairs, largest: int = 255):
             total = pair_sums if total is None else builder.add(total, pair_sums)
         acc = builder.add(acc, _call(builder, "llvm.x86.avx2.pmadd.wd", VI32, total, ones))
     return acc
+
+
+def scale_pairs(builder, scale):
+    """An int32 lane's scale (-32768 .. 32767) in both its int16 halves: what `dot_products` multiplies by."""
+    low = builder.and_(scale, ir.Constant(scale.type, [0xFFFF] * LANES))
+    return builder.or_(low, builder.shl(scale, ir.Constant(scale.type, [16] * LANES)))
 
 
 def dpwssd(builder, acc, a, b):

@@ -97,13 +97,14 @@ def load_at(builder, base, offset, vtype, align=1):
     return builder.load(builder.bitcast(builder.gep(base, [offset]), vtype.as_pointer()), align=align)
 
 
-def token_products(builder, acc, quants, xq, q0, largest: int):
+def token_products(builder, acc, quants, xq, q0, largest: int, multiplier=None):
     """acc + the products of quant vectors [(vector, first value k)] with one token's int8 values from element
     q0 of xq: each vector against values k .. k+3, the same four in every lane (int8_ir.dot_products;
-    `largest`: the largest quant byte)."""
+    `largest`: the largest quant byte; `multiplier`: AVX2's scale pairs)."""
     fours = [load_at(builder, xq, builder.add(q0, ir.Constant(I64, k)), I32) for _, k in quants]
     return dot_products(builder, acc, [(vector, builder.bitcast(splat(builder, four, VI32), VI8))
-                                       for (vector, _), four in zip(quants, fours, strict=True)], largest)
+                                       for (vector, _), four in zip(quants, fours, strict=True)], largest,
+                        multiplier)
 
 
 class Layout:
