@@ -3,9 +3,8 @@
 The KV cache's products read short rows far apart (a head's 128 F16 values in every 2 KiB row of an 8B model's K
 cache): the hardware streams find no run to follow, so each row came from memory at its full latency (one
 layer's K product 171 us from memory against 54 us from cache). Asking for a row several rows ahead while this
-one is multiplied overlaps those waits. The interleaved weights' tiles ask for their stream 4 KiB ahead when a
-token is alone (ir/vnni_ir.py's PREFETCH_AHEAD, measured on an Intel Xeon; an earlier try on an AMD EPYC was
-slower).
+one is multiplied overlaps those waits. The interleaved weights' tiles ask for their stream ahead when a token is
+alone (ir/vnni_ir.py's PREFETCH_AHEAD: 4 KiB on an Intel Xeon's AVX-512, 16 KiB on an AMD EPYC's AVX2).
 """
 
 from __future__ import annotations
