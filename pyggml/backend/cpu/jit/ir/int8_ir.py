@@ -57,7 +57,7 @@ def dot_products(builder, acc, pairs, largest: int = 255, multiplier=None):
     (one vpdpbusd a pair). `largest`: the largest unsigned byte the pairs hold. On AVX2 the int16 pair sums of
     as many vpmaddubsw as stay within an int16 (|s| <= 128: 32767 // (2·128·largest) of them, 8 for nibbles) are
     added before one vpmaddwd makes them int32, as ggml's AVX2 kernels add them; bytes above 127 go as two
-    pairs, their low 7 bits and their high bit, one vpmaddwd each. `multiplier` (AVX2 only: `scale_pairs`):
+    pairs, their low 7 bits and their high bit, one vpmaddwd each. `multiplier` (AVX2 only: `both_halves`):
     each lane's sums times its int16 scale, by those vpmaddwd themselves (ggml's mul_sum with the scales), where
     a sum times a scale otherwise takes a vpmulld of its own."""
     if int8_instructions() == AVX512_VNNI:
@@ -80,7 +80,7 @@ def dot_products(builder, acc, pairs, largest: int = 255, multiplier=None):
     return acc
 
 
-def scale_pairs(builder, scale):
+def both_halves(builder, scale):
     """An int32 lane's scale (-32768 .. 32767) in both its int16 halves: what `dot_products` multiplies by."""
     low = builder.and_(scale, ir.Constant(scale.type, [0xFFFF] * LANES))
     return builder.or_(low, builder.shl(scale, ir.Constant(scale.type, [16] * LANES)))

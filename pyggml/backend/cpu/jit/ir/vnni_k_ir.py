@@ -38,7 +38,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from pyggml.backend.cpu.jit.ir.block_ir import F32, I32, I64, splat
-from pyggml.backend.cpu.jit.ir.int8_ir import AVX2, VI16, dpwssd, int8_instructions, scale_pairs
+from pyggml.backend.cpu.jit.ir.int8_ir import AVX2, VI16, both_halves, dpwssd, int8_instructions
 from pyggml.backend.cpu.jit.ir.vnni_ir import (ROWS, TOKENS, VECTOR_BYTES, VF16, VF32, VI32, VI8, code_book_values,
                                                load_at, prefetch_ahead, token_products, typed)
 from pyggml.core.types import GGMLType
@@ -154,12 +154,14 @@ class KLayout:
 
     def sub_blocks(self, builder, data, block):
         """(an iterator of (sub-block, quants [(vector, first value)], scale <16 x i32>), in the order that keeps
-        the fewest loaded vectors live, mins [<16 x i32> per sub-block] or None)."""
+        the fewest loaded vectors live, mins [<16 x i32> per sub-block] or None). Q6_K's scale comes in both int16
+        halves of its lane where SCALED_SUMS (int8_ir.both_halves)."""
         return {Q2_K: self._q2_k, Q3_K: self._q3_k, Q6_K: self._q6_k, IQ4_XS: self._iq4_xs}.get(
             self.qtype, self._q4_k_q5_k)(builder, data, block)
 
     def scale_pairs(self, builder, data, block):
-        """The sub-blocks' scales as int16 pairs (2i, 2i+1) of each row (_pairs_term)."""
+        """The sub-blocks' scales as int16 pairs (2i, 2i+1) of each row (_pairs_term): Q6_K's from their bytes, the
+        others' taken from sub_blocks (the quants it would make go unused, and LLVM drops them)."""
         if self.qtype == Q6_K:
             words = self.q6_k_scale_words(builder, data, block)
             return [_q6_k_scale_bytes(builder, words, k, k + 1) for k in range(0, 16, 2)]
@@ -416,7 +418,7 @@ def _scaled_sums(builder, layout: KLayout, tokens: _Tokens, block):
                   for t, total in enumerate(totals)]
     subs, mins = layout.sub_blocks(builder, data, block)
     for _, quants, scale in subs:
-        multiplier = scale if layout.qtype == Q6_K else scale_pairs(builder, scale)  # Q6_K's come as pairs
+        multiplier = scale if layout.qtype == Q6_K else both_halves(builder, scale)  # Q6_K's come so
         for t in range(n_tokens):
             totals[t] = tokens.products(t, totals[t], quants, layout.largest, multiplier)
     if mins is None:
