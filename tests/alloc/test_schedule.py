@@ -1,7 +1,6 @@
 """Memory-aware node orders (`pyggml.alloc.schedule`) and GraphAllocator(reorder=True): dependencies and
 side-effect chains, extended in-place reuse, and the lower bounds on the graph fixtures and random wide DAGs."""
 
-import time
 from itertools import pairwise
 from pathlib import Path
 
@@ -110,14 +109,15 @@ def test_elementwise_ops_reuse_a_dying_source_only_when_reordering():
     assert _planned(graph, reorder=True).get(s).inplace_parent is h
 
 
-def test_planning_time_of_the_2000_node_graph():
+def test_reserving_the_2000_node_graph_again_plans_the_same():
+    """A second reserve of the same graph keeps the first one's buffer (its planning time: benchmarks/planning.py,
+    about 50 ms on a quiet machine)."""
     lg = load_graph_json(DATA / "graphs" / "wide_dag.json")
     buft = AddressOnlyBufferType("CPU", 32)
     alloc_ctx_tensors_from_buft(lg.preallocated, buft)
     galloc = GraphAllocator(buft)
-    times = []
-    for _ in range(5):
-        began = time.perf_counter()
-        galloc.reserve(lg.graph)
-        times.append(time.perf_counter() - began)
-    assert min(times) < 0.25  # 50 ms on a quiet machine (benchmarks/planning.py); loose here, the CI is shared
+    assert galloc.reserve(lg.graph)
+    size = galloc.get_buffer_size(0)
+    assert size > 0
+    galloc.reserve(lg.graph)
+    assert galloc.get_buffer_size(0) == size
