@@ -158,6 +158,29 @@ def test_bad_batches_are_refused_before_anything_changes(tmp_path):
     assert model.cells.used == 3
 
 
+@pytest.mark.parametrize("at_step", [0, 1])
+def test_an_interrupted_decode_raises_the_interruption_and_frees_its_cells(tmp_path, monkeypatch, at_step):
+    """A Ctrl-C (KeyboardInterrupt) in the first step of a batch, before it holds a cell, or in a later one: the
+    interruption itself reaches the caller (pyggml chat stops the answer on it), and the cells the batch took are
+    free again; the next decode works."""
+    model = _model(tmp_path, "llama", n_ctx=64, n_batch=4)
+    model.decode_batch(Batch.sequence([3, 4, 5], 0))
+    run, steps = model._run, []
+
+    def interrupted(batch, lo, hi, placed, mrope):
+        steps.append(lo)
+        if len(steps) > at_step:
+            raise KeyboardInterrupt
+        return run(batch, lo, hi, placed, mrope)
+
+    monkeypatch.setattr(model, "_run", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        model.decode_batch(Batch.sequence(list(range(6, 16)), 3))
+    assert model.cells.used == 3
+    monkeypatch.undo()
+    assert model.decode_batch(Batch.sequence([6], 3)).shape == (1, model.n_vocab)
+
+
 def test_an_output_row_per_sequence_is_reserved_up_front(tmp_path):
     """With n_seq_max sequences the worst step (n_batch tokens, one output row per sequence) is reserved at
     load: decoding such a step places its graph in the reserved buffer."""

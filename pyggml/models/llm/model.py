@@ -344,8 +344,9 @@ class Model:
         mrope = mrope_positions(self.cells, batch) if self.arch.n_pos_per_token > 1 else None
         try:
             out = [self._run(batch, i, min(n, i + self.n_batch), placed, mrope) for i in range(0, n, self.n_batch)]
-        except BaseException:
-            self.cells.free(np.concatenate(placed))
+        except BaseException:  # a Ctrl-C too, which may come before the first step holds a cell
+            if placed:
+                self.cells.free(np.concatenate(placed))
             raise
         return np.concatenate(out)
 
