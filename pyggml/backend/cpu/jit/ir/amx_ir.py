@@ -42,7 +42,8 @@ from numba.extending import intrinsic
 from pyggml.backend.cpu.jit.ir.block_ir import F32, I32, I64, splat
 from pyggml.backend.cpu.jit.ir.vnni_ir import ROWS, VF32, VI32, load_at, typed
 from pyggml.backend.cpu.jit.ir.vnni_k_ir import (PAIRS_OF_16, PAIRS_OF_32, Q4_K, Q6_K, KLayout, _block_into_row, _i32,
-                                                 _int16_pairs, _q6_k_scale, add_q4_k_pairs, dpwssd, q4_k_pairs)
+                                                 _int16_pairs, _q6_k_scale, add_q4_k_pairs, dpwssd, pairs_dot,
+                                                 q4_k_pairs)
 
 TOKENS = 16                                   # tokens a tile takes: the tile unit's 16 rows
 I8 = ir.IntType(8)
@@ -156,16 +157,13 @@ def _q6_k_steps(builder, layout, ptr, block):
     -32·Σ_k sc_k·bsum_k, by vpdpwssd on pairs of scales and of the token's sums of 16."""
     words = layout.q6_k_scale_words(builder, ptr[0], block)
     scales = [_q6_k_scale(builder, words, k) for k in range(16)]
-    zero_pairs = _int16_pairs(builder, [builder.and_(builder.mul(s, _i32(builder, -32)), _i32(builder, 0xFFFF))
-                                        for s in scales])
+    zero_pairs = _int16_pairs(builder, [builder.mul(s, _i32(builder, -32)) for s in scales], signed=True)
 
     def step(sums, word):
         total = _i32(builder, 0)
         for k in range(16):
             total = builder.add(total, builder.mul(sums(k), scales[k]))
-        for i in range(8):
-            total = dpwssd(builder, total, zero_pairs[i], word(i))
-        return total, None
+        return pairs_dot(builder, total, zero_pairs, word), None
     return step, None
 
 

@@ -352,15 +352,19 @@ def q4_k_pairs(builder, scales, mins):
     return [builder.shl(p, _i32(builder, 3)) for p in _int16_pairs(builder, scales)], _int16_pairs(builder, mins)
 
 
+def pairs_dot(builder, acc, pairs, word):
+    """acc + Σ_i pairs[i]·word(i) by vpdpwssd: int16 pairs of values of sub-blocks 2i and 2i+1 against word(i), the
+    token's sums over those sub-blocks as a pair, in every lane."""
+    for i, pair in enumerate(pairs):
+        acc = dpwssd(builder, acc, pair, word(i))
+    return acc
+
+
 def add_q4_k_pairs(builder, pairs, total, word):
-    """(total + 8·Σ_j sc_j·bsum_j, Σ_j m_j·bsum_j) for one token by vpdpwssd: pairs from q4_k_pairs, word(i) the
-    token's sums of 32 pair i in every lane."""
-    term = _i32(builder, 0)
-    for i, (scale_pair, min_pair) in enumerate(zip(*pairs, strict=True)):
-        sums = word(i)
-        total = dpwssd(builder, total, scale_pair, sums)
-        term = dpwssd(builder, term, min_pair, sums)
-    return total, term
+    """(total + 8·Σ_j sc_j·bsum_j, Σ_j m_j·bsum_j) for one token: pairs from q4_k_pairs, word(i) the token's sums
+    of 32 pair i in every lane (pairs_dot)."""
+    scale_pairs, min_pairs = pairs
+    return pairs_dot(builder, total, scale_pairs, word), pairs_dot(builder, _i32(builder, 0), min_pairs, word)
 
 
 def _minimums_term(builder, layout: KLayout, narrow, tokens: _Tokens, t: int, scales, mins, total):
@@ -396,13 +400,10 @@ def _sums(builder, layout: KLayout, tokens: _Tokens, block):
 
 
 def _pairs_term(builder, tokens: _Tokens, t: int, pairs, size: int):
-    """Σ_j values_j·bsum_j for token t by vpdpwssd on the values' int16 pairs (2i, 2i+1) against the token's sums of
-    16 or 32 (the values' sub-blocks' `size`) as pairs."""
+    """Σ_j values_j·bsum_j for token t (pairs_dot) on the values' int16 pairs (2i, 2i+1) against the token's sums
+    of 16 or 32 (the values' sub-blocks' `size`) as pairs."""
     at = PAIRS_OF_16 if size == 16 else PAIRS_OF_32
-    term = _i32(builder, 0)
-    for i, pair in enumerate(pairs):
-        term = dpwssd(builder, term, pair, tokens.splat_word(t, at + i))
-    return term
+    return pairs_dot(builder, _i32(builder, 0), pairs, lambda i: tokens.splat_word(t, at + i))
 
 
 def _scaled_sums(builder, layout: KLayout, tokens: _Tokens, block):
