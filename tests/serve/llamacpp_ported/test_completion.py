@@ -31,6 +31,7 @@ waits for its cells instead), response_fields, post-sampling probabilities, the 
 test_completion_stream_with_openai_library_stops (a chat model's words)."""
 
 import contextlib
+import re
 import time
 
 import pytest
@@ -432,11 +433,14 @@ def test_logit_bias(tokenize, openai_style):
 
 
 def test_cancel_request():
-    # adapted: on the preset's server (2 slots, 512 cells) rather than a server of its own
+    # adapted: on the preset's server (2 slots, 512 cells) rather than a server of its own; the slot is awaited
+    # (up to 30 s: a busy host once kept it past the original's fixed 2 s sleep) and the request must have ended
+    # cancelled by the server's own count, so a request that ran to its end does not pass either
     global server
     server.n_predict = -1
     server.server_slots = True
     server.start()
+    cancelled_before = _cancelled_count()
     # send a request that will take a long time, but cancel it before it finishes
     with contextlib.suppress(requests.exceptions.ReadTimeout):  # expected
         server.make_request("POST", "/completion", data={
@@ -444,6 +448,14 @@ def test_cancel_request():
             "ignore_eos": True,
         }, timeout=0.1)
     # make sure the slot is free
-    time.sleep(2)
-    res = server.make_request("GET", "/slots")
-    assert not any(slot["is_processing"] for slot in res.body)
+    deadline = time.monotonic() + 30
+    while any(slot["is_processing"] for slot in server.make_request("GET", "/slots").body):
+        assert time.monotonic() < deadline, "the cancelled request still holds its slot after 30 s"
+        time.sleep(0.05)
+    assert _cancelled_count() == cancelled_before + 1
+
+
+def _cancelled_count() -> int:
+    text = requests.get(server.make_url("/metrics"), timeout=10).text
+    found = re.search(r'^pyggml:requests_total\{outcome="cancelled"\} (\S+)$', text, flags=re.MULTILINE)
+    return int(float(found.group(1))) if found else 0
