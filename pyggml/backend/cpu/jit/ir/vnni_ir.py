@@ -101,10 +101,11 @@ def load_at(builder, base, offset, vtype, align=1):
 
 
 def token_products(builder, acc, quants, xq, q0, largest: int, multiplier=None):
-    """acc + the products of quant vectors [(vector, first value k)] with one token's int8 values from element
-    q0 of xq: each vector against values k .. k+3, the same four in every lane (int8_ir.dot_products;
-    `largest`: the largest quant byte; `multiplier`: AVX2's scale pairs)."""
-    fours = [load_at(builder, xq, builder.add(q0, ir.Constant(I64, k)), I32) for _, k in quants]
+    """acc + the products of quant vectors [(vector, first value k: an int, or an i64 value)] with one token's int8
+    values from element q0 of xq: each vector against values k .. k+3, the same four in every lane
+    (int8_ir.dot_products; `largest`: the largest quant byte; `multiplier`: AVX2's scale pairs)."""
+    fours = [load_at(builder, xq, builder.add(q0, ir.Constant(I64, k) if isinstance(k, int) else k), I32)
+             for _, k in quants]
     return dot_products(builder, acc, [(vector, builder.bitcast(splat(builder, four, VI32), VI8))
                                        for (vector, _), four in zip(quants, fours, strict=True)], largest,
                         multiplier)

@@ -77,6 +77,15 @@ ZERO_POINT = {Q3_K: 4, Q6_K: 32, IQ4_XS: 128}  # unsigned quants minus this are 
 # Q5_K 54 -> 60 / 104 -> 113, Q3_K 83 -> 94 for 64 tokens (a token alone keeps the vpmulld: its scales take six
 # operations each, and made twice, for the pairs and the multipliers, they cost it 55 -> 48), Q2_K and IQ4_XS level.
 SCALED_SUMS = int8_instructions() == AVX2
+# On AVX2 a tile of several tokens takes Q4_K's and Q6_K's sub-blocks in a loop of ROUNDS rounds (KLayout.round):
+# unrolled over a whole block, LLVM's scheduler made the quant vectors of many sub-blocks ahead of their products
+# and parked them on the stack (a Q4_K block of four tokens: 1404 instructions, 343 of them to and from the stack;
+# Q6_K's 1859 and 456). A round's few vectors stay in registers. AMD Zen 3, 2048 x 2048 from cache, 64 tokens,
+# both kernels compiled in one process and alternating, medians of 60 pairs of the time ratio: Q4_K 1.34-1.67x
+# (1 thread) and 1.64x (2 threads), Q6_K 1.61-1.65x and 1.60x; the same sums to the bit. A token alone gained
+# nothing from the loop (Q6_K 0.96-1.00x).
+ROUNDS = 4
+LOOPED = (Q4_K, Q6_K) if SCALED_SUMS else ()
 
 
 def _i32(builder, value: int):
@@ -167,6 +176,46 @@ class KLayout:
             return [_q6_k_scale_bytes(builder, words, k, k + 1) for k in range(0, 16, 2)]
         scales = dict((j, scale) for j, _, scale in self.sub_blocks(builder, data, block)[0])
         return _int16_pairs(builder, [scales[j] for j in range(len(scales))], signed=True)
+
+    def multipliers(self, builder, data, block):
+        """Each sub-block's scale in both int16 halves of its lanes (what int8_ir.dot_products multiplies by), in
+        sub-block order, for LOOPED types; and the minimums (or None)."""
+        if self.qtype == Q6_K:
+            words = self.q6_k_scale_words(builder, data, block)
+            return [_q6_k_scale_bytes(builder, words, k, k) for k in range(16)], None
+        scales, mins = self.scales_mins_k4(builder, data, block)
+        return [both_halves(builder, scale) for scale in scales], mins
+
+    def round(self, builder, data, block, r):
+        """The sub-blocks of round r (an i64 value, 0 .. ROUNDS - 1) of a LOOPED type: [(sub-block index as i64,
+        [(quant vector, first value as i64)])]. Q4_K: sub-blocks 2r (low nibbles) and 2r + 1 (high) of one chunk
+        of 8 vectors; Q6_K: the four sub-blocks 8h + 2g + half (g = 0 .. 3) of one piece (h, half) = (r // 2, r % 2)
+        of Q6_K_QUANTS (12 vectors: ql of g = 0, 2, ql of g = 1, 3, qh)."""
+        def at(value, constant):
+            return builder.add(value, ir.Constant(I64, constant))
+
+        def mul(value, constant):
+            return builder.mul(value, ir.Constant(I64, constant))
+
+        if self.qtype == Q4_K:
+            base = builder.add(block, at(mul(r, 8 * VECTOR_BYTES), self.at[16]))
+            packed = [load_at(builder, data, at(base, VECTOR_BYTES * m), VI8) for m in range(8)]
+            return [(at(mul(r, 2), high), [(builder.lshr(v, _i8(4)) if high else builder.and_(v, _i8(15)),
+                                            at(mul(r, 64), 32 * high + 4 * m)) for m, v in enumerate(packed)])
+                    for high in (0, 1)]
+        h, half = builder.lshr(r, ir.Constant(I64, 1)), builder.and_(r, ir.Constant(I64, 1))
+        base = builder.add(block, at(mul(r, 12 * VECTOR_BYTES), self.at[Q6_K_QUANTS[0][0]]))
+        first = builder.add(mul(h, 128), mul(half, 16))
+        sub_blocks = []
+        for g in range(4):
+            quants = []
+            for m in range(4):
+                ql = load_at(builder, data, at(base, VECTOR_BYTES * (4 * (g % 2) + m)), VI8)
+                qh = _shift_bytes(builder, load_at(builder, data, at(base, VECTOR_BYTES * (8 + m)), VI8), 4 - 2 * g)
+                low = builder.lshr(ql, _i8(4)) if g >= 2 else builder.and_(ql, _i8(15))
+                quants.append((builder.or_(low, builder.and_(qh, _i8(0x30))), at(first, 32 * g + 4 * m)))
+            sub_blocks.append((builder.add(mul(h, 8), at(half, 2 * g)), quants))
+        return sub_blocks
 
     def scales_mins_k4(self, builder, data, block):
         """Q4_K's and Q5_K's 8 scales and 8 minimums of the 16 rows (_scales_mins_k4 on their 12 scale bytes)."""
@@ -406,6 +455,24 @@ def _pairs_term(builder, tokens: _Tokens, t: int, pairs, size: int):
     return pairs_dot(builder, _i32(builder, 0), pairs, lambda i: tokens.splat_word(t, at + i))
 
 
+def _rounds(builder, layout: KLayout, tokens: _Tokens, block, totals):
+    """(totals + Σ_j scale_j·s_j for each token, the minimums or None) with the sub-blocks taken in a loop of ROUNDS
+    rounds (LOOPED): the scales wait in a small array, the sums in stack slots that LLVM keeps in registers."""
+    multipliers, mins = layout.multipliers(builder, tokens.data[0], block)
+    scales = cgutils.alloca_once(builder, VI32, size=len(multipliers))
+    for j, multiplier in enumerate(multipliers):
+        builder.store(multiplier, builder.gep(scales, [ir.Constant(I64, j)]))
+    sums = [cgutils.alloca_once(builder, VI32) for _ in totals]
+    for total, at in zip(totals, sums, strict=True):
+        builder.store(total, at)
+    with cgutils.for_range(builder, ir.Constant(I64, ROUNDS)) as loop:
+        for j, quants in layout.round(builder, tokens.data[0], block, loop.index):
+            multiplier = builder.load(builder.gep(scales, [j]))
+            for t, at in enumerate(sums):
+                builder.store(tokens.products(t, builder.load(at), quants, layout.largest, multiplier), at)
+    return [builder.load(at) for at in sums], mins
+
+
 def _scaled_sums(builder, layout: KLayout, tokens: _Tokens, block):
     """_sums where the products of a sub-block are multiplied by its scale as they widen to int32 (SCALED_SUMS):
     Σ_j scale_j·s_j - zero·Σ_j scale_j·bsum_j, and Σ_j m_j·bsum_j where the type has minimums. The zero point's
@@ -417,11 +484,14 @@ def _scaled_sums(builder, layout: KLayout, tokens: _Tokens, block):
         shift = _i32(builder, layout.zero.bit_length() - 1)     # the zero points are powers of two
         totals = [builder.sub(total, builder.shl(_pairs_term(builder, tokens, t, pairs, layout.size), shift))
                   for t, total in enumerate(totals)]
-    subs, mins = layout.sub_blocks(builder, data, block)
-    for _, quants, scale in subs:
-        multiplier = scale if layout.qtype == Q6_K else both_halves(builder, scale)  # Q6_K's come so
-        for t in range(n_tokens):
-            totals[t] = tokens.products(t, totals[t], quants, layout.largest, multiplier)
+    if n_tokens > 1 and layout.qtype in LOOPED:
+        totals, mins = _rounds(builder, layout, tokens, block, totals)
+    else:
+        subs, mins = layout.sub_blocks(builder, data, block)
+        for _, quants, scale in subs:
+            multiplier = scale if layout.qtype == Q6_K else both_halves(builder, scale)  # Q6_K's come so
+            for t in range(n_tokens):
+                totals[t] = tokens.products(t, totals[t], quants, layout.largest, multiplier)
     if mins is None:
         return totals, None
     pairs = _int16_pairs(builder, mins)
