@@ -77,15 +77,16 @@ ZERO_POINT = {Q3_K: 4, Q6_K: 32, IQ4_XS: 128}  # unsigned quants minus this are 
 # Q5_K 54 -> 60 / 104 -> 113, Q3_K 83 -> 94 for 64 tokens (a token alone keeps the vpmulld: its scales take six
 # operations each, and made twice, for the pairs and the multipliers, they cost it 55 -> 48), Q2_K and IQ4_XS level.
 SCALED_SUMS = int8_instructions() == AVX2
-# On AVX2 a tile of several tokens takes Q4_K's and Q6_K's sub-blocks in a loop of ROUNDS rounds (KLayout.round):
-# unrolled over a whole block, LLVM's scheduler made the quant vectors of many sub-blocks ahead of their products
-# and parked them on the stack (a Q4_K block of four tokens: 1404 instructions, 343 of them to and from the stack;
-# Q6_K's 1859 and 456). A round's few vectors stay in registers. AMD Zen 3, 2048 x 2048 from cache, 64 tokens,
-# both kernels compiled in one process and alternating, medians of 60 pairs of the time ratio: Q4_K 1.34-1.67x
-# (1 thread) and 1.64x (2 threads), Q6_K 1.61-1.65x and 1.60x; the same sums to the bit. A token alone gained
-# nothing from the loop (Q6_K 0.96-1.00x).
+# On AVX2 a tile of several tokens takes Q4_K's, Q5_K's and Q6_K's sub-blocks in a loop of ROUNDS rounds
+# (KLayout.round): unrolled over a whole block, LLVM's scheduler made the quant vectors of many sub-blocks ahead of
+# their products and parked them on the stack (a Q4_K block of four tokens: 1404 instructions, 343 of them to and
+# from the stack; Q6_K's 1859 and 456). A round's few vectors stay in registers. AMD Zen 3, 2048 x 2048 from
+# cache, 64 tokens, both kernels compiled in one process and alternating, medians of 60 pairs of the time ratio:
+# Q4_K 1.34-1.67x (1 thread) and 1.64x (2 threads), Q6_K 1.61-1.65x and 1.60x, Q5_K 1.39x (1 thread, the suite
+# running beside); the same sums to the bit. A token alone gained nothing from the loop (Q6_K 0.96-1.00x). Q2_K,
+# Q3_K and IQ4_XS spill as much unrolled (their 4-token blocks: 419-704 stack moves) and wait for rounds of their own.
 ROUNDS = 4
-LOOPED = (Q4_K, Q6_K) if SCALED_SUMS else ()
+LOOPED = (Q4_K, Q5_K, Q6_K) if SCALED_SUMS else ()
 
 
 def _i32(builder, value: int):
@@ -188,21 +189,28 @@ class KLayout:
 
     def round(self, builder, data, block, r):
         """The sub-blocks of round r (an i64 value, 0 .. ROUNDS - 1) of a LOOPED type: [(sub-block index as i64,
-        [(quant vector, first value as i64)])]. Q4_K: sub-blocks 2r (low nibbles) and 2r + 1 (high) of one chunk
-        of 8 vectors; Q6_K: the four sub-blocks 8h + 2g + half (g = 0 .. 3) of one piece (h, half) = (r // 2, r % 2)
-        of Q6_K_QUANTS (12 vectors: ql of g = 0, 2, ql of g = 1, 3, qh)."""
+        [(quant vector, first value as i64)])]. Q4_K and Q5_K: sub-blocks 2r (low nibbles) and 2r + 1 (high) of one
+        chunk of 8 vectors, Q5_K's fifth bits put back; Q6_K: the four sub-blocks 8h + 2g + half (g = 0 .. 3) of one
+        piece (h, half) = (r // 2, r % 2) of Q6_K_QUANTS (12 vectors: ql of g = 0, 2, ql of g = 1, 3, qh)."""
         def at(value, constant):
             return builder.add(value, ir.Constant(I64, constant))
 
         def mul(value, constant):
             return builder.mul(value, ir.Constant(I64, constant))
 
-        if self.qtype == Q4_K:
-            base = builder.add(block, at(mul(r, 8 * VECTOR_BYTES), self.at[16]))
+        if self.qtype in (Q4_K, Q5_K):
+            base = builder.add(block, at(mul(r, 8 * VECTOR_BYTES), self.at[16 if self.qtype == Q4_K else 48]))
             packed = [load_at(builder, data, at(base, VECTOR_BYTES * m), VI8) for m in range(8)]
-            return [(at(mul(r, 2), high), [(builder.lshr(v, _i8(4)) if high else builder.and_(v, _i8(15)),
-                                            at(mul(r, 64), 32 * high + 4 * m)) for m, v in enumerate(packed)])
-                    for high in (0, 1)]
+            nibbles = [[builder.lshr(v, _i8(4)) if high else builder.and_(v, _i8(15)) for v in packed]
+                       for high in (0, 1)]
+            if self.qtype == Q5_K:  # qh's bits 2r and 2r + 1, moved down as int16 lanes, then to bit 4 of each byte
+                down = splat(builder, builder.trunc(mul(r, 2), VI16.element), VI16)
+                bits = [builder.bitcast(builder.lshr(self.vector(builder, data, block, 16, m, VI16), down), VI8)
+                        for m in range(8)]
+                nibbles = [[builder.or_(v, builder.and_(_shift_bytes(builder, b, 4 - high), _i8(16)))
+                            for v, b in zip(vectors, bits, strict=True)] for high, vectors in enumerate(nibbles)]
+            return [(at(mul(r, 2), high), [(v, at(mul(r, 64), 32 * high + 4 * m)) for m, v in enumerate(vectors)])
+                    for high, vectors in enumerate(nibbles)]
         h, half = builder.lshr(r, ir.Constant(I64, 1)), builder.and_(r, ir.Constant(I64, 1))
         base = builder.add(block, at(mul(r, 12 * VECTOR_BYTES), self.at[Q6_K_QUANTS[0][0]]))
         first = builder.add(mul(h, 128), mul(half, 16))
