@@ -77,16 +77,16 @@ ZERO_POINT = {Q3_K: 4, Q6_K: 32, IQ4_XS: 128}  # unsigned quants minus this are 
 # Q5_K 54 -> 60 / 104 -> 113, Q3_K 83 -> 94 for 64 tokens (a token alone keeps the vpmulld: its scales take six
 # operations each, and made twice, for the pairs and the multipliers, they cost it 55 -> 48), Q2_K and IQ4_XS level.
 SCALED_SUMS = int8_instructions() == AVX2
-# On AVX2 a tile of several tokens takes Q4_K's, Q5_K's and Q6_K's sub-blocks in a loop of ROUNDS rounds
-# (KLayout.round): unrolled over a whole block, LLVM's scheduler made the quant vectors of many sub-blocks ahead of
-# their products and parked them on the stack (a Q4_K block of four tokens: 1404 instructions, 343 of them to and
-# from the stack; Q6_K's 1859 and 456). A round's few vectors stay in registers. AMD Zen 3, 2048 x 2048 from
-# cache, 64 tokens, both kernels compiled in one process and alternating, medians of 60 pairs of the time ratio:
-# Q4_K 1.34-1.67x (1 thread) and 1.64x (2 threads), Q6_K 1.61-1.65x and 1.60x, Q5_K 1.39x (1 thread, the suite
-# running beside); the same sums to the bit. A token alone gained nothing from the loop (Q6_K 0.96-1.00x). Q2_K,
-# Q3_K and IQ4_XS spill as much unrolled (their 4-token blocks: 419-704 stack moves) and wait for rounds of their own.
+# On AVX2 a tile of several tokens takes a K-quant block's sub-blocks in a loop of ROUNDS rounds (KLayout.round):
+# unrolled over a whole block, LLVM's scheduler made the quant vectors of many sub-blocks ahead of their products
+# and parked them on the stack (a Q4_K block of four tokens: 1404 instructions, 343 of them to and from the stack;
+# Q6_K's 1859 and 456). A round's few vectors stay in registers. AMD Zen 3, 2048 x 2048 from cache, 64 tokens, both
+# kernels compiled in one process and alternating, medians of the pairs' time ratios: Q4_K 1.34-1.67x (1 thread)
+# and 1.64x (2 threads), Q6_K 1.61-1.65x and 1.60x; with the test suite running beside (load 1.9-4.3, 1 thread)
+# Q5_K 1.39x, Q2_K 1.67x, Q3_K 1.73x, IQ4_XS 1.27x. The same sums to the bit. A token alone gained nothing from the
+# loop (Q6_K 0.96-1.00x) and keeps the unrolled block.
 ROUNDS = 4
-LOOPED = (Q4_K, Q5_K, Q6_K) if SCALED_SUMS else ()
+LOOPED = (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) if SCALED_SUMS else ()
 
 
 def _i32(builder, value: int):
@@ -129,6 +129,14 @@ def _q6_k_scale_bytes(builder, words, low: int, high: int):
     moved = builder.shuffle_vector(builder.bitcast(words[low // 4], VI8), ir.Constant(VI8, None),
                                    ir.Constant(ir.VectorType(I32, size), mask))
     return builder.bitcast(builder.ashr(builder.bitcast(moved, VI16), ir.Constant(VI16, [8] * 2 * ROWS)), VI32)
+
+
+def _plus(builder, value, constant: int):
+    return builder.add(value, ir.Constant(I64, constant))
+
+
+def _times(builder, value, constant: int):
+    return builder.mul(value, ir.Constant(I64, constant))
 
 
 def _shift_bytes(builder, v, by: int):
@@ -180,50 +188,102 @@ class KLayout:
 
     def multipliers(self, builder, data, block):
         """Each sub-block's scale in both int16 halves of its lanes (what int8_ir.dot_products multiplies by), in
-        sub-block order, for LOOPED types; and the minimums (or None)."""
+        sub-block order, for LOOPED types; and the minimums (or None). Taken from sub_blocks (the quants it would
+        make go unused, and LLVM drops them); Q6_K's as (s, s) pairs straight from their bytes."""
         if self.qtype == Q6_K:
             words = self.q6_k_scale_words(builder, data, block)
             return [_q6_k_scale_bytes(builder, words, k, k) for k in range(16)], None
-        scales, mins = self.scales_mins_k4(builder, data, block)
-        return [both_halves(builder, scale) for scale in scales], mins
+        subs, mins = self.sub_blocks(builder, data, block)
+        scales = dict((j, scale) for j, _, scale in subs)
+        return [both_halves(builder, scales[j]) for j in range(len(scales))], mins
 
     def round(self, builder, data, block, r):
         """The sub-blocks of round r (an i64 value, 0 .. ROUNDS - 1) of a LOOPED type: [(sub-block index as i64,
-        [(quant vector, first value as i64)])]. Q4_K and Q5_K: sub-blocks 2r (low nibbles) and 2r + 1 (high) of one
-        chunk of 8 vectors, Q5_K's fifth bits put back; Q6_K: the four sub-blocks 8h + 2g + half (g = 0 .. 3) of one
-        piece (h, half) = (r // 2, r % 2) of Q6_K_QUANTS (12 vectors: ql of g = 0, 2, ql of g = 1, 3, qh)."""
-        def at(value, constant):
-            return builder.add(value, ir.Constant(I64, constant))
+        [(quant vector, first value as i64)])], each type's a quarter of its block (see the _round_ methods)."""
+        return {Q4_K: self._round_k4, Q5_K: self._round_k4, Q6_K: self._round_q6_k, Q2_K: self._round_two_bits,
+                Q3_K: self._round_two_bits, IQ4_XS: self._round_iq4_xs}[self.qtype](builder, data, block, r)
 
-        def mul(value, constant):
-            return builder.mul(value, ir.Constant(I64, constant))
+    def _round_k4(self, builder, data, block, r):
+        """Q4_K and Q5_K: sub-blocks 2r (low nibbles) and 2r + 1 (high) of one chunk of 8 vectors, Q5_K's fifth
+        bits (bits 2r and 2r + 1 of qh, moved down once as int16 lanes) put back."""
+        base = builder.add(block, _plus(builder, _times(builder, r, 8 * VECTOR_BYTES),
+                                        self.at[16 if self.qtype == Q4_K else 48]))
+        packed = [load_at(builder, data, _plus(builder, base, VECTOR_BYTES * m), VI8) for m in range(8)]
+        nibbles = [[builder.lshr(v, _i8(4)) if high else builder.and_(v, _i8(15)) for v in packed] for high in (0, 1)]
+        if self.qtype == Q5_K:
+            bits = self._lanes_down(builder, data, block, 16, 8, _times(builder, r, 2))
+            nibbles = [[builder.or_(v, builder.and_(_shift_bytes(builder, b, 4 - high), _i8(16)))
+                        for v, b in zip(vectors, bits, strict=True)] for high, vectors in enumerate(nibbles)]
+        first = _times(builder, r, 64)
+        return [(_plus(builder, _times(builder, r, 2), high),
+                 [(v, _plus(builder, first, 32 * high + 4 * m)) for m, v in enumerate(vectors)])
+                for high, vectors in enumerate(nibbles)]
 
-        if self.qtype in (Q4_K, Q5_K):
-            base = builder.add(block, at(mul(r, 8 * VECTOR_BYTES), self.at[16 if self.qtype == Q4_K else 48]))
-            packed = [load_at(builder, data, at(base, VECTOR_BYTES * m), VI8) for m in range(8)]
-            nibbles = [[builder.lshr(v, _i8(4)) if high else builder.and_(v, _i8(15)) for v in packed]
-                       for high in (0, 1)]
-            if self.qtype == Q5_K:  # qh's bits 2r and 2r + 1, moved down as int16 lanes, then to bit 4 of each byte
-                down = splat(builder, builder.trunc(mul(r, 2), VI16.element), VI16)
-                bits = [builder.bitcast(builder.lshr(self.vector(builder, data, block, 16, m, VI16), down), VI8)
-                        for m in range(8)]
-                nibbles = [[builder.or_(v, builder.and_(_shift_bytes(builder, b, 4 - high), _i8(16)))
-                            for v, b in zip(vectors, bits, strict=True)] for high, vectors in enumerate(nibbles)]
-            return [(at(mul(r, 2), high), [(v, at(mul(r, 64), 32 * high + 4 * m)) for m, v in enumerate(vectors)])
-                    for high, vectors in enumerate(nibbles)]
+    def _round_q6_k(self, builder, data, block, r):
+        """Q6_K: the four sub-blocks 8h + 2g + half (g = 0 .. 3) of piece (h, half) = (r // 2, r % 2) of
+        Q6_K_QUANTS (12 vectors: ql of g = 0, 2, ql of g = 1, 3, qh)."""
         h, half = builder.lshr(r, ir.Constant(I64, 1)), builder.and_(r, ir.Constant(I64, 1))
-        base = builder.add(block, at(mul(r, 12 * VECTOR_BYTES), self.at[Q6_K_QUANTS[0][0]]))
-        first = builder.add(mul(h, 128), mul(half, 16))
+        base = builder.add(block, _plus(builder, _times(builder, r, 12 * VECTOR_BYTES), self.at[Q6_K_QUANTS[0][0]]))
+        first = builder.add(_times(builder, h, 128), _times(builder, half, 16))
         sub_blocks = []
         for g in range(4):
             quants = []
             for m in range(4):
-                ql = load_at(builder, data, at(base, VECTOR_BYTES * (4 * (g % 2) + m)), VI8)
-                qh = _shift_bytes(builder, load_at(builder, data, at(base, VECTOR_BYTES * (8 + m)), VI8), 4 - 2 * g)
+                ql = load_at(builder, data, _plus(builder, base, VECTOR_BYTES * (4 * (g % 2) + m)), VI8)
+                qh = load_at(builder, data, _plus(builder, base, VECTOR_BYTES * (8 + m)), VI8)
                 low = builder.lshr(ql, _i8(4)) if g >= 2 else builder.and_(ql, _i8(15))
-                quants.append((builder.or_(low, builder.and_(qh, _i8(0x30))), at(first, 32 * g + 4 * m)))
-            sub_blocks.append((builder.add(mul(h, 8), at(half, 2 * g)), quants))
+                quants.append((builder.or_(low, builder.and_(_shift_bytes(builder, qh, 4 - 2 * g), _i8(0x30))),
+                               _plus(builder, first, 32 * g + 4 * m)))
+            sub_blocks.append((builder.add(_times(builder, h, 8), _plus(builder, half, 2 * g)), quants))
         return sub_blocks
+
+    def _round_two_bits(self, builder, data, block, r):
+        """Q2_K and Q3_K: the four sub-blocks 8n + 2j + h (j = 0 .. 3) of (n, h) = (r // 2, r % 2), whose 2-bit
+        quants lie in qs vectors 4r .. 4r + 3 (see _two_bits); Q3_K's third bits (bits 4n + j of hmask vectors
+        4h .. 4h + 3, moved down by 4n once as int16 lanes) put back."""
+        n, h = builder.lshr(r, ir.Constant(I64, 1)), builder.and_(r, ir.Constant(I64, 1))
+        qs_at = self.at[K_FORMATS[self.qtype][1][-1][0]]
+        qs = builder.add(block, _plus(builder, _times(builder, r, 4 * VECTOR_BYTES), qs_at))
+        packed = [load_at(builder, data, _plus(builder, qs, VECTOR_BYTES * a), VI8) for a in range(4)]
+        if self.qtype == Q3_K:
+            hmask = builder.add(block, _times(builder, h, 4 * VECTOR_BYTES))
+            bits = self._lanes_down(builder, data, hmask, 0, 4, _times(builder, n, 4))
+        first = builder.add(_times(builder, n, 128), _times(builder, h, 16))
+        sub_blocks = []
+        for j in range(4):
+            quants = []
+            for a, v in enumerate(packed):
+                q = _bits8(builder, v, 2 * j, 3)
+                if self.qtype == Q3_K:
+                    q = builder.or_(q, _shift_bytes(builder, builder.and_(bits[a], _i8(1 << j)), 2 - j))
+                quants.append((q, _plus(builder, first, 32 * j + 4 * a)))
+            sub_blocks.append((builder.add(_times(builder, n, 8), _plus(builder, h, 2 * j)), quants))
+        return sub_blocks
+
+    def _round_iq4_xs(self, builder, data, block, r):
+        """IQ4_XS: sub-blocks 2r and 2r + 1, four vectors each (their low and high nibbles looked up in the code
+        book, see _iq4_xs_sub_block)."""
+        base = builder.add(block, _plus(builder, _times(builder, r, 8 * VECTOR_BYTES), self.at[8]))
+        first = _times(builder, r, 64)
+        sub_blocks = []
+        for half in (0, 1):
+            quants = []
+            for a in range(4):
+                packed = load_at(builder, data, _plus(builder, base, VECTOR_BYTES * (4 * half + a)), VI8)
+                quants += [(code_book_values(builder, builder.and_(packed, _i8(15))),
+                            _plus(builder, first, 32 * half + 4 * a)),
+                           (code_book_values(builder, builder.lshr(packed, _i8(4))),
+                            _plus(builder, first, 32 * half + 16 + 4 * a))]
+            sub_blocks.append((_plus(builder, _times(builder, r, 2), half), quants))
+        return sub_blocks
+
+    def _lanes_down(self, builder, data, block, field: int, count: int, by):
+        """Vectors 0 .. count-1 of a field shifted down by `by` (an i64 value) bits as int16 lanes, as bytes: the
+        bits of a runtime-chosen sub-block at the bottom of each byte (the bits that come in from the byte above
+        are masked off by the caller)."""
+        down = splat(builder, builder.trunc(by, VI16.element), VI16)
+        return [builder.bitcast(builder.lshr(self.vector(builder, data, block, field, m, VI16), down), VI8)
+                for m in range(count)]
 
     def scales_mins_k4(self, builder, data, block):
         """Q4_K's and Q5_K's 8 scales and 8 minimums of the 16 rows (_scales_mins_k4 on their 12 scale bytes)."""
