@@ -86,7 +86,6 @@ SCALED_SUMS = int8_instructions() == AVX2
 # Q5_K 1.39x, Q2_K 1.67x, Q3_K 1.73x, IQ4_XS 1.27x. The same sums to the bit. A token alone gained nothing from the
 # loop (Q6_K 0.96-1.00x) and keeps the unrolled block.
 ROUNDS = 4
-LOOPED = (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) if SCALED_SUMS else ()
 
 
 def _i32(builder, value: int):
@@ -178,27 +177,31 @@ class KLayout:
             self.qtype, self._q4_k_q5_k)(builder, data, block)
 
     def scale_pairs(self, builder, data, block):
-        """The sub-blocks' scales as int16 pairs (2i, 2i+1) of each row (_pairs_term): Q6_K's from their bytes, the
-        others' taken from sub_blocks (the quants it would make go unused, and LLVM drops them)."""
+        """The sub-blocks' scales as int16 pairs (2i, 2i+1) of each row (_pairs_term): Q6_K's from their bytes."""
         if self.qtype == Q6_K:
             words = self.q6_k_scale_words(builder, data, block)
             return [_q6_k_scale_bytes(builder, words, k, k + 1) for k in range(0, 16, 2)]
-        scales = dict((j, scale) for j, _, scale in self.sub_blocks(builder, data, block)[0])
-        return _int16_pairs(builder, [scales[j] for j in range(len(scales))], signed=True)
+        return _int16_pairs(builder, self._ordered_scales(builder, data, block)[0], signed=True)
 
     def multipliers(self, builder, data, block):
         """Each sub-block's scale in both int16 halves of its lanes (what int8_ir.dot_products multiplies by), in
-        sub-block order, for LOOPED types; and the minimums (or None). Taken from sub_blocks (the quants it would
-        make go unused, and LLVM drops them); Q6_K's as (s, s) pairs straight from their bytes."""
+        sub-block order, and the minimums (or None): what _rounds multiplies by. Q6_K's (s, s) straight from
+        their bytes."""
         if self.qtype == Q6_K:
             words = self.q6_k_scale_words(builder, data, block)
             return [_q6_k_scale_bytes(builder, words, k, k) for k in range(16)], None
+        scales, mins = self._ordered_scales(builder, data, block)
+        return [both_halves(builder, scale) for scale in scales], mins
+
+    def _ordered_scales(self, builder, data, block):
+        """([each sub-block's scale, in sub-block order], the minimums or None), taken from sub_blocks (the quants it
+        would make go unused, and LLVM drops them)."""
         subs, mins = self.sub_blocks(builder, data, block)
         scales = dict((j, scale) for j, _, scale in subs)
-        return [both_halves(builder, scales[j]) for j in range(len(scales))], mins
+        return [scales[j] for j in range(len(scales))], mins
 
     def round(self, builder, data, block, r):
-        """The sub-blocks of round r (an i64 value, 0 .. ROUNDS - 1) of a LOOPED type: [(sub-block index as i64,
+        """The sub-blocks of round r (an i64 value, 0 .. ROUNDS - 1): [(sub-block index as i64,
         [(quant vector, first value as i64)])], each type's a quarter of its block (see the _round_ methods)."""
         return {Q4_K: self._round_k4, Q5_K: self._round_k4, Q6_K: self._round_q6_k, Q2_K: self._round_two_bits,
                 Q3_K: self._round_two_bits, IQ4_XS: self._round_iq4_xs}[self.qtype](builder, data, block, r)
@@ -525,7 +528,7 @@ def _pairs_term(builder, tokens: _Tokens, t: int, pairs, size: int):
 
 def _rounds(builder, layout: KLayout, tokens: _Tokens, block, totals):
     """(totals + Σ_j scale_j·s_j for each token, the minimums or None) with the sub-blocks taken in a loop of ROUNDS
-    rounds (LOOPED): the scales wait in a small array, the sums in stack slots that LLVM keeps in registers."""
+    rounds: the scales wait in a small array, the sums in stack slots that LLVM keeps in registers."""
     multipliers, mins = layout.multipliers(builder, tokens.data[0], block)
     scales = cgutils.alloca_once(builder, VI32, size=len(multipliers))
     for j, multiplier in enumerate(multipliers):
@@ -552,7 +555,7 @@ def _scaled_sums(builder, layout: KLayout, tokens: _Tokens, block):
         shift = _i32(builder, layout.zero.bit_length() - 1)     # the zero points are powers of two
         totals = [builder.sub(total, builder.shl(_pairs_term(builder, tokens, t, pairs, layout.size), shift))
                   for t, total in enumerate(totals)]
-    if n_tokens > 1 and layout.qtype in LOOPED:
+    if n_tokens > 1:  # the rounds (ROUNDS)
         totals, mins = _rounds(builder, layout, tokens, block, totals)
     else:
         subs, mins = layout.sub_blocks(builder, data, block)
