@@ -84,8 +84,11 @@ SCALED_SUMS = int8_instructions() == AVX2
 # kernels compiled in one process and alternating, medians of the pairs' time ratios: Q4_K 1.34-1.67x (1 thread)
 # and 1.64x (2 threads), Q6_K 1.61-1.65x and 1.60x; with the test suite running beside (load 1.9-4.3, 1 thread)
 # Q5_K 1.39x, Q2_K 1.67x, Q3_K 1.73x, IQ4_XS 1.27x. The same sums to the bit. A token alone gained nothing from the
-# loop (Q6_K 0.96-1.00x) and keeps the unrolled block.
-ROUNDS = 4
+# loop (Q6_K 0.96-1.00x) and keeps the unrolled block. Q6_K goes in eight rounds of two sub-blocks: its rounds of
+# four made 16 quant vectors from 12 loads and still spilled (41 of a round's 366 instructions to and from the
+# stack, against 8 of 205 in a round of two); alternating as above, 64 and 128 tokens: 1.05-1.11x (1 thread),
+# 1.08-1.10x (2 threads, 2048 x 8192).
+ROUNDS = {Q6_K: 8}   # the rounds of a block where not 4
 
 
 def _i32(builder, value: int):
@@ -156,7 +159,7 @@ class KLayout:
         self.qtype, self.group_block = qtype, ROWS * block_bytes
         self.d_at, self.dmin_at, self.zero = fields[0][0], DMIN.get(qtype), ZERO_POINT.get(qtype, 0)
         self.size = 32 if qtype in (Q4_K, Q5_K, IQ4_XS) else 16
-        self.largest = LARGEST[qtype]
+        self.largest, self.rounds = LARGEST[qtype], ROUNDS.get(qtype, 4)
         self.at, at = {}, 0
         for offset, size in fields:
             self.at[offset], at = at, at + ROWS * size
@@ -201,8 +204,9 @@ class KLayout:
         return [scales[j] for j in range(len(scales))], mins
 
     def round(self, builder, data, block, r):
-        """The sub-blocks of round r (an i64 value, 0 .. ROUNDS - 1): [(sub-block index as i64,
-        [(quant vector, first value as i64)])], each type's a quarter of its block (see the _round_ methods)."""
+        """The sub-blocks of round r (an i64 value, 0 .. self.rounds - 1): [(sub-block index as i64,
+        [(quant vector, first value as i64)])], each type's a quarter of its block, Q6_K's an eighth (see the _round_
+        methods)."""
         return {Q4_K: self._round_k4, Q5_K: self._round_k4, Q6_K: self._round_q6_k, Q2_K: self._round_two_bits,
                 Q3_K: self._round_two_bits, IQ4_XS: self._round_iq4_xs}[self.qtype](builder, data, block, r)
 
@@ -214,7 +218,7 @@ class KLayout:
         packed = [load_at(builder, data, _plus(builder, base, VECTOR_BYTES * m), VI8) for m in range(8)]
         nibbles = [[builder.lshr(v, _i8(4)) if high else builder.and_(v, _i8(15)) for v in packed] for high in (0, 1)]
         if self.qtype == Q5_K:
-            bits = self._lanes_down(builder, data, block, 16, 8, _times(builder, r, 2))
+            bits = _lanes_down(builder, data, _plus(builder, block, self.at[16]), 8, _times(builder, r, 2))
             nibbles = [[builder.or_(v, builder.and_(_shift_bytes(builder, b, 4 - high), _i8(16)))
                         for v, b in zip(vectors, bits, strict=True)] for high, vectors in enumerate(nibbles)]
         first = _times(builder, r, 64)
@@ -223,21 +227,28 @@ class KLayout:
                 for high, vectors in enumerate(nibbles)]
 
     def _round_q6_k(self, builder, data, block, r):
-        """Q6_K: the four sub-blocks 8h + 2g + half (g = 0 .. 3) of piece (h, half) = (r // 2, r % 2) of
-        Q6_K_QUANTS (12 vectors: ql of g = 0, 2, ql of g = 1, 3, qh)."""
-        h, half = builder.lshr(r, ir.Constant(I64, 1)), builder.and_(r, ir.Constant(I64, 1))
-        base = builder.add(block, _plus(builder, _times(builder, r, 12 * VECTOR_BYTES), self.at[Q6_K_QUANTS[0][0]]))
+        """Q6_K: sub-blocks 8h + 2g + half for g = odd and odd + 2 (odd = r % 2) of piece (h, half) = (r // 4,
+        r // 2 % 2) of Q6_K_QUANTS: one set of 4 ql vectors (of g = 0, 2 or of g = 1, 3: low nibbles for g < 2,
+        high ones for g >= 2) and the piece's 4 qh vectors, moved down by 2·odd bits once as int16 lanes (bits
+        2g and 2g + 1 then at 0 and 1, or at 4 and 5 for g >= 2; what comes in from the byte above is masked off)."""
+        piece, odd = builder.lshr(r, ir.Constant(I64, 1)), builder.and_(r, ir.Constant(I64, 1))
+        h, half = builder.lshr(piece, ir.Constant(I64, 1)), builder.and_(piece, ir.Constant(I64, 1))
+        base = builder.add(block, _plus(builder, _times(builder, piece, 12 * VECTOR_BYTES),
+                                        self.at[Q6_K_QUANTS[0][0]]))
+        ql_at = builder.add(base, _times(builder, odd, 4 * VECTOR_BYTES))
+        high_bits = _lanes_down(builder, data, _plus(builder, base, 8 * VECTOR_BYTES), 4, _times(builder, odd, 2))
         first = builder.add(_times(builder, h, 128), _times(builder, half, 16))
         sub_blocks = []
-        for g in range(4):
+        for upper in (0, 1):                    # g = odd, then odd + 2
+            g = _plus(builder, odd, 2 * upper)
+            run = builder.add(first, _times(builder, g, 32))          # the first value of run g
             quants = []
             for m in range(4):
-                ql = load_at(builder, data, _plus(builder, base, VECTOR_BYTES * (4 * (g % 2) + m)), VI8)
-                qh = load_at(builder, data, _plus(builder, base, VECTOR_BYTES * (8 + m)), VI8)
-                low = builder.lshr(ql, _i8(4)) if g >= 2 else builder.and_(ql, _i8(15))
-                quants.append((builder.or_(low, builder.and_(_shift_bytes(builder, qh, 4 - 2 * g), _i8(0x30))),
-                               _plus(builder, first, 32 * g + 4 * m)))
-            sub_blocks.append((builder.add(_times(builder, h, 8), _plus(builder, half, 2 * g)), quants))
+                ql = load_at(builder, data, _plus(builder, ql_at, VECTOR_BYTES * m), VI8)
+                low = builder.lshr(ql, _i8(4)) if upper else builder.and_(ql, _i8(15))
+                high = builder.and_(_shift_bytes(builder, high_bits[m], 4 - 4 * upper), _i8(0x30))
+                quants.append((builder.or_(low, high), _plus(builder, run, 4 * m)))
+            sub_blocks.append((builder.add(_times(builder, h, 8), builder.add(half, _times(builder, g, 2))), quants))
         return sub_blocks
 
     def _round_two_bits(self, builder, data, block, r):
@@ -250,7 +261,7 @@ class KLayout:
         packed = [load_at(builder, data, _plus(builder, qs, VECTOR_BYTES * a), VI8) for a in range(4)]
         if self.qtype == Q3_K:
             hmask = builder.add(block, _times(builder, h, 4 * VECTOR_BYTES))
-            bits = self._lanes_down(builder, data, hmask, 0, 4, _times(builder, n, 4))
+            bits = _lanes_down(builder, data, _plus(builder, hmask, self.at[0]), 4, _times(builder, n, 4))
         first = builder.add(_times(builder, n, 128), _times(builder, h, 16))
         sub_blocks = []
         for j in range(4):
@@ -279,14 +290,6 @@ class KLayout:
                             _plus(builder, first, 32 * half + 16 + 4 * a))]
             sub_blocks.append((_plus(builder, _times(builder, r, 2), half), quants))
         return sub_blocks
-
-    def _lanes_down(self, builder, data, block, field: int, count: int, by):
-        """Vectors 0 .. count-1 of a field shifted down by `by` (an i64 value) bits as int16 lanes, as bytes: the
-        bits of a runtime-chosen sub-block at the bottom of each byte (the bits that come in from the byte above
-        are masked off by the caller)."""
-        down = splat(builder, builder.trunc(by, VI16.element), VI16)
-        return [builder.bitcast(builder.lshr(self.vector(builder, data, block, field, m, VI16), down), VI8)
-                for m in range(count)]
 
     def scales_mins_k4(self, builder, data, block):
         """Q4_K's and Q5_K's 8 scales and 8 minimums of the 16 rows (_scales_mins_k4 on their 12 scale bytes)."""
@@ -383,6 +386,15 @@ class KLayout:
         scale = builder.or_(_bits(builder, low_bits, 4 * k, 15),
                             builder.shl(_bits(builder, high_bits, 2 * k, 3), _i32(builder, 4)))
         return quants, builder.sub(scale, _i32(builder, 32))
+
+
+def _lanes_down(builder, data, at, count: int, by):
+    """The count vectors from byte `at` (an i64 value) on, shifted down by `by` (an i64 value) bits as int16
+    lanes, as bytes: the bits of a runtime-chosen sub-block at the bottom of each byte (the bits that come in
+    from the byte above are masked off by the caller)."""
+    down = splat(builder, builder.trunc(by, VI16.element), VI16)
+    return [builder.bitcast(builder.lshr(load_at(builder, data, _plus(builder, at, VECTOR_BYTES * m), VI16), down),
+                            VI8) for m in range(count)]
 
 
 def _bits8(builder, v, shift: int, mask: int):
@@ -527,8 +539,8 @@ def _pairs_term(builder, tokens: _Tokens, t: int, pairs, size: int):
 
 
 def _rounds(builder, layout: KLayout, tokens: _Tokens, block, totals):
-    """(totals + Σ_j scale_j·s_j for each token, the minimums or None) with the sub-blocks taken in a loop of ROUNDS
-    rounds: the scales wait in a small array, the sums in stack slots that LLVM keeps in registers."""
+    """(totals + Σ_j scale_j·s_j for each token, the minimums or None) with the sub-blocks taken in a loop of
+    layout.rounds rounds: the scales wait in a small array, the sums in stack slots that LLVM keeps in registers."""
     multipliers, mins = layout.multipliers(builder, tokens.data[0], block)
     scales = cgutils.alloca_once(builder, VI32, size=len(multipliers))
     for j, multiplier in enumerate(multipliers):
@@ -536,7 +548,7 @@ def _rounds(builder, layout: KLayout, tokens: _Tokens, block, totals):
     sums = [cgutils.alloca_once(builder, VI32) for _ in totals]
     for total, at in zip(totals, sums, strict=True):
         builder.store(total, at)
-    with cgutils.for_range(builder, ir.Constant(I64, ROUNDS)) as loop:
+    with cgutils.for_range(builder, ir.Constant(I64, layout.rounds)) as loop:
         for j, quants in layout.round(builder, tokens.data[0], block, loop.index):
             multiplier = builder.load(builder.gep(scales, [j]))
             for t, at in enumerate(sums):
