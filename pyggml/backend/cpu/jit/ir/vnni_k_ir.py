@@ -141,6 +141,11 @@ def _times(builder, value, constant: int):
     return builder.mul(value, ir.Constant(I64, constant))
 
 
+def _halve(builder, value):
+    """(value // 2, value % 2) of a non-negative i64 value: a round's place in a block's pieces."""
+    return builder.lshr(value, ir.Constant(I64, 1)), builder.and_(value, ir.Constant(I64, 1))
+
+
 def _shift_bytes(builder, v, by: int):
     """Each byte of v shifted left by `by` (right for a negative one)."""
     return builder.shl(v, _i8(by)) if by > 0 else builder.lshr(v, _i8(-by)) if by < 0 else v
@@ -231,8 +236,8 @@ class KLayout:
         r // 2 % 2) of Q6_K_QUANTS: one set of 4 ql vectors (of g = 0, 2 or of g = 1, 3: low nibbles for g < 2,
         high ones for g >= 2) and the piece's 4 qh vectors, moved down by 2·odd bits once as int16 lanes (bits
         2g and 2g + 1 then at 0 and 1, or at 4 and 5 for g >= 2; what comes in from the byte above is masked off)."""
-        piece, odd = builder.lshr(r, ir.Constant(I64, 1)), builder.and_(r, ir.Constant(I64, 1))
-        h, half = builder.lshr(piece, ir.Constant(I64, 1)), builder.and_(piece, ir.Constant(I64, 1))
+        piece, odd = _halve(builder, r)
+        h, half = _halve(builder, piece)
         base = builder.add(block, _plus(builder, _times(builder, piece, 12 * VECTOR_BYTES),
                                         self.at[Q6_K_QUANTS[0][0]]))
         ql_at = builder.add(base, _times(builder, odd, 4 * VECTOR_BYTES))
@@ -255,7 +260,7 @@ class KLayout:
         """Q2_K and Q3_K: the four sub-blocks 8n + 2j + h (j = 0 .. 3) of (n, h) = (r // 2, r % 2), whose 2-bit
         quants lie in qs vectors 4r .. 4r + 3 (see _two_bits); Q3_K's third bits (bits 4n + j of hmask vectors
         4h .. 4h + 3, moved down by 4n once as int16 lanes) put back."""
-        n, h = builder.lshr(r, ir.Constant(I64, 1)), builder.and_(r, ir.Constant(I64, 1))
+        n, h = _halve(builder, r)
         qs_at = self.at[K_FORMATS[self.qtype][1][-1][0]]
         qs = builder.add(block, _plus(builder, _times(builder, r, 4 * VECTOR_BYTES), qs_at))
         packed = [load_at(builder, data, _plus(builder, qs, VECTOR_BYTES * a), VI8) for a in range(4)]
@@ -545,9 +550,7 @@ def _rounds(builder, layout: KLayout, tokens: _Tokens, block, totals):
     scales = cgutils.alloca_once(builder, VI32, size=len(multipliers))
     for j, multiplier in enumerate(multipliers):
         builder.store(multiplier, builder.gep(scales, [ir.Constant(I64, j)]))
-    sums = [cgutils.alloca_once(builder, VI32) for _ in totals]
-    for total, at in zip(totals, sums, strict=True):
-        builder.store(total, at)
+    sums = [cgutils.alloca_once_value(builder, total) for total in totals]
     with cgutils.for_range(builder, ir.Constant(I64, layout.rounds)) as loop:
         for j, quants in layout.round(builder, tokens.data[0], block, loop.index):
             multiplier = builder.load(builder.gep(scales, [j]))
@@ -569,12 +572,12 @@ def _scaled_sums(builder, layout: KLayout, tokens: _Tokens, block):
                   for t, total in enumerate(totals)]
     if n_tokens > 1:  # the rounds (ROUNDS)
         totals, mins = _rounds(builder, layout, tokens, block, totals)
-    else:
-        subs, mins = layout.sub_blocks(builder, data, block)
+    else:  # a token alone: the block unrolled
+        (total,), (subs, mins) = totals, layout.sub_blocks(builder, data, block)
         for _, quants, scale in subs:
             multiplier = scale if layout.qtype == Q6_K else both_halves(builder, scale)  # Q6_K's come so
-            for t in range(n_tokens):
-                totals[t] = tokens.products(t, totals[t], quants, layout.largest, multiplier)
+            total = tokens.products(0, total, quants, layout.largest, multiplier)
+        totals = [total]
     if mins is None:
         return totals, None
     pairs = _int16_pairs(builder, mins)
