@@ -26,6 +26,11 @@ import time
 from pathlib import Path
 from typing import Callable
 
+try:
+    import fcntl
+except ImportError:  # Windows: no locks, each process compiles what it misses
+    fcntl = None
+
 import numba
 from numba.core import caching, config, environment, event
 from numba.core.runtime import rtsys
@@ -33,8 +38,65 @@ from numba.core.runtime import rtsys
 from pyggml.core import machine_code
 
 
+class CompileLocks(event.Listener):
+    """One process compiles a kernel while the others that miss it in the cache wait, then load what it saved.
+
+    Processes started together (the test suite's workers, a server beside a transcription) otherwise each compile
+    the same kernels: two test workers compiled 80 of their 190-230 kernels twice. A lock is a file beside the
+    cache's index (fcntl.flock, released by the kernel's save, or by the compile's end when it raised, or by the
+    process's exit); a process waits at most WAIT seconds for it and then compiles anyway. A process holds one
+    lock per kernel and signature, so a kernel that compiles itself again (recursion) does not wait on itself.
+    Every compile runs under Numba's global compiler lock: one thread of a process takes these at a time."""
+
+    WAIT = 300.0
+
+    def __init__(self):
+        self._held: dict[tuple[int, str], int] = {}  # (id of the cache, key digest) -> the lock file's descriptor
+
+    def acquire(self, cache: caching.FunctionCache, sig, target_context) -> bool:
+        """Take the lock of this kernel and signature; True when another process held it (it may have saved)."""
+        if fcntl is None:
+            return False
+        key = hashlib.sha1(repr(cache._index_key(sig, target_context.codegen())).encode()).hexdigest()[:20]
+        if (id(cache), key) in self._held:
+            return False
+        cache._impl.locator.ensure_cache_path()
+        path = f"{cache._cache_file._index_path}.{key}.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        waited, deadline = False, time.monotonic() + self.WAIT
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    os.close(fd)
+                    return True  # compile without it rather than wait on a process that hangs
+                waited = True
+                time.sleep(0.05)
+        self._held[id(cache), key] = fd
+        return waited
+
+    def release(self, cache) -> None:
+        """Let go of every lock this process holds for the cache's kernel (its save is done, or its compile failed)."""
+        for held in [held for held in self._held if held[0] == id(cache)]:
+            os.close(self._held.pop(held))  # closing the descriptor drops its flock
+
+    def on_start(self, ev) -> None:
+        pass
+
+    def on_end(self, ev) -> None:
+        if ev._exc_details is not None:  # the compile raised, no save will release its lock (is_failed reads inverted)
+            self.release(ev.data["dispatcher"]._cache)
+
+
+COMPILE_LOCKS = CompileLocks()
+event.register("numba:compile", COMPILE_LOCKS)
+
+
 class QuickLoadCache(caching.FunctionCache):
-    """Numba's disk cache of one function, loaded without refreshing Numba's target context first.
+    """Numba's disk cache of one function, loaded without refreshing Numba's target context first; a kernel
+    missing from it is compiled by one process at a time (CompileLocks).
 
     Numba refreshes it before every cache load: the first refresh of a process imports and registers every
     implementation Numba has (0.2-0.3 s, a fifth of a warm `pyggml generate`), which only compiling needs, and
@@ -43,7 +105,18 @@ class QuickLoadCache(caching.FunctionCache):
     def load_overload(self, sig, target_context):
         rtsys.initialize(target_context)
         with self._guard_against_spurious_io_errors():
-            return self._load_overload(sig, target_context)
+            found = self._load_overload(sig, target_context)
+            if found is None and self._enabled and COMPILE_LOCKS.acquire(self, sig, target_context):
+                found = self._load_overload(sig, target_context)  # what the process that held the lock saved
+            if found is not None:
+                COMPILE_LOCKS.release(self)
+            return found
+
+    def save_overload(self, sig, data):
+        try:
+            super().save_overload(sig, data)
+        finally:
+            COMPILE_LOCKS.release(self)
 
 
 def rebuild_environment(modname: str, consts: list, env_name: str) -> environment.Environment:

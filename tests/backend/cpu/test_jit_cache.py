@@ -4,6 +4,7 @@ per ggml type, the compile clock, and a model loading its kernels before its fir
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numba
@@ -164,6 +165,90 @@ print(twice(21), zeros(3), type(rms_norm_rows._cache).__name__)
 """, NUMBA_CACHE_DIR=cache).split()
     assert warm[0] == first[0] and first[1:3] == ["True", "True"] and warm[1:3] == ["False", "False"]
     assert warm[3:] == ["42", "3.0", "QuickLoadCache"]
+
+
+def test_a_kernel_two_processes_miss_at_once_is_compiled_by_one(tmp_path):
+    """CompileLocks: a process that misses a kernel while another compiles it waits for the other's save and
+    loads that, compiling nothing. The first process is held at the start of its compile until the second has
+    called the kernel and not begun a compile of its own for two seconds."""
+    files = {name: str(tmp_path / name) for name in ("started", "go", "calling", "b_compiles")}
+    call = """
+import numpy as np
+from pyggml.core import jit
+from pyggml.backend.cpu.jit.norm import rms_norm_rows
+x = np.ones((2, 8), np.float32) * np.arange(8, dtype=np.float32)
+{listen}
+rms_norm_rows(x, x, np.float32(1e-5))
+print(jit.COMPILE_CLOCK.compiles, repr(float(x.sum())))
+"""
+    hold = f"""
+import os, time
+from numba.core import event
+class Hold(event.Listener):
+    def on_start(self, ev):
+        open({files["started"]!r}, "w").close()
+        while not os.path.exists({files["go"]!r}):
+            time.sleep(0.02)
+    def on_end(self, ev):
+        pass
+event.register("numba:compile", Hold())
+"""
+    mark = f"""
+from numba.core import event
+class Mark(event.Listener):
+    def on_start(self, ev):
+        open({files["b_compiles"]!r}, "w").close()
+    def on_end(self, ev):
+        pass
+event.register("numba:compile", Mark())
+open({files["calling"]!r}, "w").close()
+"""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+
+    def start(listen: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", call.format(listen=listen)], env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def wait_for(name: str, process: subprocess.Popen) -> None:
+        deadline = time.monotonic() + 300
+        while not os.path.exists(files[name]):
+            assert process.poll() is None, process.communicate()[1]
+            assert time.monotonic() < deadline, f"no {name} within 300 s"
+            time.sleep(0.05)
+
+    first = start(hold)
+    second = None
+    try:
+        wait_for("started", first)
+        second = start(mark)
+        wait_for("calling", second)
+        time.sleep(2.0)
+        assert second.poll() is None and not os.path.exists(files["b_compiles"])  # waiting, not compiling
+        open(files["go"], "w").close()
+        outs = [process.communicate(timeout=300) for process in (first, second)]
+    finally:
+        for process in (first, second):
+            if process is not None and process.poll() is None:
+                process.kill()
+    assert first.returncode == 0 and second.returncode == 0, [err for _, err in outs]
+    (compiled, total), (loaded, same) = (out.split() for out, _ in outs)
+    assert int(compiled) >= 1 and int(loaded) == 0 and total == same
+    assert not os.path.exists(files["b_compiles"])
+
+
+def test_a_compile_that_raises_lets_go_of_its_lock(tmp_path):
+    """A kernel that fails to compile saves nothing: its lock goes at the compile's end, not at the process's."""
+    (tmp_path / "kernels.py").write_text("from pyggml.core.jit import jit\n\n@jit\ndef bad(x):\n    return x.nope\n")
+    out = _run(f"""
+import sys; sys.path.insert(0, {str(tmp_path)!r})
+import kernels
+from pyggml.core import jit
+try:
+    kernels.bad(1)
+except Exception as e:
+    print(type(e).__name__, len(jit.COMPILE_LOCKS._held))
+""", NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    assert out.split() == ["TypingError", "0"]
 
 
 def test_load_cached_hands_llvms_pages_back_once_after_all_its_loads():
