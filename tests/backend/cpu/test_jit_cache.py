@@ -251,6 +251,25 @@ except Exception as e:
     assert out.split() == ["TypingError", "0"]
 
 
+def test_a_lock_file_that_cannot_be_opened_leaves_the_compile_unlocked(monkeypatch):
+    """A cache shared between users may hold another's lock file, which this one cannot open: compile unlocked."""
+    from numba import types
+
+    from pyggml.backend.cpu.jit.norm import rms_norm_rows
+
+    fresh = core_jit.jit(rms_norm_rows.py_func)
+    assert fresh._cache.cache_path  # made on this first use
+    cache = fresh._cache
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(core_jit.os, "open", refuse)
+    sig = (types.float32[:, ::1], types.float32[:, ::1], types.float32)
+    assert core_jit.COMPILE_LOCKS.acquire(cache, sig, fresh.targetctx) is False
+    assert not core_jit.COMPILE_LOCKS._held
+
+
 def test_load_cached_hands_llvms_pages_back_once_after_all_its_loads():
     _run("""
 from pyggml.backend.cpu.jit.norm import norm_rows, rms_norm_rows
