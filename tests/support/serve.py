@@ -15,6 +15,10 @@ from pyggml.serve.state import Limits, Loaded, ServerState
 from tests.support.tiny_models import gemma3_vocab, write_llama
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "models" / "data" / "chat_templates"
+# The `pyggml serve` processes the ported llama-server tests start take one thread: the suite's two workers hold
+# both cores, and a server's parallel loops on two more threads waited on each other's time slices (a ported test
+# that takes 1 s alone took 20-64 s in the suite).
+SERVER_THREADS = 1
 
 
 def write_chat_model(path, template: str | None = "gemma3.jinja", n_ctx: int = 256, seed: int = 0):

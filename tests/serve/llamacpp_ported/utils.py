@@ -53,6 +53,8 @@ from typing import Any, Iterator
 import pytest
 import requests
 
+from tests.support.serve import SERVER_THREADS
+
 REPO = Path(__file__).resolve().parents[3]
 DEFAULT_HTTP_TIMEOUT = 120
 DEFAULT_REQUEST_TIMEOUT = 120
@@ -114,7 +116,8 @@ class ServerProcess:
     server_metrics: bool = False
 
     def options(self) -> list[str]:
-        args = ["--model", self.model_file or smollm2_path(), "--whisper-model", "none"]
+        args = ["--model", self.model_file or smollm2_path(), "--whisper-model", "none",
+                "--threads", str(SERVER_THREADS)]
         for flag, value in (("--alias", self.model_alias), ("--ctx", self.n_ctx), ("--batch", self.n_batch),
                             ("--parallel", self.n_slots), ("--api-key", self.api_key),
                             ("--slot-save-path", self.slot_save_path), ("--cors-origin", self.cors_origins)):

@@ -20,6 +20,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.serve import SERVER_THREADS
+
 _RUNNING: dict[tuple, "_Process"] = {}
 
 
@@ -99,7 +101,7 @@ class ServerProcess:
 
     def args(self) -> list[str]:
         args = ["--model", self.model_file or smollm2_path(), "--ctx", str(self.n_ctx), "--parallel",
-                str(self.n_slots), "--whisper-model", "none"]
+                str(self.n_slots), "--whisper-model", "none", "--threads", str(SERVER_THREADS)]
         args += ["--alias", self.model_alias] if self.model_alias else []
         args += ["--batch", str(self.n_batch)] if self.n_batch else []
         return args + (["--context-shift"] if self.enable_ctx_shift else [])
