@@ -21,11 +21,18 @@ rounds map the model file: with `--layout-cache fresh` (the default) the run sta
 own, and a first pyggml process that only loads (the repack into the new entry, flushed to the disk at its exit)
 is timed apart before the rounds; `off` repacks at every load, `user` uses the user's cache as it is.
 
+`--llama-bench PATH` adds a third side to every round: another llama.cpp build's llama-bench on the same file,
+prompt length and threads (ik_llama.cpp's, say, with `--llama-bench-args "-rtr 1"` for its run-time repack), one
+repetition after its own warm-up; its prompt and generation tokens/s (its generation starts from an empty context)
+are shown beside pyggml's, with their share of the read bandwidth.
+
     python -m benchmarks.generate_vs_llamacpp --llama-python /tmp/llamavenv/bin/python
     python -m benchmarks.generate_vs_llamacpp --synthetic q4_0     # a random-weight llama of realistic size
     python -m benchmarks.generate_vs_llamacpp --synthetic 1b-q4_k_m  # Llama 3.2 1B's shapes, llama.cpp's Q4_K_M
     python -m benchmarks.generate_vs_llamacpp --synthetic 8b-q4_k_m  # Llama 3.1 8B's (5 GiB; 128 + 16 tokens)
     python -m benchmarks.generate_vs_llamacpp --synthetic gpt-oss-mxfp4  # 4 of gpt-oss-20b's layers (2 GiB)
+    python -m benchmarks.generate_vs_llamacpp --synthetic 1b-q4_k_m --llama-bench ik_llama.cpp/build/bin/llama-bench \
+        --llama-bench-args "-rtr 1"
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import json
 import os
 import re
 import resource
+import shlex
 import statistics
 import subprocess
 import sys
@@ -248,6 +256,27 @@ def _side(python: str, side: str, args) -> dict:
     return result
 
 
+def bench_speeds(output: str, prompt_tokens: int, n: int) -> dict:
+    """prompt_tps and gen_tps from llama-bench's `-o json` output: its tests (n_prompt, n_gen, avg_ts) of
+    prompt_tokens prompt tokens and of n generated ones."""
+    tests = json.loads(output[output.index("["):])
+    speeds = {"prompt_tps": (prompt_tokens, 0), "gen_tps": (0, n)}
+    found = {key: t["avg_ts"] for t in tests for key, shape in speeds.items() if (t["n_prompt"], t["n_gen"]) == shape}
+    if found.keys() != speeds.keys():
+        raise SystemExit(f"llama-bench printed no test of {prompt_tokens} prompt tokens and {n} generated: {output}")
+    return found
+
+
+def _llama_bench(args) -> dict:
+    """The third side: args.llama_bench on the same file, prompt length, generated tokens and threads."""
+    cmd = [args.llama_bench, "-m", args.model, "-p", str(args.prompt_tokens), "-n", str(args.n), "-t",
+           str(args.threads), "-r", "1", "-o", "json", *shlex.split(args.llama_bench_args)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{shlex.join(cmd)} failed:\n{done.stderr[-4000:]}")
+    return bench_speeds(done.stdout, args.prompt_tokens, args.n)
+
+
 def _first_load(args, log) -> str:
     """Point pyggml's layout cache where --layout-cache says (the sides inherit it); with a fresh cache, time a first
     load (the repack into the new entry, flushed at the process's exit) apart. What the table's loads are."""
@@ -299,6 +328,8 @@ def main() -> None:
     p.add_argument("--layout-cache", choices=["fresh", "off", "user"], default="fresh",
                    help="pyggml's cache of interleaved weights: an empty one of this run's own, filled by a first "
                         "load timed apart (default); off (repack at every load); the user's own as it is")
+    p.add_argument("--llama-bench", help="a third side: another llama.cpp build's llama-bench (see above)")
+    p.add_argument("--llama-bench-args", default="", help="its further arguments, e.g. \"-rtr 1 -fa 1\"")
     p.add_argument("--side", choices=["pyggml", "llama", "pyggml-load"], help=argparse.SUPPRESS)
     args = p.parse_args()
     large = (args.synthetic or "").startswith("8b")
@@ -327,7 +358,7 @@ def main() -> None:
     log = RunLog()
     print(log.header(), flush=True)
     first_load = _first_load(args, log)
-    our_runs, their_runs, bandwidths = [], [], []
+    our_runs, their_runs, bench_runs, bandwidths = [], [], [], []
     for i in range(args.repeat):  # alternate the sides: both see the same spells of load
         log.start(f"run {i + 1} pyggml")
         our_runs.append(_side(sys.executable, "pyggml", args))
@@ -341,6 +372,11 @@ def main() -> None:
               f"{theirs_i['prompt_tps']:.1f} ({ours_i['prompt_tps'] / theirs_i['prompt_tps']:.3f}x); load "
               f"{ours_i['load_s']:.2f}, {theirs_i['load_s']:.2f} s; read "
               f"{bandwidths[-1] / 1e9:.1f} GB/s", flush=True)
+        if args.llama_bench:
+            log.start(f"run {i + 1} llama-bench")
+            bench_runs.append(_llama_bench(args))
+            print(f"  run {i + 1}: llama-bench generation {bench_runs[-1]['gen_tps']:.2f}, prompt "
+                  f"{bench_runs[-1]['prompt_tps']:.1f} tokens/s", flush=True)
     ours, theirs = _median(our_runs), _median(their_runs)
     print(f"model {os.path.basename(args.model)}, n_ctx {args.ctx}, batch {args.batch}, {args.threads} threads, "
           f"{ours['prompt_tokens']} prompt tokens, {args.n} generated, medians of {args.repeat} runs per side "
@@ -368,6 +404,12 @@ def main() -> None:
           f"{', '.join(f'{b / 1e9:.1f}' for b in bandwidths)}) {bandwidth / 1e9:.1f} GB/s: bound "
           f"{bandwidth / per_token:.1f} tokens/s; reached: pyggml {ours['gen_tps'] * per_token / bandwidth:.0%}, "
           f"llama.cpp {theirs['gen_tps'] * per_token / bandwidth:.0%}")
+    if bench_runs:
+        bench, command = _median(bench_runs), shlex.join([args.llama_bench, *shlex.split(args.llama_bench_args)])
+        print(f"llama-bench ({command}), medians of {len(bench_runs)}: prompt {bench['prompt_tps']:.2f} tokens/s "
+              f"(pyggml {ours['prompt_tps'] / bench['prompt_tps']:.3f}x), generation from an empty context "
+              f"{bench['gen_tps']:.2f} (pyggml {ours['gen_tps'] / bench['gen_tps']:.3f}x, "
+              f"{bench['gen_tps'] * per_token / bandwidth:.0%} of the bound)")
     print(differences([(what, str(ours[key]), str(theirs[key])) for what, key in (
         ("KV cache type", "kv_type"), ("output rows reserved", "outputs_reserved"), ("flash attention", "flash_attn"),
         ("weights", "weights_kind"))] + [("threads", str(args.threads), str(args.threads))], ("pyggml", "llama.cpp")))

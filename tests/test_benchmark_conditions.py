@@ -95,3 +95,33 @@ def test_the_generate_benchmark_measures_read_bandwidth():
     from benchmarks import generate_vs_llamacpp as generate
 
     assert 1e8 < generate.read_bandwidth(1, gib=1 / 64, repeats=2) < 1e13
+
+
+LLAMA_BENCH_JSON = """[
+  {
+    "build_commit": "8337e4cd3",
+    "n_prompt": 512,
+    "n_gen": 0,
+    "avg_ts": 71.98,
+    "stddev_ts": 3.7
+  },
+  {
+    "build_commit": "8337e4cd3",
+    "n_prompt": 0,
+    "n_gen": 32,
+    "avg_ts": 16.48,
+    "stddev_ts": 0.73
+  }
+]
+"""
+
+
+def test_the_generate_benchmark_reads_a_third_sides_llama_bench_json():
+    import pytest
+
+    from benchmarks import generate_vs_llamacpp as generate
+
+    assert generate.bench_speeds("warming up\n" + LLAMA_BENCH_JSON, 512, 32) == {"prompt_tps": 71.98,
+                                                                                 "gen_tps": 16.48}
+    with pytest.raises(SystemExit, match="no test of 128 prompt tokens and 32 generated"):
+        generate.bench_speeds(LLAMA_BENCH_JSON, 128, 32)
