@@ -133,6 +133,39 @@ def _q6_k_scale_bytes(builder, words, low: int, high: int):
     return builder.bitcast(builder.ashr(builder.bitcast(moved, VI16), ir.Constant(VI16, [8] * 2 * ROWS)), VI32)
 
 
+def _byte_pair(builder, vector, low: int, high: int, mask: int):
+    """(byte `low` & mask) | (byte `high` & mask) << 16 of each int32 lane of vector: both bytes moved into the
+    low bytes of the lane's int16 halves by one byte shuffle (vpshufb, zeros in the high bytes), then masked."""
+    size = 4 * ROWS
+    order = [i for r in range(ROWS) for i in (4 * r + low, size, 4 * r + high, size)]  # `size`: a zero byte
+    moved = builder.shuffle_vector(builder.bitcast(vector, VI8), ir.Constant(VI8, [0] * size),
+                                   ir.Constant(ir.VectorType(I32, size), order))
+    return builder.and_(builder.bitcast(moved, VI32), _i32(builder, mask | mask << 16))
+
+
+def _k4_scale(builder, words, j: int):
+    """Q4_K's scale j of each row in both int16 halves of its lane (what int8_ir.dot_products multiplies by), from
+    its 12 scale bytes as three int32 lanes (ggml's get_scale_min_k4) by byte shuffles (vpshufb), where the shifts
+    and masks of _scales_mins_k4 and both_halves took about 75 instructions a block with the minimums
+    (_k4_min_pairs). The same bits; AMD Zen 3, alternating with those in one process (30 pairs, twice): a prompt's
+    64-token tile 1.04x, a token alone 1.05-1.07x from the L3 and 1.01x from memory. Q5_K's, the same way, gained
+    nothing."""
+    w0, _, w2 = words
+    if j < 4:
+        return _byte_pair(builder, w0, j, j, 63)
+    high = builder.lshr(_byte_pair(builder, w0, j - 4, j - 4, 0xC0), _i32(builder, 2))
+    return builder.or_(_byte_pair(builder, w2, j - 4, j - 4, 15), high)
+
+
+def _k4_min_pairs(builder, words):
+    """Q4_K's eight minimums of each row as int16 pairs (2i, 2i+1) (_pairs_term), by byte shuffles (_k4_scale)."""
+    _, w1, w2 = words
+    pairs = [_byte_pair(builder, w1, 2 * i, 2 * i + 1, 63) for i in range(2)]
+    return pairs + [builder.or_(builder.lshr(_byte_pair(builder, w2, 2 * i, 2 * i + 1, 0xF0), _i32(builder, 4)),
+                                builder.lshr(_byte_pair(builder, w1, 2 * i, 2 * i + 1, 0xC0), _i32(builder, 2)))
+                    for i in range(2)]
+
+
 def _plus(builder, value, constant: int):
     return builder.add(value, ir.Constant(I64, constant))
 
@@ -193,13 +226,30 @@ class KLayout:
 
     def multipliers(self, builder, data, block):
         """Each sub-block's scale in both int16 halves of its lanes (what int8_ir.dot_products multiplies by), in
-        sub-block order, and the minimums (or None): what _rounds multiplies by. Q6_K's (s, s) straight from
-        their bytes."""
-        if self.qtype == Q6_K:
-            words = self.q6_k_scale_words(builder, data, block)
-            return [_q6_k_scale_bytes(builder, words, k, k) for k in range(16)], None
+        sub-block order (multiplier), and the minimums as sub_blocks gives them (or None): what _rounds multiplies
+        by."""
         scales, mins = self._ordered_scales(builder, data, block)
-        return [both_halves(builder, scale) for scale in scales], mins
+        return [self.multiplier(builder, data, block, j, scale) for j, scale in enumerate(scales)], mins
+
+    def multiplier(self, builder, data, block, j: int, scale):
+        """Sub-block j's scale in both int16 halves of its lanes: Q6_K's straight from its byte, Q4_K's by byte
+        shuffles (_k4_scale), the others' from `scale`, the int32 lanes sub_blocks gave."""
+        if self.qtype == Q6_K:
+            return _q6_k_scale_bytes(builder, self.q6_k_scale_words(builder, data, block), j, j)
+        if self.qtype == Q4_K:
+            return _k4_scale(builder, self.k4_words(builder, data, block), j)
+        return both_halves(builder, scale)
+
+    def min_pairs(self, builder, data, block, mins):
+        """The minimums as int16 pairs (2i, 2i+1) (_pairs_term): Q4_K's by byte shuffles, the others' from `mins`,
+        the int32 lanes sub_blocks gave (None: the type has none)."""
+        if self.qtype == Q4_K:
+            return _k4_min_pairs(builder, self.k4_words(builder, data, block))
+        return None if mins is None else _int16_pairs(builder, mins)
+
+    def k4_words(self, builder, data, block):
+        """Q4_K's and Q5_K's 12 scale bytes of each row as three <16 x i32> (w0, w1, w2)."""
+        return [self.vector(builder, data, block, 4, j, VI32) for j in range(3)]
 
     def _ordered_scales(self, builder, data, block):
         """([each sub-block's scale, in sub-block order], the minimums or None), taken from sub_blocks (the quants it
@@ -298,7 +348,7 @@ class KLayout:
 
     def scales_mins_k4(self, builder, data, block):
         """Q4_K's and Q5_K's 8 scales and 8 minimums of the 16 rows (_scales_mins_k4 on their 12 scale bytes)."""
-        return _scales_mins_k4(builder, [self.vector(builder, data, block, 4, j, VI32) for j in range(3)])
+        return _scales_mins_k4(builder, self.k4_words(builder, data, block))
 
     def q6_k_scale_words(self, builder, data, block):
         """Q6_K's 16 signed scale bytes of the 16 rows as four <16 x i32> (read one by one with _q6_k_scale)."""
@@ -543,10 +593,9 @@ def _pairs_term(builder, tokens: _Tokens, t: int, pairs, size: int):
     return pairs_dot(builder, _i32(builder, 0), pairs, lambda i: tokens.splat_word(t, at + i))
 
 
-def _rounds(builder, layout: KLayout, tokens: _Tokens, block, totals):
-    """(totals + Σ_j scale_j·s_j for each token, the minimums or None) with the sub-blocks taken in a loop of
-    layout.rounds rounds: the scales wait in a small array, the sums in stack slots that LLVM keeps in registers."""
-    multipliers, mins = layout.multipliers(builder, tokens.data[0], block)
+def _rounds(builder, layout: KLayout, tokens: _Tokens, block, totals, multipliers):
+    """totals + Σ_j scale_j·s_j for each token, with the sub-blocks taken in a loop of layout.rounds rounds: the
+    multipliers (KLayout.multipliers) wait in a small array, the sums in stack slots that LLVM keeps in registers."""
     scales = cgutils.alloca_once(builder, VI32, size=len(multipliers))
     for j, multiplier in enumerate(multipliers):
         builder.store(multiplier, builder.gep(scales, [ir.Constant(I64, j)]))
@@ -556,7 +605,7 @@ def _rounds(builder, layout: KLayout, tokens: _Tokens, block, totals):
             multiplier = builder.load(builder.gep(scales, [j]))
             for t, at in enumerate(sums):
                 builder.store(tokens.products(t, builder.load(at), quants, layout.largest, multiplier), at)
-    return [builder.load(at) for at in sums], mins
+    return [builder.load(at) for at in sums]
 
 
 def _scaled_sums(builder, layout: KLayout, tokens: _Tokens, block):
@@ -571,16 +620,16 @@ def _scaled_sums(builder, layout: KLayout, tokens: _Tokens, block):
         totals = [builder.sub(total, builder.shl(_pairs_term(builder, tokens, t, pairs, layout.size), shift))
                   for t, total in enumerate(totals)]
     if n_tokens > 1:  # the rounds (ROUNDS)
-        totals, mins = _rounds(builder, layout, tokens, block, totals)
-    else:  # a token alone: the block unrolled
+        multipliers, mins = layout.multipliers(builder, data, block)
+        totals = _rounds(builder, layout, tokens, block, totals, multipliers)
+    else:  # a token alone: the block unrolled, each scale made where it is used (all made first, Q5_K's spilled)
         (total,), (subs, mins) = totals, layout.sub_blocks(builder, data, block)
-        for _, quants, scale in subs:
-            multiplier = scale if layout.qtype == Q6_K else both_halves(builder, scale)  # Q6_K's come so
-            total = tokens.products(0, total, quants, layout.largest, multiplier)
+        for j, quants, scale in subs:
+            total = tokens.products(0, total, quants, layout.largest, layout.multiplier(builder, data, block, j, scale))
         totals = [total]
-    if mins is None:
+    pairs = layout.min_pairs(builder, data, block, mins)  # after the products: made before, they outlived them
+    if pairs is None:
         return totals, None
-    pairs = _int16_pairs(builder, mins)
     return totals, [_pairs_term(builder, tokens, t, pairs, layout.size) for t in range(n_tokens)]
 
 
