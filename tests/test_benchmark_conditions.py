@@ -3,6 +3,8 @@ run's start, the noisy mark, the differences table) and the generate benchmark's
 
 from pathlib import Path
 
+import pytest
+
 from benchmarks import peer_run
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -117,8 +119,6 @@ LLAMA_BENCH_JSON = """[
 
 
 def test_the_generate_benchmark_reads_a_third_sides_llama_bench_json():
-    import pytest
-
     from benchmarks import generate_vs_llamacpp as generate
 
     assert generate.bench_speeds("warming up\n" + LLAMA_BENCH_JSON, 512, 32) == {"prompt_tps": 71.98,

@@ -123,24 +123,27 @@ def _q6_k_scale(builder, words, k: int):
     return builder.ashr(builder.shl(words[k // 4], _i32(builder, 24 - 8 * (k % 4))), _i32(builder, 24))
 
 
+def _lane_bytes(builder, vector, picks):
+    """Each int32 lane of vector rebuilt from its own bytes by one byte shuffle (vpshufb): byte i of the lane
+    becomes its byte picks[i], or zero where picks[i] is None."""
+    size = 4 * ROWS
+    order = [size if pick is None else 4 * r + pick for r in range(ROWS) for pick in picks]  # `size`: a zero byte
+    moved = builder.shuffle_vector(builder.bitcast(vector, VI8), ir.Constant(VI8, [0] * size),
+                                   ir.Constant(ir.VectorType(I32, size), order))
+    return builder.bitcast(moved, VI32)
+
+
 def _q6_k_scale_bytes(builder, words, low: int, high: int):
     """Q6_K's signed scales `low` and `high` (of one word) of each row as the int16 halves of its lane: each byte
-    put in the high byte of its half (vpshufb), then shifted down with its sign (vpsraw)."""
-    size = 4 * ROWS
-    mask = [i for r in range(ROWS) for i in (size, 4 * r + low % 4, size, 4 * r + high % 4)]
-    moved = builder.shuffle_vector(builder.bitcast(words[low // 4], VI8), ir.Constant(VI8, None),
-                                   ir.Constant(ir.VectorType(I32, size), mask))
+    put in the high byte of its half (_lane_bytes), then shifted down with its sign (vpsraw)."""
+    moved = _lane_bytes(builder, words[low // 4], (None, low % 4, None, high % 4))
     return builder.bitcast(builder.ashr(builder.bitcast(moved, VI16), ir.Constant(VI16, [8] * 2 * ROWS)), VI32)
 
 
 def _byte_pair(builder, vector, low: int, high: int, mask: int):
     """(byte `low` & mask) | (byte `high` & mask) << 16 of each int32 lane of vector: both bytes moved into the
-    low bytes of the lane's int16 halves by one byte shuffle (vpshufb, zeros in the high bytes), then masked."""
-    size = 4 * ROWS
-    order = [i for r in range(ROWS) for i in (4 * r + low, size, 4 * r + high, size)]  # `size`: a zero byte
-    moved = builder.shuffle_vector(builder.bitcast(vector, VI8), ir.Constant(VI8, [0] * size),
-                                   ir.Constant(ir.VectorType(I32, size), order))
-    return builder.and_(builder.bitcast(moved, VI32), _i32(builder, mask | mask << 16))
+    low bytes of the lane's int16 halves (_lane_bytes), then masked."""
+    return builder.and_(_lane_bytes(builder, vector, (low, None, high, None)), _i32(builder, mask | mask << 16))
 
 
 def _k4_scale(builder, words, j: int):
